@@ -1,0 +1,20 @@
+"""diffperf: differentiable performance model of distributed Transformer training.
+
+Public interface (DESIGN.md): load_model, load_system, Parallel, Training, predict -> Result.
+"""
+
+from __future__ import annotations
+
+from diffperf.api import predict, predict_batch
+from diffperf.errors import SpecError
+from diffperf.result import Breakdown, Memory, Result
+from diffperf.specs import Efficiency, Model, Parallel, Recompute, System, Tier, Training, ZeroStage
+from diffperf.specs.batch import stack, unstack
+from diffperf.specs.load import apply_overlay, load_model, load_runs, load_system
+from diffperf.specs.training import training
+
+__all__ = ["predict", "predict_batch", "SpecError", "Breakdown", "Memory", "Result",
+           "Efficiency", "Model", "Parallel", "Recompute", "System", "Tier", "Training",
+           "ZeroStage", "stack", "unstack", "apply_overlay", "load_model", "load_runs",
+           "load_system", "training"]
+__version__ = "0.1.0"

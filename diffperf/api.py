@@ -1,0 +1,95 @@
+"""The public predict(): validate concrete inputs, then one jitted computation.
+
+Leaves are cast to floating arrays and static labels blanked before the jitted call, so a new
+layout, a new model of the same kind or new hardware values reuse the compiled function
+(DESIGN.md: one compile per shape).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from diffperf.errors import SpecError
+from diffperf.predict import predict_step
+from diffperf.result import Result
+from diffperf.specs.batch import anonymous
+from diffperf.specs.parallel import Parallel, Recompute, ZeroStage
+from diffperf.specs.training import Training
+from diffperf.specs.validate import check_layout
+
+_RECOMPUTE = {r.name.lower(): int(r) for r in Recompute}
+
+
+def _as_float(tree):
+    dtype = jnp.result_type(float)  # float32, or float64 under jax_enable_x64
+    return jax.tree.map(lambda x: jnp.asarray(x, dtype=dtype), tree)
+
+
+def _is_concrete(tree) -> bool:
+    return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
+
+
+def _normalize(parallel: Parallel) -> Parallel:
+    """Accept recompute as a name ('full') or enum, zero_stage as an enum, bools as 0/1."""
+    rec = parallel.recompute
+    if isinstance(rec, str):
+        if rec not in _RECOMPUTE:
+            raise SpecError(f"parallel.recompute={rec!r} is not allowed (allowed: "
+                            f"{', '.join(_RECOMPUTE)})")
+        parallel = parallel.replace(recompute=_RECOMPUTE[rec])
+    if isinstance(parallel.zero_stage, ZeroStage):
+        parallel = parallel.replace(zero_stage=int(parallel.zero_stage))
+    return parallel
+
+
+@functools.partial(jax.jit, static_argnames=("temperature",))
+def _predict_jit(model, parallel, system, training, temperature):
+    return predict_step(model, parallel, system, training, temperature)
+
+
+@functools.partial(jax.jit, static_argnames=("temperature",))
+def _predict_vmap(model, parallel, system, training, temperature):
+    return jax.vmap(predict_step, in_axes=(0, 0, None, 0, None))(
+        model, parallel, system, training, temperature)
+
+
+def predict(model, parallel, system, training=None, *, temperature=None) -> Result:
+    """Step time, breakdown, memory, MFU and tokens/s of one configuration.
+
+    Args:
+        model: a `Model` (see `load_model`).
+        parallel: a `Parallel` layout; validated against the model when its values are concrete.
+        system: a `System` (see `load_system`).
+        training: a `Training` (default: bf16 mixed precision with fp32 master weights and Adam).
+        temperature: None for the exact (hard max) model; > 0 for the smooth variant used by
+            calibration and the differentiable search.
+    Returns:
+        A `Result` pytree. Works under jit, vmap and grad (inputs that are tracers skip the
+        validation, which needs concrete values).
+    """
+    training = Training() if training is None else training
+    parallel = _normalize(parallel)
+    if temperature is not None and not temperature >= 0:
+        raise SpecError(f"temperature={temperature} must be >= 0 (or None for the exact model)")
+    if _is_concrete((model, parallel)):
+        check_layout(model, parallel)
+    if not _is_concrete((model, parallel, system, training)):
+        return predict_step(model, parallel, system, training, temperature)
+    args = _as_float((anonymous(model), anonymous(parallel), anonymous(system),
+                      anonymous(training)))
+    return _predict_jit(*args, temperature=temperature or None)
+
+
+def predict_batch(models, parallels, system, trainings, *, temperature=None) -> Result:
+    """`predict` over a batch (leading axis on models, parallels and trainings; one system).
+
+    Validates every entry, then runs one jitted vmap: the fast path of validate and search.
+    """
+    parallels = _normalize(parallels)
+    check_layout(models, parallels)
+    args = _as_float((anonymous(models), anonymous(parallels), anonymous(system),
+                      anonymous(trainings)))
+    return _predict_vmap(*args, temperature=temperature or None)

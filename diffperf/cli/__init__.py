@@ -1,0 +1,1 @@
+"""Command line: the only code that prints (and, with specs/load.py, reads files)."""

@@ -1,0 +1,46 @@
+"""`diffperf` command line: predict, validate (and the commands of later issues).
+
+Each command: parse, load (validate), call the library, render. A SpecError becomes one red
+line and exit code 2; anything else is a bug (traceback, exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from diffperf.errors import SpecError
+
+DEFAULT_MODEL = "gpt3-175b"
+DEFAULT_SYSTEM = "a100-sxm-80gb"
+
+
+def _parser() -> argparse.ArgumentParser:
+    from diffperf.cli import predict_cmd, validate_cmd
+
+    p = argparse.ArgumentParser(prog="diffperf", description=(
+        "Differentiable performance model of distributed Transformer training."))
+    sub = p.add_subparsers(dest="command", required=True)
+    predict_cmd.add_parser(sub)
+    validate_cmd.add_parser(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    from diffperf.cli.output import err_console
+
+    try:
+        args = _parser().parse_args(argv)
+        return args.run(args) or 0
+    except SpecError as err:
+        from rich.markup import escape
+
+        err_console.print(f"[red]error:[/red] {escape(str(err))}", highlight=False,
+                          soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""`diffperf predict`: one configuration's step time, breakdown and memory."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from diffperf.cli.output import console, fmt, print_json, table
+from diffperf.errors import SpecError
+
+_LAYOUT = (("tp", 8), ("pp", 8), ("cp", 1), ("ep", 1), ("vp", 1), ("micro_batch", 1),
+           ("global_batch", 1536), ("zero_stage", 1))
+
+
+def add_parser(sub):
+    p = sub.add_parser("predict", help="step time, breakdown and memory of one layout", description=(
+        "Predict one configuration. With no options: GPT-3 175B on 1024 A100 80 GB "
+        "(tp 8, pp 8, dp 16, sequence parallel, selective recompute, ZeRO-1)."))
+    p.add_argument("--model", default="gpt3-175b", help="name under configs/models, a YAML, "
+                   "or a Hugging Face config.json (default: gpt3-175b)")
+    p.add_argument("--system", default="a100-sxm-80gb", help="name under configs/systems or "
+                   "a YAML (default: a100-sxm-80gb)")
+    p.add_argument("--calibration", help="efficiency overlay YAML (from diffperf calibrate)")
+    p.add_argument("--gpus", type=int, default=1024, help="devices; dp = gpus / (tp cp pp)")
+    p.add_argument("--dp", type=int, help="data-parallel degree (default: from --gpus)")
+    for name, default in _LAYOUT:
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=default)
+    p.add_argument("--seq-len", type=int, help="override the model's sequence length")
+    p.add_argument("--sequence-parallel", type=int, choices=(0, 1), default=1)
+    p.add_argument("--recompute", choices=("none", "selective", "full"), default="selective")
+    p.add_argument("--precision", default="bf16", help="bf16, fp16, amp-bf16, bf16-pure, fp32")
+    p.add_argument("--dp-overlap", type=int, choices=(0, 1), default=1)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=run)
+    return p
+
+
+def build(args):
+    """(model, parallel, system, training) from parsed arguments, validated."""
+    from diffperf import Parallel, load_model, load_system, training
+    from diffperf.specs.parallel import Recompute
+    from diffperf.specs.validate import check_layout
+
+    model = load_model(args.model)
+    if args.seq_len is not None:
+        if args.seq_len <= 0:
+            raise SpecError(f"--seq-len={args.seq_len} must be > 0")
+        model = model.replace(seq_len=float(args.seq_len))
+    system = load_system(args.system, calibration=args.calibration)
+    inner = args.tp * args.cp * args.pp
+    if args.dp is None:
+        if inner <= 0 or args.gpus % inner:
+            raise SpecError(f"--gpus={args.gpus} must be a multiple of tp x cp x pp = {inner}")
+        args.dp = args.gpus // inner
+    layout = {k: float(getattr(args, k)) for k, _ in _LAYOUT}
+    parallel = Parallel(**layout, dp=float(args.dp),
+                        sequence_parallel=float(args.sequence_parallel),
+                        recompute=float(Recompute[args.recompute.upper()]),
+                        dp_overlap=float(args.dp_overlap))
+    check_layout(model, parallel, args.gpus, "layout")
+    return model, parallel, system, training(args.precision)
+
+
+def result_dict(result) -> dict:
+    """A Result as plain floats (breakdown and memory as nested dicts)."""
+    out = {}
+    for f in dataclasses.fields(result):
+        v = getattr(result, f.name)
+        out[f.name] = ({g.name: float(getattr(v, g.name)) for g in dataclasses.fields(v)}
+                       if dataclasses.is_dataclass(v) else float(v))
+    out["fits"] = bool(result.fits)
+    return out
+
+
+def render(result, title) -> None:
+    from diffperf.result import EXPOSED_PARTS, HIDDEN_PARTS, MEMORY_PARTS
+
+    b, m, T = result.breakdown, result.memory, float(result.step_time_s)
+    parts = sorted(EXPOSED_PARTS, key=lambda k: -float(getattr(b, k)))
+    rows = [(k, fmt(getattr(b, k)), f"{100 * float(getattr(b, k)) / T:.1f}") for k in parts]
+    rows += [(k + " (not in total)", fmt(getattr(b, k)), "") for k in HIDDEN_PARTS]
+    rows.append(("step_time_s", fmt(T), "100.0"))
+    console.print(table(title, ("part", "seconds", "% of step"), rows))
+    mrows = [(k.replace("_bytes", ""), fmt(float(getattr(m, k)) / 2**30)) for k in MEMORY_PARTS]
+    mrows += [("total", fmt(float(m.total_bytes) / 2**30)),
+              ("usable capacity", fmt(float(m.capacity_bytes) / 2**30))]
+    console.print(table("memory per device (largest stage)", ("part", "GiB"), mrows))
+    console.print(f"fits: {bool(result.fits)}   MFU: {100 * float(result.mfu):.1f} %   "
+                  f"tokens/s: {fmt(result.tokens_per_s)}   step_time_s: {fmt(T)}")
+
+
+def run(args) -> int:
+    from diffperf import predict
+
+    model, parallel, system, train = build(args)
+    result = predict(model, parallel, system, train)
+    if args.json:
+        print_json(dict(model=model.name, system=system.name, gpus=args.gpus,
+                        layout={k: float(getattr(parallel, k)) for k in (
+                            "tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch",
+                            "sequence_parallel", "zero_stage", "recompute")},
+                        result=result_dict(result)))
+        return 0
+    title = (f"{model.name} on {args.gpus} x {system.name}: tp {args.tp} pp {args.pp} "
+             f"dp {args.dp} cp {args.cp} mb {args.micro_batch} gb {args.global_batch}")
+    render(result, title)
+    return 0

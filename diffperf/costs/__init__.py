@@ -1,0 +1,1 @@
+"""Costs: convert FLOPs, bytes and message volumes into seconds on a System."""

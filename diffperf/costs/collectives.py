@@ -1,0 +1,106 @@
+"""Collective communication time on the network tiers a group actually spans.
+
+Alpha-beta costs after Thakur, Rabenseifner & Gropp (IJHPCA 2005) with the hierarchical
+(two-tier) decomposition of PAPERS.md section 5.9: a group that spans tiers runs a ring inside
+each tier on the data left over from the tiers inside it. Volumes S follow NCCL's convention
+(PAPERS.md section 0): the array each rank holds for all-reduce, the gathered output for
+all-gather, the un-scattered input for reduce-scatter, the send buffer for all-to-all.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from diffperf.costs.tiers import tier_bandwidths_Bps, tier_ranks
+
+
+def _ring_phases_s(S, n, stride, system, steps_per_rank, volume_factor):
+    """Sum over tiers i of a ring phase on r_i ranks moving the data left from tiers < i:
+
+        T = sum_i [ c (r_i - 1) alpha_i + f (r_i - 1)/r_i * S / n_{i-1} / (BW_i eta_i) ]
+
+    with c = steps_per_rank (2 for all-reduce, 1 for gather/scatter) and f = volume_factor.
+    r_i = members per domain i / members per domain i-1 (tiers.tier_ranks).
+    """
+    ranks = tier_ranks(n, stride, system)
+    bws = tier_bandwidths_Bps(system)
+    total = 0.0
+    inner = 1.0
+    for r, tier, bw in zip(ranks, system.tiers, bws):
+        total = total + steps_per_rank * (r - 1.0) * tier.latency_s
+        total = total + volume_factor * (r - 1.0) / r * (S / inner) / bw
+        inner = inner * r
+    active = jnp.where(n > 1.0, 1.0, 0.0)  # a size-1 group makes no call at all
+    return active * (total + system.eff.coll_base_s)
+
+
+def all_reduce_s(S, n, stride, system):
+    """Hierarchical ring all-reduce (reduce-scatter up the tiers, all-gather back down):
+
+        T = t0 + sum_i [ 2 (r_i - 1) alpha_i + 2 (r_i - 1)/r_i * S / n_{i-1} / (BW_i eta_i) ]
+
+    S = bytes per rank, n = group size, stride = rank distance between members.
+    Source: Thakur et al. 2005 (ring all-reduce), PAPERS.md section 5.9 (hierarchical form);
+    t0 = eff.coll_base_s, the fixed cost of one call.
+    Example: S = 1 GB, n = 8 inside an 8-GPU node, BW = 400 GB/s x 0.8, alpha = 5 us:
+    t0 + 70 us + 2 x 7/8 x 1e9 / 320e9 = t0 + 70 us + 5.469 ms.
+    """
+    return _ring_phases_s(S, n, stride, system, 2.0, 2.0)
+
+
+def all_gather_s(S, n, stride, system):
+    """Hierarchical ring all-gather of a gathered output of S bytes:
+
+        T = t0 + sum_i [ (r_i - 1) alpha_i + (r_i - 1)/r_i * S / n_{i-1} / (BW_i eta_i) ]
+
+    Source: Thakur et al. 2005, ring all-gather; PAPERS.md section 5.9.
+    """
+    return _ring_phases_s(S, n, stride, system, 1.0, 1.0)
+
+
+def reduce_scatter_s(S, n, stride, system):
+    """Hierarchical ring reduce-scatter of an S-byte input: same cost as the all-gather.
+
+    Source: Thakur et al. 2005, ring / pairwise reduce-scatter (reduction folded in eta).
+    """
+    return _ring_phases_s(S, n, stride, system, 1.0, 1.0)
+
+
+def all_to_all_s(S, n, stride, system):
+    """Pairwise all-to-all with an S-byte send buffer per rank, each tier carrying the share
+    of peers that lies beyond the tiers inside it:
+
+        T = t0 + (n - 1) alpha_max + sum_i (n_i - n_{i-1}) / n * S / (BW_i eta_i)
+
+    Source: Thakur et al. 2005 (pairwise exchange); PAPERS.md section 5.8.
+    """
+    ranks = tier_ranks(n, stride, system)
+    bws = tier_bandwidths_Bps(system)
+    total = 0.0
+    inner = 1.0
+    alpha = 0.0
+    for r, tier, bw in zip(ranks, system.tiers, bws):
+        outer = inner * r
+        total = total + (outer - inner) / n * S / bw
+        alpha = jnp.where(r > 1.0, tier.latency_s, alpha)
+        inner = outer
+    active = jnp.where(n > 1.0, 1.0, 0.0)
+    return active * (total + (n - 1.0) * alpha + system.eff.coll_base_s)
+
+
+def send_recv_s(S, stride, system):
+    """Point-to-point transfer of S bytes to the rank `stride` away:
+
+        T = t0 + sum_i x_i (alpha_i + S / (BW_i eta_i))
+
+    x_i = the fraction of transfers whose outermost crossed tier is i (tiers.p2p_tier_fractions).
+    Source: PAPERS.md section 5.9 (send/recv: alpha + S beta), section 3.6 (mix of links).
+    """
+    from diffperf.costs.tiers import p2p_tier_fractions
+
+    fracs = p2p_tier_fractions(stride, system)
+    bws = tier_bandwidths_Bps(system)
+    total = 0.0
+    for x, tier, bw in zip(fracs, system.tiers, bws):
+        total = total + x * (tier.latency_s + S / bw)
+    return total + system.eff.coll_base_s

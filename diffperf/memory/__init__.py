@@ -1,0 +1,1 @@
+"""Memory per device: model states (weights, gradients, optimizer) and activations."""

@@ -1,0 +1,72 @@
+"""Activation memory per layer and per stage (Korthikanti et al. 2022, Section 4, Table 2).
+
+PAPERS.md section 5.6: per layer per micro-batch, 16-bit activations, 1-byte dropout masks,
+  no parallelism        s b h (34 + 5 a s / h)
+  TP                    s b h (10 + 24/t + 5 a s / (h t))
+  TP + SP               s b h (34/t + 5 a s / (h t))
+  + selective recompute drops the 5 a s / h term;   full recompute keeps 2 s b h.
+Generalised per stored tensor [D]: replicated 4 q_a + 2 dropout (in s b h), TP-sharded
+q_a (1 + 2 a_kv/a + 1 + (2 + gated) f / h), scores a s^2 b (q_a + dropout (1 + q_a)) / t.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+
+def layer_activation_bytes(model, parallel, training):
+    """Bytes one layer keeps for its backward, one micro-batch, on one device.
+
+        A = s b h [ (4 q_a + 2 m_d) / t_sp + q_a (2 + 2 a_kv/a + (2 + g) f/h) / t ]
+            + b a (s/c) s (q_a + m_d (1 + q_a)) / t     (scores: no flash, no recompute)
+            + 4 b a (s/c) / t                          (flash softmax statistics, fp32)
+    s here is the device's sequence shard s/c; t_sp = t with SP, else 1; m_d = dropout.
+    Full recompute keeps only the layer input: q_a s b h / t_sp.
+    Example (GPT-3 175B, s 2048, b 1, t 1, q_a 2, dropout, no flash): s b h (34 + 5 a s/h).
+    """
+    t, q, md = parallel.tp, training.activation_bytes, training.dropout
+    sbh = parallel.micro_batch * model.seq_len / parallel.cp * model.hidden
+    t_sp = jnp.where(parallel.sequence_parallel > 0, t, 1.0)
+    a, akv = model.n_heads, model.n_kv_heads
+    ffn = jnp.where(model.n_experts > 0, (model.moe_topk * model.capacity_factor
+                                          + model.n_shared_experts) * model.moe_ffn_hidden,
+                    model.ffn_hidden)
+    replicated = sbh * (4.0 * q + 2.0 * md) / t_sp
+    sharded = sbh * q * (2.0 + 2.0 * akv / a + (2.0 + model.gated_mlp) * ffn / model.hidden) / t
+    scores_elems = parallel.micro_batch * a * (model.seq_len / parallel.cp) * model.seq_len / t
+    keep_scores = (1.0 - training.flash_attention) * jnp.where(parallel.recompute == 0, 1.0, 0.0)
+    scores = keep_scores * scores_elems * (q + md * (1.0 + q))
+    stats = training.flash_attention * 4.0 * parallel.micro_batch * a * model.seq_len / (
+        parallel.cp * t)
+    full = q * sbh / t_sp
+    return jnp.where(parallel.recompute == 2, full, replicated + sharded + scores + stats)
+
+
+def layers_in_flight(model, parallel):
+    """Layer activations the first pipeline stage holds at its peak, in units of one layer:
+
+        (L / p) x min(p, m) x (1 + (p - 1)/(p v))   (interleaving factor only when v > 1)
+    1F1B keeps min(p, m) micro-batches in flight on stage 0 (Narayanan et al. SC21 2.2.1;
+    PAPERS.md section 5.4; Megatron-LM `theoretical_memory_usage.py`).
+    Example: L = 96, p = 8, m = 64, v = 1 -> 12 x 8 = 96 layers.
+    """
+    p, v = parallel.pp, parallel.vp
+    m = parallel.n_microbatches
+    interleave = jnp.where(v > 1, 1.0 + (p - 1.0) / (p * v), 1.0)
+    return model.n_layers / p * jnp.minimum(p, m) * interleave
+
+
+def working_layer_bytes(model, parallel, training):
+    """Extra memory while one layer runs its backward under full recompute: the layer's full
+    activations, rebuilt (one layer, one micro-batch)."""
+    no_recompute = parallel.replace(recompute=jnp.zeros_like(jnp.asarray(parallel.recompute)))
+    full_layer = layer_activation_bytes(model, no_recompute, training)
+    return jnp.where(parallel.recompute == 2, full_layer, 0.0)
+
+
+def logits_bytes(model, parallel, training):
+    """Output-layer activations on the last stage: 16-bit logits and their fp32 copy for the
+    loss, (q_a + 4) b (s/c) V / t (Korthikanti et al. Section 4: about 4 s b V / t for fp32
+    logits) [S]."""
+    T = parallel.micro_batch * model.seq_len / parallel.cp
+    return (training.activation_bytes + 4.0) * T * model.vocab / parallel.tp

@@ -1,0 +1,50 @@
+"""Memory of the device with the largest footprint: the first or the last pipeline stage.
+
+The first stage holds min(p, m) micro-batches of activations (1F1B) and the embedding; the last
+holds one micro-batch, the output layer and the logits (PAPERS.md sections 5.4-5.6).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from diffperf.memory import activations as act
+from diffperf.memory.weights import gradient_bytes, optimizer_bytes, weight_bytes
+from diffperf.result import MEMORY_PARTS, Memory
+from diffperf.workload.params import layer_params_per_device, stage_params_per_device
+
+
+def _stage_memory(params, activations, buffers, parallel, training):
+    return dict(weights_bytes=weight_bytes(params, parallel, training),
+                gradients_bytes=gradient_bytes(params, parallel, training),
+                optimizer_bytes=optimizer_bytes(params, parallel, training),
+                activations_bytes=activations, buffers_bytes=buffers)
+
+
+def device_memory(model, parallel, system, training) -> Memory:
+    """Memory parts of the larger of the first and last stage, and the usable capacity.
+
+        total = weights + gradients + optimizer + activations + buffers
+        activations(first) = A_layer x layers_in_flight + working layer (+ logits if p = 1)
+        activations(last)  = A_layer x (L/p) x interleave + working layer + logits
+        buffers = 2 gathered layers under ZeRO-3 (prefetch) + runtime workspace
+    """
+    first_P, last_P = stage_params_per_device(model, parallel)
+    a_layer = act.layer_activation_bytes(model, parallel, training)
+    working = act.working_layer_bytes(model, parallel, training)
+    logits = act.logits_bytes(model, parallel, training)
+    single = jnp.where(parallel.pp == 1, 1.0, 0.0)
+    first_act = a_layer * act.layers_in_flight(model, parallel) + working + single * logits
+    last_act = a_layer * model.n_layers / parallel.pp + working + logits
+    z3 = jnp.where(parallel.zero_stage == 3, 1.0, 0.0)
+    buffers = (z3 * 2.0 * layer_params_per_device(model, parallel) * training.weight_bytes
+               + system.eff.mem_reserved_bytes)
+    first = _stage_memory(first_P, first_act, buffers, parallel, training)
+    last = _stage_memory(last_P, last_act, buffers, parallel, training)
+    first_total = sum(first[k] for k in MEMORY_PARTS)
+    last_total = sum(last[k] for k in MEMORY_PARTS)
+    pick_first = first_total >= last_total
+    parts = {k: jnp.where(pick_first, first[k], last[k]) for k in MEMORY_PARTS}
+    return Memory(**parts, total_bytes=jnp.maximum(first_total, last_total),
+                  capacity_bytes=system.hbm_capacity_bytes * system.eff.mem_usable_frac)

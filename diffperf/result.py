@@ -1,0 +1,62 @@
+"""Result pytrees: step time, breakdown and memory with named fields (STYLE.md section 3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flax import struct
+
+
+class Breakdown(struct.PyTreeNode):
+    """Seconds of one step. The exposed parts (EXPOSED_PARTS) sum to the step time; the
+    hidden parts ran concurrently with compute and are reported beside them."""
+
+    compute_s: Any            # forward + backward work of the critical pipeline stage
+    recompute_s: Any          # activation recomputation (selective or full)
+    tp_exposed_s: Any         # tensor-parallel collectives on the critical path
+    cp_exposed_s: Any         # context-parallel K/V exchange not hidden behind attention
+    pp_exposed_s: Any         # stage-boundary sends and receives
+    dp_exposed_s: Any         # gradient reduction / ZeRO gathers not hidden behind backward
+    bubble_s: Any             # pipeline fill and drain
+    optimizer_s: Any          # optimizer step (memory bound)
+    overhead_s: Any           # host/launch floor above GPU time, per-micro-batch and per-step
+    overlap_slowdown_s: Any   # compute slowed down by the communication it hides
+    tp_hidden_s: Any
+    cp_hidden_s: Any
+    dp_hidden_s: Any
+
+
+EXPOSED_PARTS = ("compute_s", "recompute_s", "tp_exposed_s", "cp_exposed_s", "pp_exposed_s",
+                 "dp_exposed_s", "bubble_s", "optimizer_s", "overhead_s", "overlap_slowdown_s")
+HIDDEN_PARTS = ("tp_hidden_s", "cp_hidden_s", "dp_hidden_s")
+
+
+class Memory(struct.PyTreeNode):
+    """Bytes on the device with the largest footprint (first or last pipeline stage)."""
+
+    weights_bytes: Any
+    gradients_bytes: Any
+    optimizer_bytes: Any      # master weights + optimizer states
+    activations_bytes: Any    # in-flight micro-batches of the schedule, logits on the last stage
+    buffers_bytes: Any        # ZeRO-3 gathered layers, runtime workspace
+    total_bytes: Any
+    capacity_bytes: Any       # usable HBM: capacity x eff.mem_usable_frac
+
+
+MEMORY_PARTS = ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
+                "buffers_bytes")
+
+
+class Result(struct.PyTreeNode):
+    """What `predict` returns; works under jit, vmap and grad."""
+
+    step_time_s: Any
+    breakdown: Breakdown
+    memory: Memory
+    fits: Any                 # total memory <= usable capacity
+    fit_margin_frac: Any      # (capacity - total) / capacity: smooth feasibility for search
+    mfu: Any                  # model FLOPs / (step time x devices x matmul peak)
+    tokens_per_s: Any
+    model_flops: Any          # per step, without recompute (3 x forward)
+    hardware_flops: Any       # per step, executed (recompute and flash backward included)
+    n_devices: Any

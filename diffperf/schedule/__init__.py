@@ -1,0 +1,1 @@
+"""Schedule: turn op times into a step time (overlap, pipeline bubble, exposed communication)."""

@@ -1,0 +1,8 @@
+"""Specs: frozen pytrees describing the model, the layout, the training precision and the system."""
+
+from diffperf.specs.model import Model
+from diffperf.specs.parallel import Parallel, Recompute, ZeroStage
+from diffperf.specs.training import Training
+from diffperf.specs.system import Efficiency, System, Tier
+
+__all__ = ["Model", "Parallel", "Recompute", "ZeroStage", "Training", "Efficiency", "System", "Tier"]

@@ -1,0 +1,429 @@
+"""Load and validate specs from YAML, Hugging Face config.json and runs CSV files.
+
+The one place (with cli/) that reads files, and the one place that converts human units
+(GB/s, us, TFLOPs) to SI. Every check runs on concrete values before anything is traced and
+raises SpecError naming the field, the value and what is allowed (STYLE.md section 5).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from diffperf.errors import SpecError, closest
+from diffperf.specs.model import Model
+from diffperf.specs.system import Efficiency, System, Tier
+from diffperf.specs.training import PRECISIONS, Training
+
+CONFIGS = Path(__file__).resolve().parent.parent.parent / "configs"
+
+
+def _configs_dir() -> Path:
+    """configs/ of the checkout, or the copy installed inside the package."""
+    installed = Path(__file__).resolve().parent.parent / "configs"
+    return CONFIGS if CONFIGS.is_dir() else installed
+
+
+def _check_keys(d, allowed, where):
+    if not isinstance(d, dict):
+        raise SpecError(f"{where}: expected a mapping of keys to values, got {type(d).__name__}")
+    for key in d:
+        if key not in allowed:
+            raise SpecError(f"{where}: unknown key '{key}'{closest(key, allowed)} "
+                            f"(allowed: {', '.join(sorted(allowed))})")
+
+
+def _number(d, key, where, *, integer=False, minimum=None, positive=False, default=None):
+    """A finite number from d[key], checked; `default` when absent (None = required)."""
+    if key not in d or d[key] is None:
+        if default is None:
+            raise SpecError(f"{where}: missing required key '{key}'")
+        return default
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        try:
+            v = float(str(v).strip())
+        except ValueError:
+            raise SpecError(f"{where}.{key}={d[key]!r} must be a number") from None
+    if not math.isfinite(v):
+        raise SpecError(f"{where}.{key}={v} must be a finite number")
+    if integer and v != int(v):
+        raise SpecError(f"{where}.{key}={v} must be a whole number")
+    if positive and v <= 0:
+        raise SpecError(f"{where}.{key}={v} must be > 0")
+    if minimum is not None and v < minimum:
+        raise SpecError(f"{where}.{key}={v} must be >= {minimum}")
+    return int(v) if integer else float(v)
+
+
+def _flag(d, key, where, default):
+    v = d.get(key, default)
+    if isinstance(v, bool) or v in (0, 1):
+        return float(bool(v))
+    if isinstance(v, str) and v.strip().lower() in ("true", "false", "0", "1", "yes", "no"):
+        return float(v.strip().lower() in ("true", "1", "yes"))
+    raise SpecError(f"{where}.{key}={v!r} must be true or false")
+
+
+def _choice(d, key, where, choices, default):
+    v = d.get(key, default)
+    if v not in choices:
+        raise SpecError(f"{where}.{key}={v!r} is not allowed{closest(v, choices)} "
+                        f"(allowed: {', '.join(choices)})")
+    return v
+
+
+def read_yaml(path) -> dict:
+    """Parse a YAML file into a mapping, with a clear error for malformed files."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read ({err.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise SpecError(f"{path}: malformed YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a YAML mapping at the top level, got "
+                        f"{type(data).__name__}")
+    return data
+
+
+MODEL_KEYS = ("name", "description", "sources", "num_layers", "hidden", "ffn_hidden",
+              "num_heads", "num_kv_heads", "head_dim", "vocab", "seq_len", "gated_mlp",
+              "attention", "norm", "tied_embeddings", "biases", "learned_positions",
+              "moe_experts", "moe_topk", "moe_ffn_hidden", "moe_shared_experts",
+              "moe_capacity_factor")
+
+
+def model_from_dict(d: dict, where: str = "model") -> Model:
+    """A validated Model from the YAML schema of configs/README.md (keys as the runs CSV)."""
+    _check_keys(d, MODEL_KEYS, where)
+    n = lambda k, **kw: _number(d, k, where, **kw)  # noqa: E731
+    heads = n("num_heads", integer=True, positive=True)
+    hidden = n("hidden", integer=True, positive=True)
+    kv = n("num_kv_heads", integer=True, positive=True, default=heads)
+    if heads % kv:
+        raise SpecError(f"{where}: num_kv_heads={kv} must divide num_heads={heads}; allowed "
+                        f"num_kv_heads: {', '.join(str(x) for x in _divisors(heads))}")
+    if "head_dim" not in d and hidden % heads:
+        raise SpecError(f"{where}: hidden={hidden} is not a multiple of num_heads={heads}; "
+                        f"give head_dim explicitly")
+    experts = n("moe_experts", integer=True, minimum=0, default=0)
+    topk = n("moe_topk", integer=True, minimum=0, default=0)
+    if experts and not 1 <= topk <= experts:
+        raise SpecError(f"{where}: moe_topk={topk} must be in 1..moe_experts={experts}")
+    if experts and not d.get("moe_ffn_hidden"):
+        raise SpecError(f"{where}: moe_ffn_hidden must be > 0 when moe_experts={experts}")
+    attention = _choice(d, "attention", where, ("causal", "full"), "causal")
+    norm = _choice(d, "norm", where, ("layernorm", "rmsnorm"), "layernorm")
+    return Model(
+        n_layers=float(n("num_layers", integer=True, positive=True)), hidden=float(hidden),
+        ffn_hidden=float(n("ffn_hidden", integer=True, positive=True, default=4 * hidden)),
+        n_heads=float(heads), n_kv_heads=float(kv),
+        head_dim=float(n("head_dim", integer=True, positive=True, default=hidden // heads)),
+        vocab=float(n("vocab", integer=True, positive=True)),
+        seq_len=float(n("seq_len", integer=True, positive=True)),
+        gated_mlp=_flag(d, "gated_mlp", where, False), causal=float(attention == "causal"),
+        rms_norm=float(norm == "rmsnorm"),
+        tied_embeddings=_flag(d, "tied_embeddings", where, False),
+        biases=_flag(d, "biases", where, False),
+        learned_positions=_flag(d, "learned_positions", where, False),
+        n_experts=float(experts), moe_topk=float(topk),
+        moe_ffn_hidden=float(n("moe_ffn_hidden", integer=True, minimum=0, default=0)),
+        n_shared_experts=float(n("moe_shared_experts", integer=True, minimum=0, default=0)),
+        capacity_factor=n("moe_capacity_factor", positive=True, default=1.0),
+        name=str(d.get("name", where)))
+
+
+def _divisors(x: int) -> list[int]:
+    return [i for i in range(1, int(x) + 1) if x % i == 0]
+
+
+# Hugging Face config.json keys -> our keys (Llama, Mistral, Mixtral, Qwen, GPT-2 families).
+_HF_MAP = {
+    "num_hidden_layers": "num_layers", "n_layer": "num_layers", "hidden_size": "hidden",
+    "n_embd": "hidden", "intermediate_size": "ffn_hidden", "n_inner": "ffn_hidden",
+    "num_attention_heads": "num_heads", "n_head": "num_heads",
+    "num_key_value_heads": "num_kv_heads", "head_dim": "head_dim", "vocab_size": "vocab",
+    "max_position_embeddings": "seq_len", "n_positions": "seq_len",
+    "tie_word_embeddings": "tied_embeddings", "num_local_experts": "moe_experts",
+    "n_routed_experts": "moe_experts", "num_experts": "moe_experts",
+    "num_experts_per_tok": "moe_topk", "moe_intermediate_size": "moe_ffn_hidden",
+    "n_shared_experts": "moe_shared_experts",
+}
+# Fields that change the architecture in ways the cost model does not represent.
+_HF_UNSUPPORTED = ("q_lora_rank", "kv_lora_rank", "first_k_dense_replace", "num_nextn_predict_layers",
+                   "layer_types", "cross_attention_layers", "vision_config")
+
+
+def model_from_hf(cfg: dict, where: str) -> Model:
+    """A Model from a Hugging Face config.json: Llama/Mistral/Mixtral/Qwen/GPT-2 keys.
+
+    SiLU activations mean a gated (SwiGLU) MLP; `rms_norm_eps` means RMSNorm; GPT-2 has
+    biases, learned positions and tied embeddings. Fields that change the architecture beyond
+    what the model represents (e.g. DeepSeek's MLA `kv_lora_rank`) are refused by name.
+    """
+    bad = [k for k in _HF_UNSUPPORTED if cfg.get(k) not in (None, 0)]
+    if bad:
+        raise SpecError(f"{where}: Hugging Face fields not supported by diffperf's model: "
+                        f"{', '.join(bad)} (write a diffperf model YAML instead)")
+    d = {ours: cfg[theirs] for theirs, ours in _HF_MAP.items() if cfg.get(theirs) is not None}
+    if "num_layers" not in d or "hidden" not in d or "num_heads" not in d:
+        raise SpecError(f"{where}: not a recognised Hugging Face config.json (needs "
+                        f"num_hidden_layers, hidden_size, num_attention_heads)")
+    act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu")))
+    d["gated_mlp"] = act in ("silu", "swiglu", "swish")
+    d["norm"] = "rmsnorm" if "rms_norm_eps" in cfg else "layernorm"
+    is_gpt2 = cfg.get("model_type") == "gpt2"
+    d["biases"] = is_gpt2 or bool(cfg.get("attention_bias", False))
+    d["learned_positions"] = is_gpt2
+    d.setdefault("tied_embeddings", is_gpt2)
+    if d.get("moe_experts") and "moe_ffn_hidden" not in d:
+        d["moe_ffn_hidden"] = d.get("ffn_hidden", 4 * d["hidden"])
+    d["name"] = str(cfg.get("_name_or_path") or cfg.get("model_type") or Path(where).stem)
+    return model_from_dict(d, where)
+
+
+def load_model(name_or_path) -> Model:
+    """A model by name (configs/models/NAME.yaml), YAML path, or Hugging Face config.json."""
+    path = Path(name_or_path)
+    if path.suffix == ".json":
+        try:
+            cfg = json.loads(path.read_text())
+        except OSError as err:
+            raise SpecError(f"{path}: cannot read ({err.strerror})") from None
+        except json.JSONDecodeError as err:
+            raise SpecError(f"{path}: malformed JSON: {err.msg} at line {err.lineno}") from None
+        if not isinstance(cfg, dict):
+            raise SpecError(f"{path}: expected a JSON object at the top level")
+        return model_from_hf(cfg, str(path))
+    if path.suffix not in (".yaml", ".yml"):
+        path = _named(name_or_path, "models")
+    return model_from_dict(read_yaml(path), str(path))
+
+
+def _named(name, kind) -> Path:
+    folder = _configs_dir() / kind
+    path = folder / f"{name}.yaml"
+    if not path.is_file():
+        names = sorted(p.stem for p in folder.glob("*.yaml"))
+        raise SpecError(f"unknown {kind[:-1]} '{name}'{closest(name, names)} "
+                        f"(shipped: {', '.join(names)}; or give a path to a .yaml file)")
+    return path
+
+
+def model_names() -> list[str]:
+    return sorted(p.stem for p in (_configs_dir() / "models").glob("*.yaml"))
+
+
+def system_names() -> list[str]:
+    return sorted(p.stem for p in (_configs_dir() / "systems").glob("*.yaml"))
+
+
+SYSTEM_KEYS = ("name", "description", "sources", "matmul_TFLOPs", "matmul_fp32_TFLOPs",
+               "vector_TFLOPs", "hbm_bandwidth_GBps", "hbm_capacity_GiB", "power_W", "tiers",
+               "efficiency")
+TIER_KEYS = ("name", "domain_size", "bandwidth_GBps", "latency_us")
+EFFICIENCY_KEYS = tuple(Efficiency.__dataclass_fields__)
+# Efficiencies that are fractions: must lie in (0, 1].
+_FRACTIONS = ("mm_max", "attn_max", "mem_eff", "coll_eff_intra", "coll_eff_inter",
+              "mem_usable_frac")
+
+
+def efficiency_from_dict(d: dict, where: str, base: Efficiency | None = None) -> Efficiency:
+    """Efficiency parameters (overlay keys = field names of `Efficiency`), checked."""
+    _check_keys(d, EFFICIENCY_KEYS, where)
+    base = base or Efficiency()
+    values = {}
+    for key in d:
+        v = _number(d, key, where, minimum=0.0)
+        if key in _FRACTIONS and not 0 < v <= 1:
+            raise SpecError(f"{where}.{key}={v} must be in (0, 1]")
+        if key in ("mm_half_dim", "attn_half_dim", "mm_exponent", "floor_pnorm") and v <= 0:
+            raise SpecError(f"{where}.{key}={v} must be > 0")
+        values[key] = v
+    return base.replace(**values)
+
+
+def system_from_dict(d: dict, where: str = "system") -> System:
+    """A validated System from the YAML schema of configs/README.md (human units -> SI)."""
+    _check_keys(d, SYSTEM_KEYS, where)
+    tiers_in = d.get("tiers")
+    if not isinstance(tiers_in, list) or not tiers_in:
+        raise SpecError(f"{where}.tiers must be a non-empty list of network tiers "
+                        f"(keys: {', '.join(TIER_KEYS)})")
+    tiers = []
+    for i, t in enumerate(tiers_in):
+        tw = f"{where}.tiers[{i}]"
+        _check_keys(t, TIER_KEYS, tw)
+        tiers.append(Tier(domain_size=_number(t, "domain_size", tw, positive=True),
+                          bandwidth_Bps=_number(t, "bandwidth_GBps", tw, positive=True) * 1e9,
+                          latency_s=_number(t, "latency_us", tw, minimum=0.0) * 1e-6,
+                          name=str(t.get("name", f"tier{i}"))))
+    for i in range(1, len(tiers)):
+        if tiers[i].domain_size < tiers[i - 1].domain_size:
+            raise SpecError(f"{where}.tiers[{i}].domain_size={tiers[i].domain_size:g} must be "
+                            f">= tiers[{i - 1}].domain_size={tiers[i - 1].domain_size:g} "
+                            f"(tiers are nested, innermost first)")
+    n = lambda k, **kw: _number(d, k, where, positive=True, **kw)  # noqa: E731
+    matmul = n("matmul_TFLOPs")
+    return System(
+        matmul_flops_per_s=matmul * 1e12,
+        matmul_fp32_flops_per_s=n("matmul_fp32_TFLOPs", default=matmul / 2) * 1e12,
+        vector_flops_per_s=n("vector_TFLOPs", default=matmul / 16) * 1e12,
+        hbm_bandwidth_Bps=n("hbm_bandwidth_GBps") * 1e9,
+        hbm_capacity_bytes=n("hbm_capacity_GiB") * 2.0**30,
+        tiers=tuple(tiers),
+        eff=efficiency_from_dict(d.get("efficiency") or {}, f"{where}.efficiency"),
+        power_W=n("power_W", default=700.0),
+        name=str(d.get("name", where)))
+
+
+def load_system(name_or_path, calibration=None) -> System:
+    """A system by name (configs/systems/NAME.yaml) or YAML path, with an optional
+    calibration overlay (a YAML whose `efficiency:` mapping replaces efficiency fields)."""
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = _named(name_or_path, "systems")
+    system = system_from_dict(read_yaml(path), str(path))
+    return apply_overlay(system, calibration) if calibration else system
+
+
+OVERLAY_KEYS = ("efficiency", "fitted_on", "heldout", "description", "created_by")
+
+
+def apply_overlay(system: System, overlay) -> System:
+    """The system with the efficiency fields of a calibration overlay (path or mapping)."""
+    where = str(overlay) if not isinstance(overlay, dict) else "overlay"
+    d = overlay if isinstance(overlay, dict) else read_yaml(overlay)
+    _check_keys(d, OVERLAY_KEYS, where)
+    eff = efficiency_from_dict(d.get("efficiency") or {}, f"{where}.efficiency", system.eff)
+    return system.replace(eff=eff)
+
+
+def training_from_name(precision: str = "bf16", **overrides) -> Training:
+    """A Training for a named precision (specs.training.PRECISIONS), with field overrides."""
+    if precision not in PRECISIONS:
+        raise SpecError(f"precision={precision!r} is not allowed{closest(precision, PRECISIONS)}"
+                        f" (allowed: {', '.join(PRECISIONS)})")
+    fields = dict(PRECISIONS[precision]) | overrides
+    unknown = [k for k in fields if k not in Training.__dataclass_fields__]
+    if unknown:
+        raise SpecError(f"training: unknown field '{unknown[0]}'"
+                        f"{closest(unknown[0], Training.__dataclass_fields__)}")
+    return Training(**{k: float(v) for k, v in fields.items()}, name=precision)
+
+
+RUN_REQUIRED = ("id", "num_gpus", "num_layers", "hidden", "num_heads", "vocab", "seq_len",
+                "tp", "pp", "dp", "global_batch", "micro_batch", "step_time_s")
+RUN_OPTIONAL_DEFAULTS = dict(system="", ffn_hidden="", num_kv_heads="", gated_mlp="0",
+                             moe_experts="0", moe_topk="0", cp="1", ep="1", vp="1",
+                             sequence_parallel="0", zero_stage="0", recompute="none",
+                             precision="bf16", status="ok", peak_memory_GB="")
+RECOMPUTE_NAMES = {"none": 0, "selective": 1, "full": 2}
+
+
+class Runs:
+    """Measured runs of a CSV as batched specs (one leading axis = one row)."""
+
+    def __init__(self, ids, rows, models, parallels, trainings, systems, step_time_s,
+                 peak_memory_GB, ran):
+        self.ids, self.rows = ids, rows
+        self.models, self.parallels, self.trainings = models, parallels, trainings
+        self.systems, self.step_time_s = systems, step_time_s
+        self.peak_memory_GB, self.ran = peak_memory_GB, ran
+
+    def __len__(self):
+        return len(self.ids)
+
+
+def _run_row(row: dict, where: str):
+    """(model dict, parallel dict, precision) of one CSV row, validated."""
+    get = lambda k: (row.get(k) or "").strip() or RUN_OPTIONAL_DEFAULTS.get(k, "")  # noqa
+    model = {k: get(k) for k in ("num_layers", "hidden", "ffn_hidden", "num_heads",
+                                 "num_kv_heads", "vocab", "seq_len", "moe_experts",
+                                 "moe_topk") if get(k) != ""}
+    model["gated_mlp"] = get("gated_mlp") in ("1", "true", "True")
+    if int(float(model.get("moe_experts", 0))):
+        model["moe_ffn_hidden"] = model.get("ffn_hidden", "0")
+    m = model_from_dict(model, where)
+    rec = get("recompute")
+    if rec not in RECOMPUTE_NAMES:
+        raise SpecError(f"{where}.recompute={rec!r} is not allowed{closest(rec, RECOMPUTE_NAMES)}"
+                        f" (allowed: {', '.join(RECOMPUTE_NAMES)})")
+    par = {k: _number({k: get(k)}, k, where, integer=True, minimum=0)
+           for k in ("tp", "pp", "dp", "cp", "ep", "vp", "global_batch", "micro_batch",
+                     "sequence_parallel", "zero_stage", "num_gpus")}
+    par["recompute"] = RECOMPUTE_NAMES[rec]
+    return m, par, get("precision")
+
+
+def load_runs(path) -> Runs:
+    """Read a measured-runs CSV (schema: shared/data/README.md); extra columns are allowed.
+
+    Rows with status 'oom' may leave step_time_s blank; every other blank required cell, an
+    unknown column name close to a required one, or a duplicate id is an error.
+    """
+    from diffperf.specs import Parallel
+    from diffperf.specs.validate import check_layout
+
+    path = Path(path)
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            header = reader.fieldnames or []
+            rows = list(reader)
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read ({err.strerror})") from None
+    except (csv.Error, UnicodeDecodeError) as err:
+        raise SpecError(f"{path}: malformed CSV ({err})") from None
+    missing = [c for c in RUN_REQUIRED if c not in header]
+    if missing:
+        raise SpecError(f"{path}: missing column '{missing[0]}'{closest(missing[0], header)} "
+                        f"(have: {', '.join(header)})")
+    if not rows:
+        raise SpecError(f"{path}: no runs (the CSV has a header but no rows)")
+    ids, seen = [], set()
+    models, pars, trainings, systems, times, mems, ran = [], [], [], [], [], [], []
+    for i, row in enumerate(rows):
+        rid = (row.get("id") or "").strip()
+        where = f"{path}: row {i + 2} (id {rid or '?'})"
+        if not rid:
+            raise SpecError(f"{where}: blank 'id'")
+        if rid in seen:
+            raise SpecError(f"{where}: duplicate id '{rid}'")
+        seen.add(rid)
+        for col in RUN_REQUIRED:
+            if col != "step_time_s" and not (row.get(col) or "").strip():
+                raise SpecError(f"{where}: blank cell in column '{col}'")
+        status = (row.get("status") or "ok").strip() or "ok"
+        if status not in ("ok", "oom"):
+            raise SpecError(f"{where}.status={status!r} is not allowed (allowed: ok, oom)")
+        step = (row.get("step_time_s") or "").strip()
+        if status == "ok":
+            t = _number({"step_time_s": step}, "step_time_s", where, positive=True) if step else None
+            if t is None:
+                raise SpecError(f"{where}: blank cell in column 'step_time_s' (status ok)")
+        else:
+            t = float("nan")
+        m, par, precision = _run_row(row, where)
+        p = Parallel(**{k: float(v) for k, v in par.items() if k != "num_gpus"})
+        check_layout(m, p, par["num_gpus"], where)
+        mem = (row.get("peak_memory_GB") or "").strip()
+        ids.append(rid)
+        models.append(m.replace(name="runs"))
+        pars.append(p)
+        trainings.append(training_from_name(precision))
+        systems.append((row.get("system") or "").strip())
+        times.append(t)
+        mems.append(_number({"m": mem}, "m", where, positive=True) if mem else float("nan"))
+        ran.append(status == "ok")
+    return Runs(ids, rows, models, pars, trainings, systems, np.array(times), np.array(mems),
+                np.array(ran))

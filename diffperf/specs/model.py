@@ -1,0 +1,48 @@
+"""The Transformer being trained, as a frozen pytree of numbers.
+
+Every dimension is an array leaf (not static), so that a batch of different models (the rows
+of a runs CSV) is one pytree with a leading axis and one `vmap`. Switches that only change
+numbers (gated MLP, causal mask, RMSNorm, tied embeddings) are 0/1 leaves used arithmetically.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flax import struct
+
+
+class Model(struct.PyTreeNode):
+    """A decoder (causal) or encoder (full attention) Transformer, optionally MoE.
+
+    Build it with `diffperf.load_model` (YAML, Hugging Face config.json) or `Model.create`,
+    which validate; the bare constructor does not (JAX rebuilds pytrees with placeholders).
+    """
+
+    n_layers: Any          # transformer blocks L
+    hidden: Any            # model width h
+    ffn_hidden: Any        # dense MLP inner width f
+    n_heads: Any           # query heads a
+    n_kv_heads: Any        # key/value heads a_kv (GQA: < a, MQA: 1)
+    head_dim: Any          # d_h (usually h / a)
+    vocab: Any             # vocabulary V (input embedding and output layer width)
+    seq_len: Any           # tokens per sequence s
+    gated_mlp: Any = 0.0   # 1: SwiGLU-style MLP with three h x f matrices; 0: two
+    causal: Any = 1.0      # 1: decoder (causal mask); 0: encoder (full attention)
+    rms_norm: Any = 0.0    # 1: RMSNorm; 0: LayerNorm (only changes vector work)
+    tied_embeddings: Any = 0.0  # 1: the output layer reuses the input embedding
+    biases: Any = 0.0      # 1: linear layers have biases (GPT-2/3, Megatron GPT)
+    learned_positions: Any = 0.0  # 1: learned position embedding of s x h (GPT); 0: rotary
+    n_experts: Any = 0.0   # MoE routed experts E (0: dense)
+    moe_topk: Any = 0.0    # experts per token k
+    moe_ffn_hidden: Any = 0.0  # expert MLP width f_e
+    n_shared_experts: Any = 0.0  # always-active experts (DeepSeek-MoE)
+    capacity_factor: Any = 1.0   # C_f: tokens per expert padded to C_f x the mean
+    name: str = struct.field(pytree_node=False, default="model")
+
+    @classmethod
+    def create(cls, **fields) -> "Model":
+        """Validated constructor from plain Python numbers (see `specs.load.model_from_dict`)."""
+        from diffperf.specs.load import model_from_dict
+
+        return model_from_dict(fields, where="Model")

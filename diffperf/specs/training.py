@@ -1,0 +1,49 @@
+"""Numerical precision of training: bytes per weight, gradient, optimizer state, activation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flax import struct
+
+
+class Training(struct.PyTreeNode):
+    """Bytes per element of each kind of state (all leaves).
+
+    Mixed precision after Micikevicius et al. 2018 and Rajbhandari et al. 2020 (Section 3.1):
+    16-bit weights and gradients, fp32 master weights and Adam moments, K = 12 bytes.
+    """
+
+    weight_bytes: Any = 2.0      # q_w: bytes of the weights the matmuls read
+    grad_bytes: Any = 2.0        # q_g: bytes per gradient element (4 when accumulated in fp32)
+    master_bytes: Any = 4.0      # fp32 master copy (0 when the weights are the master)
+    optimizer_bytes: Any = 8.0   # Adam m and v in fp32
+    activation_bytes: Any = 2.0  # q_a: bytes per activation element
+    matmul_fp32: Any = 0.0       # 1: matmuls run at the fp32/TF32 peak instead of 16-bit
+    flash_attention: Any = 1.0   # 1: fused attention, no s^2 score storage or traffic
+    dropout: Any = 0.0           # 1: dropout after attention and MLP (1-byte masks kept)
+    name: str = struct.field(pytree_node=False, default="bf16")
+
+
+PRECISIONS = {
+    # Megatron-style mixed precision: 16-bit weights and grads, fp32 master + Adam (16 B/param).
+    "bf16": dict(weight_bytes=2.0, grad_bytes=2.0, master_bytes=4.0, optimizer_bytes=8.0,
+                 activation_bytes=2.0, matmul_fp32=0.0),
+    "fp16": dict(weight_bytes=2.0, grad_bytes=2.0, master_bytes=4.0, optimizer_bytes=8.0,
+                 activation_bytes=2.0, matmul_fp32=0.0),
+    # PyTorch autocast / JAX fp32 params with bf16 matmuls: fp32 weights and grads (16 B/param).
+    "amp-bf16": dict(weight_bytes=4.0, grad_bytes=4.0, master_bytes=0.0, optimizer_bytes=8.0,
+                     activation_bytes=2.0, matmul_fp32=0.0),
+    # Pure bf16 (weights, grads and Adam states in bf16: 8 B/param).
+    "bf16-pure": dict(weight_bytes=2.0, grad_bytes=2.0, master_bytes=0.0, optimizer_bytes=4.0,
+                      activation_bytes=2.0, matmul_fp32=0.0),
+    "fp32": dict(weight_bytes=4.0, grad_bytes=4.0, master_bytes=0.0, optimizer_bytes=8.0,
+                 activation_bytes=4.0, matmul_fp32=1.0),
+}
+
+
+def training(precision: str = "bf16", **overrides) -> Training:
+    """A `Training` for a named precision (see PRECISIONS), with optional field overrides."""
+    from diffperf.specs.load import training_from_name
+
+    return training_from_name(precision, **overrides)

@@ -1,0 +1,143 @@
+"""FLOPs and HBM traffic of one transformer layer and of the embedding / output layer.
+
+Source: PAPERS.md section 5.1 (per-op FLOP rows; Narayanan et al. SC21 Section 5.1;
+Megatron-LM `num_floating_point_operations`), section 5.2 (arithmetic intensity).
+All counts are per device: the TP shard (t) of the heads and the FFN, the CP shard (c) of the
+sequence, one micro-batch of b sequences.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from diffperf.workload.ops import Gemms, HeadOps, LayerOps
+
+# Kernels of a pre-norm layer's forward besides the GEMMs and attention: two norms, two
+# residual adds, the activation (and the gate product when gated). Framework-typical count.
+_ELEMENTWISE_KERNELS = 5.0
+
+
+def attention_kappa(model, training):
+    """Fraction of the s x s score square the attention kernel computes.
+
+        kappa = 1 - causal / 2   (flash attention skips masked blocks: ~ (s+1)/(2s) -> 1/2)
+
+    Full attention (encoder) and a causal kernel without block skipping compute all of it.
+    Source: PAPERS.md section 5.1 [D]; current Megatron-LM uses 1/2 for causal.
+    """
+    return 1.0 - 0.5 * model.causal * training.flash_attention
+
+
+def tokens_per_device(model, parallel):
+    """T = b s / c: tokens of one micro-batch that one device's layers process."""
+    return parallel.micro_batch * model.seq_len / parallel.cp
+
+
+def _moe_weights(model):
+    """(dense MLP multiplicity, is-MoE indicator): dense models run one MLP per token."""
+    is_moe = jnp.where(model.n_experts > 0, 1.0, 0.0)
+    return 1.0 - is_moe, is_moe
+
+
+def layer_ops(model, parallel, training) -> LayerOps:
+    """Forward GEMMs, attention and elementwise traffic of one layer on one device.
+
+    GEMMs (m = T tokens; PAPERS.md section 5.1 rows, divided by t):
+        QKV       n = (a + 2 a_kv) d_h / t, k = h        2 T h (a + 2 a_kv) d_h / t
+        out proj  n = h, k = a d_h / t                    2 T a d_h h / t
+        MLP up    n = (1 + gated) f / t, k = h            (4 or 6) T h f / t  (with down)
+        MLP down  n = h, k = f / t
+        router    n = E, k = h                            (MoE)
+        experts   m = T k C_f e / E, count = E / e        top-k routed tokens on local experts
+    Attention core per head (count = b a / t): QK^T (s/c x d_h)(d_h x s), AV (s/c x s)(s x d_h),
+    each 2 (s/c) s d_h kappa FLOP (kappa: `attention_kappa`).
+    """
+    t, h = parallel.tp, model.hidden
+    T = tokens_per_device(model, parallel)
+    a, akv, dh, f = model.n_heads, model.n_kv_heads, model.head_dim, model.ffn_hidden
+    dense_w, moe_w = _moe_weights(model)
+    fe, E, ep = model.moe_ffn_hidden, jnp.maximum(model.n_experts, 1.0), parallel.ep
+    gate = 1.0 + model.gated_mlp
+    tokens_per_expert = T * model.moe_topk * model.capacity_factor * ep / E
+    dense = Gemms(
+        m=jnp.stack([T, T, T, T, T, tokens_per_expert, tokens_per_expert, T, T]),
+        n=jnp.stack([(a + 2 * akv) * dh / t, h, gate * f / t, h, E, gate * fe / t, h,
+                     gate * fe / t, h]),
+        k=jnp.stack([h, a * dh / t, h, f / t, h, h, fe / t, h, fe / t]),
+        count=jnp.stack([1.0, 1.0, dense_w, dense_w, moe_w, moe_w * E / ep, moe_w * E / ep,
+                         model.n_shared_experts, model.n_shared_experts]),
+    )
+    kappa = attention_kappa(model, training)
+    s_q, s_kv = model.seq_len / parallel.cp, model.seq_len
+    heads = parallel.micro_batch * a / t
+    attention = Gemms(m=jnp.stack([s_q, s_q]), n=jnp.stack([s_kv, dh]), k=jnp.stack([dh, s_kv]),
+                      count=jnp.stack([heads * kappa, heads * kappa]))
+    return LayerOps(
+        dense=dense,
+        attention=attention,
+        elementwise_bytes=elementwise_bytes(model, parallel, training),
+        n_kernels=4.0 + dense_w + 3.0 * moe_w + _ELEMENTWISE_KERNELS + model.gated_mlp,
+        vector_flops=vector_flops(model, parallel, training),
+    )
+
+
+def elementwise_bytes(model, parallel, training):
+    """HBM traffic (bytes) of a layer's forward memory-bound ops on one device:
+
+        q_a [ T_sp h (2 x 2 norms + 2 x 3 residual adds) + T f' (2 + gated) / t ]
+        + (1 - flash) x 4 q_a b (a/t) (s/c) s        (materialised scores: write, softmax r/w, read)
+
+    T_sp = T / t with sequence parallelism (norms and residuals on a sequence shard), else T;
+    f' = f for dense MLPs, k C_f f_e for MoE (activations of routed tokens).
+    Source: PAPERS.md section 5.2 (elementwise ops, intensity <~ 1 FLOP/B) [D].
+    Flash-attention's own Q, K, V, O traffic is in `attention_io_bytes`.
+    """
+    t, h, q = parallel.tp, model.hidden, training.activation_bytes
+    T = tokens_per_device(model, parallel)
+    T_sp = T / jnp.where(parallel.sequence_parallel > 0, t, 1.0)
+    dense_w, moe_w = _moe_weights(model)
+    f_act = dense_w * model.ffn_hidden + moe_w * (
+        model.moe_topk * model.capacity_factor + model.n_shared_experts) * model.moe_ffn_hidden
+    scores = (1.0 - training.flash_attention) * 4.0 * q * parallel.micro_batch * (
+        model.n_heads / t) * (model.seq_len / parallel.cp) * model.seq_len
+    return q * (T_sp * h * 10.0 + T * f_act * (2.0 + model.gated_mlp) / t) + scores
+
+
+def attention_io_bytes(model, parallel, training):
+    """HBM traffic of the fused attention kernel (forward): read Q, K, V and write O,
+
+        q_a T (2 a + 2 a_kv) d_h / t
+    """
+    T = tokens_per_device(model, parallel)
+    return training.activation_bytes * T * (2 * model.n_heads + 2 * model.n_kv_heads) * (
+        model.head_dim / parallel.tp)
+
+
+def vector_flops(model, parallel, training):
+    """Non-matrix FLOPs of a layer's forward: softmax (~5 per score) and norms/activations
+    (~10 per element). Small next to the GEMMs; kept so vector-throughput has a gradient.
+
+    Source: NERSC model counts softmax at vector speed (PAPERS.md section 3.2) [C].
+    """
+    T = tokens_per_device(model, parallel)
+    kappa = attention_kappa(model, training)
+    scores = parallel.micro_batch * (model.n_heads / parallel.tp) * (
+        model.seq_len / parallel.cp) * model.seq_len * kappa
+    return 5.0 * scores + 10.0 * T * (model.hidden + model.ffn_hidden / parallel.tp)
+
+
+def head_ops(model, parallel, training) -> HeadOps:
+    """Output layer (logits GEMM, vocab-parallel over t) and loss; embedding lookup.
+
+        logits  2 T h V / t FLOP        (PAPERS.md section 5.1, once per micro-batch)
+        loss    ~ 3 x 4 T V / t bytes   (fp32 upcast, softmax, its gradient)
+        embed   2 x q_a T h bytes       (gather rows, write activations)
+    """
+    T = tokens_per_device(model, parallel)
+    logits = Gemms(m=jnp.stack([T]), n=jnp.stack([model.vocab / parallel.tp]),
+                   k=jnp.stack([model.hidden]), count=jnp.stack([1.0]))
+    return HeadOps(
+        logits=logits,
+        embedding_bytes=2.0 * training.activation_bytes * T * model.hidden,
+        loss_bytes=12.0 * T * model.vocab / parallel.tp,
+    )

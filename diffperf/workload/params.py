@@ -1,0 +1,93 @@
+"""Parameter counts: of the model, of one layer, and of what one device holds.
+
+Source: PAPERS.md section 5.1 (Narayanan et al. SC21 Section 5.1 for GPT:
+N = 12 L h^2 (1 + 13/(12h) + (V + s)/(12 L h)); general dense decoder and MoE rows).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+
+def layer_matrix_params(model):
+    """Weights of one layer's matrices (sharded by TP):
+
+        h (a + 2 a_kv) d_h + a d_h h                  attention
+        (2 + gated) h f                               dense MLP   (or, for MoE:)
+        h E + (E + E_shared)(2 + gated) h f_e         router, routed and shared experts
+    Returns (attention + dense MLP + shared experts, routed experts): the routed experts are
+    sharded over EP as well.
+    """
+    h, dh = model.hidden, model.head_dim
+    attn = h * (model.n_heads + 2 * model.n_kv_heads) * dh + model.n_heads * dh * h
+    is_moe = jnp.where(model.n_experts > 0, 1.0, 0.0)
+    mlp_mats = 2.0 + model.gated_mlp
+    dense_mlp = (1.0 - is_moe) * mlp_mats * h * model.ffn_hidden
+    shared = is_moe * (model.n_shared_experts * mlp_mats * h * model.moe_ffn_hidden
+                       + h * model.n_experts)
+    experts = is_moe * model.n_experts * mlp_mats * h * model.moe_ffn_hidden
+    return attn + dense_mlp + shared, experts
+
+
+def layer_vector_params(model):
+    """Norm weights and biases of one layer (replicated across TP):
+
+        norms: 2 h (RMSNorm) or 4 h (LayerNorm: scale and shift), two per layer
+        biases: (a + 2 a_kv) d_h + h + (1 + gated) f + h     (GPT: 9 h; with norms 13 h)
+    """
+    h = model.hidden
+    norms = 2.0 * h * (2.0 - model.rms_norm)
+    biases = model.biases * ((model.n_heads + 2 * model.n_kv_heads) * model.head_dim + 2 * h
+                             + (1.0 + model.gated_mlp) * model.ffn_hidden)
+    return norms + biases
+
+
+def layer_params(model):
+    """All parameters of one layer."""
+    mats, experts = layer_matrix_params(model)
+    return mats + experts + layer_vector_params(model)
+
+
+def embedding_params(model):
+    """Input embedding V h, plus s h learned positions when the model has them."""
+    return model.hidden * (model.vocab + model.learned_positions * model.seq_len)
+
+
+def output_params(model):
+    """Output layer V h, zero when tied to the input embedding."""
+    return (1.0 - model.tied_embeddings) * model.vocab * model.hidden
+
+
+def total_params(model):
+    """N = L x layer params + embedding + output layer + final norm.
+
+    Example (GPT, biases, LayerNorm, learned positions, tied): 12 L h^2 (1 + 13/(12 h)
+    + (V + s)/(12 L h)) + 2 h (final LayerNorm), Narayanan et al. SC21 Section 5.1.
+    """
+    final_norm = model.hidden * (2.0 - model.rms_norm)
+    return model.n_layers * layer_params(model) + embedding_params(model) + output_params(
+        model) + final_norm
+
+
+def layer_params_per_device(model, parallel):
+    """Parameters of one layer on one device: matrices / t, routed experts / (t e), vectors."""
+    mats, experts = layer_matrix_params(model)
+    return mats / parallel.tp + experts / (parallel.tp * parallel.ep) + layer_vector_params(model)
+
+
+def stage_params_per_device(model, parallel):
+    """(first-stage, last-stage) parameters on one device:
+
+        (L / p) x layer params per device  +  embedding / t (first stage)
+                                           +  V h / t (last stage; also when tied and p > 1,
+                                              Megatron keeps a copy of the shared embedding)
+    With p = 1 both are the single stage, holding both.
+    """
+    body = model.n_layers / parallel.pp * layer_params_per_device(model, parallel)
+    emb = embedding_params(model) / parallel.tp
+    single = jnp.where(parallel.pp > 1, 0.0, 1.0)
+    out = jnp.where((model.tied_embeddings > 0) & (parallel.pp == 1), 0.0,
+                    model.vocab * model.hidden) / parallel.tp
+    first = body + emb + single * out
+    last = body + out + single * emb
+    return first, last

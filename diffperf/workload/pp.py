@@ -1,0 +1,24 @@
+"""Pipeline parallelism: stage-boundary transfers and the schedule's bubble.
+
+Source: Narayanan et al. SC21 Sections 2.2 and 4.1; PAPERS.md section 5.4.
+"""
+
+from __future__ import annotations
+
+from diffperf.workload.flops import tokens_per_device
+
+
+def pp_message_bytes(model, parallel, training):
+    """S = b (s / c) h q_a / t: one stage-boundary activation (or gradient) per TP rank, with
+    Megatron's scatter/gather optimisation (each TP rank sends 1/t; Section 4.1)."""
+    return tokens_per_device(model, parallel) * model.hidden * training.activation_bytes / (
+        parallel.tp)
+
+
+def bubble_fraction(parallel):
+    """Idle fraction of the pipeline relative to the useful work:
+
+        (p - 1) / (v m)       (1F1B: v = 1; interleaved 1F1B: v chunks per device)
+    Example: p = 8, m = 64, v = 1 -> 7/64 = 0.109; v = 2 -> 0.055.
+    """
+    return (parallel.pp - 1.0) / (parallel.vp * parallel.n_microbatches)
