@@ -158,8 +158,8 @@ def predict_step(model, parallel, system, training, temperature=None) -> Result:
     w_first, w_last = critical_stage_weights(t_fe, t_le, parallel)
     m = parallel.n_microbatches
     crit = {k: m * (body[k] + w_first * first[k] + w_last * last[k]) for k in _PARTS}
-    send = send_recv_s(pp_message_bytes(model, parallel, training), stride(parallel, "pp"),
-                       system)
+    send = send_recv_s(pp_message_bytes(model, parallel, training), parallel.pp,
+                       stride(parallel, "pp"), system)
     dp_exposed, dp_hidden, P = _dp_parts(model, parallel, system, training, t_f, t_b,
                                          temperature)
     breakdown = Breakdown(

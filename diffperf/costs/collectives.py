@@ -88,8 +88,9 @@ def all_to_all_s(S, n, stride, system):
     return active * (total + (n - 1.0) * alpha + system.eff.coll_base_s)
 
 
-def send_recv_s(S, stride, system):
-    """Point-to-point transfer of S bytes to the rank `stride` away:
+def send_recv_s(S, n, stride, system):
+    """Point-to-point transfer of S bytes between neighbours of a chain of n ranks, `stride`
+    apart (a pipeline):
 
         T = t0 + sum_i x_i (alpha_i + S / (BW_i eta_i))
 
@@ -98,7 +99,7 @@ def send_recv_s(S, stride, system):
     """
     from diffperf.costs.tiers import p2p_tier_fractions
 
-    fracs = p2p_tier_fractions(stride, system)
+    fracs = p2p_tier_fractions(n, stride, system)
     bws = tier_bandwidths_Bps(system)
     total = 0.0
     for x, tier, bw in zip(fracs, system.tiers, bws):

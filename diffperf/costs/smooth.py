@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-_TINY = 1e-30  # keeps logs finite for exact zeros (a collective of size-1 groups costs 0 s)
-
 
 def pnorm_max(a, b, p):
     """Smooth max of non-negative a, b:  (a^p + b^p)^(1/p)  >= max(a, b), -> max as p -> inf.
@@ -22,7 +20,9 @@ def pnorm_max(a, b, p):
     """
     hi = jnp.maximum(a, b)
     lo = jnp.minimum(a, b)
-    safe_hi = jnp.maximum(hi, _TINY)  # double-where: no 0/0 in the masked branch's gradient
+    # Double-where: the masked branch divides by 1, not by ~0, so its gradient stays finite
+    # (a tiny denominator squares to 0 in float32 and gives 0/0 = NaN in the backward pass).
+    safe_hi = jnp.where(hi > 0, hi, 1.0)
     ratio = jnp.where(hi > 0, lo / safe_hi, 0.0)
     return hi * (1.0 + ratio**p) ** (1.0 / p)
 
@@ -49,6 +49,8 @@ def smin(a, b, temperature=None):
     """min(a, b) for positive values; smooth as 1 / smax(1/a, 1/b) when temperature > 0."""
     if not temperature:
         return jnp.minimum(a, b)
-    safe_a = jnp.maximum(a, _TINY)
-    safe_b = jnp.maximum(b, _TINY)
-    return 1.0 / pnorm_max(1.0 / safe_a, 1.0 / safe_b, 1.0 / temperature)
+    safe_a = jnp.where(a > 0, a, 1.0)
+    safe_b = jnp.where(b > 0, b, 1.0)
+    inv = pnorm_max(jnp.where(a > 0, 1.0 / safe_a, 0.0), jnp.where(b > 0, 1.0 / safe_b, 0.0),
+                    1.0 / temperature)
+    return jnp.where((a > 0) & (b > 0), 1.0 / jnp.where(inv > 0, inv, 1.0), 0.0)

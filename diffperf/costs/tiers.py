@@ -36,23 +36,26 @@ def tier_ranks(n, stride, system):
     return ranks
 
 
-def p2p_tier_fractions(stride, system):
-    """Fraction of point-to-point transfers between ranks `stride` apart whose outermost
-    crossed tier is i:
+def p2p_tier_fractions(n, stride, system):
+    """Fraction of the n - 1 stage boundaries of a chain of n ranks, `stride` apart, whose
+    outermost crossed tier is i:
 
-        c_i = clip(stride / D_i, 0, 1)    (fraction crossing a boundary of a tier-i domain)
-        x_i = c_{i-1} - c_i,  c_{-1} = 1  (so the x_i sum to 1)
+        c_i = clip((n stride / D_i - 1) / (n - 1), 0, 1)   (boundaries crossing a tier-i domain)
+        x_i = c_{i-1} - c_i,  c_{-1} = 1                    (so the x_i sum to 1)
 
-    Source: PAPERS.md section 3.6 (NERSC mix of fast and slow pipeline links) [C], in a form
-    continuous in D_i [D]. Example: stride 4, D = (8, 1e6): half of the boundaries cross nodes.
+    The chain spans n stride / D_i domains of tier i, so it crosses that many minus one of
+    their boundaries. Source: PAPERS.md section 3.6 (NERSC mix of fast and slow pipeline
+    links, slow_links = p / tau_pp - 1) [C], continuous in D_i [D].
+    Example: n = 4 stages, stride 4, D = (8, 1e6): one of three boundaries crosses nodes.
     """
     fracs = []
     crossing_prev = 1.0
+    links = jnp.maximum(n - 1.0, 1.0)
     for i, tier in enumerate(system.tiers):
         if i == len(system.tiers) - 1:
             crossing = 0.0
         else:
-            crossing = jnp.clip(stride / tier.domain_size, 0.0, 1.0)
+            crossing = jnp.clip((n * stride / tier.domain_size - 1.0) / links, 0.0, 1.0)
         fracs.append(crossing_prev - crossing)
         crossing_prev = crossing
     return fracs

@@ -31,8 +31,9 @@ def device_memory(model, parallel, system, training) -> Memory:
         buffers = 2 gathered layers under ZeRO-3 (prefetch) + runtime workspace
     """
     first_P, last_P = stage_params_per_device(model, parallel)
-    a_layer = act.layer_activation_bytes(model, parallel, training)
-    working = act.working_layer_bytes(model, parallel, training)
+    k = system.eff.act_mem_factor
+    a_layer = k * act.layer_activation_bytes(model, parallel, training)
+    working = k * act.working_layer_bytes(model, parallel, training)
     logits = act.logits_bytes(model, parallel, training)
     single = jnp.where(parallel.pp == 1, 1.0, 0.0)
     first_act = a_layer * act.layers_in_flight(model, parallel) + working + single * logits

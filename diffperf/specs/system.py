@@ -38,8 +38,8 @@ class Efficiency(struct.PyTreeNode):
     attn_half_dim: Any = 256.0  # attention size (soft-min of s_q, s_kv, head_dim x 8) at half
     mem_eff: Any = 0.85         # achieved / peak HBM bandwidth of memory-bound kernels
     kernel_s: Any = 4e-6        # GPU-side fixed time per kernel (launch, tail, sync)
-    host_kernel_s: Any = 3e-6   # host-side dispatch time per kernel (eager frameworks: ~10 us)
-    host_layer_s: Any = 0.0     # host-side time per layer pass (framework hooks, checkpointing)
+    host_kernel_s: Any = 5e-6   # host-side dispatch time per kernel (eager frameworks: ~10 us)
+    host_layer_s: Any = 5e-5    # host-side time per layer pass (framework hooks, checkpointing)
     microbatch_s: Any = 0.0     # fixed time per micro-batch (data loading, schedule bookkeeping)
     step_s: Any = 5e-3          # fixed time per step (optimizer launch, logging, sync)
     floor_pnorm: Any = 6.0      # p of the p-norm smooth max between GPU time and host floor
@@ -49,6 +49,7 @@ class Efficiency(struct.PyTreeNode):
     overlap_slowdown: Any = 0.10  # compute slows by this fraction of the communication it hides
     mem_usable_frac: Any = 0.95   # fraction of HBM capacity usable by tensors (fragmentation)
     mem_reserved_bytes: Any = 1.5e9  # runtime workspace (CUDA context, cuBLAS, NCCL buffers)
+    act_mem_factor: Any = 1.0     # framework's saved activations / the Korthikanti count
 
 
 class System(struct.PyTreeNode):

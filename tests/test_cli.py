@@ -1,0 +1,206 @@
+"""The command line (STYLE.md section 7, kind 7; DESIGN.md "Command line").
+
+In-process through `diffperf.cli.main.main([...])` (one shared compilation per shape) and once
+through a subprocess. A SpecError must give exit code 2 and one `error:` line on stderr with no
+traceback; `--json` output is parsed and checked, never compared as text.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from diffperf.cli.main import main
+from diffperf.result import EXPOSED_PARTS
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+RUN_CSVS = sorted(SHARED_DATA.glob("*.csv")) if SHARED_DATA.is_dir() else []
+needs_data = pytest.mark.skipif(not SHARED_DATA.is_dir(),
+                                reason=f"measured runs folder {SHARED_DATA} is absent")
+OUT_COLUMNS = ["id", "step_time_s", "predicted_step_time_s", "predicted_peak_memory_GB",
+               "predicted_fits"]  # DESIGN.md, `diffperf validate --out`
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _assert_one_line_error(code, err, *fragments):
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    for f in fragments:
+        assert f in lines[0], (f, err)
+
+
+# --------------------------------------------------------------------------------------------
+# predict
+# --------------------------------------------------------------------------------------------
+
+def test_predict_default_prints_a_table(capsys):
+    code, out, err = _run(capsys, "predict")
+    assert code == 0, err
+    assert "step_time_s" in out and "compute_s" in out  # breakdown table, units in the header
+    assert "memory per device" in out and "MFU" in out
+    assert "Traceback" not in err
+
+
+def test_predict_json_breakdown_sums_to_step_time(capsys):
+    code, out, err = _run(capsys, "predict", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    res = data["result"]
+    step = res["step_time_s"]
+    assert math.isfinite(step) and step > 0
+    parts = sum(res["breakdown"][k] for k in EXPOSED_PARTS)
+    assert abs(parts - step) <= 1e-5 * step
+    assert all(res["breakdown"][k] >= 0 for k in res["breakdown"])
+    # The shipped default (DESIGN.md): GPT-3 175B on 1024 A100 80 GB.
+    assert data["model"] == "gpt3-175b" and data["gpus"] == 1024
+    lay = data["layout"]
+    assert lay["tp"] * lay["pp"] * lay["dp"] * lay["cp"] == 1024
+    assert 0 < res["mfu"] < 1 and res["tokens_per_s"] > 0
+    assert isinstance(res["fits"], bool)
+
+
+def test_predict_options_change_the_layout(capsys):
+    code, out, err = _run(capsys, "predict", "--json", "--tp", "4", "--pp", "16",
+                          "--recompute", "full")
+    assert code == 0, err
+    lay = json.loads(out)["layout"]
+    assert (lay["tp"], lay["pp"], lay["dp"], lay["recompute"]) == (4.0, 16.0, 16.0, 2.0)
+
+
+def test_predict_subprocess_readme_command():
+    # README command 1: `diffperf predict` on the shipped default, as a real process.
+    proc = subprocess.run([sys.executable, "-m", "diffperf.cli.main", "predict"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "step_time_s" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_predict_tp_not_dividing_gpus(capsys):
+    code, _, err = _run(capsys, "predict", "--tp", "7")
+    _assert_one_line_error(code, err, "--gpus=1024 must be a multiple of tp x cp x pp = 56")
+
+
+def test_predict_tp_not_dividing_heads(capsys):
+    # 7 x 8 x 16 = 896 devices, so the layout reaches the heads rule.
+    code, _, err = _run(capsys, "predict", "--tp", "7", "--gpus", "896")
+    _assert_one_line_error(code, err, "tp=7 must divide model.num_heads=96",
+                           "allowed tp: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96")
+
+
+def test_predict_unknown_model(capsys):
+    code, _, err = _run(capsys, "predict", "--model", "gpt3-175")
+    _assert_one_line_error(code, err, "unknown model 'gpt3-175'",
+                           "did you mean 'gpt3-175b'?")
+
+
+def test_predict_system_yaml_with_typo(capsys, tmp_path):
+    d = yaml.safe_load((REPO / "configs" / "systems" / "a100-sxm-80gb.yaml").read_text())
+    d["hbm_bandwith_GBps"] = d.pop("hbm_bandwidth_GBps")
+    p = tmp_path / "typo.yaml"
+    p.write_text(yaml.safe_dump(d))
+    code, _, err = _run(capsys, "predict", "--system", str(p))
+    _assert_one_line_error(code, err, "unknown key 'hbm_bandwith_GBps'",
+                           "did you mean 'hbm_bandwidth_GBps'?")
+
+
+def test_predict_bad_seq_len(capsys):
+    code, _, err = _run(capsys, "predict", "--seq-len", "0")
+    _assert_one_line_error(code, err, "--seq-len=0 must be > 0")
+
+
+def test_predict_unknown_precision(capsys):
+    code, _, err = _run(capsys, "predict", "--precision", "bf61")
+    _assert_one_line_error(code, err, "precision='bf61'", "did you mean 'bf16'?")
+
+
+# --------------------------------------------------------------------------------------------
+# validate
+# --------------------------------------------------------------------------------------------
+
+@needs_data
+@pytest.mark.parametrize("path", RUN_CSVS, ids=[p.name for p in RUN_CSVS])
+def test_validate_json_gives_a_mape(capsys, path):
+    code, out, err = _run(capsys, "validate", str(path), "--json")
+    assert code == 0, err
+    summary = json.loads(out)["summary"]
+    with path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    measured = sum(1 for r in rows if (r.get("status") or "ok") == "ok")
+    assert summary["all"]["n"] == measured
+    mape = summary["all"]["mape_pct"]
+    assert math.isfinite(mape) and mape >= 0
+    assert summary["all"]["median_pct"] <= summary["all"]["max_pct"]
+
+
+@needs_data
+def test_validate_prints_a_table(capsys):
+    path = SHARED_DATA / "h100_single_gpu.csv"
+    code, out, err = _run(capsys, "validate", str(path))
+    assert code == 0, err
+    assert "MAPE_%" in out
+
+
+@needs_data
+def test_validate_out_writes_documented_columns_and_refuses_overwrite(capsys, tmp_path):
+    runs = SHARED_DATA / "h100_single_gpu.csv"
+    out_csv = tmp_path / "pred.csv"
+    code, _, err = _run(capsys, "validate", str(runs), "--out", str(out_csv))
+    assert code == 0, err
+    with out_csv.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        header, rows = reader.fieldnames, list(reader)
+    assert header == OUT_COLUMNS
+    with runs.open(newline="") as fh:
+        ids = [r["id"] for r in csv.DictReader(fh)]
+    assert [r["id"] for r in rows] == ids
+    for r in rows:
+        assert float(r["predicted_step_time_s"]) > 0
+        assert float(r["predicted_peak_memory_GB"]) > 0
+        assert r["predicted_fits"] in ("0", "1")
+    before = out_csv.read_text()
+
+    code, _, err = _run(capsys, "validate", str(runs), "--out", str(out_csv))
+    _assert_one_line_error(code, err, f"{out_csv} exists; pass --force to overwrite it")
+    assert out_csv.read_text() == before
+
+    code, _, err = _run(capsys, "validate", str(runs), "--out", str(out_csv), "--force")
+    assert code == 0, err
+    assert out_csv.read_text() == before  # same inputs, same predictions
+
+
+@needs_data
+def test_validate_out_into_missing_folder(capsys, tmp_path):
+    runs = SHARED_DATA / "h100_single_gpu.csv"
+    target = tmp_path / "no" / "pred.csv"
+    code, _, err = _run(capsys, "validate", str(runs), "--out", str(target))
+    _assert_one_line_error(code, err, f"folder {target.parent} does not exist")
+
+
+def test_validate_bad_csv(capsys, tmp_path):
+    p = tmp_path / "runs.csv"
+    p.write_text("id,num_gpus\nr1,1\n")
+    code, _, err = _run(capsys, "validate", str(p))
+    _assert_one_line_error(code, err, f"{p}: missing column 'num_layers'")
+
+
+def test_validate_missing_file(capsys, tmp_path):
+    p = tmp_path / "none.csv"
+    code, _, err = _run(capsys, "validate", str(p))
+    _assert_one_line_error(code, err, f"{p}: cannot read")

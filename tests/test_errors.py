@@ -1,0 +1,566 @@
+"""Every validation rule raises SpecError naming the field, the value and what is allowed.
+
+STYLE.md section 5: validate at the boundary (specs/load.py, specs/validate.py, the CLI) on
+concrete values, before anything is traced; `pytest.raises(SpecError, match=re.escape(...))`
+for each rule. Nothing here compiles: errors must come before tracing.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+
+import pytest
+import yaml
+
+import diffperf
+from diffperf import Parallel, SpecError, load_model, load_runs, load_system
+from diffperf.specs.batch import stack
+from diffperf.specs.load import apply_overlay
+from diffperf.specs.validate import check_layout
+
+
+def _raises(fragment):
+    return pytest.raises(SpecError, match=re.escape(fragment))
+
+
+def test_spec_error_is_a_value_error():
+    assert issubclass(SpecError, ValueError)
+
+
+# --------------------------------------------------------------------------------------------
+# YAML files: systems
+# --------------------------------------------------------------------------------------------
+
+def _system_dict():
+    return {
+        "name": "test-gpu", "matmul_TFLOPs": 312, "vector_TFLOPs": 19.5,
+        "hbm_bandwidth_GBps": 2039, "hbm_capacity_GiB": 80,
+        "tiers": [
+            {"name": "nvlink", "domain_size": 8, "bandwidth_GBps": 300, "latency_us": 2.5},
+            {"name": "ib", "domain_size": 1048576, "bandwidth_GBps": 25, "latency_us": 5},
+        ],
+    }
+
+
+def _write_yaml(tmp_path, d, name="sys.yaml"):
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+def test_valid_system_yaml_loads_in_si_units(tmp_path):
+    s = load_system(_write_yaml(tmp_path, _system_dict()))
+    assert float(s.tiers[1].bandwidth_Bps) == 25e9      # GB/s -> B/s
+    assert float(s.tiers[0].latency_s) == pytest.approx(2.5e-6, rel=1e-12)  # us -> s
+    assert float(s.hbm_capacity_bytes) == 80 * 2**30    # GiB -> B
+    assert float(s.matmul_flops_per_s) == 312e12        # TFLOP/s -> FLOP/s
+
+
+@pytest.mark.parametrize("bw", [-25, 0])
+def test_system_non_positive_bandwidth(tmp_path, bw):
+    d = _system_dict()
+    d["tiers"][1]["bandwidth_GBps"] = bw
+    p = _write_yaml(tmp_path, d)
+    with _raises(f"{p}.tiers[1].bandwidth_GBps={bw} must be > 0"):
+        load_system(p)
+
+
+def test_system_negative_latency(tmp_path):
+    d = _system_dict()
+    d["tiers"][0]["latency_us"] = -1
+    p = _write_yaml(tmp_path, d)
+    with _raises(f"{p}.tiers[0].latency_us=-1 must be >= 0"):
+        load_system(p)
+
+
+def test_system_key_typo_suggests_closest(tmp_path):
+    d = _system_dict()
+    d["hbm_bandwith_GBps"] = d.pop("hbm_bandwidth_GBps")
+    p = _write_yaml(tmp_path, d)
+    with _raises(f"{p}: unknown key 'hbm_bandwith_GBps'; did you mean 'hbm_bandwidth_GBps'? "
+                 "(allowed: "):
+        load_system(p)
+
+
+def test_tier_key_typo_suggests_closest(tmp_path):
+    d = _system_dict()
+    d["tiers"][0]["bandwidth_GBs"] = d["tiers"][0].pop("bandwidth_GBps")
+    p = _write_yaml(tmp_path, d)
+    with _raises(f"{p}.tiers[0]: unknown key 'bandwidth_GBs'; did you mean 'bandwidth_GBps'?"):
+        load_system(p)
+
+
+def test_efficiency_key_typo_suggests_closest(tmp_path):
+    d = _system_dict() | {"efficiency": {"mm_maxx": 0.7}}
+    p = _write_yaml(tmp_path, d)
+    with _raises(f"{p}.efficiency: unknown key 'mm_maxx'; did you mean 'mm_max'?"):
+        load_system(p)
+
+
+def test_system_missing_required_key(tmp_path):
+    d = _system_dict()
+    del d["hbm_bandwidth_GBps"]
+    p = _write_yaml(tmp_path, d)
+    with _raises(f"{p}: missing required key 'hbm_bandwidth_GBps'"):
+        load_system(p)
+
+
+def test_system_value_not_a_number(tmp_path):
+    d = _system_dict() | {"matmul_TFLOPs": "fast"}
+    p = _write_yaml(tmp_path, d)
+    with _raises(f"{p}.matmul_TFLOPs='fast' must be a number"):
+        load_system(p)
+
+
+def test_system_value_not_finite(tmp_path):
+    p = tmp_path / "sys.yaml"
+    p.write_text(yaml.safe_dump(_system_dict()).replace("matmul_TFLOPs: 312",
+                                                         "matmul_TFLOPs: .inf"))
+    with _raises(f"{p}.matmul_TFLOPs=inf must be a finite number"):
+        load_system(p)
+
+
+@pytest.mark.parametrize("tiers", [None, []])
+def test_system_needs_tiers(tmp_path, tiers):
+    d = _system_dict()
+    if tiers is None:
+        del d["tiers"]
+    else:
+        d["tiers"] = tiers
+    p = _write_yaml(tmp_path, d)
+    with _raises(f"{p}.tiers must be a non-empty list of network tiers "
+                 "(keys: name, domain_size, bandwidth_GBps, latency_us)"):
+        load_system(p)
+
+
+def test_system_tier_not_a_mapping(tmp_path):
+    d = _system_dict()
+    d["tiers"][0] = [8, 300, 2.5]
+    p = _write_yaml(tmp_path, d)
+    with _raises(f"{p}.tiers[0]: expected a mapping of keys to values, got list"):
+        load_system(p)
+
+
+def test_system_tiers_must_nest(tmp_path):
+    d = _system_dict()
+    d["tiers"][1]["domain_size"] = 4
+    p = _write_yaml(tmp_path, d)
+    with _raises(f"{p}.tiers[1].domain_size=4 must be >= tiers[0].domain_size=8 "
+                 "(tiers are nested, innermost first)"):
+        load_system(p)
+
+
+@pytest.mark.parametrize("key,value,rule", [
+    ("mm_max", 1.5, "must be in (0, 1]"),
+    ("coll_eff_inter", 0, "must be in (0, 1]"),
+    ("mm_half_dim", 0, "must be > 0"),
+])
+def test_system_efficiency_ranges(tmp_path, key, value, rule):
+    p = _write_yaml(tmp_path, _system_dict() | {"efficiency": {key: value}})
+    with _raises(f"{p}.efficiency.{key}={float(value)} {rule}"):
+        load_system(p)
+
+
+def test_system_efficiency_negative(tmp_path):
+    p = _write_yaml(tmp_path, _system_dict() | {"efficiency": {"kernel_s": -1}})
+    with _raises(f"{p}.efficiency.kernel_s=-1 must be >= 0"):
+        load_system(p)
+
+
+def test_overlay_unknown_key_and_bad_value():
+    s = load_system("a100-sxm-80gb")
+    with _raises("overlay: unknown key 'efficency'; did you mean 'efficiency'?"):
+        apply_overlay(s, {"efficency": {"mm_max": 0.5}})
+    with _raises("overlay.efficiency.mm_max=2.0 must be in (0, 1]"):
+        apply_overlay(s, {"efficiency": {"mm_max": 2.0}})
+
+
+def test_unknown_system_name_suggests():
+    with _raises("unknown system 'h100-sxm'; did you mean 'h100-sxm-80gb'? (shipped: "):
+        load_system("h100-sxm")
+
+
+# --------------------------------------------------------------------------------------------
+# YAML files: models, and malformed files
+# --------------------------------------------------------------------------------------------
+
+def _model_dict(**over):
+    return {"name": "m", "num_layers": 4, "hidden": 256, "num_heads": 4, "vocab": 1000,
+            "seq_len": 128} | over
+
+
+def test_model_key_typo_suggests_closest(tmp_path):
+    d = _model_dict()
+    d["num_layer"] = d.pop("num_layers")
+    p = _write_yaml(tmp_path, d, "m.yaml")
+    with _raises(f"{p}: unknown key 'num_layer'; did you mean 'num_layers'? (allowed: "):
+        load_model(p)
+
+
+def test_unknown_model_name_suggests():
+    with _raises("unknown model 'gpt3-175'; did you mean 'gpt3-175b'? (shipped: "):
+        load_model("gpt3-175")
+
+
+@pytest.mark.parametrize("over,message", [
+    (dict(num_kv_heads=3), ": num_kv_heads=3 must divide num_heads=4; allowed num_kv_heads: "
+                           "1, 2, 4"),
+    (dict(hidden=250), ": hidden=250 is not a multiple of num_heads=4; give head_dim "
+                       "explicitly"),
+    (dict(hidden=256.5), ".hidden=256.5 must be a whole number"),
+    (dict(num_layers=0), ".num_layers=0 must be > 0"),
+    (dict(moe_experts=2, moe_topk=3, moe_ffn_hidden=64), ": moe_topk=3 must be in "
+                                                          "1..moe_experts=2"),
+    (dict(moe_experts=8, moe_topk=2), ": moe_ffn_hidden must be > 0 when moe_experts=8"),
+    (dict(attention="casual"), ".attention='casual' is not allowed; did you mean 'causal'? "
+                               "(allowed: causal, full)"),
+    (dict(norm="rmsnorn"), ".norm='rmsnorn' is not allowed; did you mean 'rmsnorm'? "
+                           "(allowed: layernorm, rmsnorm)"),
+    (dict(gated_mlp="maybe"), ".gated_mlp='maybe' must be true or false"),
+])
+def test_model_rules(tmp_path, over, message):
+    p = _write_yaml(tmp_path, _model_dict(**over), "m.yaml")
+    with _raises(f"{p}{message}"):
+        load_model(p)
+
+
+def test_model_missing_required_key(tmp_path):
+    d = _model_dict()
+    del d["vocab"]
+    p = _write_yaml(tmp_path, d, "m.yaml")
+    with _raises(f"{p}: missing required key 'vocab'"):
+        load_model(p)
+
+
+def test_malformed_yaml(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("num_layers: [4, 8\nhidden: 256\n")
+    with _raises(f"{p}: malformed YAML: "):
+        load_model(p)
+
+
+def test_yaml_top_level_not_a_mapping(tmp_path):
+    p = tmp_path / "list.yaml"
+    p.write_text("- 1\n- 2\n")
+    with _raises(f"{p}: expected a YAML mapping at the top level, got list"):
+        load_system(p)
+
+
+def test_yaml_file_missing(tmp_path):
+    p = tmp_path / "nowhere.yaml"
+    with _raises(f"{p}: cannot read (No such file or directory)"):
+        load_model(p)
+
+
+# --------------------------------------------------------------------------------------------
+# Hugging Face config.json
+# --------------------------------------------------------------------------------------------
+
+# meta-llama/Meta-Llama-3-8B config.json (Hugging Face), as published.
+LLAMA3_8B_HF = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 8192,
+    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.0.dev0", "use_cache": True, "vocab_size": 128256,
+}
+
+
+def _write_json(tmp_path, obj, name="config.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps(obj))
+    return p
+
+
+def test_hf_llama3_8b_config_loads(tmp_path):
+    m = load_model(_write_json(tmp_path, LLAMA3_8B_HF))
+    got = {f: float(getattr(m, f)) for f in (
+        "gated_mlp", "rms_norm", "n_kv_heads", "n_heads", "n_layers", "hidden", "ffn_hidden",
+        "head_dim", "vocab", "seq_len", "tied_embeddings", "biases", "learned_positions",
+        "causal", "n_experts")}
+    assert got == dict(gated_mlp=1.0, rms_norm=1.0, n_kv_heads=8.0, n_heads=32.0, n_layers=32.0,
+                       hidden=4096.0, ffn_hidden=14336.0, head_dim=128.0, vocab=128256.0,
+                       seq_len=8192.0, tied_embeddings=0.0, biases=0.0, learned_positions=0.0,
+                       causal=1.0, n_experts=0.0)
+    # The same model as the shipped YAML, leaf for leaf.
+    shipped = load_model("llama3-8b")
+    for f in got:
+        assert float(getattr(shipped, f)) == got[f], f
+
+
+def test_hf_unsupported_field_is_named(tmp_path):
+    cfg = LLAMA3_8B_HF | {"kv_lora_rank": 512, "q_lora_rank": 1536}
+    p = _write_json(tmp_path, cfg)
+    with _raises(f"{p}: Hugging Face fields not supported by diffperf's model: q_lora_rank, "
+                 "kv_lora_rank (write a diffperf model YAML instead)"):
+        load_model(p)
+
+
+def test_hf_not_a_model_config(tmp_path):
+    p = _write_json(tmp_path, {"model_type": "tokenizer", "vocab_size": 100})
+    with _raises(f"{p}: not a recognised Hugging Face config.json (needs num_hidden_layers, "
+                 "hidden_size, num_attention_heads)"):
+        load_model(p)
+
+
+def test_hf_malformed_json(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text('{"hidden_size": 4096,')
+    with _raises(f"{p}: malformed JSON: "):
+        load_model(p)
+
+
+def test_hf_json_not_an_object(tmp_path):
+    p = _write_json(tmp_path, [1, 2, 3])
+    with _raises(f"{p}: expected a JSON object at the top level"):
+        load_model(p)
+
+
+def test_hf_invalid_values_are_checked_like_yaml(tmp_path):
+    p = _write_json(tmp_path, LLAMA3_8B_HF | {"num_key_value_heads": 5})
+    with _raises(f"{p}: num_kv_heads=5 must divide num_heads=32; allowed num_kv_heads: "
+                 "1, 2, 4, 8, 16, 32"):
+        load_model(p)
+
+
+# --------------------------------------------------------------------------------------------
+# Training precision
+# --------------------------------------------------------------------------------------------
+
+def test_unknown_precision_suggests():
+    with _raises("precision='bf61' is not allowed; did you mean 'bf16'? "
+                 "(allowed: bf16, fp16, amp-bf16, bf16-pure, fp32)"):
+        diffperf.training("bf61")
+
+
+def test_unknown_training_field_suggests():
+    with _raises("training: unknown field 'activaton_bytes'; did you mean 'activation_bytes'?"):
+        diffperf.training("bf16", activaton_bytes=2.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Layout rules (specs/validate.py check_layout), and predict() before tracing
+# --------------------------------------------------------------------------------------------
+
+def _small(**over):
+    return diffperf.Model.create(**(_model_dict(num_heads=24, hidden=768, num_kv_heads=8,
+                                                ffn_hidden=3072, num_layers=12, seq_len=2048)
+                                    | over))
+
+
+LAYOUT_RULES = [
+    # (Parallel fields, n_devices, message after "parallel: ")
+    (dict(tp=1.5), None, "tp=1.5 must be a whole number >= 1"),
+    (dict(dp=0), None, "dp=0 must be a whole number >= 1"),
+    (dict(micro_batch=0), None, "micro_batch=0 must be a whole number >= 1"),
+    (dict(zero_stage=4), None, "zero_stage=4 is not allowed (allowed: 0, 1, 2, 3)"),
+    (dict(recompute=3), None, "recompute=3 is not allowed (allowed: 0, 1, 2)"),
+    (dict(sequence_parallel=2), None, "sequence_parallel=2 is not allowed (allowed: 0, 1)"),
+    (dict(dp_overlap=0.5), None, "dp_overlap=0.5 is not allowed (allowed: 0, 1)"),
+    (dict(tp_overlap=1.5), None, "tp_overlap=1.5 must be in [0, 1]"),
+    (dict(tp=5), None, "tp=5 must divide model.num_heads=24; allowed tp: "
+                       "1, 2, 3, 4, 6, 8, 12, 24"),
+    (dict(tp=3), None, "tp=3 and model.num_kv_heads=8: one must divide the other (KV heads are "
+                       "split, or replicated, across TP ranks)"),
+    (dict(pp=5), None, "pp x vp=5 must divide model.num_layers=12; allowed: 1, 2, 3, 4, 6, 12"),
+    (dict(pp=4, vp=2, global_batch=8), None,
+     "pp x vp=8 must divide model.num_layers=12; allowed: 1, 2, 3, 4, 6, 12"),
+    (dict(cp=3), None, "cp=3 must divide model.seq_len=2048"),
+    (dict(ep=2, dp=2, global_batch=2), None,
+     "ep=2 needs an MoE model (model.moe_experts=0); allowed ep: 1"),
+    (dict(dp=4, micro_batch=3, global_batch=32), None,
+     "global_batch=32 must be a multiple of micro_batch x dp=3 x 4"),
+    (dict(vp=2, global_batch=4), None, "vp=2 needs pp > 1"),
+    (dict(pp=4, vp=3, global_batch=6), None,
+     "interleaved schedule (vp=3) needs micro-batches per step m=6 to be a multiple of pp=4"),
+    (dict(tp=8, dp=4, global_batch=4), 64,
+     "tp x cp x dp x pp = 32 must equal the number of devices 64"),
+]
+
+
+@pytest.mark.parametrize("fields,n_devices,message", LAYOUT_RULES,
+                         ids=[m.split(" ")[0] for _, _, m in LAYOUT_RULES])
+def test_layout_rules(fields, n_devices, message):
+    with _raises(f"parallel: {message}"):
+        check_layout(_small(), Parallel(**fields), n_devices)
+
+
+def test_tp_must_divide_ffn_hidden():
+    with _raises("parallel: tp=8 must divide model.ffn_hidden=3020"):
+        check_layout(_small(ffn_hidden=3020), Parallel(tp=8))
+
+
+def test_ep_rules_on_an_moe_model():
+    moe = diffperf.load_model("mixtral-8x7b")  # 8 routed experts
+    with _raises("parallel: ep=4 must divide dp=2"):
+        check_layout(moe, Parallel(ep=4, dp=2, global_batch=2))
+    with _raises("parallel: ep=16 must divide model.moe_experts=8"):
+        check_layout(moe, Parallel(ep=16, dp=16, global_batch=16))
+
+
+def test_global_batch_divisibility_is_exact_at_large_dp():
+    # 262143 = 2 x 131072 - 1 sequences cannot be split into micro-batches of 8 over dp = 16384
+    # (micro_batch x dp = 131072): m = 1.99999 is not a whole number of micro-batches.
+    with _raises("parallel: global_batch=262143 must be a multiple of micro_batch x dp="
+                 "8 x 16384"):
+        check_layout(_small(), Parallel(dp=16384, micro_batch=8, global_batch=262143))
+
+
+def test_batched_layout_reports_the_index():
+    batch = stack([Parallel(tp=2), Parallel(tp=5)])
+    with _raises("parallel[1]: tp=5 must divide model.num_heads=24"):
+        check_layout(_small(), batch)
+
+
+def test_predict_validates_before_tracing():
+    m, s = diffperf.load_model("llama3-8b"), diffperf.load_system("h100-sxm-80gb")
+    with _raises("parallel: tp=3 must divide model.num_heads=32; allowed tp: 1, 2, 4, 8, 16, 32"):
+        diffperf.predict(m, Parallel(tp=3), s)
+    with _raises("parallel.recompute='ful' is not allowed (allowed: none, selective, full)"):
+        diffperf.predict(m, Parallel(recompute="ful"), s)
+    with _raises("temperature=-1.0 must be >= 0"):
+        diffperf.predict(m, Parallel(), s, temperature=-1.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Measured-runs CSV (specs/load.py load_runs)
+# --------------------------------------------------------------------------------------------
+
+RUN_COLUMNS = ["id", "system", "num_gpus", "num_layers", "hidden", "num_heads", "vocab",
+               "seq_len", "tp", "pp", "dp", "global_batch", "micro_batch", "recompute",
+               "precision", "gated_mlp", "status", "step_time_s"]
+GOOD_ROW = dict(id="r1", system="h100-sxm-80gb", num_gpus="1", num_layers="2", hidden="256",
+                num_heads="4", vocab="1000", seq_len="128", tp="1", pp="1", dp="1",
+                global_batch="4", micro_batch="2", recompute="none", precision="bf16",
+                gated_mlp="0", status="ok", step_time_s="0.1")
+
+
+def _write_csv(tmp_path, rows, columns=RUN_COLUMNS):
+    p = tmp_path / "runs.csv"
+    with p.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+    return p
+
+
+def test_valid_runs_csv_loads(tmp_path):
+    oom = GOOD_ROW | dict(id="r2", status="oom", step_time_s="")
+    runs = load_runs(_write_csv(tmp_path, [GOOD_ROW, oom]))
+    assert runs.ids == ["r1", "r2"] and len(runs) == 2
+    assert list(runs.ran) == [True, False]
+
+
+def test_runs_missing_column_suggests(tmp_path):
+    cols = [c if c != "step_time_s" else "step_s" for c in RUN_COLUMNS]
+    row = GOOD_ROW | {"step_s": "0.1"}
+    p = _write_csv(tmp_path, [row], cols)
+    with _raises(f"{p}: missing column 'step_time_s'; did you mean 'step_s'? "
+                 f"(have: {', '.join(cols)})"):
+        load_runs(p)
+
+
+def test_runs_no_rows(tmp_path):
+    p = _write_csv(tmp_path, [])
+    with _raises(f"{p}: no runs (the CSV has a header but no rows)"):
+        load_runs(p)
+
+
+def test_runs_duplicate_id(tmp_path):
+    p = _write_csv(tmp_path, [GOOD_ROW, GOOD_ROW | dict(step_time_s="0.2")])
+    with _raises(f"{p}: row 3 (id r1): duplicate id 'r1'"):
+        load_runs(p)
+
+
+def test_runs_blank_id(tmp_path):
+    p = _write_csv(tmp_path, [GOOD_ROW | dict(id=" ")])
+    with _raises(f"{p}: row 2 (id ?): blank 'id'"):
+        load_runs(p)
+
+
+@pytest.mark.parametrize("column", ["hidden", "tp", "num_gpus", "micro_batch"])
+def test_runs_blank_cell(tmp_path, column):
+    p = _write_csv(tmp_path, [GOOD_ROW | {column: ""}])
+    with _raises(f"{p}: row 2 (id r1): blank cell in column '{column}'"):
+        load_runs(p)
+
+
+def test_runs_blank_step_time_when_ran(tmp_path):
+    p = _write_csv(tmp_path, [GOOD_ROW | dict(step_time_s="")])
+    with _raises(f"{p}: row 2 (id r1): blank cell in column 'step_time_s' (status ok)"):
+        load_runs(p)
+
+
+def test_runs_non_positive_step_time(tmp_path):
+    p = _write_csv(tmp_path, [GOOD_ROW | dict(step_time_s="-1")])
+    with _raises(f"{p}: row 2 (id r1).step_time_s=-1.0 must be > 0"):
+        load_runs(p)
+
+
+def test_runs_bad_status(tmp_path):
+    p = _write_csv(tmp_path, [GOOD_ROW | dict(status="crashed")])
+    with _raises(f"{p}: row 2 (id r1).status='crashed' is not allowed (allowed: ok, oom)"):
+        load_runs(p)
+
+
+def test_runs_bad_recompute_name_suggests(tmp_path):
+    p = _write_csv(tmp_path, [GOOD_ROW | dict(recompute="ful")])
+    with _raises(f"{p}: row 2 (id r1).recompute='ful' is not allowed; did you mean 'full'? "
+                 "(allowed: none, selective, full)"):
+        load_runs(p)
+
+
+def test_runs_not_a_number(tmp_path):
+    p = _write_csv(tmp_path, [GOOD_ROW | dict(tp="two")])
+    with _raises(f"{p}: row 2 (id r1).tp='two' must be a number"):
+        load_runs(p)
+
+
+def test_runs_layout_must_match_num_gpus(tmp_path):
+    p = _write_csv(tmp_path, [GOOD_ROW | dict(num_gpus="8", dp="2")])
+    with _raises(f"{p}: row 2 (id r1): tp x cp x dp x pp = 2 must equal the number of "
+                 "devices 8"):
+        load_runs(p)
+
+
+def test_runs_global_batch_divisibility(tmp_path):
+    p = _write_csv(tmp_path, [GOOD_ROW | dict(global_batch="5")])
+    with _raises(f"{p}: row 2 (id r1): global_batch=5 must be a multiple of micro_batch x "
+                 "dp=2 x 1"):
+        load_runs(p)
+
+
+def test_runs_tp_must_divide_heads(tmp_path):
+    p = _write_csv(tmp_path, [GOOD_ROW | dict(tp="3", num_gpus="3")])
+    with _raises(f"{p}: row 2 (id r1): tp=3 must divide model.num_heads=4; allowed tp: 1, 2, 4"):
+        load_runs(p)
+
+
+def test_runs_unknown_precision_names_the_row(tmp_path):
+    # STYLE.md section 5: the message says where the value came from (file, row), as every
+    # other cell error of the runs CSV does.
+    p = _write_csv(tmp_path, [GOOD_ROW | dict(precision="bf61")])
+    with _raises(f"{p}: row 2 (id r1)"):
+        load_runs(p)
+    with _raises("precision='bf61' is not allowed; did you mean 'bf16'?"):
+        load_runs(p)
+
+
+@pytest.mark.parametrize("value", ["2", "maybe"])
+def test_runs_gated_mlp_must_be_0_or_1(tmp_path, value):
+    # Schema (shared/data/README.md): gated_mlp is 0/1. Any other cell must be refused, not
+    # silently read as 0 (STYLE.md section 5: never silently fix a user's value).
+    p = _write_csv(tmp_path, [GOOD_ROW | dict(gated_mlp=value)])
+    with _raises(f"gated_mlp={value!r}"):
+        load_runs(p)
+
+
+def test_runs_file_missing(tmp_path):
+    p = tmp_path / "none.csv"
+    with _raises(f"{p}: cannot read (No such file or directory)"):
+        load_runs(p)

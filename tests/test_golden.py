@@ -1,0 +1,467 @@
+"""Golden cases worked by hand (STYLE.md section 7, kinds 1 and 2).
+
+Every expected value is written as the arithmetic of a published formula, with a comment on
+where each term comes from (shared/PAPERS.md sections 5.1, 5.4, 5.5, 5.6, 5.9 and 6); none is a
+number copied from diffperf's own output. Exact identities run under float64 (the `x64`
+fixture turns it on for one test and back off); float32 results are checked against the same
+arithmetic at float32 tolerance.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import diffperf
+from diffperf import Efficiency, Parallel, System, Tier, Training
+from diffperf.costs.collectives import all_gather_s, all_reduce_s, all_to_all_s, send_recv_s
+from diffperf.costs.tiers import p2p_tier_fractions, tier_ranks
+from diffperf.memory.activations import layer_activation_bytes
+from diffperf.memory.weights import gradient_bytes, optimizer_bytes, weight_bytes
+from diffperf.predict import _flops_per_step
+from diffperf.schedule.pipeline import pipeline_times_s
+from diffperf.workload.params import total_params
+from diffperf.workload.pp import bubble_fraction
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+NCCL_A100 = SHARED_DATA / "kernels" / "a100_nccl_allreduce.csv"
+
+
+@pytest.fixture
+def x64():
+    """float64 for one test, then back to the library's float32 default (STYLE.md section 4)."""
+    with jax.enable_x64(True):
+        yield
+
+
+# GPT-3 175B (Brown et al. 2020, Table 2.1), the model of PAPERS.md sections 5.6 and 6.
+GPT3 = dict(L=96, h=12288, a=96, s=2048, V=50257)
+
+
+def _gpt3():
+    return diffperf.load_model("gpt3-175b")
+
+
+# --------------------------------------------------------------------------------------------
+# FLOPs per iteration: Narayanan et al. SC21 Section 5.1 (PAPERS.md section 5.1)
+# --------------------------------------------------------------------------------------------
+
+def _narayanan_f_iter(B, s, L, h, V):
+    """F_iter = 96 B s L h^2 (1 + s/(6h) + V/(16 L h)): full recompute, kappa = 1."""
+    return 96 * B * s * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h))
+
+
+def _f_model(B, s, L, h, V):
+    """F_model = 72 B s L h^2 (1 + s/(6h) + V/(12 L h)): no recompute, kappa = 1."""
+    return 72 * B * s * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h))
+
+
+def _flash_backward_extra(B, s, L, h):
+    """Extra work of the flash-attention backward, which recomputes QK^T: its attention part is
+    2.5 x the forward instead of 2 x (PAPERS.md 5.1), i.e. 0.5 x the forward attention core
+    4 B s^2 h kappa per layer (QK^T and AV, 2 B s^2 h each, kappa = 1)."""
+    return 0.5 * 4 * B * s**2 * h * L
+
+
+def test_hardware_flops_full_recompute_match_narayanan_per_op_sums(x64):
+    # kappa = 1 by a full (bidirectional) attention square with the flash kernel on: the flash
+    # kernel has no masked blocks to skip, so kappa = 1 - causal/2 = 1 (PAPERS.md 5.1).
+    model = _gpt3().replace(causal=0.0)
+    B = 1536.0
+    par = Parallel(tp=8, pp=8, dp=16, micro_batch=1, global_batch=B, recompute=2)
+    model_flops, hw_flops = _flops_per_step(model, par, Training())
+    g = GPT3
+    # F_iter: 4 passes of each layer (fwd, recompute, 2 x fwd for bwd), 3 of the logits; plus
+    # the flash backward's recomputed QK^T, which Narayanan's equation does not contain.
+    expected_hw = _narayanan_f_iter(B, g["s"], g["L"], g["h"], g["V"]) + _flash_backward_extra(
+        B, g["s"], g["L"], g["h"])
+    expected_model = _f_model(B, g["s"], g["L"], g["h"], g["V"])
+    np.testing.assert_allclose(float(hw_flops), expected_hw, rtol=1e-12)
+    np.testing.assert_allclose(float(model_flops), expected_model, rtol=1e-12)
+
+
+def test_result_flops_match_narayanan_in_float32():
+    """The same identities through the public predict() (float32, one compile)."""
+    model = _gpt3().replace(causal=0.0)
+    B = 1536.0
+    g = GPT3
+    sys_ = diffperf.load_system("a100-sxm-80gb")
+    full = Parallel(tp=8, pp=8, dp=16, micro_batch=1, global_batch=B, recompute=2,
+                    sequence_parallel=1)
+    res = diffperf.predict(model, full, sys_)
+    np.testing.assert_allclose(
+        float(res.hardware_flops),
+        _narayanan_f_iter(B, g["s"], g["L"], g["h"], g["V"])
+        + _flash_backward_extra(B, g["s"], g["L"], g["h"]), rtol=1e-6)
+    np.testing.assert_allclose(float(res.model_flops),
+                               _f_model(B, g["s"], g["L"], g["h"], g["V"]), rtol=1e-6)
+    # Model FLOPs do not depend on recompute (MFU basis, Korthikanti et al. Section 6).
+    none = diffperf.predict(model, full.replace(recompute=0), sys_)
+    np.testing.assert_allclose(float(none.model_flops), float(res.model_flops), rtol=1e-7)
+    # Without recompute the executed work is F_model + the flash backward's extra only.
+    np.testing.assert_allclose(
+        float(none.hardware_flops),
+        _f_model(B, g["s"], g["L"], g["h"], g["V"])
+        + _flash_backward_extra(B, g["s"], g["L"], g["h"]), rtol=1e-6)
+
+
+def test_model_flops_without_flash_match_f_model(x64):
+    # kappa = 1 the other way: a causal mask but no flash kernel (the full square is computed).
+    model = _gpt3()
+    B = 512.0
+    par = Parallel(tp=8, pp=8, dp=8, micro_batch=1, global_batch=B, recompute=0)
+    model_flops, _ = _flops_per_step(model, par, Training(flash_attention=0.0))
+    g = GPT3
+    np.testing.assert_allclose(float(model_flops), _f_model(B, g["s"], g["L"], g["h"], g["V"]),
+                               rtol=1e-12)
+
+
+def test_hardware_flops_without_flash_attention_have_no_flash_backward_extra(x64):
+    """Training(flash_attention=0): attention is not the fused kernel (scores are stored, see
+    memory.activations and workload.flops.elementwise_bytes), so its backward is the plain
+    2 x forward of its two matmuls (dV, dP, dQ, dK) with nothing recomputed. With full
+    recompute and kappa = 1 the executed FLOPs are then exactly Narayanan's F_iter."""
+    model = _gpt3()  # causal, but flash off -> kappa = 1
+    B = 1536.0
+    par = Parallel(tp=8, pp=8, dp=16, micro_batch=1, global_batch=B, recompute=2)
+    _, hw_flops = _flops_per_step(model, par, Training(flash_attention=0.0))
+    g = GPT3
+    np.testing.assert_allclose(float(hw_flops),
+                               _narayanan_f_iter(B, g["s"], g["L"], g["h"], g["V"]), rtol=1e-12)
+
+
+def test_causal_flash_halves_the_attention_term(x64):
+    # PAPERS.md 5.1: counting causal attention with kappa = 1/2 (flash skips masked blocks)
+    # halves s/(6h) to s/(12h) in F_model.
+    model = _gpt3()
+    B = 512.0
+    par = Parallel(tp=8, pp=8, dp=8, micro_batch=1, global_batch=B)
+    model_flops, _ = _flops_per_step(model, par, Training())
+    L, h, s, V = GPT3["L"], GPT3["h"], GPT3["s"], GPT3["V"]
+    expected = 72 * B * s * L * h**2 * (1 + s / (12 * h) + V / (12 * L * h))
+    np.testing.assert_allclose(float(model_flops), expected, rtol=1e-12)
+
+
+def test_gpt3_training_compute_against_brown_et_al(x64):
+    # PAPERS.md section 6: GPT-3 175B on 300e9 tokens. [D] F_model per token x 300e9 = 3.23e23
+    # (kappa = 1); 6 N D ~ 3.14e23 (Brown et al. 2020 Table D.1 [S]) within a few percent (the
+    # s/(6h) attention term is ~2.8 %).
+    model = _gpt3().replace(causal=0.0)
+    B, s, tokens = 1.0, GPT3["s"], 300e9
+    par = Parallel(micro_batch=1, global_batch=B)
+    model_flops, _ = _flops_per_step(model, par, Training())
+    total = float(model_flops) / (B * s) * tokens
+    assert round(total / 1e23, 2) == 3.23
+    six_nd = 6 * float(total_params(model)) * tokens
+    assert abs(total / six_nd - 1) < 0.03
+
+
+# --------------------------------------------------------------------------------------------
+# Parameter counts: Narayanan et al. SC21 Section 5.1, Table 1 (PAPERS.md sections 5.1, 6)
+# --------------------------------------------------------------------------------------------
+
+# (config name, published parameter column of Table 1 in billions, as printed)
+MEGATRON_TABLE1 = [
+    ("megatron-1.7b", "1.7"), ("megatron-3.6b", "3.6"), ("megatron-7.5b", "7.5"),
+    ("megatron-18.4b", "18.4"), ("megatron-39.1b", "39.1"), ("megatron-76.1b", "76.1"),
+    ("megatron-145.6b", "145.6"), ("megatron-310.1b", "310.1"), ("megatron-529.6b", "529.6"),
+    ("megatron-1t", "1008.0"),
+]
+
+
+@pytest.mark.parametrize("name,published", MEGATRON_TABLE1)
+def test_megatron_table1_parameter_counts(x64, name, published):
+    m = diffperf.load_model(name)
+    L, h, V, s = int(m.n_layers), int(m.hidden), int(m.vocab), int(m.seq_len)
+    assert (V, s) == (51200, 2048)  # Table 1 setting (PAPERS.md section 6 header)
+    n_formula = 12 * L * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * L * h))
+    final_layernorm = 2 * h  # scale and shift of the last LayerNorm, not in Narayanan's N
+    n = float(total_params(m))
+    np.testing.assert_allclose(n, n_formula + final_layernorm, rtol=1e-12)
+    # The same count as integers: 12 h^2 matrices + 13 h biases/norms per layer, (V + s) h
+    # tied embedding and learned positions, 2 h final LayerNorm.
+    assert n == 12 * L * h * h + 13 * L * h + (V + s) * h + 2 * h
+    assert f"{n / 1e9:.1f}" == published
+
+
+def test_llama3_8b_parameter_count(x64):
+    # Llama 3 8B (config from Hugging Face meta-llama/Meta-Llama-3-8B): untied embeddings,
+    # GQA 8 KV heads, SwiGLU, RMSNorm, no biases.
+    m = diffperf.load_model("llama3-8b")
+    L, h, f, a, akv, dh, V = 32, 4096, 14336, 32, 8, 128, 128256
+    per_layer = (h * a * dh          # W_q
+                 + 2 * h * akv * dh  # W_k, W_v (GQA)
+                 + a * dh * h        # W_o
+                 + 3 * h * f         # gate, up, down
+                 + 2 * h)            # two RMSNorm scales
+    expected = L * per_layer + 2 * V * h + h  # input embedding, output layer, final RMSNorm
+    assert float(total_params(m)) == expected
+    assert f"{expected / 1e9:.2f}" == "8.03"  # the published "8B" model's 8.03e9 parameters
+
+
+# --------------------------------------------------------------------------------------------
+# Activation memory per layer: Korthikanti et al. 2022, Table 2 (PAPERS.md section 5.6)
+# --------------------------------------------------------------------------------------------
+
+S, H, A, Bm = GPT3["s"], GPT3["h"], GPT3["a"], 1
+SBH = S * Bm * H
+KORTHIKANTI = [
+    # (label, Parallel fields, bytes per layer from Table 2)
+    ("no parallelism", dict(tp=1), SBH * (34 + 5 * A * S / H)),
+    ("TP", dict(tp=8), SBH * (10 + 24 / 8 + 5 * A * S / (H * 8))),
+    ("TP + SP", dict(tp=8, sequence_parallel=1), SBH * (34 / 8 + 5 * A * S / (H * 8))),
+    ("TP + selective", dict(tp=8, recompute=1), SBH * (10 + 24 / 8)),
+    ("TP + SP + selective", dict(tp=8, sequence_parallel=1, recompute=1), SBH * 34 / 8),
+    ("full recompute", dict(tp=1, recompute=2), 2 * SBH),  # only the 16-bit layer input
+    # Under SP the kept layer input is itself sequence-sharded: 2 s b h / t [D].
+    ("TP + SP + full recompute", dict(tp=8, sequence_parallel=1, recompute=2), 2 * SBH / 8),
+]
+
+
+@pytest.mark.parametrize("label,fields,expected", KORTHIKANTI, ids=[k[0] for k in KORTHIKANTI])
+def test_korthikanti_activation_bytes_per_layer(x64, label, fields, expected):
+    # 16-bit activations, 1-byte dropout masks, scores stored (no flash): Table 2's setting.
+    train = Training(flash_attention=0.0, dropout=1.0)
+    par = Parallel(micro_batch=Bm, **fields)
+    got = float(layer_activation_bytes(_gpt3(), par, train))
+    assert got == expected
+
+
+def test_korthikanti_worked_values(x64):
+    # PAPERS.md section 6: s b h (34 + 5 a s / h) = 2048 x 12288 x 114 ~ 2.87e9 B per layer;
+    # TP = 8 with SP and selective recompute: 34 s b h / 8 ~ 1.07e8 B (26.8x less).
+    train = Training(flash_attention=0.0, dropout=1.0)
+    full = float(layer_activation_bytes(_gpt3(), Parallel(micro_batch=1), train))
+    small = float(layer_activation_bytes(
+        _gpt3(), Parallel(micro_batch=1, tp=8, sequence_parallel=1, recompute=1), train))
+    assert full == 2048 * 12288 * 114 == 2_868_903_936
+    assert small == 34 * 2048 * 12288 / 8 == 106_954_752
+    assert f"{full:.3g}" == "2.87e+09" and f"{small:.3g}" == "1.07e+08"
+    assert round(full / small, 1) == 26.8
+
+
+def test_flash_attention_keeps_softmax_statistics_only(x64):
+    # With flash attention the 5 a s / h score term is never stored (PAPERS.md 5.6): the
+    # selective row plus the fp32 softmax statistics, 4 bytes x b (a/t) s.
+    train = Training(flash_attention=1.0, dropout=1.0)
+    par = Parallel(micro_batch=1, tp=8, sequence_parallel=1)
+    got = float(layer_activation_bytes(_gpt3(), par, train))
+    assert got == SBH * 34 / 8 + 4 * 1 * (A / 8) * S
+
+
+# --------------------------------------------------------------------------------------------
+# ZeRO memory: Rajbhandari et al. SC20, Figure 1 (PAPERS.md sections 5.5 and 6)
+# --------------------------------------------------------------------------------------------
+
+PSI, N_D, K = 7.5e9, 64, 12  # parameters, data-parallel ranks, optimizer bytes per parameter
+ZERO = [
+    # (stage, bytes per device: 2 Psi weights + 2 Psi gradients + K Psi optimizer, sharded)
+    (0, (2 + 2 + K) * PSI, "120.0"),
+    (1, 2 * PSI + 2 * PSI + K * PSI / N_D, "31.4"),
+    (2, 2 * PSI + (2 + K) * PSI / N_D, "16.6"),
+    (3, (2 + 2 + K) * PSI / N_D, "1.875"),
+]
+
+
+@pytest.mark.parametrize("stage,expected,figure", ZERO)
+def test_zero_model_state_bytes(x64, stage, expected, figure):
+    train = Training()  # bf16 weights and grads (2 + 2), fp32 master + Adam m, v (4 + 8 = K)
+    assert float(train.master_bytes + train.optimizer_bytes) == K
+    par = Parallel(dp=N_D, zero_stage=stage)
+    total = sum(float(f(PSI, par, train)) for f in (weight_bytes, gradient_bytes, optimizer_bytes))
+    assert total == expected
+    digits = len(figure.split(".")[1])
+    assert f"{total / 1e9:.{digits}f}" == figure  # Figure 1's labels, GB = 1e9 B
+
+
+# --------------------------------------------------------------------------------------------
+# Collectives: ring and hierarchical all-reduce (PAPERS.md section 5.9; STYLE.md section 2)
+# --------------------------------------------------------------------------------------------
+
+def _system(tiers, coll_eff_intra=1.0, coll_eff_inter=1.0, coll_base_s=0.0):
+    """A System built by hand; only the tiers and the collective efficiencies matter here."""
+    return System(matmul_flops_per_s=312e12, matmul_fp32_flops_per_s=156e12,
+                  vector_flops_per_s=19.5e12, hbm_bandwidth_Bps=2.039e12,
+                  hbm_capacity_bytes=80.0 * 2**30, tiers=tuple(tiers),
+                  eff=Efficiency(coll_eff_intra=coll_eff_intra, coll_eff_inter=coll_eff_inter,
+                                 coll_base_s=coll_base_s))
+
+
+def _one_tier(bw_Bps, alpha_s, **eff):
+    return _system([Tier(domain_size=8.0, bandwidth_Bps=bw_Bps, latency_s=alpha_s)], **eff)
+
+
+# DGX A100-like node: 8 GPUs on NVLink (300 GB/s per direction, 2.5 us), then one 25 GB/s NIC
+# per GPU (5 us). Values of configs/systems/a100-sxm-80gb.yaml, restated here.
+ALPHA_F, BW_F, ALPHA_S, BW_S = 2.5e-6, 300e9, 5e-6, 25e9
+
+
+def _two_tier(bw_outer=BW_S, **eff):
+    return _system([Tier(domain_size=8.0, bandwidth_Bps=BW_F, latency_s=ALPHA_F, name="nvlink"),
+                    Tier(domain_size=2.0**20, bandwidth_Bps=bw_outer, latency_s=ALPHA_S,
+                         name="ib")], **eff)
+
+
+def test_ring_all_reduce_style_example():
+    # STYLE.md section 2: V = 1 GB, n = 8, B = 400 GB/s, alpha = 5 us
+    t = all_reduce_s(1e9, 8.0, 1.0, _one_tier(400e9, 5e-6))
+    expected = (2 * (8 - 1) * 5e-6            # 2 (n-1) alpha = 70 us
+                + 2 * (8 - 1) / 8 * 1e9 / 400e9)  # 2 (n-1)/n V/B = 4.375 ms
+    np.testing.assert_allclose(float(t), expected, rtol=1e-6)
+    np.testing.assert_allclose(float(t), 70e-6 + 4.375e-3, rtol=1e-6)
+
+
+def test_ring_all_reduce_docstring_example_with_efficiency_and_call_cost():
+    # collectives.all_reduce_s docstring: BW = 400 GB/s x 0.8, alpha = 5 us, plus t0.
+    t0 = 15e-6
+    t = all_reduce_s(1e9, 8.0, 1.0, _one_tier(400e9, 5e-6, coll_eff_intra=0.8, coll_base_s=t0))
+    np.testing.assert_allclose(float(t), t0 + 70e-6 + 2 * 7 / 8 * 1e9 / (400e9 * 0.8),
+                               rtol=1e-6)
+
+
+def test_ring_all_gather_and_all_to_all_one_tier():
+    # Thakur et al. 2005 (PAPERS.md 5.9): ring all-gather and pairwise all-to-all on n ranks,
+    # (n-1) alpha + (n-1)/n S / B each.
+    sys_ = _one_tier(400e9, 5e-6)
+    expected = 7 * 5e-6 + 7 / 8 * 1e9 / 400e9
+    np.testing.assert_allclose(float(all_gather_s(1e9, 8.0, 1.0, sys_)), expected, rtol=1e-6)
+    np.testing.assert_allclose(float(all_to_all_s(1e9, 8.0, 1.0, sys_)), expected, rtol=1e-6)
+
+
+def test_size_one_group_costs_nothing():
+    assert float(all_reduce_s(1e9, 1.0, 1.0, _two_tier(coll_base_s=15e-6))) == 0.0
+
+
+def _hierarchical_all_reduce(S, g, P):
+    """PAPERS.md 5.9, two-tier all-reduce, g group members per node, P nodes, one NIC per GPU:
+    RS intra (g) + AR inter (P) on S/g per GPU, g rails in parallel + AG intra (g)."""
+    rs_intra = (g - 1) * ALPHA_F + (g - 1) / g * S / BW_F
+    ar_inter = 2 * (P - 1) * ALPHA_S + 2 * (P - 1) / P * (S / g) / BW_S
+    ag_intra = (g - 1) * ALPHA_F + (g - 1) / g * S / BW_F
+    return rs_intra + ar_inter + ag_intra
+
+
+def test_dp_group_of_64_with_stride_8_crosses_nodes_only():
+    # DP group of 64 (tp = 8 inside each 8-GPU node): stride 8, so one member per node (g = 1)
+    # and 64 nodes: a flat inter-node ring, 2 (n-1) alpha_s + 2 (n-1)/n S / BW_nic.
+    S = 2.0 * 1.2e9  # bf16 gradients of 1.2e9 parameters
+    t = all_reduce_s(S, 64.0, 8.0, _two_tier())
+    expected = 2 * 63 * ALPHA_S + 2 * 63 / 64 * S / BW_S
+    np.testing.assert_allclose(float(t), expected, rtol=1e-6)
+    np.testing.assert_allclose(float(t), _hierarchical_all_reduce(S, g=1, P=64), rtol=1e-6)
+
+
+@pytest.mark.parametrize("stride,g,P", [(8.0, 1, 64), (4.0, 2, 32), (1.0, 8, 8)])
+def test_hierarchical_all_reduce_matches_papers_5_9(stride, g, P):
+    # A group of 64 ranks `stride` apart has g = 8 / stride members in each 8-GPU node.
+    S = 1e9
+    t = all_reduce_s(S, 64.0, stride, _two_tier())
+    np.testing.assert_allclose(float(t), _hierarchical_all_reduce(S, g, P), rtol=1e-6)
+
+
+def _nccl_rows():
+    if not NCCL_A100.is_file():
+        pytest.skip(f"measured NCCL table not found at {NCCL_A100} (shared/data absent)")
+    with NCCL_A100.open(newline="") as fh:
+        return [r for r in csv.DictReader(fh)
+                if r["size_bytes"] == str(2**30) and r["placement"] == "out_of_place"]
+
+
+def test_nccl_busbw_identity_a100_1gib():
+    # PAPERS.md 5.9 / section 6: NCCL busbw = algbw x 2(n-1)/n, so with alpha = 0 and the tier
+    # bandwidth set to the measured busbw, the ring time is the measured time.
+    rows = {int(r["num_gpus"]): r for r in _nccl_rows()}
+    assert sorted(rows) == list(range(2, 9))
+    for n, row in rows.items():
+        sys_ = _one_tier(float(row["busbw_GBps"]) * 1e9, 0.0)
+        t = all_reduce_s(float(row["size_bytes"]), float(n), 1.0, sys_)
+        # busbw is printed to 0.01 GB/s, i.e. ~5e-5 relative at 200 GB/s: 0.1 % is ample.
+        np.testing.assert_allclose(float(t), float(row["time_s"]), rtol=1e-3, err_msg=f"n={n}")
+
+
+# --------------------------------------------------------------------------------------------
+# Tiers: which network levels a group spans (PAPERS.md sections 3.3, 3.6, 4.2)
+# --------------------------------------------------------------------------------------------
+
+def _tiers_8_and_1e6():
+    return _system([Tier(domain_size=8.0, bandwidth_Bps=BW_F, latency_s=ALPHA_F),
+                    Tier(domain_size=1e6, bandwidth_Bps=BW_S, latency_s=ALPHA_S)])
+
+
+def test_tier_ranks_docstring_example():
+    # n = 64, stride = 8, D = (8, 1e6): one member per node, 64 nodes.
+    r = [float(x) for x in tier_ranks(64.0, 8.0, _tiers_8_and_1e6())]
+    assert r == [1.0, 64.0]
+    # TP group of 8 at stride 1: all 8 inside one node, nothing left for the outer tier.
+    assert [float(x) for x in tier_ranks(8.0, 1.0, _tiers_8_and_1e6())] == [8.0, 1.0]
+
+
+@pytest.mark.parametrize("n,stride,expected", [
+    # docstring: stages at ranks 0, 4, 8, 12 in nodes of 8 -> boundaries 0-4 and 8-12 stay
+    # inside a node, 4-8 crosses: one of three
+    (4.0, 4.0, [2 / 3, 1 / 3]),
+    (8.0, 1.0, [1.0, 0.0]),        # 8 adjacent stages fill one node: no boundary crosses
+    (8.0, 8.0, [0.0, 1.0]),        # one stage per node: every boundary crosses
+    (16.0, 1.0, [14 / 15, 1 / 15]),  # two nodes of 8 stages: only boundary 7-8 crosses
+])
+def test_p2p_tier_fractions(n, stride, expected):
+    got = [float(x) for x in p2p_tier_fractions(n, stride, _tiers_8_and_1e6())]
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    S = 1e8
+    t = send_recv_s(S, n, stride, _tiers_8_and_1e6())
+    # PAPERS.md 5.9 send/recv alpha + S/B on each link kind, mixed by the fractions (3.6).
+    np.testing.assert_allclose(float(t), expected[0] * (ALPHA_F + S / BW_F)
+                               + expected[1] * (ALPHA_S + S / BW_S), rtol=1e-6)
+
+
+def test_tp_group_inside_a_node_never_touches_the_outer_tier():
+    S = 2 * 2048 * 12288.0  # one TP all-reduce of GPT-3's b s h q_a
+    times = [float(all_reduce_s(S, 8.0, 1.0, _two_tier(bw_outer=bw))) for bw in (1e9, 25e9, 1e12)]
+    expected = 2 * 7 * ALPHA_F + 2 * 7 / 8 * S / BW_F  # one NVLink ring of 8
+    np.testing.assert_allclose(times, [expected] * 3, rtol=1e-6)
+    grad = jax.grad(lambda k: all_reduce_s(S, 8.0, 1.0, _two_tier(bw_outer=25e9 * k)))(1.0)
+    assert float(grad) == 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# Pipeline bubble: Narayanan et al. SC21 Sections 2.2, 2.2.2 (PAPERS.md section 5.4)
+# --------------------------------------------------------------------------------------------
+
+def _pipe(p, m, v):
+    return Parallel(pp=p, dp=1, micro_batch=1, global_batch=m, vp=v)
+
+
+@pytest.mark.parametrize("v", [1, 2])
+def test_bubble_fraction_p8_m64(v):
+    par = _pipe(8, 64, v)
+    expected = (8 - 1) / (v * 64)  # (p - 1)/(v m): 7/64, interleaved v = 2: 7/128
+    np.testing.assert_allclose(float(bubble_fraction(par)), expected, rtol=1e-6)
+    t = 0.25  # seconds of forward + backward of one micro-batch on one stage
+    busy, bubble = pipeline_times_s(jnp.asarray(t), 0.0, 0.0, par)
+    np.testing.assert_allclose(float(busy), 64 * t, rtol=1e-6)          # m t
+    np.testing.assert_allclose(float(bubble), (8 - 1) / v * t, rtol=1e-6)  # (p - 1)/v t
+    np.testing.assert_allclose(float(bubble / busy), expected, rtol=1e-6)
+
+
+def test_interleaving_halves_the_bubble():
+    b1 = float(bubble_fraction(_pipe(8, 64, 1)))
+    b2 = float(bubble_fraction(_pipe(8, 64, 2)))
+    np.testing.assert_allclose(b2, b1 / 2, rtol=1e-6)
+
+
+def test_pipeline_times_docstring_and_unequal_stages():
+    # Docstring: p = 4, m = 8, v = 1, t = 1 s: 8 s busy + 3 s bubble.
+    busy, bubble = pipeline_times_s(jnp.asarray(1.0), 0.0, 0.0, _pipe(4, 8, 1))
+    assert (float(busy), float(bubble)) == (8.0, 3.0)
+    # Unequal stages (embedding 0.5 s on the first, output layer 0.2 s on the last):
+    # T = m t_max + (sum_i t_i - t_max)/v with t_max = 1.5, sum = 4 x 1 + 0.5 + 0.2.
+    busy, bubble = pipeline_times_s(jnp.asarray(1.0), 0.5, 0.2, _pipe(4, 8, 1))
+    np.testing.assert_allclose([float(busy), float(bubble)], [8 * 1.5, 4.7 - 1.5], rtol=1e-6)
+    # One stage holds everything and has no bubble.
+    busy, bubble = pipeline_times_s(jnp.asarray(1.0), 0.5, 0.2, _pipe(1, 8, 1))
+    np.testing.assert_allclose([float(busy), float(bubble)], [8 * 1.7, 0.0], atol=1e-6)

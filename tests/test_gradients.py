@@ -1,0 +1,336 @@
+"""The gradient contract of `predict` (DESIGN.md "Differentiability conventions", STYLE.md 7.4).
+
+- finite gradients of the step time w.r.t. every System leaf (Tier and Efficiency leaves
+  included), in float32, over random valid configurations (hypothesis);
+- gradients that match finite differences (`jax.test_util.check_grads`) under float64, in O(1)
+  coordinates (a log-scale factor on every leaf), away from kinks;
+- the physical sign: more bandwidth, HBM bandwidth or FLOP/s never slows a step, more capacity
+  never makes a fitting layout not fit;
+- float32 results equal the float64 ones within 1e-5 relative;
+- the smooth variant converges to the hard one as the temperature falls.
+
+Compilation dominates the run time, so every jitted function here is built once at module level
+and called with float pytrees (`anonymous` specs: names blanked), which share one compilation.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from jax.test_util import check_grads
+
+from diffperf import Parallel, Training, load_model, load_system, predict
+from diffperf.errors import SpecError
+from diffperf.specs.batch import anonymous
+from diffperf.specs.validate import check_layout
+
+MODELS = ("gpt-small", "megatron-1.7b", "llama3-8b", "gpt3-175b")
+SYSTEMS = ("a100-sxm-80gb", "h100-sxm-80gb", "gb200-nvl72", "a100-4nic")
+SMOOTH = 0.05  # the temperature of the smooth variant (calibration, differentiable search)
+
+# Leaves that are rates: raising one never makes a step slower (d step / d leaf <= 0).
+RATE_LEAVES = ("matmul_flops_per_s", "matmul_fp32_flops_per_s", "vector_flops_per_s",
+               "hbm_bandwidth_Bps", "tiers[*].bandwidth_Bps",
+               # efficiencies multiply a peak rate, so they are rates too
+               "eff.mm_max", "eff.attn_max", "eff.mem_eff", "eff.coll_eff_intra",
+               "eff.coll_eff_inter")
+# Leaves that are costs: raising one never makes a step faster (d step / d leaf >= 0).
+COST_LEAVES = ("tiers[*].latency_s", "eff.kernel_s", "eff.host_kernel_s", "eff.host_layer_s",
+               "eff.microbatch_s", "eff.step_s", "eff.coll_base_s", "eff.overlap_slowdown",
+               "eff.mm_half_dim", "eff.attn_half_dim")
+
+HYPOTHESIS = dict(derandomize=True, database=None, deadline=None,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+# --------------------------------------------------------------------------------- helpers
+
+@functools.lru_cache(maxsize=None)
+def _model(name):
+    return load_model(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _system(name):
+    return load_system(name)
+
+
+def _floats(spec):
+    """The spec with names blanked and every leaf a float array of the default dtype (float32,
+    float64 under x64): the form `predict` itself passes to its jitted core."""
+    dtype = jnp.result_type(float)
+    return jax.tree.map(lambda x: jnp.asarray(x, dtype=dtype), anonymous(spec))
+
+
+def _leaf_name(path) -> str:
+    """'tiers[*].bandwidth_Bps' style name of a System leaf from its tree path."""
+    name = jax.tree_util.keystr(path).lstrip(".")
+    for i in range(8):
+        name = name.replace(f"tiers[{i}]", "tiers[*]")
+    return name
+
+
+def _named_leaves(system):
+    """[(exact name, pattern name, value)] of a System pytree."""
+    return [(jax.tree_util.keystr(p).lstrip("."), _leaf_name(p), v)
+            for p, v in jax.tree_util.tree_flatten_with_path(system)[0]]
+
+
+def _scale_leaves(system, pattern, factor):
+    """The system with every leaf whose pattern name is `pattern` multiplied by `factor`."""
+    paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(system)
+    return jax.tree.unflatten(treedef, [
+        v * factor if _leaf_name(p) == pattern else v for p, v in paths_leaves])
+
+
+def _step_time(model, parallel, system, training, temperature):
+    return predict(model, parallel, system, training, temperature=temperature).step_time_s
+
+
+# d step_time / d System, jitted once per temperature (the layout, model and hardware are data).
+_GRAD = {t: jax.jit(jax.grad(functools.partial(_step_time, temperature=t), argnums=2))
+         for t in (None, SMOOTH)}
+
+
+def _system_grad(model, parallel, system, training, temperature):
+    return _GRAD[temperature](_floats(model), _floats(parallel), _floats(system),
+                              _floats(training))
+
+
+@st.composite
+def configurations(draw):
+    """(model, parallel, system) with a structurally valid layout of a shipped model on a
+    shipped system: single-node and multi-node, every ZeRO stage, recompute mode and SP."""
+    model = _model(draw(st.sampled_from(MODELS)))
+    system = _system(draw(st.sampled_from(SYSTEMS)))
+    heads, ffn, layers = int(model.n_heads), int(model.ffn_hidden), int(model.n_layers)
+    tp = draw(st.sampled_from([t for t in (1, 2, 4, 8, 16) if heads % t == 0 and ffn % t == 0]))
+    pp = draw(st.sampled_from([p for p in (1, 2, 3, 4, 6, 8, 12, 16) if layers % p == 0]))
+    dp = draw(st.sampled_from((1, 2, 4, 8, 16, 64, 128)))
+    micro_batch = draw(st.sampled_from((1, 2, 4, 8)))
+    global_batch = micro_batch * dp * draw(st.sampled_from((1, 2, 3, 8, 32)))
+    parallel = Parallel(
+        tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=global_batch,
+        zero_stage=draw(st.integers(0, 3)), recompute=draw(st.integers(0, 2)),
+        sequence_parallel=draw(st.integers(0, 1)), dp_overlap=draw(st.integers(0, 1)),
+        tp_overlap=draw(st.sampled_from((0.0, 0.5))))
+    try:
+        check_layout(model, parallel)
+    except SpecError:
+        assume(False)
+    return model, parallel, system
+
+
+def _describe(model, parallel, system):
+    return (f"{model.name} on {system.name}: tp={parallel.tp} pp={parallel.pp} dp={parallel.dp} "
+            f"b={parallel.micro_batch} B={parallel.global_batch} zero={parallel.zero_stage} "
+            f"recompute={parallel.recompute} sp={parallel.sequence_parallel} "
+            f"dp_overlap={parallel.dp_overlap} tp_overlap={parallel.tp_overlap}")
+
+
+@pytest.fixture
+def x64():
+    """float64 for the duration of one test, restored afterwards (the library never sets it)."""
+    previous = jax.config.read("jax_enable_x64")
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", previous)
+
+
+# --------------------------------------------------------------------------- finiteness
+
+@pytest.mark.parametrize("temperature", [None, SMOOTH], ids=["hard", "smooth"])
+@settings(max_examples=40, **HYPOTHESIS)
+@given(config=configurations())
+def test_gradient_finite_in_every_system_leaf(temperature, config):
+    """jax.grad over the whole System pytree (peaks, HBM, every Tier leaf, every Efficiency
+    leaf) is finite in float32 at every valid configuration (DESIGN.md)."""
+    model, parallel, system = config
+    grad = _system_grad(model, parallel, system, Training(), temperature)
+    bad = {name: float(g) for name, _, g in _named_leaves(grad) if not np.isfinite(g)}
+    assert not bad, f"non-finite d step / d leaf at {_describe(*config)}: {bad}"
+
+
+def test_smooth_gradient_finite_when_tp_group_is_idle():
+    """The smallest case of the finiteness contract for the smooth variant: tp = 1 with the
+    default tp_overlap = 0 puts a 0 s TP collective behind a 0 s overlap window, so
+    `exposed(0, 0, T)` evaluates the p-norm max of (0, 0). Its value is fine (0); its float32
+    gradient must be too."""
+    model, system = _model("gpt-small"), _system("a100-sxm-80gb")
+    parallel = Parallel(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1)
+    grad = _system_grad(model, parallel, system, Training(), SMOOTH)
+    bad = {name: float(g) for name, _, g in _named_leaves(grad) if not np.isfinite(g)}
+    assert not bad, f"non-finite d step / d leaf (temperature={SMOOTH}, tp=1): {bad}"
+
+
+# ----------------------------------------------------------------- finite differences (x64)
+
+def _log_step_times(log_scale, model, parallel, system, training):
+    """[ln T_hard, ln T_smooth] with every System leaf multiplied by exp(log_scale[i]): O(1)
+    coordinates, so check_grads' absolute step of 1e-4 is a relative step of 1e-4 on each leaf
+    (whatever its unit: 3e14 FLOP/s or 2.5e-6 s)."""
+    leaves, treedef = jax.tree.flatten(system)
+    scaled = jax.tree.unflatten(treedef, [x * jnp.exp(s) for x, s in zip(leaves, log_scale)])
+    return jnp.stack([jnp.log(_step_time(model, parallel, scaled, training, t))
+                      for t in (None, SMOOTH)])
+
+
+_LOG_STEP_TIMES = jax.jit(_log_step_times)
+
+# Layouts chosen away from every kink of the hard model: no group fills a network domain
+# exactly (n_i = D_i / stride strictly inside [1, n]), no overlap window ties its
+# communication, first and last pipeline stages differ. Two use non-zero host_layer_s and
+# microbatch_s so that those leaves are exercised (a leaf at 0 has no elasticity).
+CHECK_GRAD_CASES = {
+    # 8 GPUs of one node: TP pairs, DP pairs two ranks apart, 2 stages half-crossing nothing
+    "single-node-1.7b-a100": ("megatron-1.7b", "a100-sxm-80gb", dict(
+        tp=2, pp=2, dp=2, micro_batch=2, global_batch=32, zero_stage=1, recompute=1,
+        sequence_parallel=1), dict(host_layer_s=2e-4, microbatch_s=1e-3)),
+    # 16 GPUs of two nodes: a DP group of 16 spans both tiers (8 + 2), tp = 1
+    "multi-node-gpt-small-a100-4nic": ("gpt-small", "a100-4nic", dict(
+        tp=1, pp=1, dp=16, micro_batch=2, global_batch=64, zero_stage=0, recompute=0), {}),
+    # 32 GPUs: TP inside the node, DP of 4 split 2 x 2 across nodes, ZeRO-3, full recompute
+    "multi-node-llama3-8b-h100": ("llama3-8b", "h100-sxm-80gb", dict(
+        tp=4, pp=2, dp=4, micro_batch=1, global_batch=64, zero_stage=3, recompute=2,
+        sequence_parallel=1, tp_overlap=0.5), dict(host_layer_s=1e-3)),
+    # 1024 GPUs: DP of 16 with 9 ranks per NVL72 domain, 8 pipeline stages across racks
+    "multi-node-gpt3-gb200": ("gpt3-175b", "gb200-nvl72", dict(
+        tp=8, pp=8, dp=16, micro_batch=1, global_batch=512, zero_stage=1, recompute=2,
+        sequence_parallel=1), {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHECK_GRAD_CASES))
+def test_check_grads_in_log_coordinates(x64, case):
+    """Reverse-mode gradients of [ln T_hard, ln T_smooth] w.r.t. ln(every System leaf) match
+    central finite differences (float64, default tolerance 1e-5)."""
+    model_name, system_name, layout, eff = CHECK_GRAD_CASES[case]
+    system = _system(system_name)
+    system = system.replace(eff=system.eff.replace(**eff))
+    model, parallel = _floats(_model(model_name)), _floats(Parallel(**layout))
+    system, training = _floats(system), _floats(Training())
+    log_scale = jnp.zeros(len(jax.tree.leaves(system)))
+    assert log_scale.dtype == jnp.float64
+
+    def f(s):
+        return _LOG_STEP_TIMES(s, model, parallel, system, training)
+
+    assert np.all(np.isfinite(f(log_scale)))
+    check_grads(f, (log_scale,), order=1, modes=["rev"])
+
+
+# ------------------------------------------------------------------------ physical sign
+
+
+@pytest.mark.parametrize("temperature", [None, SMOOTH], ids=["hard", "smooth"])
+@settings(max_examples=25, **HYPOTHESIS)
+@given(config=configurations())
+def test_faster_hardware_never_slows_a_step(temperature, config):
+    """d step / d rate <= 0 and d step / d cost >= 0 (exact 0 allowed), and the finite step:
+    every rate x 1.1 (alone, then all together) gives a step time <= the original, every cost
+    x 0.9 likewise (1e-6 relative slack for float32 rounding). NaN gradients are
+    test_gradient_finite_in_every_system_leaf's failure, not this test's."""
+    model, parallel, system = config
+    training = Training()
+    grad = _system_grad(model, parallel, system, training, temperature)
+    for name, pattern, g in _named_leaves(grad):
+        if pattern in RATE_LEAVES:
+            assert not g > 0, f"d step / d {name} = {float(g):.3e} > 0 at {_describe(*config)}"
+        if pattern in COST_LEAVES:
+            assert not g < 0, f"d step / d {name} = {float(g):.3e} < 0 at {_describe(*config)}"
+
+    base = float(predict(model, parallel, system, training,
+                         temperature=temperature).step_time_s)
+    faster_all = system
+    for patterns, factor in ((RATE_LEAVES, 1.1), (COST_LEAVES, 0.9)):
+        for pattern in patterns:
+            faster = _scale_leaves(system, pattern, factor)
+            faster_all = _scale_leaves(faster_all, pattern, factor)
+            t = float(predict(model, parallel, faster, training,
+                              temperature=temperature).step_time_s)
+            assert t <= base * (1 + 1e-6), (
+                f"{pattern} x {factor}: step {t:.6e} s > {base:.6e} s at {_describe(*config)}")
+    t = float(predict(model, parallel, faster_all, training, temperature=temperature).step_time_s)
+    assert t <= base * (1 + 1e-6), f"all faster: {t:.6e} s > {base:.6e} s"
+
+
+@settings(max_examples=25, **HYPOTHESIS)
+@given(config=configurations())
+def test_more_capacity_never_unfits(config):
+    """More HBM capacity (or a larger usable fraction) keeps a fitting layout fitting and does
+    not change the bytes it needs; more bandwidth does not change memory either."""
+    model, parallel, system = config
+    r = predict(model, parallel, system)
+    bigger = [system.replace(hbm_capacity_bytes=system.hbm_capacity_bytes * 1.1),
+              system.replace(eff=system.eff.replace(
+                  mem_usable_frac=min(1.0, system.eff.mem_usable_frac * 1.05)))]
+    for s in bigger:
+        r2 = predict(model, parallel, s)
+        assert r2.memory.capacity_bytes >= r.memory.capacity_bytes
+        assert float(r2.memory.total_bytes) == float(r.memory.total_bytes)
+        if r.fits:
+            assert r2.fits, f"fits on {system.name}, not with more capacity: {_describe(*config)}"
+    faster = _scale_leaves(system, "hbm_bandwidth_Bps", 1.1)
+    assert float(predict(model, parallel, faster).memory.total_bytes) == float(
+        r.memory.total_bytes)
+
+
+# ------------------------------------------------------------------- float32 vs float64
+
+PRECISION_CASES = [
+    ("gpt-small", "a100-sxm-80gb", dict(tp=1, dp=1, micro_batch=4, global_batch=32)),
+    ("megatron-1.7b", "a100-4nic", dict(tp=2, pp=2, dp=8, micro_batch=2, global_batch=256,
+                                        zero_stage=1, recompute=2)),
+    ("llama3-8b", "h100-sxm-80gb", dict(tp=8, pp=1, dp=16, micro_batch=1, global_batch=128,
+                                        zero_stage=3, sequence_parallel=1)),
+    ("gpt3-175b", "gb200-nvl72", dict(tp=8, pp=16, dp=8, micro_batch=1, global_batch=1024,
+                                      zero_stage=1, recompute=1, sequence_parallel=1)),
+]
+
+
+def test_float32_matches_float64(request):
+    """Step time and total memory of the float32 default equal the float64 run within 1e-5
+    relative (DESIGN.md), single- and multi-node, every pipeline/ZeRO regime above."""
+    cases = [(_model(m), Parallel(**layout), _system(s)) for m, s, layout in PRECISION_CASES]
+    f32 = [predict(*c) for c in cases]
+    request.getfixturevalue("x64")
+    f64 = [predict(*c) for c in cases]
+    for (model, parallel, system), r32, r64 in zip(cases, f32, f64):
+        assert r32.step_time_s.dtype == jnp.float32 and r64.step_time_s.dtype == jnp.float64
+        where = _describe(model, parallel, system)
+        np.testing.assert_allclose(float(r32.step_time_s), float(r64.step_time_s), rtol=1e-5,
+                                   err_msg=f"step time, {where}")
+        np.testing.assert_allclose(float(r32.memory.total_bytes), float(r64.memory.total_bytes),
+                                   rtol=1e-5, err_msg=f"memory, {where}")
+        assert bool(r32.fits) == bool(r64.fits)
+
+
+# -------------------------------------------------------------------- smooth -> hard
+
+@pytest.mark.parametrize("model_name, system_name, layout", [
+    ("megatron-1.7b", "a100-sxm-80gb", dict(tp=2, pp=2, dp=2, micro_batch=2, global_batch=32,
+                                           zero_stage=1, recompute=1, sequence_parallel=1)),
+    ("llama3-8b", "h100-sxm-80gb", dict(tp=4, pp=2, dp=4, micro_batch=1, global_batch=64,
+                                       zero_stage=3, recompute=2, tp_overlap=0.5)),
+], ids=["single-node", "multi-node"])
+def test_smooth_converges_to_hard(model_name, system_name, layout):
+    """|T(temperature) - T_hard| / T_hard falls as the temperature falls (0.1, 0.01, 0.001),
+    the last within 1e-3. The three temperatures are static arguments, so they run eagerly
+    (jax.disable_jit) instead of costing three compilations."""
+    model, system, parallel = _model(model_name), _system(system_name), Parallel(**layout)
+    hard = float(predict(model, parallel, system).step_time_s)
+    errors = []
+    with jax.disable_jit():
+        for t in (0.1, 0.01, 0.001):
+            smooth = float(predict(model, parallel, system, temperature=t).step_time_s)
+            errors.append(abs(smooth - hard) / hard)
+    assert errors[0] > errors[1] > errors[2], errors
+    assert errors[2] < 1e-3, errors
