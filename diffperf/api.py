@@ -12,7 +12,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from diffperf.errors import SpecError
+from diffperf.errors import SpecError, closest
 from diffperf.predict import predict_step
 from diffperf.result import Result
 from diffperf.specs.batch import anonymous
@@ -37,8 +37,8 @@ def _normalize(parallel: Parallel) -> Parallel:
     rec = parallel.recompute
     if isinstance(rec, str):
         if rec not in _RECOMPUTE:
-            raise SpecError(f"parallel.recompute={rec!r} is not allowed (allowed: "
-                            f"{', '.join(_RECOMPUTE)})")
+            raise SpecError(f"parallel.recompute={rec!r} is not allowed{closest(rec, _RECOMPUTE)}"
+                            f" (allowed: {', '.join(_RECOMPUTE)})")
         parallel = parallel.replace(recompute=_RECOMPUTE[rec])
     if isinstance(parallel.zero_stage, ZeroStage):
         parallel = parallel.replace(zero_stage=int(parallel.zero_stage))

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import struct
 
 from diffperf.costs.compute import gemms_time_s, memory_time_s
 from diffperf.predict import predict_step
@@ -62,11 +63,13 @@ class RunSet(NamedTuple):
     weight: Any        # 1 for fitted runs, 0 for held-out runs
 
 
-class Microbench(NamedTuple):
-    """Kernel measurements (log time) and a function predicting them from a System."""
+class Microbench(struct.PyTreeNode):
+    """Kernel measurements: `kind` ('gemm', 'attention', 'memory'), shape columns and the
+    measured log time; `bench_time_s` predicts them from a System."""
 
+    columns: tuple       # arrays, by kind: (m, n, k) | (b, s, a, d, causal) | (bytes,)
     log_time: Any
-    predict_s: Callable  # Efficiency -> predicted seconds, same shape as log_time
+    kind: str = struct.field(pytree_node=False, default="gemm")
 
 
 def _masked_sq(pred_log, meas_log, weight):
@@ -83,7 +86,7 @@ def run_predictions(eff, rs: RunSet, temperature):
     return res.step_time_s, res.memory.total_bytes
 
 
-def loss_fn(u, base, sets, benches, temperature, prior, mem_weight):
+def loss_fn(u, base, sets, benches, prior, temperature, mem_weight):
     """Mean squared log error over runs (+ memory, + microbenchmarks) + prior."""
     eff = from_unconstrained(base, u)
     num, den = 0.0, 0.0
@@ -92,13 +95,17 @@ def loss_fn(u, base, sets, benches, temperature, prior, mem_weight):
         n1, d1 = _masked_sq(jnp.log(step), rs.log_step, rs.weight)
         n2, d2 = _masked_sq(jnp.log(mem), rs.log_mem, rs.weight)
         num, den = num + n1 + mem_weight * n2, den + d1 + mem_weight * d2
-    for mb in benches:
-        pred = mb.predict_s(eff)
+    for mb, system in benches:
+        pred = bench_time_s(mb, system.replace(eff=eff))
         num = num + jnp.sum((jnp.log(pred) - mb.log_time) ** 2)
         den = den + mb.log_time.size
     u0 = prior["u0"]
     reg = sum(jnp.sum((u[f] - u0[f]) ** 2) for f in u)
     return num / jnp.maximum(den, 1.0) + prior["strength"] * reg
+
+
+_value_and_grad = jax.jit(jax.value_and_grad(loss_fn),
+                          static_argnames=("temperature", "mem_weight"))
 
 
 class Fit(NamedTuple):
@@ -115,18 +122,17 @@ def fit(base: Efficiency, sets, fields=STEP_FIELDS, benches=(), *, steps=600,
     Args:
         base: starting efficiencies (also the prior's centre).
         sets: RunSets (one per system); runs with weight 0 are held out.
-        benches: Microbench terms (kernel measurements), weighted like one run each.
+        benches: (Microbench, System) pairs: kernel measurements on that system's GPU.
         progress: optional callable(step, loss) for a progress bar.
     """
     u = to_unconstrained(base, fields)
-    prior = {"u0": dict(u), "strength": prior_strength}
-    value_and_grad = jax.jit(jax.value_and_grad(
-        lambda u: loss_fn(u, base, sets, benches, temperature, prior, mem_weight)))
+    prior = {"u0": dict(u), "strength": jnp.float32(prior_strength)}
     opt = optax.adam(optax.cosine_decay_schedule(learning_rate, steps, alpha=0.05))
     state = opt.init(u)
     history = []
     for i in range(steps):
-        loss, g = value_and_grad(u)
+        loss, g = _value_and_grad(u, base, tuple(sets), tuple(benches), prior,
+                                  temperature=temperature, mem_weight=mem_weight)
         g = jax.tree.map(lambda x: jnp.where(jnp.isfinite(x), x, 0.0), g)
         updates, state = opt.update(g, state, u)
         u = optax.apply_updates(u, updates)
@@ -136,49 +142,54 @@ def fit(base: Efficiency, sets, fields=STEP_FIELDS, benches=(), *, steps=600,
     return Fit(from_unconstrained(base, u), tuple(fields), np.array(history))
 
 
-def gemm_bench(m, n, k, time_s, system, training) -> Microbench:
-    """bf16 GEMM microbenchmarks: t = roofline(2 m n k, eta_mm(m, n, k)) + kernel_s."""
-    g = Gemms(m=jnp.asarray(m, jnp.float32), n=jnp.asarray(n, jnp.float32),
-              k=jnp.asarray(k, jnp.float32), count=jnp.ones(len(m), jnp.float32))
+def gemm_bench(m, n, k, time_s) -> Microbench:
+    """bf16 GEMM microbenchmarks [m,k] @ [k,n] (shared/data/kernels/h100_gemm.csv)."""
+    f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    return Microbench((f(m), f(n), f(k)), jnp.log(f(time_s)), kind="gemm")
 
-    def predict(eff):
-        sysm = system.replace(eff=eff)
-        each = jax.vmap(lambda gi: gemms_time_s(
-            Gemms(gi.m[None], gi.n[None], gi.k[None], gi.count[None]), sysm, training,
-            eff.mm_max, eff.mm_half_dim, None))(g)
+
+def attention_bench(batch, seq, heads, head_dim, causal, fwd_bwd_s) -> Microbench:
+    """Flash-attention forward + backward (shared/data/kernels/h100_attention.csv)."""
+    f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    return Microbench(tuple(f(x) for x in (batch, seq, heads, head_dim, causal)),
+                      jnp.log(f(fwd_bwd_s)), kind="attention")
+
+
+def memory_bench(bytes_moved, time_s) -> Microbench:
+    """Memory-bound kernels by bytes moved (shared/data/kernels/h100_memory_bw.csv)."""
+    f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    return Microbench((f(bytes_moved),), jnp.log(f(time_s)), kind="memory")
+
+
+def bench_time_s(mb: Microbench, system):
+    """Predicted kernel times, the operator models of Pati et al. (PAPERS.md section 1):
+
+        gemm       roofline(2 m n k, eta_mm(m, n, k)) + kernel_s
+        attention  (2 + 0.5 + 1) x forward core (QK^T, AV at kappa, eta_attn) + 3 kernel_s
+                   (flash backward = 2.5 x forward; PAPERS.md 5.1)
+        memory     bytes / (BW_hbm eta_mem) + kernel_s
+    """
+    from diffperf.specs.training import Training
+
+    eff, training = system.eff, Training()
+    if mb.kind == "gemm":
+        m, n, k = mb.columns
+        g = Gemms(m=m[:, None], n=n[:, None], k=k[:, None], count=jnp.ones_like(m)[:, None])
+        each = jax.vmap(lambda gi: gemms_time_s(gi, system, training, eff.mm_max,
+                                                eff.mm_half_dim))(g)
         return each + eff.kernel_s
-
-    return Microbench(jnp.log(jnp.asarray(time_s, jnp.float32)), predict)
-
-
-def attention_bench(batch, seq, heads, head_dim, causal, fwd_bwd_s, system,
-                    training) -> Microbench:
-    """Flash-attention forward+backward: 3.5 x the forward core (QK^T, AV with kappa) at the
-    attention efficiency, + 3 kernels (PAPERS.md 5.1: flash backward ~ 2.5 x forward)."""
-    b, s, a, d, c = (jnp.asarray(x, jnp.float32) for x in (batch, seq, heads, head_dim, causal))
-    kappa = 1.0 - 0.5 * c
-
-    def predict(eff):
-        sysm = system.replace(eff=eff)
+    if mb.kind == "attention":
+        b, s, a, d, c = mb.columns
+        kappa = 1.0 - 0.5 * c
 
         def one(b, s, a, d, kappa):
             g = Gemms(m=jnp.stack([s, s]), n=jnp.stack([s, d]), k=jnp.stack([d, s]),
                       count=jnp.stack([b * a * kappa, b * a * kappa]))
-            return 3.5 * gemms_time_s(g, sysm, training, eff.attn_max, eff.attn_half_dim)
+            return 3.5 * gemms_time_s(g, system, training, eff.attn_max, eff.attn_half_dim)
 
         return jax.vmap(one)(b, s, a, d, kappa) + 3.0 * eff.kernel_s
-
-    return Microbench(jnp.log(jnp.asarray(fwd_bwd_s, jnp.float32)), predict)
-
-
-def memory_bench(bytes_moved, time_s, system) -> Microbench:
-    """Memory-bound kernels: t = bytes / (BW_hbm eta_mem) + kernel_s."""
-    nb = jnp.asarray(bytes_moved, jnp.float32)
-
-    def predict(eff):
-        return memory_time_s(nb, system.replace(eff=eff)) + eff.kernel_s
-
-    return Microbench(jnp.log(jnp.asarray(time_s, jnp.float32)), predict)
+    (nbytes,) = mb.columns
+    return memory_time_s(nbytes, system) + eff.kernel_s
 
 
 def log_jacobian(eff: Efficiency, fields, rs: RunSet, temperature):
@@ -211,3 +222,77 @@ def prediction_interval(jacobian, cov, s2, z=1.96):
     """Half-width in log space of the 95 % prediction interval: z sqrt(j Sigma j^T + s^2)."""
     var = np.einsum("ij,jk,ik->i", jacobian, cov, jacobian) + s2
     return z * np.sqrt(var)
+
+
+def run_sets(runs, systems: dict, weight) -> list:
+    """One RunSet per system of `runs` (specs.load.Runs); `systems` maps names (or '*')."""
+    from diffperf.api import _as_float
+    from diffperf.specs.batch import anonymous, stack
+
+    sets = []
+    for name in sorted(set(runs.systems)):
+        idx = np.array([i for i, s in enumerate(runs.systems) if s == name])
+        system = systems.get("*", systems.get(name))
+        M, P, T = _as_float((stack([runs.models[i] for i in idx]),
+                             stack([runs.parallels[i] for i in idx]),
+                             stack([runs.trainings[i] for i in idx])))
+        sets.append((idx, RunSet(_as_float(anonymous(system)), M, P, T,
+                                 jnp.log(jnp.asarray(runs.step_time_s[idx], jnp.float32)),
+                                 jnp.log(jnp.asarray(runs.peak_memory_GB[idx] * 1e9,
+                                                     jnp.float32)),
+                                 jnp.asarray(np.asarray(weight, float)[idx], jnp.float32))))
+    return sets
+
+
+def starting_points(eff: Efficiency) -> list:
+    """The given efficiencies, and the same with the host floor active (per-layer and
+    per-micro-batch host time of an eager framework): a parameter that starts where the smooth
+    max hides it has a vanishing gradient, so both starts are fitted and the lower loss kept."""
+    return [eff, eff.replace(host_layer_s=1e-3, host_kernel_s=1e-5, microbatch_s=1e-3)]
+
+
+class Calibration(NamedTuple):
+    fit: Fit
+    step_time_s: np.ndarray     # predicted, every run
+    memory_GB: np.ndarray
+    fits: np.ndarray
+    half_width_log: np.ndarray  # 95 % prediction interval half-width in log step time
+
+
+def calibrate_runs(runs, systems: dict, fit_mask, *, benches=(), fields=None, steps=400,
+                   temperature=0.02, progress=None) -> Calibration:
+    """Fit efficiencies on the runs where fit_mask is True; predict every run, with intervals.
+
+    The efficiencies start from the first system's and are shared by all systems (an overlay
+    holds efficiencies only, so it transfers to another system's datasheet).
+    """
+    fit_mask = np.asarray(fit_mask, bool)
+    sets = run_sets(runs, systems, fit_mask.astype(float))
+    if fields is None:
+        has_mem = np.isfinite(runs.peak_memory_GB[fit_mask]).any()
+        fields = STEP_FIELDS + (MEMORY_FIELDS if has_mem else ())
+    base = sets[0][1].system.eff
+    best = None
+    for start in starting_points(base):
+        f = fit(start, [rs for _, rs in sets], fields, benches, steps=steps,
+                temperature=temperature, progress=progress)
+        if best is None or f.loss_history[-1] < best.loss_history[-1]:
+            best = f
+    n = len(runs)
+    step, mem, fits_, hw = (np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, bool),
+                            np.full(n, np.nan))
+    jac_all, resid_fit, jac_fit = {}, [], []
+    for idx, rs in sets:
+        s, m = run_predictions(best.eff, rs, None)
+        step[idx], mem[idx] = np.asarray(s), np.asarray(m) / 1e9
+        cap = rs.system.hbm_capacity_bytes * best.eff.mem_usable_frac
+        fits_[idx] = np.asarray(m) <= np.asarray(cap)
+        jac = log_jacobian(best.eff, fields, rs, temperature)
+        jac_all[tuple(idx)] = jac
+        ok = fit_mask[idx] & np.isfinite(runs.step_time_s[idx])
+        jac_fit.append(jac[ok])
+        resid_fit.append(np.log(step[idx][ok]) - np.log(runs.step_time_s[idx][ok]))
+    cov, s2 = laplace_covariance(np.concatenate(jac_fit), np.concatenate(resid_fit))
+    for idx, jac in jac_all.items():
+        hw[list(idx)] = prediction_interval(jac, cov, s2)
+    return Calibration(best, step, mem, fits_, hw)

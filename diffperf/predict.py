@@ -52,20 +52,22 @@ def _layer_parts(model, parallel, system, training, temperature):
     c_cp = all_gather_s(cp_kv_bytes(model, parallel, training), parallel.cp,
                         stride(parallel, "cp"), system)
     cp_f, cp_fh = split_exposed(c_cp, attn, temperature)
-    cp_b, cp_bh = split_exposed(2.0 * c_cp, 2.5 * attn, temperature)
+    # Attention backward: 2 x forward, + the recomputed scores of flash attention (0.5 x).
+    attn_bwd = (2.0 + 0.5 * training.flash_attention) * attn
+    cp_b, cp_bh = split_exposed(2.0 * c_cp, attn_bwd, temperature)
     full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
     selective = jnp.where(parallel.recompute == 1, 1.0, 0.0)
     recompute = full * (dense + attn + other) + selective * attn
     slow = e.overlap_slowdown * (tp_fh + tp_bh + cp_fh + cp_bh)
     gpu_f = dense + attn + other + tp_f + cp_f + e.overlap_slowdown * (tp_fh + cp_fh)
-    gpu_b = 2.0 * dense + 2.5 * attn + 2.0 * other + recompute + tp_b + cp_b + (
+    gpu_b = 2.0 * dense + attn_bwd + 2.0 * other + recompute + tp_b + cp_b + (
         e.overlap_slowdown * (tp_bh + cp_bh))
     kernels = ops.n_kernels + jnp.where(parallel.tp > 1, n_f, 0.0)
     host_f = kernels * e.host_kernel_s + e.host_layer_s
     host_b = (2.0 + full) * kernels * e.host_kernel_s + e.host_layer_s
     t_f = pnorm_max(gpu_f, host_f, e.floor_pnorm)
     t_b = pnorm_max(gpu_b, host_b, e.floor_pnorm)
-    parts = dict(compute_s=3.0 * dense + 3.5 * attn + 3.0 * other, recompute_s=recompute,
+    parts = dict(compute_s=3.0 * dense + attn + attn_bwd + 3.0 * other, recompute_s=recompute,
                  tp_exposed_s=tp_f + tp_b, cp_exposed_s=cp_f + cp_b,
                  overhead_s=(t_f - gpu_f) + (t_b - gpu_b), overlap_slowdown_s=slow,
                  tp_hidden_s=tp_fh + tp_bh, cp_hidden_s=cp_fh + cp_bh)
@@ -130,7 +132,7 @@ def _flops_per_step(model, parallel, training):
     """(model FLOPs, hardware FLOPs) of one step over all devices.
 
         model    = 3 B [L (dense + attention) + logits]    forward x 3, no recompute
-        hardware = model + B L (flash backward's extra 0.5 x attention + recompute)
+        hardware = model + B L (flash backward's recomputed scores 0.5 x attention + recompute)
     per sequence forward FLOPs from `layer_ops` at b = 1 and no sharding (PAPERS.md 5.1).
     """
     unit = Parallel(micro_batch=1.0)
@@ -142,7 +144,8 @@ def _flops_per_step(model, parallel, training):
     model_flops = 3.0 * B * (L * (dense + attn) + logits)
     full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
     selective = jnp.where(parallel.recompute == 1, 1.0, 0.0)
-    extra = B * L * (0.5 * attn + full * (dense + attn) + selective * attn)
+    flash_bwd = 0.5 * training.flash_attention * attn  # flash backward recomputes the scores
+    extra = B * L * (flash_bwd + full * (dense + attn) + selective * attn)
     return model_flops, model_flops + extra
 
 

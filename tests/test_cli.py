@@ -83,13 +83,16 @@ def test_predict_options_change_the_layout(capsys):
     assert (lay["tp"], lay["pp"], lay["dp"], lay["recompute"]) == (4.0, 16.0, 16.0, 2.0)
 
 
-def test_predict_subprocess_readme_command():
-    # README command 1: `diffperf predict` on the shipped default, as a real process.
-    proc = subprocess.run([sys.executable, "-m", "diffperf.cli.main", "predict"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert "step_time_s" in proc.stdout
-    assert "Traceback" not in proc.stderr
+def test_subprocess_bad_input_exits_2_without_traceback():
+    # As a real process (`python -m diffperf.cli.main`, what the `diffperf` script runs): the
+    # interpreter would print a traceback for any uncaught exception; a SpecError must instead
+    # give exit code 2 and one line. (The in-process tests above and below cover the success
+    # paths; this one needs no compilation, so it stays fast.)
+    proc = subprocess.run([sys.executable, "-m", "diffperf.cli.main", "predict", "--model",
+                           "gpt3-175"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.stdout == ""
+    _assert_one_line_error(proc.returncode, proc.stderr, "unknown model 'gpt3-175'",
+                           "did you mean 'gpt3-175b'?")
 
 
 def test_predict_tp_not_dividing_gpus(capsys):

@@ -420,7 +420,7 @@ def test_predict_validates_before_tracing():
     m, s = diffperf.load_model("llama3-8b"), diffperf.load_system("h100-sxm-80gb")
     with _raises("parallel: tp=3 must divide model.num_heads=32; allowed tp: 1, 2, 4, 8, 16, 32"):
         diffperf.predict(m, Parallel(tp=3), s)
-    with _raises("parallel.recompute='ful' is not allowed (allowed: none, selective, full)"):
+    with _raises("parallel.recompute='ful' is not allowed; did you mean 'full'? (allowed: none, selective, full)"):
         diffperf.predict(m, Parallel(recompute="ful"), s)
     with _raises("temperature=-1.0 must be >= 0"):
         diffperf.predict(m, Parallel(), s, temperature=-1.0)

@@ -16,13 +16,14 @@ DEFAULT_SYSTEM = "a100-sxm-80gb"
 
 
 def _parser() -> argparse.ArgumentParser:
-    from diffperf.cli import predict_cmd, validate_cmd
+    from diffperf.cli import calibrate_cmd, predict_cmd, validate_cmd
 
     p = argparse.ArgumentParser(prog="diffperf", description=(
         "Differentiable performance model of distributed Transformer training."))
     sub = p.add_subparsers(dest="command", required=True)
     predict_cmd.add_parser(sub)
     validate_cmd.add_parser(sub)
+    calibrate_cmd.add_parser(sub)
     return p
 
 

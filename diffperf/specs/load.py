@@ -308,10 +308,11 @@ def apply_overlay(system: System, overlay) -> System:
     return system.replace(eff=eff)
 
 
-def training_from_name(precision: str = "bf16", **overrides) -> Training:
+def training_from_name(precision: str = "bf16", where: str = "precision",
+                       **overrides) -> Training:
     """A Training for a named precision (specs.training.PRECISIONS), with field overrides."""
     if precision not in PRECISIONS:
-        raise SpecError(f"precision={precision!r} is not allowed{closest(precision, PRECISIONS)}"
+        raise SpecError(f"{where}={precision!r} is not allowed{closest(precision, PRECISIONS)}"
                         f" (allowed: {', '.join(PRECISIONS)})")
     fields = dict(PRECISIONS[precision]) | overrides
     unknown = [k for k in fields if k not in Training.__dataclass_fields__]
@@ -327,6 +328,7 @@ RUN_OPTIONAL_DEFAULTS = dict(system="", ffn_hidden="", num_kv_heads="", gated_ml
                              moe_experts="0", moe_topk="0", cp="1", ep="1", vp="1",
                              sequence_parallel="0", zero_stage="0", recompute="none",
                              precision="bf16", status="ok", peak_memory_GB="")
+RUN_INFORMATIONAL = ("source", "model", "gpus_per_node", "notes")
 RECOMPUTE_NAMES = {"none": 0, "selective": 1, "full": 2}
 
 
@@ -350,7 +352,10 @@ def _run_row(row: dict, where: str):
     model = {k: get(k) for k in ("num_layers", "hidden", "ffn_hidden", "num_heads",
                                  "num_kv_heads", "vocab", "seq_len", "moe_experts",
                                  "moe_topk") if get(k) != ""}
-    model["gated_mlp"] = get("gated_mlp") in ("1", "true", "True")
+    model["gated_mlp"] = get("gated_mlp")
+    if model["gated_mlp"] not in ("0", "1"):
+        raise SpecError(f"{where}.gated_mlp={model['gated_mlp']!r} is not allowed (allowed: 0, 1)")
+    model["gated_mlp"] = model["gated_mlp"] == "1"
     if int(float(model.get("moe_experts", 0))):
         model["moe_ffn_hidden"] = model.get("ffn_hidden", "0")
     m = model_from_dict(model, where)
@@ -388,6 +393,12 @@ def load_runs(path) -> Runs:
     if missing:
         raise SpecError(f"{path}: missing column '{missing[0]}'{closest(missing[0], header)} "
                         f"(have: {', '.join(header)})")
+    known = (*RUN_REQUIRED, *RUN_OPTIONAL_DEFAULTS, *RUN_INFORMATIONAL)
+    for col in header:
+        hint = closest(col, known)
+        if col not in known and hint:
+            raise SpecError(f"{path}: unknown column '{col}'{hint} (extra columns are allowed "
+                            f"only when they are not near-misses of a known column)")
     if not rows:
         raise SpecError(f"{path}: no runs (the CSV has a header but no rows)")
     ids, seen = [], set()
@@ -420,10 +431,36 @@ def load_runs(path) -> Runs:
         ids.append(rid)
         models.append(m.replace(name="runs"))
         pars.append(p)
-        trainings.append(training_from_name(precision))
+        trainings.append(training_from_name(precision, where=f"{where}.precision"))
         systems.append((row.get("system") or "").strip())
         times.append(t)
         mems.append(_number({"m": mem}, "m", where, positive=True) if mem else float("nan"))
         ran.append(status == "ok")
     return Runs(ids, rows, models, pars, trainings, systems, np.array(times), np.array(mems),
                 np.array(ran))
+
+
+def load_table(path, required) -> dict:
+    """A numeric CSV (kernel microbenchmarks) as {column: numpy array} for the required
+    columns; clear errors for a missing file, column or a non-numeric cell."""
+    path = Path(path)
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            header = reader.fieldnames or []
+            rows = list(reader)
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read ({err.strerror})") from None
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise SpecError(f"{path}: missing column '{missing[0]}'{closest(missing[0], header)} "
+                        f"(have: {', '.join(header)})")
+    if not rows:
+        raise SpecError(f"{path}: no rows")
+    out = {}
+    for c in required:
+        vals = []
+        for i, r in enumerate(rows):
+            vals.append(_number(r, c, f"{path}: row {i + 2}", minimum=0.0))
+        out[c] = np.array(vals)
+    return out

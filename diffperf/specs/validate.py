@@ -31,7 +31,9 @@ def _fail(mask, where, message):
 
 
 def _divides(a, b):
-    return np.isclose(np.mod(b, a), 0.0) | np.isclose(np.mod(b, a), a)
+    """a divides b exactly (whole numbers held as floats: exact up to 2^53)."""
+    a, b = np.round(a), np.round(b)
+    return np.mod(b, np.maximum(a, 1.0)) == 0.0
 
 
 def check_layout(model, parallel, n_devices=None, where: str = "parallel") -> None:

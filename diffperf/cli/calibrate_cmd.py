@@ -1,0 +1,164 @@
+"""`diffperf calibrate RUNS.csv`: fit efficiency parameters, report fitted and held-out error."""
+
+from __future__ import annotations
+
+import datetime
+
+import numpy as np
+import yaml
+
+from diffperf.cli.output import console, fmt, print_json, table, write_atomic
+from diffperf.errors import SpecError
+
+GEMM_COLUMNS = ("m", "n", "k", "time_s")
+ATTENTION_COLUMNS = ("batch", "seq", "heads", "head_dim", "causal", "fwd_bwd_s")
+MEMBW_COLUMNS = ("bytes_moved", "time_s")
+
+
+def add_parser(sub):
+    p = sub.add_parser("calibrate", help="fit efficiencies to measured runs (held-out error)")
+    p.add_argument("runs", help="measured-runs CSV")
+    p.add_argument("--system", help="system for every row (default: each row's system column)")
+    p.add_argument("--calibration", help="overlay to start from")
+    p.add_argument("--microbench", nargs=3, metavar=("GEMM.csv", "ATTENTION.csv", "MEMBW.csv"),
+                   help="kernel measurements to fit the operator models to as well")
+    p.add_argument("--holdout-frac", type=float, default=0.2,
+                   help="fraction of the fitted rows held out at random (default 0.2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fit-only", metavar="COLUMN=VALUE",
+                   help="fit only rows whose COLUMN equals VALUE; all others are held out")
+    p.add_argument("--folds", type=int, default=0,
+                   help="K-fold cross-validation instead of one split (reports held-out error)")
+    p.add_argument("--steps", type=int, default=400, help="optimizer steps per start")
+    p.add_argument("--out", help="overlay YAML to write (efficiency parameters only)")
+    p.add_argument("--force", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run)
+    return p
+
+
+def benches(paths, system):
+    """(Microbench, System) terms from the three kernel CSVs (schema: shared/data/README.md)."""
+    from diffperf import calibrate as cal
+    from diffperf.specs.load import load_table
+
+    g = load_table(paths[0], GEMM_COLUMNS)
+    a = load_table(paths[1], ATTENTION_COLUMNS)
+    mb = load_table(paths[2], MEMBW_COLUMNS)
+    from diffperf.api import _as_float
+    from diffperf.specs.batch import anonymous
+
+    system = _as_float(anonymous(system))
+    return ((cal.gemm_bench(g["m"], g["n"], g["k"], g["time_s"]), system),
+            (cal.attention_bench(a["batch"], a["seq"], a["heads"], a["head_dim"], a["causal"],
+                                 a["fwd_bwd_s"]), system),
+            (cal.memory_bench(mb["bytes_moved"], mb["time_s"]), system))
+
+
+def _candidates(runs, fit_only):
+    """Rows that may be fitted (with a measured step time), per --fit-only."""
+    ok = np.isfinite(runs.step_time_s)
+    if not fit_only:
+        return ok
+    if "=" not in fit_only:
+        raise SpecError(f"--fit-only={fit_only!r} must look like COLUMN=VALUE")
+    col, val = fit_only.split("=", 1)
+    if col not in runs.rows[0]:
+        raise SpecError(f"--fit-only: no column '{col}' in the runs CSV")
+    sel = np.array([r.get(col, "").strip() == val for r in runs.rows])
+    if not (sel & ok).any():
+        raise SpecError(f"--fit-only: no row with {col}={val!r} and a measured step time")
+    return ok & sel
+
+
+def _splits(cand, args):
+    """(fit mask, held-out mask) pairs: one random split, or K folds."""
+    if not 0 <= args.holdout_frac < 1:
+        raise SpecError(f"--holdout-frac={args.holdout_frac} must be in [0, 1)")
+    rng = np.random.default_rng(args.seed)
+    idx = np.flatnonzero(cand)
+    if args.folds:
+        if args.folds < 2 or args.folds > len(idx):
+            raise SpecError(f"--folds={args.folds} must be in 2..{len(idx)} (fittable rows)")
+        fold = rng.permutation(len(idx)) % args.folds
+        for k in range(args.folds):
+            fit = np.zeros_like(cand)
+            fit[idx[fold != k]] = True
+            yield fit, ~fit
+        return
+    fit = np.zeros_like(cand)
+    fit[idx[rng.random(len(idx)) >= args.holdout_frac]] = True
+    yield fit, ~fit
+
+
+def _summary(pred, runs, mask):
+    from diffperf.validation import error_summary
+
+    return error_summary(pred[mask], runs.step_time_s[mask])
+
+
+def run(args) -> int:
+    from rich.progress import Progress
+
+    from diffperf import calibrate as cal
+    from diffperf import load_runs
+    from diffperf.cli.validate_cmd import load_systems
+    from diffperf.validation import error_summary
+
+    runs = load_runs(args.runs)
+    systems = load_systems(runs, args.system, args.calibration)
+    if args.out is None and not args.json and not args.folds:
+        console.print("note: no --out given; the fitted overlay is not written")
+    cand = _candidates(runs, args.fit_only)
+    first_system = next(iter(systems.values()))
+    terms = benches(args.microbench, first_system) if args.microbench else ()
+    splits = list(_splits(cand, args))
+    heldout_pred = np.full(len(runs), np.nan)
+    covered = np.zeros(len(runs), bool)
+    results = []
+    with Progress(console=console, transient=True, disable=args.json) as bar:
+        task = bar.add_task("fitting", total=len(splits) * 2 * args.steps)
+        for fit_mask, held in splits:
+            c = cal.calibrate_runs(runs, systems, fit_mask, benches=terms, steps=args.steps,
+                                   progress=lambda i, loss: bar.advance(task))
+            heldout_pred[held] = c.step_time_s[held]
+            err = np.abs(np.log(c.step_time_s) - np.log(runs.step_time_s))
+            covered[held] = err[held] <= c.half_width_log[held]
+            results.append((fit_mask, held, c))
+    fit_mask, held, c = results[-1]
+    measured_held = np.isfinite(runs.step_time_s) & np.isnan(heldout_pred) == False  # noqa
+    report = dict(
+        fitted=_summary(c.step_time_s, runs, fit_mask),
+        heldout=error_summary(heldout_pred, runs.step_time_s),
+        heldout_interval_coverage=float(np.mean(covered[measured_held])) if measured_held.any()
+        else float("nan"),
+        folds=len(splits), rows=len(runs), fitted_rows=int(fit_mask.sum()))
+    mem = np.isfinite(runs.peak_memory_GB)
+    if mem.any():
+        report["peak_memory"] = error_summary(c.memory_GB[mem], runs.peak_memory_GB[mem])
+        report["feasibility_agree"] = f"{int(np.sum(c.fits == runs.ran))}/{len(runs)}"
+    eff = {f: float(getattr(c.fit.eff, f)) for f in c.fit.fields}
+    if args.out:
+        overlay = dict(
+            description=f"efficiencies fitted by diffperf calibrate on {args.runs}",
+            created_by=f"diffperf calibrate {datetime.date.today().isoformat()}",
+            fitted_on=dict(runs=str(args.runs), rows=int(fit_mask.sum()), seed=args.seed,
+                           holdout_frac=args.holdout_frac, fit_only=args.fit_only,
+                           folds=args.folds, steps=args.steps,
+                           microbench=list(args.microbench or [])),
+            heldout={k: v for k, v in report.items() if k != "fitted"} | {
+                "fitted": report["fitted"]},
+            efficiency=eff)
+        write_atomic(args.out, yaml.safe_dump(overlay, sort_keys=False), args.force)
+    if args.json:
+        print_json(dict(report=report, efficiency=eff))
+        return 0
+    rows = [(k, v["n"], fmt(v["mape_pct"], 3), fmt(v["median_pct"], 3), fmt(v["max_pct"], 3))
+            for k, v in report.items() if isinstance(v, dict)]
+    console.print(table(f"calibration on {args.runs}", ("rows", "n", "MAPE_%", "median_%",
+                                                       "max_%"), rows))
+    console.print(f"95 % interval coverage on held-out runs: "
+                  f"{100 * report['heldout_interval_coverage']:.1f} %")
+    if "feasibility_agree" in report:
+        console.print(f"fits agreement: {report['feasibility_agree']}")
+    return 0
