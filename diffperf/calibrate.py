@@ -18,17 +18,18 @@ import numpy as np
 import optax
 from flax import struct
 
-from diffperf.costs.compute import gemms_time_s, memory_time_s
+from diffperf.costs.compute import attention_time_s, gemms_time_s, memory_time_s
 from diffperf.predict import predict_step
 from diffperf.specs.system import Efficiency
 from diffperf.workload.ops import Gemms
 
 FRACTIONS = ("mm_max", "attn_max", "mem_eff", "coll_eff_intra", "coll_eff_inter",
              "overlap_slowdown", "mem_usable_frac")
-STEP_FIELDS = ("mm_max", "mm_half_dim", "mm_exponent", "attn_max", "attn_half_dim", "mem_eff",
-               "kernel_s", "host_kernel_s", "host_layer_s", "microbatch_s", "step_s",
+STEP_FIELDS = ("mm_max", "mm_half_dim", "mm_exponent", "attn_max", "attn_half_work",
+               "attn_exponent", "attn_half_head_dim", "mem_eff",
+               "kernel_s", "host_kernel_s", "host_layer_s", "host_recompute_s", "microbatch_s", "step_s",
                "coll_base_s", "coll_eff_intra", "coll_eff_inter", "floor_pnorm")
-MEMORY_FIELDS = ("mem_reserved_bytes", "act_mem_factor")
+MEMORY_FIELDS = ("mem_reserved_bytes", "act_mem_factor", "mem_usable_frac")
 _FLOOR = 1e-7  # smallest starting value of a positive parameter (log of 0 is not a start)
 
 
@@ -61,6 +62,7 @@ class RunSet(NamedTuple):
     log_step: Any      # log measured step time (nan where none)
     log_mem: Any       # log measured peak memory in bytes (nan where none)
     weight: Any        # 1 for fitted runs, 0 for held-out runs
+    oom: Any           # 1 where the run ran out of memory, 0 where it ran
 
 
 class Microbench(struct.PyTreeNode):
@@ -78,30 +80,46 @@ def _masked_sq(pred_log, meas_log, weight):
     return jnp.sum(weight * diff**2), jnp.sum(jnp.where(ok, weight, 0.0))
 
 
-def run_predictions(eff, rs: RunSet, temperature):
-    """(step time, memory total) of every run of a RunSet with efficiencies `eff`."""
+def run_predictions(eff, rs: RunSet, temperature, with_margin=False):
+    """(step time, memory total[, fit margin]) of every run of a RunSet with `eff`."""
     system = rs.system.replace(eff=eff)
     res = jax.vmap(predict_step, in_axes=(0, 0, None, 0, None))(
         rs.models, rs.parallels, system, rs.trainings, temperature)
+    if with_margin:
+        return res.step_time_s, res.memory.total_bytes, res.fit_margin_frac
     return res.step_time_s, res.memory.total_bytes
 
 
+def _feasibility_sq(margin, oom, weight, gap=0.02):
+    """Squared hinge on the measured feasibility: a run that ran must fit (margin >= gap), a
+    run that ran out of memory must not (margin <= -gap); margin = (capacity - total)/capacity."""
+    wrong = jnp.where(oom > 0, jax.nn.relu(margin + gap), jax.nn.relu(gap - margin))
+    return jnp.sum(weight * wrong**2)
+
+
 def loss_fn(u, base, sets, benches, prior, temperature, mem_weight):
-    """Mean squared log error over runs (+ memory, + microbenchmarks) + prior."""
+    """Mean squared log error of step time over the fitted runs, + mem_weight x the same for
+    peak memory, + the mean of each microbenchmark's mean squared log error (each data kind
+    weighs as a whole, not by its row count), + the prior."""
     eff = from_unconstrained(base, u)
-    num, den = 0.0, 0.0
+    step_num, step_den, mem_num, mem_den, feas = 0.0, 0.0, 0.0, 0.0, 0.0
     for rs in sets:
-        step, mem = run_predictions(eff, rs, temperature)
+        step, mem, margin = run_predictions(eff, rs, temperature, with_margin=True)
         n1, d1 = _masked_sq(jnp.log(step), rs.log_step, rs.weight)
         n2, d2 = _masked_sq(jnp.log(mem), rs.log_mem, rs.weight)
-        num, den = num + n1 + mem_weight * n2, den + d1 + mem_weight * d2
+        step_num, step_den = step_num + n1, step_den + d1
+        mem_num, mem_den = mem_num + n2, mem_den + d2
+        feas = feas + _feasibility_sq(margin, rs.oom, rs.weight)
+    loss = step_num / jnp.maximum(step_den, 1.0)
+    # Feasibility is a hard fact about a run (it ran, or it ran out of memory): weigh a
+    # violation like a 10x larger memory error.
+    loss = loss + mem_weight * (mem_num + 10.0 * feas) / jnp.maximum(mem_den, 1.0)
     for mb, system in benches:
         pred = bench_time_s(mb, system.replace(eff=eff))
-        num = num + jnp.sum((jnp.log(pred) - mb.log_time) ** 2)
-        den = den + mb.log_time.size
+        loss = loss + jnp.mean((jnp.log(pred) - mb.log_time) ** 2) / len(benches)
     u0 = prior["u0"]
     reg = sum(jnp.sum((u[f] - u0[f]) ** 2) for f in u)
-    return num / jnp.maximum(den, 1.0) + prior["strength"] * reg
+    return loss + prior["strength"] * reg
 
 
 _value_and_grad = jax.jit(jax.value_and_grad(loss_fn),
@@ -185,7 +203,8 @@ def bench_time_s(mb: Microbench, system):
         def one(b, s, a, d, kappa):
             g = Gemms(m=jnp.stack([s, s]), n=jnp.stack([s, d]), k=jnp.stack([d, s]),
                       count=jnp.stack([b * a * kappa, b * a * kappa]))
-            return 3.5 * gemms_time_s(g, system, training, eff.attn_max, eff.attn_half_dim)
+            io = training.activation_bytes * 4.0 * b * s * a * d
+            return 3.5 * attention_time_s(g, system, training, io)
 
         return jax.vmap(one)(b, s, a, d, kappa) + 3.0 * eff.kernel_s
     (nbytes,) = mb.columns
@@ -240,7 +259,8 @@ def run_sets(runs, systems: dict, weight) -> list:
                                  jnp.log(jnp.asarray(runs.step_time_s[idx], jnp.float32)),
                                  jnp.log(jnp.asarray(runs.peak_memory_GB[idx] * 1e9,
                                                      jnp.float32)),
-                                 jnp.asarray(np.asarray(weight, float)[idx], jnp.float32))))
+                                 jnp.asarray(np.asarray(weight, float)[idx], jnp.float32),
+                                 jnp.asarray(~runs.ran[idx], jnp.float32))))
     return sets
 
 
@@ -248,7 +268,8 @@ def starting_points(eff: Efficiency) -> list:
     """The given efficiencies, and the same with the host floor active (per-layer and
     per-micro-batch host time of an eager framework): a parameter that starts where the smooth
     max hides it has a vanishing gradient, so both starts are fitted and the lower loss kept."""
-    return [eff, eff.replace(host_layer_s=1e-3, host_kernel_s=1e-5, microbatch_s=1e-3)]
+    return [eff, eff.replace(host_layer_s=1e-3, host_kernel_s=1e-5, microbatch_s=1e-3,
+                             host_recompute_s=1e-3)]
 
 
 class Calibration(NamedTuple):

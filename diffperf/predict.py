@@ -64,7 +64,10 @@ def _layer_parts(model, parallel, system, training, temperature):
         e.overlap_slowdown * (tp_bh + cp_bh))
     kernels = ops.n_kernels + jnp.where(parallel.tp > 1, n_f, 0.0)
     host_f = kernels * e.host_kernel_s + e.host_layer_s
-    host_b = (2.0 + full) * kernels * e.host_kernel_s + e.host_layer_s
+    # Full recompute re-runs the layer's forward inside the backward: one more layer pass on
+    # the host, plus the checkpoint's own bookkeeping (RNG state, rebuilding the graph).
+    host_b = (2.0 + full) * kernels * e.host_kernel_s + (1.0 + full) * e.host_layer_s + (
+        full * e.host_recompute_s)
     t_f = pnorm_max(gpu_f, host_f, e.floor_pnorm)
     t_b = pnorm_max(gpu_b, host_b, e.floor_pnorm)
     parts = dict(compute_s=3.0 * dense + attn + attn_bwd + 3.0 * other, recompute_s=recompute,

@@ -24,6 +24,8 @@ def _parser() -> argparse.ArgumentParser:
     predict_cmd.add_parser(sub)
     validate_cmd.add_parser(sub)
     calibrate_cmd.add_parser(sub)
+    from diffperf.cli import search_cmd
+    search_cmd.add_parser(sub)
     return p
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from diffperf.costs.smooth import smax
 from diffperf.costs.roofline import gemm_size, roofline_time_s, saturating_efficiency
 
 
@@ -33,6 +32,33 @@ def gemms_time_s(gemms, system, training, eff_max, half_dim, temperature=None):
     return jnp.sum(gemms.count * each)
 
 
+def attention_efficiency(work, head_dim, eff):
+    """Flash-attention efficiency (of the matmul peak) by work and head size:
+
+        eta = eta_max / [ (1 + (W_half / W)^gamma) (1 + d_half / d_h) ]
+
+    W = b (a/t) s_q s_kv kappa score elements: the kernel tiles the score matrix over the SMs,
+    so too little work leaves SMs idle (wave quantization, like small GEMMs); a small head_dim
+    is a small inner dimension of both matmuls. Fitted to the H100 flash-attention kernels
+    (shared/data/kernels/h100_attention.csv): ~440 TFLOP/s at d_h 64 and ~550 at 128 for long
+    sequences, ~20-80 TFLOP/s at b a s^2 ~ 1e7 [D].
+    """
+    return eff.attn_max / ((1.0 + (eff.attn_half_work / work) ** eff.attn_exponent)
+                           * (1.0 + eff.attn_half_head_dim / head_dim))
+
+
+def attention_time_s(attention, system, training, io_bytes, temperature=None):
+    """Attention core forward (QK^T and AV of `attention` Gemms, rows 0 and 1):
+
+        t = max( sum 2 m n k count / (F_peak eta_attn),  io_bytes / (BW_hbm eta_mem) )
+    """
+    work = jnp.maximum(attention.count[0] * attention.m[0] * attention.n[0], 1.0)
+    eta = attention_efficiency(work, attention.k[0], system.eff)
+    flops = jnp.sum(attention.flops)
+    return roofline_time_s(flops, io_bytes, matmul_peak(system, training), eta,
+                           system.hbm_bandwidth_Bps, system.eff.mem_eff, temperature)
+
+
 def memory_time_s(bytes_moved, system):
     """Memory-bound op: bytes / (BW_hbm eta_mem)."""
     return bytes_moved / (system.hbm_bandwidth_Bps * system.eff.mem_eff)
@@ -40,13 +66,11 @@ def memory_time_s(bytes_moved, system):
 
 def layer_times_s(ops, system, training, attn_io_bytes, temperature=None):
     """(dense GEMMs, attention core, memory-bound + vector + kernel fixed) forward times
-    of one layer, one micro-batch. Attention uses its own efficiency curve on (s_q, s_kv, d_h)
+    of one layer, one micro-batch. Attention uses its own efficiency (`attention_efficiency`)
     and is at least its Q/K/V/O traffic time."""
     e = system.eff
     dense = gemms_time_s(ops.dense, system, training, e.mm_max, e.mm_half_dim, temperature)
-    attn_mm = gemms_time_s(ops.attention, system, training, e.attn_max, e.attn_half_dim,
-                           temperature)
-    attn = smax(attn_mm, memory_time_s(attn_io_bytes, system), temperature)
+    attn = attention_time_s(ops.attention, system, training, attn_io_bytes, temperature)
     other = (memory_time_s(ops.elementwise_bytes, system)
              + ops.vector_flops / system.vector_flops_per_s
              + ops.n_kernels * e.kernel_s)

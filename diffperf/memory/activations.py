@@ -5,7 +5,8 @@ PAPERS.md section 5.6: per layer per micro-batch, 16-bit activations, 1-byte dro
   TP                    s b h (10 + 24/t + 5 a s / (h t))
   TP + SP               s b h (34/t + 5 a s / (h t))
   + selective recompute drops the 5 a s / h term;   full recompute keeps 2 s b h.
-Generalised per stored tensor [D]: replicated 4 q_a + 2 dropout (in s b h), TP-sharded
+Generalised per stored tensor [D]: replicated 2 q_r + 2 q_a + 2 dropout (in s b h; q_r the
+residual stream's bytes, the inputs of the two norms), TP-sharded
 q_a (1 + 2 a_kv/a + 1 + (2 + gated) f / h), scores a s^2 b (q_a + dropout (1 + q_a)) / t.
 """
 
@@ -17,11 +18,11 @@ import jax.numpy as jnp
 def layer_activation_bytes(model, parallel, training):
     """Bytes one layer keeps for its backward, one micro-batch, on one device.
 
-        A = s b h [ (4 q_a + 2 m_d) / t_sp + q_a (2 + 2 a_kv/a + (2 + g) f/h) / t ]
+        A = s b h [ (2 q_r + 2 q_a + 2 m_d) / t_sp + q_a (2 + 2 a_kv/a + (2 + g) f/h) / t ]
             + b a (s/c) s (q_a + m_d (1 + q_a)) / t     (scores: no flash, no recompute)
             + 4 b a (s/c) / t                          (flash softmax statistics, fp32)
     s here is the device's sequence shard s/c; t_sp = t with SP, else 1; m_d = dropout.
-    Full recompute keeps only the layer input: q_a s b h / t_sp.
+    Full recompute keeps only the layer input: q_r s b h / t_sp.
     Example (GPT-3 175B, s 2048, b 1, t 1, q_a 2, dropout, no flash): s b h (34 + 5 a s/h).
     """
     t, q, md = parallel.tp, training.activation_bytes, training.dropout
@@ -31,14 +32,14 @@ def layer_activation_bytes(model, parallel, training):
     ffn = jnp.where(model.n_experts > 0, (model.moe_topk * model.capacity_factor
                                           + model.n_shared_experts) * model.moe_ffn_hidden,
                     model.ffn_hidden)
-    replicated = sbh * (4.0 * q + 2.0 * md) / t_sp
+    replicated = sbh * (2.0 * training.residual_bytes + 2.0 * q + 2.0 * md) / t_sp
     sharded = sbh * q * (2.0 + 2.0 * akv / a + (2.0 + model.gated_mlp) * ffn / model.hidden) / t
     scores_elems = parallel.micro_batch * a * (model.seq_len / parallel.cp) * model.seq_len / t
     keep_scores = (1.0 - training.flash_attention) * jnp.where(parallel.recompute == 0, 1.0, 0.0)
     scores = keep_scores * scores_elems * (q + md * (1.0 + q))
     stats = training.flash_attention * 4.0 * parallel.micro_batch * a * model.seq_len / (
         parallel.cp * t)
-    full = q * sbh / t_sp
+    full = training.residual_bytes * sbh / t_sp
     return jnp.where(parallel.recompute == 2, full, replicated + sharded + scores + stats)
 
 
@@ -65,8 +66,14 @@ def working_layer_bytes(model, parallel, training):
 
 
 def logits_bytes(model, parallel, training):
-    """Output-layer activations on the last stage: 16-bit logits and their fp32 copy for the
-    loss, (q_a + 4) b (s/c) V / t (Korthikanti et al. Section 4: about 4 s b V / t for fp32
-    logits) [S]."""
+    """Output-layer memory at the loss on the last stage, per element of the b (s/c) x V/t
+    logits: the q_a-byte logits, their fp32 log-softmax kept for the backward (4 B), the fp32
+    gradient allocated while both still live (4 B) and its cast back to q_a bytes:
+
+        (2 q_a + 8) b (s/c) V / t
+    Korthikanti et al. 2022 Section 4 count about 4 s b V / t for the fp32 logits [S]; the
+    gradient buffer is what makes the loss the memory peak of small-model, large-vocabulary
+    runs [D].
+    """
     T = parallel.micro_batch * model.seq_len / parallel.cp
-    return (training.activation_bytes + 4.0) * T * model.vocab / parallel.tp
+    return (2.0 * training.activation_bytes + 8.0) * T * model.vocab / parallel.tp

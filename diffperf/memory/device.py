@@ -15,17 +15,30 @@ from diffperf.result import MEMORY_PARTS, Memory
 from diffperf.workload.params import layer_params_per_device, stage_params_per_device
 
 
+def _gradients_at_peak(grads, activations, parallel, training):
+    """Gradient bytes live at the memory peak.
+
+        persistent buffers, or m > 1 (accumulation keeps them across micro-batches):  G
+        otherwise (allocated during the backward as activations are freed): max(0, G - A)
+    so that the peak is max(A, G) above the other states, not A + G [D].
+    """
+    persist = (training.grad_buffers_persist > 0) | (parallel.n_microbatches > 1)
+    return jnp.where(persist, grads, jnp.maximum(grads - activations, 0.0))
+
+
 def _stage_memory(params, activations, buffers, parallel, training):
+    grads = gradient_bytes(params, parallel, training)
     return dict(weights_bytes=weight_bytes(params, parallel, training),
-                gradients_bytes=gradient_bytes(params, parallel, training),
+                gradients_bytes=_gradients_at_peak(grads, activations, parallel, training),
                 optimizer_bytes=optimizer_bytes(params, parallel, training),
                 activations_bytes=activations, buffers_bytes=buffers)
 
 
 def device_memory(model, parallel, system, training) -> Memory:
-    """Memory parts of the larger of the first and last stage, and the usable capacity.
+    """Memory parts of the larger of the first and last stage at its peak, and the usable
+    capacity.
 
-        total = weights + gradients + optimizer + activations + buffers
+        total = weights + gradients (live at the peak) + optimizer + activations + buffers
         activations(first) = A_layer x layers_in_flight + working layer (+ logits if p = 1)
         activations(last)  = A_layer x (L/p) x interleave + working layer + logits
         buffers = 2 gathered layers under ZeRO-3 (prefetch) + runtime workspace

@@ -17,8 +17,9 @@ def _shard(parallel, from_stage):
 
 
 def weight_bytes(params, parallel, training):
-    """Psi q_w, divided by N_d under ZeRO-3 (FSDP)."""
-    return params * training.weight_bytes / _shard(parallel, 3)
+    """Psi (q_w + q_cast), divided by N_d under ZeRO-3 (FSDP); q_cast = 16-bit copies of
+    fp32 weights that autocast keeps for the backward (0 for Megatron-style mixed precision)."""
+    return params * (training.weight_bytes + training.cast_weight_bytes) / _shard(parallel, 3)
 
 
 def gradient_bytes(params, parallel, training):

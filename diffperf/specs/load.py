@@ -233,6 +233,9 @@ SYSTEM_KEYS = ("name", "description", "sources", "matmul_TFLOPs", "matmul_fp32_T
 TIER_KEYS = ("name", "domain_size", "bandwidth_GBps", "latency_us")
 EFFICIENCY_KEYS = tuple(Efficiency.__dataclass_fields__)
 # Efficiencies that are fractions: must lie in (0, 1].
+# Efficiencies that must be strictly positive (scales and exponents).
+_POSITIVE = ("mm_half_dim", "mm_exponent", "attn_half_work", "attn_exponent",
+             "attn_half_head_dim", "floor_pnorm", "act_mem_factor")
 _FRACTIONS = ("mm_max", "attn_max", "mem_eff", "coll_eff_intra", "coll_eff_inter",
               "mem_usable_frac")
 
@@ -246,7 +249,7 @@ def efficiency_from_dict(d: dict, where: str, base: Efficiency | None = None) ->
         v = _number(d, key, where, minimum=0.0)
         if key in _FRACTIONS and not 0 < v <= 1:
             raise SpecError(f"{where}.{key}={v} must be in (0, 1]")
-        if key in ("mm_half_dim", "attn_half_dim", "mm_exponent", "floor_pnorm") and v <= 0:
+        if key in _POSITIVE and v <= 0:
             raise SpecError(f"{where}.{key}={v} must be > 0")
         values[key] = v
     return base.replace(**values)
@@ -311,6 +314,7 @@ def apply_overlay(system: System, overlay) -> System:
 def training_from_name(precision: str = "bf16", where: str = "precision",
                        **overrides) -> Training:
     """A Training for a named precision (specs.training.PRECISIONS), with field overrides."""
+    overrides.pop("name", None)
     if precision not in PRECISIONS:
         raise SpecError(f"{where}={precision!r} is not allowed{closest(precision, PRECISIONS)}"
                         f" (allowed: {', '.join(PRECISIONS)})")
@@ -370,8 +374,35 @@ def _run_row(row: dict, where: str):
     return m, par, get("precision")
 
 
-def load_runs(path) -> Runs:
+def parse_overrides(items) -> tuple[dict, dict]:
+    """`FIELD=VALUE` strings -> (Parallel overrides, Training overrides), checked: facts about
+    the framework that a runs CSV does not record (e.g. dp_overlap=0, grad_bytes=4)."""
+    from diffperf.specs.parallel import Parallel
+
+    par, tr = {}, {}
+    p_fields = [f for f in Parallel.__dataclass_fields__ if f != "order"]
+    t_fields = [f for f in Training.__dataclass_fields__ if f != "name"]
+    for item in items or ():
+        if "=" not in item:
+            raise SpecError(f"--set {item!r} must look like FIELD=VALUE")
+        key, value = item.split("=", 1)
+        key = key.strip()
+        v = _number({key: value}, key, "--set", minimum=0.0)
+        if key in p_fields:
+            par[key] = v
+        elif key in t_fields:
+            tr[key] = v
+        else:
+            raise SpecError(f"--set: unknown field '{key}'{closest(key, p_fields + t_fields)} "
+                            f"(allowed: {', '.join(p_fields + t_fields)})")
+    return par, tr
+
+
+def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
     """Read a measured-runs CSV (schema: shared/data/README.md); extra columns are allowed.
+
+    `precision` overrides the CSV's precision column with a named preset (PRECISIONS): the
+    CSV says bf16 for a run whose framework kept fp32 weights under autocast ('amp-bf16').
 
     Rows with status 'oom' may leave step_time_s blank; every other blank required cell, an
     unknown column name close to a required one, or a duplicate id is an error.
@@ -380,6 +411,10 @@ def load_runs(path) -> Runs:
     from diffperf.specs.validate import check_layout
 
     path = Path(path)
+    par_over, tr_over = parse_overrides(overrides)
+    precision_override = precision
+    if precision is not None:
+        training_from_name(precision, where="--precision")
     try:
         with path.open(newline="") as fh:
             reader = csv.DictReader(fh)
@@ -425,13 +460,14 @@ def load_runs(path) -> Runs:
         else:
             t = float("nan")
         m, par, precision = _run_row(row, where)
-        p = Parallel(**{k: float(v) for k, v in par.items() if k != "num_gpus"})
+        p = Parallel(**{k: float(v) for k, v in par.items() if k != "num_gpus"} | par_over)
         check_layout(m, p, par["num_gpus"], where)
         mem = (row.get("peak_memory_GB") or "").strip()
         ids.append(rid)
         models.append(m.replace(name="runs"))
         pars.append(p)
-        trainings.append(training_from_name(precision, where=f"{where}.precision"))
+        trainings.append(training_from_name(precision_override or precision,
+                                            where=f"{where}.precision", **tr_over))
         systems.append((row.get("system") or "").strip())
         times.append(t)
         mems.append(_number({"m": mem}, "m", where, positive=True) if mem else float("nan"))

@@ -34,12 +34,15 @@ class Efficiency(struct.PyTreeNode):
     mm_max: Any = 0.80          # matmul efficiency of large GEMMs (NERSC default 0.8, PAPERS 3.2)
     mm_half_dim: Any = 64.0     # GEMM size (soft-min of m, n, k) at which efficiency halves
     mm_exponent: Any = 1.5      # steepness of the small-GEMM fall-off
-    attn_max: Any = 0.60        # flash-attention efficiency at long sequences (of matmul peak)
-    attn_half_dim: Any = 256.0  # attention size (soft-min of s_q, s_kv, head_dim x 8) at half
+    attn_max: Any = 0.75        # flash-attention efficiency with large work and head_dim
+    attn_half_work: Any = 9e7   # score elements b (a/t) s_q s_kv kappa at which it halves
+    attn_exponent: Any = 1.2    # steepness of the fall-off with work
+    attn_half_head_dim: Any = 40.0  # head_dim penalty: eta ~ 1 / (1 + d_half / d_h)
     mem_eff: Any = 0.85         # achieved / peak HBM bandwidth of memory-bound kernels
     kernel_s: Any = 4e-6        # GPU-side fixed time per kernel (launch, tail, sync)
     host_kernel_s: Any = 5e-6   # host-side dispatch time per kernel (eager frameworks: ~10 us)
     host_layer_s: Any = 5e-5    # host-side time per layer pass (framework hooks, checkpointing)
+    host_recompute_s: Any = 5e-5  # host time of re-entering a checkpointed layer (RNG, graph)
     microbatch_s: Any = 0.0     # fixed time per micro-batch (data loading, schedule bookkeeping)
     step_s: Any = 5e-3          # fixed time per step (optimizer launch, logging, sync)
     floor_pnorm: Any = 6.0      # p of the p-norm smooth max between GPU time and host floor

@@ -17,8 +17,13 @@ class Training(struct.PyTreeNode):
     weight_bytes: Any = 2.0      # q_w: bytes of the weights the matmuls read
     grad_bytes: Any = 2.0        # q_g: bytes per gradient element (4 when accumulated in fp32)
     master_bytes: Any = 4.0      # fp32 master copy (0 when the weights are the master)
+    cast_weight_bytes: Any = 0.0  # 16-bit copies of fp32 weights kept for fwd/bwd (autocast)
+    grad_buffers_persist: Any = 1.0  # 1: gradient buffers live all step (Megatron contiguous
+                                     # buffers); 0: allocated during the backward (set_to_none)
     optimizer_bytes: Any = 8.0   # Adam m and v in fp32
     activation_bytes: Any = 2.0  # q_a: bytes per activation element
+    residual_bytes: Any = 2.0    # bytes of the residual stream (4 under autocast: fp32 params
+                                 # and fp32 norms promote the residual sum to fp32)
     matmul_fp32: Any = 0.0       # 1: matmuls run at the fp32/TF32 peak instead of 16-bit
     flash_attention: Any = 1.0   # 1: fused attention, no s^2 score storage or traffic
     dropout: Any = 0.0           # 1: dropout after attention and MLP (1-byte masks kept)
@@ -32,13 +37,17 @@ PRECISIONS = {
     "fp16": dict(weight_bytes=2.0, grad_bytes=2.0, master_bytes=4.0, optimizer_bytes=8.0,
                  activation_bytes=2.0, matmul_fp32=0.0),
     # PyTorch autocast / JAX fp32 params with bf16 matmuls: fp32 weights and grads (16 B/param).
+    # The bf16 casts of the weights live from the forward until the backward has used them
+    # (PyTorch autocast's weight cache; XLA's converted operands).
     "amp-bf16": dict(weight_bytes=4.0, grad_bytes=4.0, master_bytes=0.0, optimizer_bytes=8.0,
-                     activation_bytes=2.0, matmul_fp32=0.0),
+                     activation_bytes=2.0, matmul_fp32=0.0, cast_weight_bytes=2.0,
+                     grad_buffers_persist=0.0, residual_bytes=4.0),
     # Pure bf16 (weights, grads and Adam states in bf16: 8 B/param).
     "bf16-pure": dict(weight_bytes=2.0, grad_bytes=2.0, master_bytes=0.0, optimizer_bytes=4.0,
                       activation_bytes=2.0, matmul_fp32=0.0),
     "fp32": dict(weight_bytes=4.0, grad_bytes=4.0, master_bytes=0.0, optimizer_bytes=8.0,
-                 activation_bytes=4.0, matmul_fp32=1.0),
+                 activation_bytes=4.0, matmul_fp32=1.0, grad_buffers_persist=0.0,
+                 residual_bytes=4.0),
 }
 
 

@@ -1,0 +1,224 @@
+"""`diffperf search`: the fastest layouts that fit, and the Pareto front of time vs memory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from diffperf.cli.output import console, err_console, fmt, print_json, table
+from diffperf.errors import SpecError
+
+_RECOMPUTE = ("none", "selective", "full")
+_N_PARTS = 4  # breakdown columns in the top-K table: the largest parts on average
+_FRONT_ROWS = 12  # Pareto points printed (evenly spaced along the front; --json has all)
+
+
+def add_parser(sub):
+    p = sub.add_parser("search", help="best parallel layouts: every valid one, evaluated batched",
+                       description=(
+        "Enumerate every valid layout (tp, pp, dp, cp, ep, vp, micro-batch, ZeRO stage, "
+        "recompute, sequence parallelism, placement), predict them all in one jitted batched "
+        "computation, drop those that do not fit, and print the fastest ones and the Pareto "
+        "front of step time vs memory. With no options: GPT-3 175B on 1024 A100 80 GB, "
+        "global batch 1536."))
+    p.add_argument("--model", default="gpt3-175b", help="name under configs/models, a YAML, "
+                   "or a Hugging Face config.json (default: gpt3-175b)")
+    p.add_argument("--system", default="a100-sxm-80gb", help="name under configs/systems or "
+                   "a YAML (default: a100-sxm-80gb)")
+    p.add_argument("--calibration", help="efficiency overlay YAML (from diffperf calibrate)")
+    p.add_argument("--gpus", type=int, default=1024, help="number of devices (default 1024)")
+    p.add_argument("--global-batch", dest="global_batch", type=int, default=1536,
+                   help="sequences per optimizer step (default 1536)")
+    p.add_argument("--seq-len", type=int, help="override the model's sequence length")
+    p.add_argument("--precision", default="bf16", help="bf16, fp16, amp-bf16, bf16-pure, fp32")
+    p.add_argument("--top", type=int, default=10, help="layouts to list (default 10)")
+    p.add_argument("--placements", default=None, help="comma-separated rank orders, innermost "
+                   "first (default: tp-cp-dp-pp,tp-cp-pp-dp)")
+    p.add_argument("--chunk", type=int, default=None, help="layouts per batched call")
+    p.add_argument("--no-cache", action="store_true", help="do not keep compiled code in "
+                   "the persistent cache (~/.cache/diffperf/jax)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=run)
+    return p
+
+
+def _placements(text):
+    from diffperf.search import PLACEMENTS
+
+    if text is None:
+        return PLACEMENTS
+    orders = tuple(tuple(p.strip().split("-")) for p in text.split(",") if p.strip())
+    if not orders:
+        raise SpecError(f"--placements={text!r} must list rank orders like tp-cp-dp-pp")
+    return orders
+
+
+def _enable_cache() -> None:
+    """Keep compiled search kernels on disk: a later run skips XLA compilation."""
+    import jax
+
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    jax.config.update("jax_compilation_cache_dir", str(base / "diffperf" / "jax"))
+
+
+def build(args):
+    """(model, system, training, placements) from parsed arguments, validated."""
+    from diffperf import load_model, load_system, training
+
+    for name in ("gpus", "global_batch", "top"):
+        if getattr(args, name) < 1:
+            raise SpecError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
+    if args.chunk is not None and args.chunk < 1:
+        raise SpecError(f"--chunk={args.chunk} must be >= 1")
+    model = load_model(args.model)
+    if args.seq_len is not None:
+        if args.seq_len <= 0:
+            raise SpecError(f"--seq-len={args.seq_len} must be > 0")
+        model = model.replace(seq_len=float(args.seq_len))
+    system = load_system(args.system, calibration=args.calibration)
+    return model, system, training(args.precision), _placements(args.placements)
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool):
+    """A progress callback; the bar (stderr, transient) appears only after 1 s."""
+    if not enabled or not err_console.is_terminal:
+        yield None
+        return
+    from rich.progress import Progress
+
+    bar = Progress(console=err_console, transient=True)
+    task = bar.add_task("searching (compiling first)", total=None)
+    lock, state = threading.Lock(), {"on": False, "done": False}
+
+    def start():
+        with lock:
+            if not state["done"]:
+                bar.start()
+                state["on"] = True
+
+    timer = threading.Timer(1.0, start)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield lambda done, total: bar.update(task, completed=done, total=total,
+                                             description="searching")
+    finally:
+        timer.cancel()
+        with lock:
+            state["done"] = True
+            if state["on"]:
+                bar.stop()
+
+
+def layout_dict(row, placements) -> dict:
+    from diffperf.search import COLUMNS
+
+    out = {c: int(row[i]) for i, c in enumerate(COLUMNS[:-1])}
+    out["recompute"] = _RECOMPUTE[out["recompute"]]
+    out["placement"] = "-".join(placements[int(row[-1])])
+    return out
+
+
+def _entry(result, i, row, placements, rank=None) -> dict:
+    from diffperf.result import EXPOSED_PARTS, HIDDEN_PARTS, MEMORY_PARTS
+
+    b, m = result.breakdown, result.memory
+    out = {} if rank is None else {"rank": rank}
+    out |= dict(layout=layout_dict(row, placements),
+                step_time_s=float(result.step_time_s[i]),
+                memory_GiB=float(m.total_bytes[i]) / 2**30, fits=bool(result.fits[i]),
+                mfu=float(result.mfu[i]), tokens_per_s=float(result.tokens_per_s[i]))
+    if rank is not None:
+        out["breakdown"] = {k: float(getattr(b, k)[i]) for k in (*EXPOSED_PARTS, *HIDDEN_PARTS)}
+        out["memory_bytes"] = {k: float(getattr(m, k)[i]) for k in MEMORY_PARTS}
+    return out
+
+
+def _rows(result, idx, layouts, placements, parts, moe):
+    rows = []
+    for rank, i in enumerate(idx, 1):
+        lay = layout_dict(layouts[i], placements)
+        cells = [rank, fmt(result.step_time_s[i]), fmt(result.memory.total_bytes[i] / 2**30),
+                 f"{100 * float(result.mfu[i]):.1f}", lay["tp"], lay["pp"], lay["dp"], lay["cp"]]
+        cells += [lay["ep"]] if moe else []
+        cells += [lay["vp"], lay["micro_batch"], lay["zero_stage"], lay["recompute"],
+                  lay["sequence_parallel"], lay["placement"]]
+        cells += [fmt(getattr(result.breakdown, k)[i]) for k in parts]
+        rows.append(cells)
+    return rows
+
+
+def _columns(parts, moe):
+    return ("#", "step_time_s", "mem_GiB", "MFU_%", "tp", "pp", "dp", "cp",
+            *(("ep",) if moe else ()), "vp", "mb", "zero", "recompute", "sp", "placement",
+            *parts)
+
+
+def _wide():
+    """The console, or a 200-column one when stdout is not a terminal (the tables are wide)."""
+    from rich.console import Console
+
+    return console if console.is_terminal else Console(width=200)
+
+
+def render(model, system, args, layouts, placements, result, top, front, seconds):
+    from diffperf.result import EXPOSED_PARTS
+
+    out = _wide()
+    n, feasible = len(layouts), int(np.sum(result.fits))
+    moe = bool(np.any(layouts[:, 4] > 1))
+    head = (f"{model.name} on {args.gpus} x {system.name}, global batch {args.global_batch}")
+    if not len(top):
+        i = int(np.argmin(result.memory.total_bytes))
+        need = float(result.memory.total_bytes[i]) / 2**30
+        cap = float(result.memory.capacity_bytes[i]) / 2**30
+        out.print(f"[yellow]no layout fits[/yellow]: {head}; the smallest needs "
+                      f"{need:.4g} GiB per device (usable {cap:.4g} GiB)")
+    else:
+        mean = {k: float(np.mean(getattr(result.breakdown, k)[top])) for k in EXPOSED_PARTS}
+        parts = sorted(EXPOSED_PARTS, key=lambda k: -mean[k])[:_N_PARTS]
+        out.print(table(f"fastest {len(top)} of {feasible:,} layouts that fit: {head}",
+                        _columns(parts, moe), _rows(result, top, layouts, placements, parts,
+                                                    moe)))
+        shown = front[np.unique(np.linspace(0, len(front) - 1, _FRONT_ROWS).round().astype(int))]
+        note = f" ({len(shown)} of {len(front)} points; --json lists all)" if len(
+            shown) < len(front) else ""
+        out.print(table(f"Pareto front: step time vs memory per device{note}",
+                        _columns((), moe), _rows(result, shown, layouts, placements, (), moe)))
+    out.print(f"evaluated {n:,} layouts ({feasible:,} fit) in {seconds:.2f} s, "
+                  f"compilation included ({n / seconds:,.0f} layouts/s)")
+
+
+def run(args) -> int:
+    from diffperf.search import DEFAULT_CHUNK, enumerate_layouts, pareto_front, ranked, search
+
+    model, system, train, placements = build(args)
+    if not args.no_cache:
+        _enable_cache()
+    start = time.perf_counter()
+    layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements)
+    with _progress(not args.json) as progress:
+        # Tables from enumerate_layouts are valid by construction (tests/test_search.py).
+        result = search(model, system, train, layouts, placements=placements,
+                        chunk=args.chunk or DEFAULT_CHUNK, validate=False, progress=progress)
+    seconds = time.perf_counter() - start
+    top = ranked(result, args.top)
+    fit = np.flatnonzero(result.fits)
+    front = fit[pareto_front(result.step_time_s[fit], result.memory.total_bytes[fit])]
+    if args.json:
+        print_json(dict(
+            model=model.name, system=system.name, gpus=args.gpus,
+            global_batch=args.global_batch, seq_len=float(model.seq_len),
+            placements=["-".join(p) for p in placements], evaluated=len(layouts),
+            feasible=int(len(fit)), seconds=seconds,
+            ranked=[_entry(result, i, layouts[i], placements, r) for r, i in enumerate(top, 1)],
+            pareto=[_entry(result, i, layouts[i], placements) for i in front]))
+        return 0
+    render(model, system, args, layouts, placements, result, top, front, seconds)
+    return 0

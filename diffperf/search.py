@@ -1,0 +1,449 @@
+"""Search: every valid parallel layout of a job, evaluated in one jitted, batched computation.
+
+A layout table (numpy integers, one row a layout, columns `COLUMNS`) is enumerated from the
+rules of `specs.validate.check_layout`, evaluated by `predict_step` in fixed-size chunks (one
+compile per placement order and chunk shape) and ranked by step time among the layouts that
+fit in memory. `soft_best` is the differentiable soft-min over the same table.
+
+Factored evaluation: `predict_step` is vmapped twice, the outer axis over the degrees
+(tp, pp, dp, cp, ep, vp, micro_batch, global_batch), the inner axis over the 24 combinations of
+ZeRO stage, recompute and sequence parallelism. vmap batches an intermediate only along the
+axes its inputs vary on, so the GEMM and attention times (functions of tp, cp, ep and the
+micro-batch) are computed once per outer row rather than once per layout: the same hoisting
+that XLA does for the unbatched model and system. Every layout still gets its own full
+prediction; only shared sub-expressions are shared (benchmarks/README.md: about 10x the
+layouts/s of a flat vmap on a 2-core CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from diffperf.api import _as_float
+from diffperf.errors import SpecError
+from diffperf.predict import predict_step
+from diffperf.specs.batch import anonymous
+from diffperf.specs.parallel import Parallel
+from diffperf.specs.training import Training
+from diffperf.specs.validate import check_layout
+
+COLUMNS = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch", "zero_stage",
+           "recompute", "sequence_parallel", "placement")
+OUTER = COLUMNS[:8]
+INNER = ("zero_stage", "recompute", "sequence_parallel")
+# Placement orders (innermost first, Parallel.order): Megatron-LM's default, and the pipeline
+# inside data parallelism (DP outermost, as AxoNN places it; PAPERS.md section 4.1).
+PLACEMENTS = (("tp", "cp", "dp", "pp"), ("tp", "cp", "pp", "dp"))
+_PLACED = ("tp", "cp", "dp", "pp")
+# Every (zero_stage, recompute, sequence_parallel): the inner axis; code = 6 z + 2 r + sp.
+INNER_GRID = np.array([(z, r, sp) for z in range(4) for r in range(3) for sp in range(2)])
+DEFAULT_CHUNK = 1 << 17  # layouts per call: large enough to amortise dispatch, ~15 MB out
+# XLA:CPU settings for the search kernel, measured on 2 cores (benchmarks/README.md): the
+# legacy loop emitter at LLVM -O1 compiles the prediction about 2x faster than the default
+# with the same steady-state speed. Other backends keep their defaults.
+_CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False,
+                         "xla_backend_optimization_level": 1}
+
+
+def _divisors(x: int) -> np.ndarray:
+    r = np.arange(1, x + 1, dtype=np.int64)
+    return r[x % r == 0]
+
+
+def _whole(x, name: str) -> int:
+    v = float(np.asarray(x))
+    if v != int(v) or v < 1:
+        raise SpecError(f"{name}={v:g} must be a whole number >= 1")
+    return int(v)
+
+
+def _expand(rows: dict, name: str, values, keep=None) -> dict:
+    """Every row times every value of a new column `name` (it varies fastest), filtered."""
+    values = np.asarray(values, dtype=np.int64)
+    n = len(next(iter(rows.values())))
+    out = {c: np.repeat(v, len(values)) for c, v in rows.items()}
+    out[name] = np.tile(values, n)
+    return out if keep is None else _keep(out, keep(out))
+
+
+def _keep(rows: dict, mask) -> dict:
+    return {c: v[mask] for c, v in rows.items()}
+
+
+def _strides(rows: dict, order) -> np.ndarray:
+    """Rank stride of tp, cp, dp, pp under a placement order (workload.groups.stride); 0 for
+    a group of one device, whose stride changes nothing."""
+    out, s = {}, np.ones_like(rows["tp"])
+    for d in order:
+        out[d] = np.where(rows[d] > 1, s, 0)
+        s = s * rows[d]
+    return np.stack([out[d] for d in _PLACED], axis=1)
+
+
+def _check_placements(placements):
+    for p in placements:
+        if sorted(p) != sorted(_PLACED):
+            raise SpecError(f"placement {p!r} must order each of {', '.join(_PLACED)} once")
+
+
+def _model_ints(model) -> dict:
+    return {f: int(round(float(np.asarray(getattr(model, f))))) for f in (
+        "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "seq_len", "n_experts")}
+
+
+def _degrees(M: dict, n: int, B: int) -> dict:
+    """(tp, pp, cp, dp, micro_batch, vp, ep) rows that satisfy check_layout's rules."""
+    d = _divisors(n)
+    kv = M["n_kv_heads"]
+    tp_ok = (M["n_heads"] % d == 0) & (M["ffn_hidden"] % d == 0) & (
+        (kv % d == 0) | (d % kv == 0))
+    rows = {"tp": d[tp_ok]}
+    rows = _expand(rows, "pp", d[M["n_layers"] % d == 0], lambda r: n % (r["tp"] * r["pp"]) == 0)
+    rows = _expand(rows, "cp", d[M["seq_len"] % d == 0],
+                   lambda r: n % (r["tp"] * r["pp"] * r["cp"]) == 0)
+    rows["dp"] = n // (rows["tp"] * rows["pp"] * rows["cp"])
+    rows = _expand(rows, "micro_batch", _divisors(B),
+                   lambda r: B % (r["micro_batch"] * r["dp"]) == 0)
+
+    def vp_ok(r):  # pp x vp divides the layers; interleaving needs pp > 1 and pp | m
+        m = B // (r["micro_batch"] * r["dp"])
+        return (M["n_layers"] % (r["pp"] * r["vp"]) == 0) & (
+            (r["vp"] == 1) | ((r["pp"] > 1) & (m % r["pp"] == 0)))
+
+    rows = _expand(rows, "vp", _divisors(M["n_layers"]), vp_ok)
+    experts = _divisors(M["n_experts"]) if M["n_experts"] > 0 else np.array([1])
+    return _expand(rows, "ep", experts, lambda r: r["dp"] % r["ep"] == 0)
+
+
+def _inner_grid(zero_stages, recompute, sequence_parallel) -> np.ndarray:
+    """The (zero_stage, recompute, sequence_parallel) rows asked for, in INNER_GRID order."""
+    for name, values, hi in (("zero_stages", zero_stages, 3), ("recompute", recompute, 2),
+                             ("sequence_parallel", sequence_parallel, 1)):
+        bad = [v for v in values if v not in range(hi + 1)]
+        if bad or not len(values):
+            raise SpecError(f"{name}={tuple(values)} must be a non-empty subset of "
+                            f"0..{hi}")
+    keep = (np.isin(INNER_GRID[:, 0], zero_stages) & np.isin(INNER_GRID[:, 1], recompute)
+            & np.isin(INNER_GRID[:, 2], sequence_parallel))
+    return INNER_GRID[keep]
+
+
+def enumerate_layouts(model, n_devices, global_batch, *, placements=PLACEMENTS,
+                      zero_stages=(0, 1, 2, 3), recompute=(0, 1, 2),
+                      sequence_parallel=(0, 1)) -> np.ndarray:
+    """Every structurally valid layout of `n_devices` for the model, as an int32 table.
+
+    Rules (those of `specs.validate.check_layout`): tp x pp x cp x dp = n_devices; tp divides
+    num_heads and ffn_hidden, and num_kv_heads or the reverse; pp x vp divides num_layers; cp
+    divides seq_len; micro_batch x dp divides global_batch; vp > 1 needs pp > 1 and the
+    micro-batches m a multiple of pp; ep divides dp and moe_experts (MoE models only);
+    sequence parallelism only with tp > 1. Placement `j` is `placements[j]`; an order that
+    gives a layout the same group strides as an earlier one is dropped (it is the same job).
+    Returns:
+        int32 array [n_layouts, len(COLUMNS)], rows sorted by placement, then degrees, with
+        (zero_stage, recompute, sequence_parallel) varying fastest.
+    Example: gpt3-175b on 1024 devices with global batch 1536: 272,280 layouts in Megatron's
+    placement and 194,040 more with the pipeline inside data parallelism.
+    """
+    n, B = _whole(n_devices, "n_devices"), _whole(global_batch, "global_batch")
+    _check_placements(placements)
+    inner = _inner_grid(zero_stages, recompute, sequence_parallel)
+    M = _model_ints(model)
+    deg = _degrees(M, n, B)
+    deg["global_batch"] = np.full_like(deg["tp"], B)
+    outer = np.stack([deg[c] for c in OUTER], axis=1)
+    strides = [_strides(deg, order) for order in placements]
+    tables = []
+    for j in range(len(placements)):
+        new = np.ones(len(outer), dtype=bool)
+        for i in range(j):
+            new &= (strides[j] != strides[i]).any(axis=1)
+        table = np.empty((int(new.sum()) * len(inner), len(COLUMNS)), dtype=np.int32)
+        table[:, :len(OUTER)] = np.repeat(outer[new], len(inner), axis=0)
+        table[:, len(OUTER):-1] = np.tile(inner, (int(new.sum()), 1))
+        table[:, -1] = j
+        sp, tp = table[:, COLUMNS.index("sequence_parallel")], table[:, 0]
+        tables.append(table[(sp == 0) | (tp > 1)])
+    table = np.concatenate(tables)
+    if not len(table):
+        raise SpecError(
+            f"no valid layout of n_devices={n} with global_batch={B}: tp x pp x cp x dp must "
+            f"equal n_devices with tp dividing num_heads={M['n_heads']}, pp dividing "
+            f"num_layers={M['n_layers']}, cp dividing seq_len={M['seq_len']} and "
+            f"micro_batch x dp dividing global_batch")
+    return table
+
+
+def parallel_of(row, placements=PLACEMENTS) -> Parallel:
+    """One row of a layout table as a `Parallel` (float leaves, order from its placement)."""
+    fields = {c: float(row[i]) for i, c in enumerate(COLUMNS[:-1])}
+    return Parallel(**fields, order=tuple(placements[int(row[-1])]))
+
+
+# ------------------------------------------------------------------------------------------
+# Factored evaluation
+# ------------------------------------------------------------------------------------------
+
+def _axes(order, batched) -> Parallel:
+    """vmap in_axes: 0 for the fields in `batched`, None for the others."""
+    names = [f for f in Parallel.__dataclass_fields__ if f != "order"]
+    return Parallel(**{f: (0 if f in batched else None) for f in names}, order=order)
+
+
+def _grid_predict_impl(model, parallel, system, training, temperature):
+    """predict_step on an [outer, inner] grid: outer fields [n_o], inner fields [24]."""
+    f = jax.vmap(predict_step, in_axes=(None, _axes(parallel.order, INNER), None, None, None))
+    f = jax.vmap(f, in_axes=(None, _axes(parallel.order, OUTER), None, None, None))
+    return f(model, parallel, system, training, temperature)
+
+
+_grid_predict = jax.jit(_grid_predict_impl, static_argnames=("temperature",))
+_grid_predict_cpu = jax.jit(_grid_predict_impl, static_argnames=("temperature",),
+                            compiler_options=_CPU_COMPILER_OPTIONS)
+
+
+def _factor(rows: np.ndarray):
+    """(outer keys [n_o, 8], cell index of each row in the [n_o, 24] grid).
+
+    One outer key per run of rows with equal degrees: exact for any table (a key repeated in
+    two runs is evaluated twice), one key per degree combination for `enumerate_layouts`'s
+    order, and linear time (np.unique(axis=0) sorts and costs seconds at 10^6 rows).
+    """
+    degrees = rows[:, :len(OUTER)]
+    start = np.ones(len(rows), dtype=bool)
+    start[1:] = (degrees[1:] != degrees[:-1]).any(axis=1)
+    outer = np.cumsum(start) - 1
+    z, r, sp = (rows[:, COLUMNS.index(c)] for c in INNER)
+    return degrees[start], outer * len(INNER_GRID) + (6 * z + 2 * r + sp).astype(np.int64)
+
+
+def _outer_per_chunk(chunk: int, n_outer: int, n_dev: int) -> int:
+    """Outer rows per call: chunk / 24 per device, or the next power of two above the job
+    when smaller (few distinct shapes, so few compiles). Each device gets the block the
+    unsharded run would use, so the compiled per-device code, and the results, are the same."""
+    per = max(1, min(chunk // len(INNER_GRID), 1 << int(np.ceil(np.log2(max(n_outer, 1))))))
+    return per * n_dev
+
+
+def _chunk_parallel(keys: np.ndarray, order, dtype) -> Parallel:
+    fields = {c: np.asarray(keys[:, i], dtype=dtype) for i, c in enumerate(OUTER)}
+    inner = {c: np.asarray(INNER_GRID[:, i], dtype=dtype) for i, c in enumerate(INNER)}
+    return Parallel(**fields, **inner, dp_overlap=np.asarray(1.0, dtype),
+                    tp_overlap=np.asarray(0.0, dtype), order=tuple(order))
+
+
+def _kernel(devices):
+    """fn(model, parallel, system, training, temperature) on the devices (None: default one).
+
+    With devices, each call's outer axis is split over a 1-D mesh (`NamedSharding`) and the
+    rest replicated; jit partitions the computation from its inputs' shardings.
+    """
+    backend = jax.default_backend() if devices is None else devices[0].platform
+    fn = _grid_predict_cpu if backend == "cpu" else _grid_predict
+    if devices is None:
+        return fn
+    mesh = Mesh(np.asarray(devices), ("layouts",))
+    split = NamedSharding(mesh, PartitionSpec("layouts"))
+    whole = NamedSharding(mesh, PartitionSpec())
+
+    def run(model, parallel, system, training, temperature):
+        spec = jax.tree.map(lambda ax: split if ax == 0 else whole, _axes(parallel.order, OUTER))
+        return fn(jax.device_put(model, whole), jax.device_put(parallel, spec),
+                  jax.device_put(system, whole), jax.device_put(training, whole),
+                  temperature=temperature)
+
+    return run
+
+
+def _groups(layouts, placements, chunk, n_dev):
+    """[(order, row indices, padded outer keys, cell index, outer rows per call)] per
+    placement present in the table."""
+    out = []
+    for j in np.unique(layouts[:, -1]):
+        idx = np.flatnonzero(layouts[:, -1] == j)
+        keys, cell = _factor(layouts[idx])
+        per = _outer_per_chunk(chunk, len(keys), n_dev)
+        pad = -(-len(keys) // per) * per - len(keys)
+        keys = np.concatenate([keys, np.repeat(keys[-1:], pad, axis=0)])
+        out.append((tuple(placements[int(j)]), idx, keys, cell, per))
+    return out
+
+
+def _evaluate(args, group, temperature, devices, progress):
+    """Result (numpy leaves, one entry per row of the group) of one placement group."""
+    model, system, training = args
+    order, _, keys, cell, per = group
+    dtype = jnp.result_type(float)
+    fn = _kernel(devices)
+    outs = []
+    for i in range(0, len(keys), per):
+        parallel = _chunk_parallel(keys[i:i + per], order, dtype)
+        outs.append(fn(model, parallel, system, training, temperature))
+        if progress is not None:
+            jax.block_until_ready(outs[-1])
+            progress(per * len(INNER_GRID))
+    return jax.tree.map(lambda *xs: np.concatenate([np.asarray(x).reshape(-1) for x in xs])[cell],
+                        *outs)
+
+
+def _scatter(n: int, parts):
+    """One array of n entries from (row indices, values) pairs."""
+    if len(parts) == 1 and len(parts[0][0]) == n:
+        return parts[0][1]
+    out = np.empty(n, dtype=parts[0][1].dtype)
+    for idx, values in parts:
+        out[idx] = values
+    return out
+
+
+def _check_table(model, layouts, placements):
+    layouts = np.asarray(layouts)
+    if layouts.ndim != 2 or layouts.shape[1] != len(COLUMNS) or not len(layouts):
+        raise SpecError(f"layouts must be a non-empty table [n, {len(COLUMNS)}] with columns "
+                        f"{', '.join(COLUMNS)}, got shape {layouts.shape}")
+    place = layouts[:, -1]
+    if (place < 0).any() or (place >= len(placements)).any():
+        raise SpecError(f"layouts: placement must index placements (0..{len(placements) - 1})")
+    _check_placements(placements)
+    fields = {c: layouts[:, i].astype(np.float64) for i, c in enumerate(COLUMNS[:-1])}
+    check_layout(model, Parallel(**fields), where="layouts")
+    return layouts
+
+
+def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
+           chunk=DEFAULT_CHUNK, temperature=None, devices=None, validate=True, progress=None):
+    """Predictions of every layout of a table, one entry per row (a `Result` of numpy arrays).
+
+    One jitted nested vmap of `predict_step` (module docstring) per placement order, called on
+    fixed-size chunks (the last one padded) so that every call has the same shapes.
+    Args:
+        model, system, training: specs (training defaults to `Training()`); never batched.
+        layouts: a table [n, len(COLUMNS)] of integers, e.g. from `enumerate_layouts`.
+        chunk: layouts per call (bounds memory: about 120 bytes of output per layout).
+        temperature: None for the exact model, > 0 for its smooth variant.
+        devices: None for the default device; a list of devices shards each chunk's outer
+            axis over a 1-D mesh of them (`jax.sharding.NamedSharding`), same results.
+        validate: check every row with `check_layout` (tables from `enumerate_layouts` are
+            valid by construction).
+        progress: optional callable(done, total), in grid cells, after each chunk.
+    Returns:
+        `Result` whose leaves are numpy arrays [n_layouts] in table order.
+    """
+    if layouts is None:
+        raise SpecError("search needs a layout table (see enumerate_layouts)")
+    layouts = _check_table(model, layouts, placements) if validate else np.asarray(layouts)
+    training = Training() if training is None else training
+    args = _as_float((anonymous(model), anonymous(system), anonymous(training)))
+    devices = None if devices is None else list(devices)
+    groups = _groups(layouts, placements, int(chunk), 1 if devices is None else len(devices))
+    total = sum(len(g[2]) for g in groups) * len(INNER_GRID)
+    done = [0]
+
+    def tick(n):
+        done[0] += n
+        progress(done[0], total)
+
+    parts = [(g[1], _evaluate(args, g, temperature, devices, progress and tick)) for g in groups]
+    return jax.tree.map(lambda *xs: _scatter(len(layouts), list(zip([p[0] for p in parts], xs))),
+                        *[p[1] for p in parts])
+
+
+def search_sharded(model, system, training=None, layouts=None, *, devices=None, **kwargs):
+    """`search` with the layout axis sharded over `devices` (default: all of `jax.devices()`).
+
+    On one host with `XLA_FLAGS=--xla_force_host_platform_device_count=N` each CPU device is
+    a thread, so this also spreads one search over the cores; across hosts, after
+    `jax.distributed.initialize()`, `jax.devices()` spans them all. Results equal `search`'s.
+    """
+    return search(model, system, training, layouts, devices=devices or jax.devices(), **kwargs)
+
+
+def ranked(result, k=None) -> np.ndarray:
+    """Indices of the layouts that fit, fastest first (ties keep the table order)."""
+    step = np.where(np.asarray(result.fits), np.asarray(result.step_time_s), np.inf)
+    order = np.argsort(step, kind="stable")
+    order = order[np.isfinite(step[order])]
+    return order if k is None else order[:k]
+
+
+def pareto_front(step_s, mem_bytes) -> np.ndarray:
+    """Indices of the points no other point beats in both step time and memory, by step time.
+
+    Sort by (step, memory); a point is on the front when its memory is below that of every
+    faster point (ties in step time keep the smaller memory only).
+    """
+    step_s, mem_bytes = np.asarray(step_s), np.asarray(mem_bytes)
+    order = np.lexsort((mem_bytes, step_s))
+    mem = mem_bytes[order]
+    best_before = np.minimum.accumulate(np.concatenate([[np.inf], mem[:-1]]))
+    return order[mem < best_before]
+
+
+# ------------------------------------------------------------------------------------------
+# Differentiable soft search
+# ------------------------------------------------------------------------------------------
+
+class SoftBest(struct.PyTreeNode):
+    """Soft-min over layouts: differentiable in the model, system and training leaves."""
+
+    step_time_s: Any  # exp(J): the soft-min step time; -> the best feasible one as tau -> 0
+    weights: Any      # softmax weight of each layout (table order), sums to 1
+
+
+def _soft_scores_impl(model, keys, system, training, tau, order, smooth):
+    """s = ln T + softplus(-margin / tau) on the [chunks, outer, 24] grid; each chunk is
+    rematerialised in the backward pass (jax.checkpoint), so memory stays one chunk's."""
+    dtype = keys.dtype
+
+    def one(k):
+        parallel = _chunk_parallel(np.zeros((0, len(OUTER))), order, dtype)
+        parallel = parallel.replace(**{c: k[:, i] for i, c in enumerate(OUTER)})
+        r = _grid_predict_impl(model, parallel, system, training, smooth)
+        return jnp.log(r.step_time_s) + jax.nn.softplus(-r.fit_margin_frac / tau)
+
+    return jax.lax.map(jax.checkpoint(one), keys)
+
+
+_soft_scores = jax.jit(_soft_scores_impl, static_argnames=("order", "smooth"))
+
+
+def soft_best(model, system, training, layouts, temperature, *, placements=PLACEMENTS,
+              smooth=None, chunk=1 << 13) -> SoftBest:
+    """Soft-min over layouts of the log step time, with a soft memory-feasibility penalty:
+
+        J = -tau log sum_i exp(-s_i / tau),   s_i = ln T_i + softplus(-m_i / tau)
+
+    T_i = step time, m_i = `Result.fit_margin_frac` ((capacity - total) / capacity) of layout
+    i. As tau -> 0 the penalty vanishes for layouts that fit and grows as -m_i / tau for those
+    that do not, so J -> ln min_{fits} T_i, with min s - tau ln n <= J <= min s. For tau > 0
+    the memory capacity gets a gradient (DESIGN.md, differentiable search).
+    Args:
+        temperature: tau > 0 (dimensionless: a relative spread in step time).
+        smooth: the model's own temperature (None: exact model) inside each prediction.
+        chunk: layouts per rematerialised block of the backward pass.
+    Returns:
+        `SoftBest` (step_time_s = exp J, weights = softmax(-s / tau)).
+    """
+    tau = temperature
+    if not isinstance(tau, jax.core.Tracer) and not float(tau) > 0:
+        raise SpecError(f"temperature={tau} must be > 0 for the soft search")
+    layouts = np.asarray(layouts)
+    training = Training() if training is None else training
+    model, system, training = _as_float((anonymous(model), anonymous(system),
+                                         anonymous(training)))
+    dtype = jnp.result_type(float)
+    scores = jnp.zeros(len(layouts), dtype=dtype)
+    for order, idx, keys, cell, per in _groups(layouts, placements, int(chunk), 1):
+        grid = _soft_scores(model, keys.reshape(-1, per, len(OUTER)).astype(dtype), system,
+                            training, tau, order=order, smooth=smooth)
+        scores = scores.at[idx].set(grid.reshape(-1)[cell])
+    logits = -scores / tau
+    lse = jax.nn.logsumexp(logits)
+    return SoftBest(step_time_s=jnp.exp(-tau * lse), weights=jnp.exp(logits - lse))
