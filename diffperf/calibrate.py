@@ -264,12 +264,17 @@ def run_sets(runs, systems: dict, weight) -> list:
     return sets
 
 
-def starting_points(eff: Efficiency) -> list:
+_HOST_START = dict(host_layer_s=1e-3, host_kernel_s=1e-5, microbatch_s=1e-3,
+                   host_recompute_s=1e-3)
+
+
+def starting_points(eff: Efficiency, fields=STEP_FIELDS) -> list:
     """The given efficiencies, and the same with the host floor active (per-layer and
-    per-micro-batch host time of an eager framework): a parameter that starts where the smooth
-    max hides it has a vanishing gradient, so both starts are fitted and the lower loss kept."""
-    return [eff, eff.replace(host_layer_s=1e-3, host_kernel_s=1e-5, microbatch_s=1e-3,
-                             host_recompute_s=1e-3)]
+    per-micro-batch host time of an eager framework) for the host fields being fitted: a
+    parameter that starts where the smooth max hides it has a vanishing gradient, so both
+    starts are fitted and the lower loss kept."""
+    active = {k: v for k, v in _HOST_START.items() if k in fields}
+    return [eff, eff.replace(**active)] if active else [eff]
 
 
 class Calibration(NamedTuple):
@@ -294,7 +299,7 @@ def calibrate_runs(runs, systems: dict, fit_mask, *, benches=(), fields=None, st
         fields = STEP_FIELDS + (MEMORY_FIELDS if has_mem else ())
     base = sets[0][1].system.eff
     best = None
-    for start in starting_points(base):
+    for start in starting_points(base, fields):
         f = fit(start, [rs for _, rs in sets], fields, benches, steps=steps,
                 temperature=temperature, progress=progress)
         if best is None or f.loss_history[-1] < best.loss_history[-1]:

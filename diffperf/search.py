@@ -17,7 +17,6 @@ layouts/s of a flat vmap on a 2-core CPU).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -26,7 +25,7 @@ import numpy as np
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from diffperf.api import _as_float
+from diffperf.api import _as_float, _is_concrete
 from diffperf.errors import SpecError
 from diffperf.predict import predict_step
 from diffperf.specs.batch import anonymous
@@ -44,12 +43,16 @@ PLACEMENTS = (("tp", "cp", "dp", "pp"), ("tp", "cp", "pp", "dp"))
 _PLACED = ("tp", "cp", "dp", "pp")
 # Every (zero_stage, recompute, sequence_parallel): the inner axis; code = 6 z + 2 r + sp.
 INNER_GRID = np.array([(z, r, sp) for z in range(4) for r in range(3) for sp in range(2)])
-DEFAULT_CHUNK = 1 << 17  # layouts per call: large enough to amortise dispatch, ~15 MB out
-# XLA:CPU settings for the search kernel, measured on 2 cores (benchmarks/README.md): the
-# legacy loop emitter at LLVM -O1 compiles the prediction about 2x faster than the default
-# with the same steady-state speed. Other backends keep their defaults.
+DEFAULT_CHUNK = 1 << 16  # layouts per call: amortises dispatch, ~7 MB out, little padding
+# XLA:CPU options of the search kernel, measured on 2 cores (benchmarks/README.md). The legacy
+# loop emitter at LLVM -O1 compiles the prediction ~1.5-2x faster than XLA's default with the
+# same steady-state speed; at -O0 it compiles ~2.5x faster again but runs ~8x slower, which
+# pays off for searches below QUICK_BELOW layouts (compile time saved > run time lost).
+# Other backends keep their defaults. None of these changes a result (tests/test_search.py).
 _CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False,
                          "xla_backend_optimization_level": 1}
+_CPU_QUICK_OPTIONS = _CPU_COMPILER_OPTIONS | {"xla_backend_optimization_level": 0}
+QUICK_BELOW = 1_500_000
 
 
 def _divisors(x: int) -> np.ndarray:
@@ -135,6 +138,16 @@ def _inner_grid(zero_stages, recompute, sequence_parallel) -> np.ndarray:
     return INNER_GRID[keep]
 
 
+def _product(outer: np.ndarray, inner: np.ndarray, placement: int) -> np.ndarray:
+    """Rows outer x inner (inner fastest) with the placement index; SP only where tp > 1."""
+    table = np.empty((len(outer) * len(inner), len(COLUMNS)), dtype=np.int32)
+    table[:, :len(OUTER)] = np.repeat(outer, len(inner), axis=0)
+    table[:, len(OUTER):-1] = np.tile(inner, (len(outer), 1))
+    table[:, -1] = placement
+    sp, tp = table[:, COLUMNS.index("sequence_parallel")], table[:, 0]
+    return table[(sp == 0) | (tp > 1)]
+
+
 def enumerate_layouts(model, n_devices, global_batch, *, placements=PLACEMENTS,
                       zero_stages=(0, 1, 2, 3), recompute=(0, 1, 2),
                       sequence_parallel=(0, 1)) -> np.ndarray:
@@ -165,12 +178,7 @@ def enumerate_layouts(model, n_devices, global_batch, *, placements=PLACEMENTS,
         new = np.ones(len(outer), dtype=bool)
         for i in range(j):
             new &= (strides[j] != strides[i]).any(axis=1)
-        table = np.empty((int(new.sum()) * len(inner), len(COLUMNS)), dtype=np.int32)
-        table[:, :len(OUTER)] = np.repeat(outer[new], len(inner), axis=0)
-        table[:, len(OUTER):-1] = np.tile(inner, (int(new.sum()), 1))
-        table[:, -1] = j
-        sp, tp = table[:, COLUMNS.index("sequence_parallel")], table[:, 0]
-        tables.append(table[(sp == 0) | (tp > 1)])
+        tables.append(_product(outer[new], inner, j))
     table = np.concatenate(tables)
     if not len(table):
         raise SpecError(
@@ -207,6 +215,8 @@ def _grid_predict_impl(model, parallel, system, training, temperature):
 _grid_predict = jax.jit(_grid_predict_impl, static_argnames=("temperature",))
 _grid_predict_cpu = jax.jit(_grid_predict_impl, static_argnames=("temperature",),
                             compiler_options=_CPU_COMPILER_OPTIONS)
+_grid_predict_cpu_quick = jax.jit(_grid_predict_impl, static_argnames=("temperature",),
+                                  compiler_options=_CPU_QUICK_OPTIONS)
 
 
 def _factor(rows: np.ndarray):
@@ -226,8 +236,7 @@ def _factor(rows: np.ndarray):
 
 def _outer_per_chunk(chunk: int, n_outer: int, n_dev: int) -> int:
     """Outer rows per call: chunk / 24 per device, or the next power of two above the job
-    when smaller (few distinct shapes, so few compiles). Each device gets the block the
-    unsharded run would use, so the compiled per-device code, and the results, are the same."""
+    when smaller (few distinct shapes, so few compiles; the last call is padded)."""
     per = max(1, min(chunk // len(INNER_GRID), 1 << int(np.ceil(np.log2(max(n_outer, 1))))))
     return per * n_dev
 
@@ -239,14 +248,16 @@ def _chunk_parallel(keys: np.ndarray, order, dtype) -> Parallel:
                     tp_overlap=np.asarray(0.0, dtype), order=tuple(order))
 
 
-def _kernel(devices):
+def _kernel(devices, optimize=True):
     """fn(model, parallel, system, training, temperature) on the devices (None: default one).
 
     With devices, each call's outer axis is split over a 1-D mesh (`NamedSharding`) and the
-    rest replicated; jit partitions the computation from its inputs' shardings.
+    rest replicated; jit partitions the computation from its inputs' shardings. optimize=False
+    picks the quick-compiling XLA:CPU variant (see _CPU_QUICK_OPTIONS).
     """
     backend = jax.default_backend() if devices is None else devices[0].platform
-    fn = _grid_predict_cpu if backend == "cpu" else _grid_predict
+    fn = _grid_predict if backend != "cpu" else (
+        _grid_predict_cpu if optimize else _grid_predict_cpu_quick)
     if devices is None:
         return fn
     mesh = Mesh(np.asarray(devices), ("layouts",))
@@ -268,7 +279,8 @@ def _groups(layouts, placements, chunk, n_dev):
     out = []
     for j in np.unique(layouts[:, -1]):
         idx = np.flatnonzero(layouts[:, -1] == j)
-        keys, cell = _factor(layouts[idx])
+        contiguous = idx[-1] - idx[0] + 1 == len(idx)
+        keys, cell = _factor(layouts[idx[0]:idx[-1] + 1] if contiguous else layouts[idx])
         per = _outer_per_chunk(chunk, len(keys), n_dev)
         pad = -(-len(keys) // per) * per - len(keys)
         keys = np.concatenate([keys, np.repeat(keys[-1:], pad, axis=0)])
@@ -276,12 +288,12 @@ def _groups(layouts, placements, chunk, n_dev):
     return out
 
 
-def _evaluate(args, group, temperature, devices, progress):
-    """Result (numpy leaves, one entry per row of the group) of one placement group."""
+def _evaluate(args, group, temperature, devices, optimize, progress) -> list:
+    """Results (device arrays [per, 24]) of the calls over one placement group's chunks."""
     model, system, training = args
-    order, _, keys, cell, per = group
+    order, _, keys, _, per = group
     dtype = jnp.result_type(float)
-    fn = _kernel(devices)
+    fn = _kernel(devices, optimize)
     outs = []
     for i in range(0, len(keys), per):
         parallel = _chunk_parallel(keys[i:i + per], order, dtype)
@@ -289,18 +301,25 @@ def _evaluate(args, group, temperature, devices, progress):
         if progress is not None:
             jax.block_until_ready(outs[-1])
             progress(per * len(INNER_GRID))
-    return jax.tree.map(lambda *xs: np.concatenate([np.asarray(x).reshape(-1) for x in xs])[cell],
-                        *outs)
+    return outs
 
 
-def _scatter(n: int, parts):
-    """One array of n entries from (row indices, values) pairs."""
-    if len(parts) == 1 and len(parts[0][0]) == n:
-        return parts[0][1]
-    out = np.empty(n, dtype=parts[0][1].dtype)
-    for idx, values in parts:
-        out[idx] = values
-    return out
+def _gather(n: int, groups, outs):
+    """The grid results of every group put back in table order: a Result of numpy [n]."""
+    treedef = jax.tree.structure(outs[0][0])
+    columns = []
+    for j in range(treedef.num_leaves):
+        column = None
+        for (_, idx, _, cell, _), chunks in zip(groups, outs):
+            grid = [np.asarray(jax.tree.leaves(c)[j]).reshape(-1) for c in chunks]
+            grid = grid[0] if len(grid) == 1 else np.concatenate(grid)
+            column = np.empty(n, dtype=grid.dtype) if column is None else column
+            if idx[-1] - idx[0] + 1 == len(idx):  # contiguous rows: gather in place
+                np.take(grid, cell, out=column[idx[0]:idx[-1] + 1])
+            else:
+                column[idx] = grid[cell]
+        columns.append(column)
+    return jax.tree.unflatten(treedef, columns)
 
 
 def _check_table(model, layouts, placements):
@@ -318,7 +337,8 @@ def _check_table(model, layouts, placements):
 
 
 def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
-           chunk=DEFAULT_CHUNK, temperature=None, devices=None, validate=True, progress=None):
+           chunk=DEFAULT_CHUNK, temperature=None, devices=None, validate=True, optimize=None,
+           progress=None):
     """Predictions of every layout of a table, one entry per row (a `Result` of numpy arrays).
 
     One jitted nested vmap of `predict_step` (module docstring) per placement order, called on
@@ -329,9 +349,13 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
         chunk: layouts per call (bounds memory: about 120 bytes of output per layout).
         temperature: None for the exact model, > 0 for its smooth variant.
         devices: None for the default device; a list of devices shards each chunk's outer
-            axis over a 1-D mesh of them (`jax.sharding.NamedSharding`), same results.
+            axis over a 1-D mesh of them (`jax.sharding.NamedSharding`). Same feasibility
+            and ranking; times equal to 2 float32 ulps (XLA's multi-device pipeline
+            reassociates a few products), tests/test_search.py.
         validate: check every row with `check_layout` (tables from `enumerate_layouts` are
             valid by construction).
+        optimize: XLA:CPU code optimization of the kernel; None: only for tables of
+            QUICK_BELOW layouts or more (smaller ones finish sooner with quick compilation).
         progress: optional callable(done, total), in grid cells, after each chunk.
     Returns:
         `Result` whose leaves are numpy arrays [n_layouts] in table order.
@@ -350,9 +374,10 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
         done[0] += n
         progress(done[0], total)
 
-    parts = [(g[1], _evaluate(args, g, temperature, devices, progress and tick)) for g in groups]
-    return jax.tree.map(lambda *xs: _scatter(len(layouts), list(zip([p[0] for p in parts], xs))),
-                        *[p[1] for p in parts])
+    optimize = len(layouts) >= QUICK_BELOW if optimize is None else optimize
+    outs = [_evaluate(args, g, temperature, devices, optimize, progress and tick)
+            for g in groups]
+    return _gather(len(layouts), groups, outs)
 
 
 def search_sharded(model, system, training=None, layouts=None, *, devices=None, **kwargs):
@@ -360,7 +385,8 @@ def search_sharded(model, system, training=None, layouts=None, *, devices=None, 
 
     On one host with `XLA_FLAGS=--xla_force_host_platform_device_count=N` each CPU device is
     a thread, so this also spreads one search over the cores; across hosts, after
-    `jax.distributed.initialize()`, `jax.devices()` spans them all. Results equal `search`'s.
+    `jax.distributed.initialize()`, `jax.devices()` spans them all. Results equal `search`'s
+    (times to 2 float32 ulps).
     """
     return search(model, system, training, layouts, devices=devices or jax.devices(), **kwargs)
 
@@ -412,6 +438,8 @@ def _soft_scores_impl(model, keys, system, training, tau, order, smooth):
 
 
 _soft_scores = jax.jit(_soft_scores_impl, static_argnames=("order", "smooth"))
+_soft_scores_cpu = jax.jit(_soft_scores_impl, static_argnames=("order", "smooth"),
+                           compiler_options=_CPU_COMPILER_OPTIONS)
 
 
 def soft_best(model, system, training, layouts, temperature, *, placements=PLACEMENTS,
@@ -440,8 +468,11 @@ def soft_best(model, system, training, layouts, temperature, *, placements=PLACE
                                          anonymous(training)))
     dtype = jnp.result_type(float)
     scores = jnp.zeros(len(layouts), dtype=dtype)
+    # compiler_options are allowed on a top-level jit only, not inside the caller's jit.
+    top = _is_concrete((model, system, training, tau))
+    fn = _soft_scores_cpu if top and jax.default_backend() == "cpu" else _soft_scores
     for order, idx, keys, cell, per in _groups(layouts, placements, int(chunk), 1):
-        grid = _soft_scores(model, keys.reshape(-1, per, len(OUTER)).astype(dtype), system,
+        grid = fn(model, keys.reshape(-1, per, len(OUTER)).astype(dtype), system,
                             training, tau, order=order, smooth=smooth)
         scores = scores.at[idx].set(grid.reshape(-1)[cell])
     logits = -scores / tau

@@ -59,7 +59,9 @@ def _placements(text):
 
 
 def _enable_cache() -> None:
-    """Keep compiled search kernels on disk: a later run skips XLA compilation."""
+    """Keep compiled search kernels on disk: a later run skips XLA compilation (JAX's
+    persistent compilation cache; a process-wide setting, so in-process callers such as
+    tests pass --no-cache)."""
     import jax
 
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
@@ -169,10 +171,11 @@ def _wide():
 
 def render(model, system, args, layouts, placements, result, top, front, seconds):
     from diffperf.result import EXPOSED_PARTS
+    from diffperf.search import COLUMNS
 
     out = _wide()
     n, feasible = len(layouts), int(np.sum(result.fits))
-    moe = bool(np.any(layouts[:, 4] > 1))
+    moe = bool(np.any(layouts[:, COLUMNS.index("ep")] > 1))
     head = (f"{model.name} on {args.gpus} x {system.name}, global batch {args.global_batch}")
     if not len(top):
         i = int(np.argmin(result.memory.total_bytes))
@@ -199,10 +202,10 @@ def run(args) -> int:
     from diffperf.search import DEFAULT_CHUNK, enumerate_layouts, pareto_front, ranked, search
 
     model, system, train, placements = build(args)
-    if not args.no_cache:
-        _enable_cache()
     start = time.perf_counter()
     layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements)
+    if not args.no_cache:
+        _enable_cache()
     with _progress(not args.json) as progress:
         # Tables from enumerate_layouts are valid by construction (tests/test_search.py).
         result = search(model, system, train, layouts, placements=placements,

@@ -48,15 +48,22 @@ def attention_efficiency(work, head_dim, eff):
 
 
 def attention_time_s(attention, system, training, io_bytes, temperature=None):
-    """Attention core forward (QK^T and AV of `attention` Gemms, rows 0 and 1):
+    """Attention core forward (QK^T and AV of `attention` Gemms, rows 0 and 1).
 
+    Flash attention: one fused kernel,
         t = max( sum 2 m n k count / (F_peak eta_attn),  io_bytes / (BW_hbm eta_mem) )
+    Unfused (flash_attention = 0): two batched GEMMs at the GEMM-shape efficiency; the
+    materialised scores' traffic is in the layer's elementwise bytes.
     """
+    e = system.eff
     work = jnp.maximum(attention.count[0] * attention.m[0] * attention.n[0], 1.0)
-    eta = attention_efficiency(work, attention.k[0], system.eff)
+    eta = attention_efficiency(work, attention.k[0], e)
     flops = jnp.sum(attention.flops)
-    return roofline_time_s(flops, io_bytes, matmul_peak(system, training), eta,
-                           system.hbm_bandwidth_Bps, system.eff.mem_eff, temperature)
+    fused = roofline_time_s(flops, io_bytes, matmul_peak(system, training), eta,
+                            system.hbm_bandwidth_Bps, e.mem_eff, temperature)
+    unfused = gemms_time_s(attention, system, training, e.mm_max, e.mm_half_dim, temperature)
+    flash = training.flash_attention
+    return flash * fused + (1.0 - flash) * unfused
 
 
 def memory_time_s(bytes_moved, system):

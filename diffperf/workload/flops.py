@@ -15,6 +15,9 @@ from diffperf.workload.ops import Gemms, HeadOps, LayerOps
 # Kernels of a pre-norm layer's forward besides the GEMMs and attention: two norms, two
 # residual adds, the activation (and the gate product when gated). Framework-typical count.
 _ELEMENTWISE_KERNELS = 5.0
+# Unfused attention runs scores GEMM, scale-mask-softmax, dropout and the AV GEMM (plus
+# layout copies) where flash attention runs one kernel.
+_UNFUSED_ATTENTION_EXTRA_KERNELS = 4.0
 
 
 def attention_kappa(model, training):
@@ -76,7 +79,8 @@ def layer_ops(model, parallel, training) -> LayerOps:
         dense=dense,
         attention=attention,
         elementwise_bytes=elementwise_bytes(model, parallel, training),
-        n_kernels=4.0 + dense_w + 3.0 * moe_w + _ELEMENTWISE_KERNELS + model.gated_mlp,
+        n_kernels=(4.0 + dense_w + 3.0 * moe_w + _ELEMENTWISE_KERNELS + model.gated_mlp
+                   + (1.0 - training.flash_attention) * _UNFUSED_ATTENTION_EXTRA_KERNELS),
         vector_flops=vector_flops(model, parallel, training),
     )
 
