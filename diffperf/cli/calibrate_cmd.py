@@ -7,7 +7,7 @@ import datetime
 import numpy as np
 import yaml
 
-from diffperf.cli.output import console, fmt, print_json, table, write_atomic
+from diffperf.cli.output import check_writable, console, fmt, print_json, table, write_atomic
 from diffperf.errors import SpecError
 
 GEMM_COLUMNS = ("m", "n", "k", "time_s")
@@ -111,6 +111,10 @@ def run(args) -> int:
     from diffperf.cli.validate_cmd import load_systems
     from diffperf.validation import error_summary
 
+    if args.out:
+        check_writable(args.out, args.force)
+    if args.steps < 1:
+        raise SpecError(f"--steps={args.steps} must be >= 1")
     runs = load_runs(args.runs, args.precision, args.set)
     systems = load_systems(runs, args.system, args.calibration)
     if args.out is None and not args.json and not args.folds:

@@ -37,19 +37,34 @@ def print_json(obj) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=float) + "\n")
 
 
+def check_writable(path, force: bool) -> None:
+    """Refuse, before any work, an output path that exists (without force), is a folder, or
+    lies in a folder that does not exist."""
+    path = Path(path)
+    if path.is_dir():
+        raise SpecError(f"{path} is a folder; give a file name")
+    if path.exists() and not force:
+        raise SpecError(f"{path} exists; pass --force to overwrite it")
+    if not path.parent.is_dir():
+        raise SpecError(f"{path}: folder {path.parent} does not exist")
+
+
 def write_atomic(path, text: str, force: bool) -> None:
     """Write `text` to `path` through a temporary file and a rename, so an interrupted run
     never leaves a truncated file; refuse to replace an existing file without force."""
     path = Path(path)
-    if path.exists() and not force:
-        raise SpecError(f"{path} exists; pass --force to overwrite it")
-    if not path.parent.exists():
-        raise SpecError(f"{path}: folder {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    check_writable(path, force)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise SpecError(f"{path}: cannot write ({err.strerror or err})") from None
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.replace(tmp, path)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        raise SpecError(f"{path}: cannot write ({err.strerror or err})") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -7,7 +7,7 @@ import io
 
 import numpy as np
 
-from diffperf.cli.output import console, fmt, print_json, table, write_atomic
+from diffperf.cli.output import check_writable, console, fmt, print_json, table, write_atomic
 from diffperf.errors import SpecError
 
 
@@ -75,6 +75,8 @@ def run(args) -> int:
     from diffperf import load_runs
     from diffperf.validation import predict_runs
 
+    if args.out:
+        check_writable(args.out, args.force)
     runs = load_runs(args.runs, args.precision, args.set)
     systems = load_systems(runs, args.system, args.calibration)
     step, mem, fits = predict_runs(runs, systems)

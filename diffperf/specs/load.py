@@ -34,8 +34,15 @@ def _check_keys(d, allowed, where):
         raise SpecError(f"{where}: expected a mapping of keys to values, got {type(d).__name__}")
     for key in d:
         if key not in allowed:
-            raise SpecError(f"{where}: unknown key '{key}'{closest(key, allowed)} "
+            raise SpecError(f"{where}: unknown key {str(key)!r}{closest(key, allowed)} "
                             f"(allowed: {', '.join(sorted(allowed))})")
+
+
+# Every number must be representable in float32 after the unit conversion (x 1e12 for TFLOPs):
+# a magnitude over 1e18 or a positive value under 1e-12 (in the file's units) is refused.
+_MAX_MAGNITUDE = 1e18
+_MIN_POSITIVE = 1e-12
+_MAX_INTEGER = 2**31  # sizes (layers, heads, vocab, degrees, batch): far above any real one
 
 
 def _number(d, key, where, *, integer=False, minimum=None, positive=False, default=None):
@@ -46,18 +53,29 @@ def _number(d, key, where, *, integer=False, minimum=None, positive=False, defau
         return default
     v = d[key]
     if isinstance(v, bool) or not isinstance(v, (int, float)):
+        text = str(v).strip()
+        if not text.isascii():
+            raise SpecError(f"{where}.{key}={d[key]!r} must be a number")
         try:
-            v = float(str(v).strip())
-        except ValueError:
+            v = float(text.replace("_", "x"))  # refuse Python's '1_000' digit grouping
+        except (ValueError, OverflowError):
             raise SpecError(f"{where}.{key}={d[key]!r} must be a number") from None
+    try:
+        v = float(v)
+    except OverflowError:
+        raise SpecError(f"{where}.{key} is too large (at most {_MAX_MAGNITUDE:g})") from None
     if not math.isfinite(v):
         raise SpecError(f"{where}.{key}={v} must be a finite number")
+    if abs(v) > _MAX_MAGNITUDE or (integer and v > _MAX_INTEGER):
+        limit = _MAX_INTEGER if integer else _MAX_MAGNITUDE
+        raise SpecError(f"{where}.{key}={v:g} is out of range (at most {limit:g})")
     if integer and v != int(v):
-        raise SpecError(f"{where}.{key}={v} must be a whole number")
-    if positive and v <= 0:
-        raise SpecError(f"{where}.{key}={v} must be > 0")
+        raise SpecError(f"{where}.{key}={v:g} must be a whole number")
+    if positive and v < (1 if integer else _MIN_POSITIVE):
+        raise SpecError(f"{where}.{key}={v:g} must be > 0" + (
+            "" if v <= 0 else f" and at least {_MIN_POSITIVE:g}"))
     if minimum is not None and v < minimum:
-        raise SpecError(f"{where}.{key}={v} must be >= {minimum}")
+        raise SpecError(f"{where}.{key}={v:g} must be >= {minimum:g}")
     return int(v) if integer else float(v)
 
 
@@ -78,17 +96,41 @@ def _choice(d, key, where, choices, default):
     return v
 
 
+def read_text(path) -> str:
+    """A file's UTF-8 text, with a clear error for a missing, unreadable or binary file."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: not a UTF-8 text file") from None
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read ({err.strerror or err})") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {str(key)!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path) -> dict:
     """Parse a YAML file into a mapping, with a clear error for malformed files."""
     path = Path(path)
+    text = read_text(path)
     try:
-        text = path.read_text()
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read ({err.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as err:
-        raise SpecError(f"{path}: malformed YAML: {str(err).splitlines()[0]}") from None
+        raise SpecError(f"{path}: malformed YAML: {' '.join(str(err).split())}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: malformed YAML: nested too deeply") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a YAML mapping at the top level, got "
                         f"{type(data).__name__}")
@@ -143,7 +185,10 @@ def model_from_dict(d: dict, where: str = "model") -> Model:
 
 
 def _divisors(x: int) -> list[int]:
-    return [i for i in range(1, int(x) + 1) if x % i == 0]
+    """Divisors of x by trial division up to sqrt(x) (x is at most _MAX_INTEGER)."""
+    x = int(x)
+    small = [i for i in range(1, int(math.isqrt(x)) + 1) if x % i == 0]
+    return sorted(set(small + [x // i for i in small]))
 
 
 # Hugging Face config.json keys -> our keys (Llama, Mistral, Mixtral, Qwen, GPT-2 families).
@@ -185,8 +230,8 @@ def model_from_hf(cfg: dict, where: str) -> Model:
     d["biases"] = is_gpt2 or bool(cfg.get("attention_bias", False))
     d["learned_positions"] = is_gpt2
     d.setdefault("tied_embeddings", is_gpt2)
-    if d.get("moe_experts") and "moe_ffn_hidden" not in d:
-        d["moe_ffn_hidden"] = d.get("ffn_hidden", 4 * d["hidden"])
+    if d.get("moe_experts") and "moe_ffn_hidden" not in d and "ffn_hidden" in d:
+        d["moe_ffn_hidden"] = d["ffn_hidden"]
     d["name"] = str(cfg.get("_name_or_path") or cfg.get("model_type") or Path(where).stem)
     return model_from_dict(d, where)
 
@@ -195,12 +240,13 @@ def load_model(name_or_path) -> Model:
     """A model by name (configs/models/NAME.yaml), YAML path, or Hugging Face config.json."""
     path = Path(name_or_path)
     if path.suffix == ".json":
+        text = read_text(path)
         try:
-            cfg = json.loads(path.read_text())
-        except OSError as err:
-            raise SpecError(f"{path}: cannot read ({err.strerror})") from None
+            cfg = json.loads(text)
         except json.JSONDecodeError as err:
             raise SpecError(f"{path}: malformed JSON: {err.msg} at line {err.lineno}") from None
+        except RecursionError:
+            raise SpecError(f"{path}: malformed JSON: nested too deeply") from None
         if not isinstance(cfg, dict):
             raise SpecError(f"{path}: expected a JSON object at the top level")
         return model_from_hf(cfg, str(path))
@@ -212,7 +258,11 @@ def load_model(name_or_path) -> Model:
 def _named(name, kind) -> Path:
     folder = _configs_dir() / kind
     path = folder / f"{name}.yaml"
-    if not path.is_file():
+    try:
+        exists = path.is_file() and "/" not in str(name)
+    except (OSError, ValueError):  # a name too long for the file system, or with a NUL
+        exists = False
+    if not exists:
         names = sorted(p.stem for p in folder.glob("*.yaml"))
         raise SpecError(f"unknown {kind[:-1]} '{name}'{closest(name, names)} "
                         f"(shipped: {', '.join(names)}; or give a path to a .yaml file)")
@@ -236,6 +286,7 @@ EFFICIENCY_KEYS = tuple(Efficiency.__dataclass_fields__)
 # Efficiencies that must be strictly positive (scales and exponents).
 _POSITIVE = ("mm_half_dim", "mm_exponent", "attn_half_work", "attn_exponent",
              "attn_half_head_dim", "floor_pnorm", "act_mem_factor")
+_EXPONENTS = ("mm_exponent", "attn_exponent")
 _FRACTIONS = ("mm_max", "attn_max", "mem_eff", "coll_eff_intra", "coll_eff_inter",
               "mem_usable_frac")
 
@@ -247,10 +298,14 @@ def efficiency_from_dict(d: dict, where: str, base: Efficiency | None = None) ->
     values = {}
     for key in d:
         v = _number(d, key, where, minimum=0.0)
-        if key in _FRACTIONS and not 0 < v <= 1:
-            raise SpecError(f"{where}.{key}={v} must be in (0, 1]")
+        if key in _FRACTIONS and not 1e-3 <= v <= 1:
+            raise SpecError(f"{where}.{key}={v:g} must be in [0.001, 1]")
         if key in _POSITIVE and v <= 0:
-            raise SpecError(f"{where}.{key}={v} must be > 0")
+            raise SpecError(f"{where}.{key}={v:g} must be > 0")
+        if key in _EXPONENTS and not 0 < v <= 20:
+            raise SpecError(f"{where}.{key}={v} must be in (0, 20]")
+        if key == "floor_pnorm" and not 1 <= v <= 100:
+            raise SpecError(f"{where}.{key}={v} must be in [1, 100] (a p-norm)")
         values[key] = v
     return base.replace(**values)
 
@@ -360,7 +415,7 @@ def _run_row(row: dict, where: str):
     if model["gated_mlp"] not in ("0", "1"):
         raise SpecError(f"{where}.gated_mlp={model['gated_mlp']!r} is not allowed (allowed: 0, 1)")
     model["gated_mlp"] = model["gated_mlp"] == "1"
-    if int(float(model.get("moe_experts", 0))):
+    if _number(model, "moe_experts", where, integer=True, minimum=0, default=0):
         model["moe_ffn_hidden"] = model.get("ffn_hidden", "0")
     m = model_from_dict(model, where)
     rec = get("recompute")
@@ -416,13 +471,15 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
     if precision is not None:
         training_from_name(precision, where="--precision")
     try:
-        with path.open(newline="") as fh:
+        with path.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
             header = reader.fieldnames or []
             rows = list(reader)
     except OSError as err:
-        raise SpecError(f"{path}: cannot read ({err.strerror})") from None
-    except (csv.Error, UnicodeDecodeError) as err:
+        raise SpecError(f"{path}: cannot read ({err.strerror or err})") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: not a UTF-8 text file") from None
+    except csv.Error as err:
         raise SpecError(f"{path}: malformed CSV ({err})") from None
     missing = [c for c in RUN_REQUIRED if c not in header]
     if missing:
@@ -461,8 +518,11 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
             t = float("nan")
         m, par, precision = _run_row(row, where)
         p = Parallel(**{k: float(v) for k, v in par.items() if k != "num_gpus"} | par_over)
-        check_layout(m, p, par["num_gpus"], where)
+        check_layout(m, p, par["num_gpus"], where, devices_field="num_gpus")
         mem = (row.get("peak_memory_GB") or "").strip()
+        if status == "oom" and step:
+            raise SpecError(f"{where}.step_time_s={step!r}: a run with status oom has no step "
+                            f"time; leave the cell blank")
         ids.append(rid)
         models.append(m.replace(name="runs"))
         pars.append(p)
@@ -470,7 +530,8 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
                                             where=f"{where}.precision", **tr_over))
         systems.append((row.get("system") or "").strip())
         times.append(t)
-        mems.append(_number({"m": mem}, "m", where, positive=True) if mem else float("nan"))
+        mems.append(_number({"peak_memory_GB": mem}, "peak_memory_GB", where, positive=True)
+                    if mem else float("nan"))
         ran.append(status == "ok")
     return Runs(ids, rows, models, pars, trainings, systems, np.array(times), np.array(mems),
                 np.array(ran))
@@ -481,12 +542,16 @@ def load_table(path, required) -> dict:
     columns; clear errors for a missing file, column or a non-numeric cell."""
     path = Path(path)
     try:
-        with path.open(newline="") as fh:
+        with path.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
             header = reader.fieldnames or []
             rows = list(reader)
     except OSError as err:
-        raise SpecError(f"{path}: cannot read ({err.strerror})") from None
+        raise SpecError(f"{path}: cannot read ({err.strerror or err})") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: not a UTF-8 text file") from None
+    except csv.Error as err:
+        raise SpecError(f"{path}: malformed CSV ({err})") from None
     missing = [c for c in required if c not in header]
     if missing:
         raise SpecError(f"{path}: missing column '{missing[0]}'{closest(missing[0], header)} "

@@ -17,8 +17,10 @@ def _arr(x):
 
 
 def _divisors(x: float) -> str:
+    """Divisors of x, listed (trial division up to sqrt(x))."""
     x = int(x)
-    return ", ".join(str(i) for i in range(1, x + 1) if x % i == 0)
+    small = [i for i in range(1, int(np.sqrt(x)) + 1) if x % i == 0]
+    return ", ".join(str(i) for i in sorted(set(small + [x // i for i in small])))
 
 
 def _fail(mask, where, message):
@@ -36,7 +38,8 @@ def _divides(a, b):
     return np.mod(b, np.maximum(a, 1.0)) == 0.0
 
 
-def check_layout(model, parallel, n_devices=None, where: str = "parallel") -> None:
+def check_layout(model, parallel, n_devices=None, where: str = "parallel",
+                 devices_field: str = "number of devices") -> None:
     """Raise SpecError unless the layout is structurally valid for the model.
 
     Rules: degrees are whole numbers >= 1; tp divides num_heads and ffn_hidden, and
@@ -101,5 +104,5 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel") -> No
         total = P["tp"] * P["cp"] * P["dp"] * P["pp"]
         nd = np.atleast_1d(_arr(n_devices))
         _fail(total != nd, where, lambda i: (
-            f"tp x cp x dp x pp = {pick(total, i):g} must equal the number of devices "
+            f"tp x cp x dp x pp = {pick(total, i):g} must equal {devices_field}="
             f"{pick(nd, i):g}"))

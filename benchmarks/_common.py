@@ -1,0 +1,28 @@
+"""Shared helpers of the benchmark scripts: the machine line and a best-of-n timer."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+
+def machine() -> str:
+    """Device, JAX version, CPU count and load: printed beside every figure (STYLE.md 8)."""
+    import jax
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"device: {jax.devices()[0].device_kind} x {len(jax.devices())} "
+            f"({jax.default_backend()}), jax {jax.__version__}, python "
+            f"{platform.python_version()}, {os.cpu_count()} CPU cores, "
+            f"load average {load:.2f}")
+
+
+def best_of(fn, repeat: int) -> float:
+    """Smallest wall time of `repeat` calls of fn() (fn blocks until its result is ready)."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
