@@ -59,17 +59,19 @@ def synthetic():
                                weight=jnp.asarray(fit_mask, jnp.float32)), fit_mask
 
 
-def _best_fit(system, rs):
+@pytest.fixture(scope="module")
+def fitted(synthetic):
     """Both starting points of `calibrate_runs`; the lower final loss wins."""
+    system, rs, _ = synthetic
     fits = [cal.fit(start, [rs], FIELDS, steps=STEPS, learning_rate=0.05)
             for start in cal.starting_points(system.eff, FIELDS)]
     return min(fits, key=lambda f: f.loss_history[-1])
 
 
-def test_recovers_known_parameters(synthetic):
+def test_recovers_known_parameters(synthetic, fitted):
     system, rs, fit_mask = synthetic
     assert fit_mask.sum() >= 40 and (~fit_mask).sum() >= 10
-    fit = _best_fit(system, rs)
+    fit = fitted
     # Each starts far from the truth (defaults: 0.8, 5e-5, 5e-3). The two that dominate
     # whole regimes are recovered within 10 %; the fixed step time, a small part of every
     # step (20 ms of 0.1-2 s), within 25 %.
@@ -85,9 +87,9 @@ def test_recovers_known_parameters(synthetic):
     assert err0[~fit_mask].mean() > 5 * err[~fit_mask].mean()
 
 
-def test_laplace_interval_covers_heldout(synthetic):
+def test_laplace_interval_covers_heldout(synthetic, fitted):
     system, rs, fit_mask = synthetic
-    fit = _best_fit(system, rs)
+    fit = fitted
     jac = cal.log_jacobian(fit.eff, FIELDS, rs, TEMPERATURE)
     step, _ = cal.run_predictions(fit.eff, rs, TEMPERATURE)
     resid = np.log(np.asarray(step)) - np.asarray(rs.log_step)
