@@ -6,6 +6,7 @@ Public interface (DESIGN.md): load_model, load_system, Parallel, Training, predi
 from __future__ import annotations
 
 from diffperf.api import predict, predict_batch
+from diffperf.axonn_search import best_axonn_grid
 from diffperf.errors import SpecError
 from diffperf.result import Breakdown, Memory, Result
 from diffperf.specs import Efficiency, Model, Parallel, Recompute, System, Tier, Training, ZeroStage
@@ -13,7 +14,7 @@ from diffperf.specs.batch import stack, unstack
 from diffperf.specs.load import apply_overlay, load_model, load_runs, load_system
 from diffperf.specs.training import training
 
-__all__ = ["predict", "predict_batch", "SpecError", "Breakdown", "Memory", "Result",
+__all__ = ["predict", "predict_batch", "best_axonn_grid", "SpecError", "Breakdown", "Memory", "Result",
            "Efficiency", "Model", "Parallel", "Recompute", "System", "Tier", "Training",
            "ZeroStage", "stack", "unstack", "apply_overlay", "load_model", "load_runs",
            "load_system", "training"]

@@ -1,8 +1,8 @@
 """predict(): step time, breakdown, memory and MFU of one configuration (DESIGN.md).
 
 Assembly after PAPERS.md section 5.11:
-    t_f, t_b  = per layer: op times + exposed TP / CP collectives (+ recompute in t_b),
-                each combined with the host launch floor by a smooth max
+    t_f, t_b  = per layer: op times + exposed TP / CP / EP / AxoNN collectives (+ recompute
+                in t_b), each combined with the host launch floor by a smooth max
     T_pipe    = m t_max + (sum_i t_i - t_max)/v  + exposed p2p
     T_step    = T_pipe + exposed DP / ZeRO + optimizer step + per-step overhead
 """
@@ -12,30 +12,102 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from diffperf.costs.collectives import all_gather_s, all_reduce_s, reduce_scatter_s, send_recv_s
-from diffperf.costs.compute import gemms_time_s, layer_times_s, matmul_peak, memory_time_s
+from diffperf.costs.axonn import axonn_times_s
+from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s,
+                                        reduce_scatter_s, ring_step_s, send_recv_s)
+from diffperf.costs.compute import (gemm_times_s, gemms_time_s, layer_times_s, matmul_peak,
+                                    memory_time_s)
 from diffperf.costs.smooth import pnorm_max
 from diffperf.memory.device import device_memory
 from diffperf.result import EXPOSED_PARTS, Breakdown, Memory, Result
-from diffperf.schedule.overlap import dp_exposed_s, split_exposed
+from diffperf.schedule.overlap import (axonn_exposed_s, dp_exposed_s, ring_exposed_s,
+                                       split_exposed)
 from diffperf.schedule.pipeline import critical_stage_weights, p2p_exposed_s, pipeline_times_s
 from diffperf.specs import Parallel, Training
-from diffperf.workload.cp import cp_kv_bytes
-from diffperf.workload.dp import dp_volumes_bytes
+from diffperf.workload.axonn import axonn_layer_volumes
+from diffperf.workload.cp import cp_kv_bytes, cp_ring_block_bytes, cp_ring_steps
+from diffperf.workload.dp import dp_volumes_bytes, product_group
+from diffperf.workload.ep import ep_a2a_bytes, ep_a2a_per_layer
 from diffperf.workload.flops import attention_io_bytes, head_ops, layer_ops
 from diffperf.workload.groups import stride
-from diffperf.workload.params import layer_params_per_device, stage_params_per_device
+from diffperf.workload.params import (grid_shards, layer_params_per_device,
+                                      stage_expert_params_per_device, stage_params_per_device)
 from diffperf.workload.pp import pp_message_bytes
 from diffperf.workload.tp import tp_collectives_per_layer, tp_message_bytes
 
-_PARTS = ("compute_s", "recompute_s", "tp_exposed_s", "cp_exposed_s", "overhead_s",
-          "overlap_slowdown_s", "tp_hidden_s", "cp_hidden_s")
+_PARTS = ("compute_s", "recompute_s", "tp_exposed_s", "cp_exposed_s", "ep_exposed_s",
+          "axonn_exposed_s", "overhead_s", "overlap_slowdown_s", "tp_hidden_s", "cp_hidden_s",
+          "ep_hidden_s", "axonn_hidden_s")
+
+
+def _placed(parallel):
+    """The layout as `groups.stride` sees it: the AxoNN grid (tp = 1 when it is on) sits in
+    TP's slot of the rank order (PAPERS.md section 4.1: X innermost, data parallel outside)."""
+    return parallel.replace(tp=parallel.tp * grid_shards(parallel))
 
 
 def _tp_collective_s(model, parallel, system, training):
     """One TP all-reduce of S = b (s/c) h q_a (with SP: RS + AG, same ring cost)."""
     S = tp_message_bytes(model, parallel, training)
-    return all_reduce_s(S, parallel.tp, stride(parallel, "tp"), system)
+    return all_reduce_s(S, parallel.tp, stride(_placed(parallel), "tp"), system)
+
+
+def _ep_parts(model, parallel, system, training, dense, temperature):
+    """(fwd exposed, fwd hidden, bwd exposed, bwd hidden) of the MoE token all-to-alls of one
+    layer, one micro-batch: 2 forward + 2 backward (+2 under full recompute) of
+    S = k C_f T_r h q_a over the ep ranks (PAPERS.md section 5.8); a fraction `ep_overlap`
+    of the layer's GEMM time can hide them (e.g. behind shared experts or another chunk)."""
+    n_f, n_b = ep_a2a_per_layer(parallel)
+    c = all_to_all_s(ep_a2a_bytes(model, parallel, training), parallel.ep,
+                     stride(_placed(parallel), "ep"), system)
+    f, fh = split_exposed(n_f * c, parallel.ep_overlap * dense, temperature)
+    b, bh = split_exposed(n_b * c, parallel.ep_overlap * 2.0 * dense, temperature)
+    return f, fh, b, bh
+
+
+def _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature):
+    """(fwd exposed, fwd hidden, bwd exposed, bwd hidden) of the K/V exchange of one layer,
+    one micro-batch (PAPERS.md section 5.7), by `cp_ring`:
+
+        ring (1):       c - 1 steps of S_blk each behind one block's attention (attention / c);
+                        backward: 2 S_blk per step (K, V and dK, dV) behind attention_bwd / c
+        all-gather (0): AG(S) behind the forward attention; AG(S) + RS(S) behind the backward
+    Full recompute re-runs the forward exchange inside the backward."""
+    c, s_cp = parallel.cp, stride(_placed(parallel), "cp")
+    blk = cp_ring_block_bytes(model, parallel, training)
+    steps = cp_ring_steps(parallel)
+    rf, rfh = ring_exposed_s(ring_step_s(blk, c, s_cp, system), steps, attn / c, temperature)
+    rb, rbh = ring_exposed_s(ring_step_s(2.0 * blk, c, s_cp, system), steps, attn_bwd / c,
+                             temperature)
+    c_ag = all_gather_s(cp_kv_bytes(model, parallel, training), c, s_cp, system)
+    af, afh = split_exposed(c_ag, attn, temperature)
+    ab, abh = split_exposed(2.0 * c_ag, attn_bwd, temperature)
+    ring = parallel.cp_ring
+    f, fh = ring * rf + (1.0 - ring) * af, ring * rfh + (1.0 - ring) * afh
+    full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
+    b = ring * rb + (1.0 - ring) * ab + full * f
+    bh = ring * rbh + (1.0 - ring) * abh + full * fh
+    return f, fh, b, bh
+
+
+def _axonn_parts(model, parallel, system, training, ops, fwd_window, bwd_window, temperature):
+    """(fwd exposed, fwd hidden, bwd exposed, bwd hidden, forward calls) of AxoNN's grid
+    collectives of one layer, one micro-batch (PAPERS.md sections 4.2-4.3; all 0 without the
+    grid). The dW GEMM of each linear (same FLOPs as its forward GEMM) hides its dX
+    all-reduce; full recompute re-runs the forward's collectives."""
+    vol = axonn_layer_volumes(model, parallel, training)
+    t = axonn_times_s(vol, parallel, stride(_placed(parallel), "tp"), system)
+    e = system.eff
+    dw = gemm_times_s(ops.dense, system, training, e.mm_max, e.mm_half_dim, temperature)[:4]
+    fwd_ar = t["x_forward"] + t["y_forward"]
+    full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
+    f, fh, b, bh = axonn_exposed_s(
+        fwd_ar, jnp.sum(t["z_gather"]), t["x_backward"] + t["y_backward"],
+        jnp.sum(t["z_scatter"]) + full * jnp.sum(t["z_gather"]), dw, fwd_window, bwd_window,
+        parallel.axonn_overlap, temperature)
+    calls = jnp.sum(jnp.where(vol.x_forward + vol.y_forward > 0, 1.0, 0.0)
+                    + jnp.where(vol.z_gather > 0, 1.0, 0.0))
+    return f, fh, b + full * jnp.sum(fwd_ar), bh, calls
 
 
 def _layer_parts(model, parallel, system, training, temperature):
@@ -49,20 +121,28 @@ def _layer_parts(model, parallel, system, training, temperature):
     c_tp = _tp_collective_s(model, parallel, system, training)
     tp_f, tp_fh = split_exposed(n_f * c_tp, parallel.tp_overlap * dense, temperature)
     tp_b, tp_bh = split_exposed(n_b * c_tp, parallel.tp_overlap * 2.0 * dense, temperature)
-    c_cp = all_gather_s(cp_kv_bytes(model, parallel, training), parallel.cp,
-                        stride(parallel, "cp"), system)
-    cp_f, cp_fh = split_exposed(c_cp, attn, temperature)
     # Attention backward: 2 x forward, + the recomputed scores of flash attention (0.5 x).
     attn_bwd = (2.0 + 0.5 * training.flash_attention) * attn
-    cp_b, cp_bh = split_exposed(2.0 * c_cp, attn_bwd, temperature)
+    cp_f, cp_fh, cp_b, cp_bh = _cp_parts(model, parallel, system, training, attn, attn_bwd,
+                                         temperature)
+    ep_f, ep_fh, ep_b, ep_bh = _ep_parts(model, parallel, system, training, dense, temperature)
+    ax_f, ax_fh, ax_b, ax_bh, ax_calls = _axonn_parts(
+        model, parallel, system, training, ops, dense + attn, 2.0 * dense + attn_bwd,
+        temperature)
     full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
     selective = jnp.where(parallel.recompute == 1, 1.0, 0.0)
     recompute = full * (dense + attn + other) + selective * attn
-    slow = e.overlap_slowdown * (tp_fh + tp_bh + cp_fh + cp_bh)
-    gpu_f = dense + attn + other + tp_f + cp_f + e.overlap_slowdown * (tp_fh + cp_fh)
-    gpu_b = 2.0 * dense + attn_bwd + 2.0 * other + recompute + tp_b + cp_b + (
-        e.overlap_slowdown * (tp_bh + cp_bh))
-    kernels = ops.n_kernels + jnp.where(parallel.tp > 1, n_f, 0.0)
+    hidden_f = tp_fh + cp_fh + ep_fh + ax_fh
+    hidden_b = tp_bh + cp_bh + ep_bh + ax_bh
+    gpu_f = (dense + attn + other + tp_f + cp_f + ep_f + ax_f
+             + e.overlap_slowdown * hidden_f)
+    gpu_b = (2.0 * dense + attn_bwd + 2.0 * other + recompute + tp_b + cp_b + ep_b + ax_b
+             + e.overlap_slowdown * hidden_b)
+    is_moe = jnp.where(model.n_experts > 0, 1.0, 0.0)
+    kernels = (ops.n_kernels + jnp.where(parallel.tp > 1, n_f, 0.0)
+               + jnp.where(parallel.ep > 1, 2.0 * is_moe, 0.0)  # dispatch, combine
+               + 2.0 * parallel.cp_ring * cp_ring_steps(parallel)  # block attention + p2p
+               + ax_calls)
     host_f = kernels * e.host_kernel_s + e.host_layer_s
     # Full recompute re-runs the layer's forward inside the backward: one more layer pass on
     # the host, plus the checkpoint's own bookkeeping (RNG state, rebuilding the graph).
@@ -71,9 +151,12 @@ def _layer_parts(model, parallel, system, training, temperature):
     t_f = pnorm_max(gpu_f, host_f, e.floor_pnorm)
     t_b = pnorm_max(gpu_b, host_b, e.floor_pnorm)
     parts = dict(compute_s=3.0 * dense + attn + attn_bwd + 3.0 * other, recompute_s=recompute,
-                 tp_exposed_s=tp_f + tp_b, cp_exposed_s=cp_f + cp_b,
-                 overhead_s=(t_f - gpu_f) + (t_b - gpu_b), overlap_slowdown_s=slow,
-                 tp_hidden_s=tp_fh + tp_bh, cp_hidden_s=cp_fh + cp_bh)
+                 tp_exposed_s=tp_f + tp_b, cp_exposed_s=cp_f + cp_b, ep_exposed_s=ep_f + ep_b,
+                 axonn_exposed_s=ax_f + ax_b,
+                 overhead_s=(t_f - gpu_f) + (t_b - gpu_b),
+                 overlap_slowdown_s=e.overlap_slowdown * (hidden_f + hidden_b),
+                 tp_hidden_s=tp_fh + tp_bh, cp_hidden_s=cp_fh + cp_bh, ep_hidden_s=ep_fh + ep_bh,
+                 axonn_hidden_s=ax_fh + ax_bh)
     return parts, t_f, t_b
 
 
@@ -98,32 +181,53 @@ def _exposed_sum(parts):
     return sum(parts[k] for k in _PARTS if not k.endswith("hidden_s"))
 
 
-def _dp_parts(model, parallel, system, training, t_f, t_b, temperature):
-    """(exposed, hidden, params of the larger stage) of the DP gradient reduction / ZeRO."""
+def _dp_groups(model, parallel):
+    """[(stage params, layer params, group size, stride)] of the weights reduced together:
+    dense weights over the d x c ranks that hold them (PAPERS.md section 3.5: CP ranks hold
+    the same weights), routed experts over the d c / e expert-data-parallel ranks (section 5.8;
+    ep is the innermost part of dp, so their dp members are e dp-strides apart)."""
     first, last = stage_params_per_device(model, parallel)
     P = jnp.maximum(first, last)
-    layer_P = layer_params_per_device(model, parallel)
-    g, w, lw, lg = dp_volumes_bytes(P, layer_P, training)
-    n, s = parallel.dp, stride(parallel, "dp")
-    reduce_s = jnp.where(parallel.zero_stage == 0, all_reduce_s(g, n, s, system),
-                         reduce_scatter_s(g, n, s, system))
-    gather_s = all_gather_s(w, n, s, system)
-    layer_s = 2.0 * all_gather_s(lw, n, s, system) + reduce_scatter_s(lg, n, s, system)
+    P_e = stage_expert_params_per_device(model, parallel)
     layers = model.n_layers / parallel.pp
-    exposed, hidden = dp_exposed_s(reduce_s, gather_s, layer_s, all_gather_s(lw, n, s, system),
+    layer_P = layer_params_per_device(model, parallel)
+    placed = _placed(parallel)
+    s_dp, s_cp = stride(placed, "dp"), stride(placed, "cp")
+    n_d, s_d = product_group(parallel.dp, s_dp, parallel.cp, s_cp)
+    n_e, s_e = product_group(parallel.dp / parallel.ep, s_dp * parallel.ep, parallel.cp, s_cp)
+    return P, [(P - P_e, layer_P - P_e / layers, n_d, s_d), (P_e, P_e / layers, n_e, s_e)]
+
+
+def _dp_parts(model, parallel, system, training, t_f, t_b, temperature):
+    """(exposed, hidden, params of the larger stage, params that the optimizer step of this
+    rank updates) of the DP gradient reduction / ZeRO, summed over `_dp_groups`."""
+    P, groups = _dp_groups(model, parallel)
+    reduce_s = gather_s = layer_s = first_s = own = 0.0
+    sharded = parallel.zero_stage >= 1
+    for params, lparams, n, s in groups:
+        g, w, lw, lg = dp_volumes_bytes(params, lparams, training)
+        on = jnp.where(params > 0, 1.0, 0.0)  # no expert group in a dense model
+        reduce_s += on * jnp.where(parallel.zero_stage == 0, all_reduce_s(g, n, s, system),
+                                   reduce_scatter_s(g, n, s, system))
+        gather_s += on * all_gather_s(w, n, s, system)
+        layer_s += on * (2.0 * all_gather_s(lw, n, s, system) + reduce_scatter_s(lg, n, s, system))
+        first_s += on * all_gather_s(lw, n, s, system)
+        own += params / jnp.where(sharded, n, 1.0)
+    layers = model.n_layers / parallel.pp
+    exposed, hidden = dp_exposed_s(reduce_s, gather_s, layer_s, first_s,
                                    layers * t_b, t_f + t_b,
                                    parallel.n_microbatches * layers, parallel, temperature)
-    return exposed, hidden, P
+    return exposed, hidden, P, own
 
 
-def _optimizer_s(P, parallel, system, training):
+def _optimizer_s(own, system, training):
     """Memory-bound optimizer step over the parameters this rank owns (PAPERS.md 5.11):
 
         bytes = Psi_own (q_g + 2 q_opt + q_w + q_master + (q_master or q_w)) + q_g Psi_own
     (read gradient, master or weights, moments; write them and the 16-bit weights; one more
     gradient read for the norm / clipping). Mixed-precision Adam: (26 + q_g) + q_g per param.
+    Psi_own = Psi / N under ZeRO >= 1, N the ranks that hold the same weights (`_dp_groups`).
     """
-    own = P / jnp.where(parallel.zero_stage >= 1, parallel.dp, 1.0)
     q_master = training.master_bytes
     source = jnp.where(q_master > 0, q_master, training.weight_bytes)
     per_param = (2.0 * training.grad_bytes + 2.0 * training.optimizer_bytes
@@ -165,13 +269,13 @@ def predict_step(model, parallel, system, training, temperature=None) -> Result:
     m = parallel.n_microbatches
     crit = {k: m * (body[k] + w_first * first[k] + w_last * last[k]) for k in _PARTS}
     send = send_recv_s(pp_message_bytes(model, parallel, training), parallel.pp,
-                       stride(parallel, "pp"), system)
-    dp_exposed, dp_hidden, P = _dp_parts(model, parallel, system, training, t_f, t_b,
-                                         temperature)
+                       stride(_placed(parallel), "pp"), system)
+    dp_exposed, dp_hidden, _, own = _dp_parts(model, parallel, system, training, t_f, t_b,
+                                              temperature)
     breakdown = Breakdown(
         **{k: crit[k] for k in _PARTS}, pp_exposed_s=p2p_exposed_s(send, parallel),
         dp_exposed_s=dp_exposed, dp_hidden_s=dp_hidden, bubble_s=bubble,
-        optimizer_s=_optimizer_s(P, parallel, system, training))
+        optimizer_s=_optimizer_s(own, system, training))
     breakdown = breakdown.replace(overhead_s=breakdown.overhead_s + system.eff.step_s)
     step = sum(getattr(breakdown, k) for k in EXPOSED_PARTS)
     memory = device_memory(model, parallel, system, training)

@@ -15,6 +15,8 @@ class Breakdown(struct.PyTreeNode):
     recompute_s: Any          # activation recomputation (selective or full)
     tp_exposed_s: Any         # tensor-parallel collectives on the critical path
     cp_exposed_s: Any         # context-parallel K/V exchange not hidden behind attention
+    ep_exposed_s: Any         # expert-parallel token all-to-alls (dispatch and combine)
+    axonn_exposed_s: Any      # AxoNN 3D tensor-grid collectives on the critical path
     pp_exposed_s: Any         # stage-boundary sends and receives
     dp_exposed_s: Any         # gradient reduction / ZeRO gathers not hidden behind backward
     bubble_s: Any             # pipeline fill and drain
@@ -23,12 +25,15 @@ class Breakdown(struct.PyTreeNode):
     overlap_slowdown_s: Any   # compute slowed down by the communication it hides
     tp_hidden_s: Any
     cp_hidden_s: Any
+    ep_hidden_s: Any
+    axonn_hidden_s: Any
     dp_hidden_s: Any
 
 
-EXPOSED_PARTS = ("compute_s", "recompute_s", "tp_exposed_s", "cp_exposed_s", "pp_exposed_s",
-                 "dp_exposed_s", "bubble_s", "optimizer_s", "overhead_s", "overlap_slowdown_s")
-HIDDEN_PARTS = ("tp_hidden_s", "cp_hidden_s", "dp_hidden_s")
+EXPOSED_PARTS = ("compute_s", "recompute_s", "tp_exposed_s", "cp_exposed_s", "ep_exposed_s",
+                 "axonn_exposed_s", "pp_exposed_s", "dp_exposed_s", "bubble_s", "optimizer_s",
+                 "overhead_s", "overlap_slowdown_s")
+HIDDEN_PARTS = ("tp_hidden_s", "cp_hidden_s", "ep_hidden_s", "axonn_hidden_s", "dp_hidden_s")
 
 
 class Memory(struct.PyTreeNode):

@@ -8,7 +8,8 @@ from diffperf.cli.output import console, fmt, print_json, table
 from diffperf.errors import SpecError
 
 _LAYOUT = (("tp", 8), ("pp", 8), ("cp", 1), ("ep", 1), ("vp", 1), ("micro_batch", 1),
-           ("global_batch", 1536), ("zero_stage", 1))
+           ("global_batch", 1536), ("zero_stage", 1), ("cp_ring", 1), ("gx", 1), ("gy", 1),
+           ("gz", 1))
 
 
 def add_parser(sub):
@@ -20,7 +21,8 @@ def add_parser(sub):
     p.add_argument("--system", default="a100-sxm-80gb", help="name under configs/systems or "
                    "a YAML (default: a100-sxm-80gb)")
     p.add_argument("--calibration", help="efficiency overlay YAML (from diffperf calibrate)")
-    p.add_argument("--gpus", type=int, default=1024, help="devices; dp = gpus / (tp cp pp)")
+    p.add_argument("--gpus", type=int, default=1024,
+                   help="devices; dp = gpus / (tp cp pp gx gy gz)")
     p.add_argument("--dp", type=int, help="data-parallel degree (default: from --gpus)")
     for name, default in _LAYOUT:
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=default)
@@ -46,10 +48,12 @@ def build(args):
             raise SpecError(f"--seq-len={args.seq_len} must be > 0")
         model = model.replace(seq_len=float(args.seq_len))
     system = load_system(args.system, calibration=args.calibration)
-    inner = args.tp * args.cp * args.pp
+    inner = args.tp * args.cp * args.pp * args.gx * args.gy * args.gz
     if args.dp is None:
         if inner <= 0 or args.gpus % inner:
-            raise SpecError(f"--gpus={args.gpus} must be a multiple of tp x cp x pp = {inner}")
+            names = "tp x cp x pp" + (" x gx x gy x gz" if inner > args.tp * args.cp * args.pp
+                                      else "")
+            raise SpecError(f"--gpus={args.gpus} must be a multiple of {names} = {inner}")
         args.dp = args.gpus // inner
     layout = {k: float(getattr(args, k)) for k, _ in _LAYOUT}
     parallel = Parallel(**layout, dp=float(args.dp),
@@ -97,10 +101,13 @@ def run(args) -> int:
         print_json(dict(model=model.name, system=system.name, gpus=args.gpus,
                         layout={k: float(getattr(parallel, k)) for k in (
                             "tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch",
-                            "sequence_parallel", "zero_stage", "recompute")},
+                            "sequence_parallel", "zero_stage", "recompute", "cp_ring", "gx",
+                            "gy", "gz")},
                         result=result_dict(result)))
         return 0
     title = (f"{model.name} on {args.gpus} x {system.name}: tp {args.tp} pp {args.pp} "
-             f"dp {args.dp} cp {args.cp} mb {args.micro_batch} gb {args.global_batch}")
+             f"dp {args.dp} cp {args.cp} mb {args.micro_batch} gb {args.global_batch}"
+             + (f" grid {args.gx}x{args.gy}x{args.gz}" if args.gx * args.gy * args.gz > 1
+                else ""))
     render(result, title)
     return 0

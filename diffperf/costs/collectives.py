@@ -88,6 +88,33 @@ def all_to_all_s(S, n, stride, system):
     return active * (total + (n - 1.0) * alpha + system.eff.coll_base_s)
 
 
+def ring_step_s(S, n, stride, system):
+    """One step of a ring exchange: every rank of a ring of n sends S bytes to its neighbour at
+    once, so the step lasts as long as the slowest link the ring uses:
+
+        T = t0 + max_i w_i (alpha_i + S / (BW_i eta_i)),
+        w_0 = 1,  w_i = clip(n stride / D_{i-1} - 1, 0, 1)  (the ring leaves a tier-(i-1) domain)
+
+    S = bytes per rank per step, n = ring size, stride = rank distance between members, D_i the
+    tier domain sizes; w_i is the crossing indicator of `tiers.p2p_tier_fractions`, not divided
+    by the number of links (in a ring every step waits for its one crossing link). 0 for n = 1.
+    Source: PAPERS.md section 5.7 (ring attention: c - 1 p2p steps of K/V blocks), section 5.9
+    (send/recv: alpha + S beta) [D].
+    Example: S = 1 MB, n = 4 inside an 8-GPU node, BW 450 GB/s x 0.8, alpha 2.5 us:
+    t0 + 2.5 us + 1e6 / 360e9 = t0 + 5.28 us; the same ring of stride 8 across nodes at
+    50 GB/s x 0.8 and alpha 5 us: t0 + 5 us + 25 us.
+    """
+    bws = tier_bandwidths_Bps(system)
+    worst = 0.0
+    crossing = 1.0
+    for i, (tier, bw) in enumerate(zip(system.tiers, bws)):
+        if i > 0:
+            crossing = jnp.clip(n * stride / system.tiers[i - 1].domain_size - 1.0, 0.0, 1.0)
+        worst = jnp.maximum(worst, crossing * (tier.latency_s + S / bw))
+    active = jnp.where(n > 1.0, 1.0, 0.0)
+    return active * (worst + system.eff.coll_base_s)
+
+
 def send_recv_s(S, n, stride, system):
     """Point-to-point transfer of S bytes between neighbours of a chain of n ranks, `stride`
     apart (a pipeline):

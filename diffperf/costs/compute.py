@@ -20,6 +20,11 @@ def matmul_peak(system, training):
 def gemms_time_s(gemms, system, training, eff_max, half_dim, temperature=None):
     """Sum over GEMMs of  count x roofline(2 m n k, q (m k + k n + m n)),
     efficiency eta(d) = eff_max / (1 + (d_half / d)^gamma), d = soft-min(m, n, k)."""
+    return jnp.sum(gemm_times_s(gemms, system, training, eff_max, half_dim, temperature))
+
+
+def gemm_times_s(gemms, system, training, eff_max, half_dim, temperature=None):
+    """Per-GEMM  count x roofline time (the terms `gemms_time_s` sums), one per row."""
     q = training.activation_bytes
     # Unused op kinds (MoE rows of a dense model) have zero dimensions: clamp to 1 so that
     # the efficiency stays finite; their count of 0 removes them from the sum.
@@ -29,7 +34,7 @@ def gemms_time_s(gemms, system, training, eff_max, half_dim, temperature=None):
     bytes_moved = q * (m * k + k * n + m * n)
     each = roofline_time_s(flops, bytes_moved, matmul_peak(system, training), eff,
                            system.hbm_bandwidth_Bps, system.eff.mem_eff, temperature)
-    return jnp.sum(gemms.count * each)
+    return gemms.count * each
 
 
 def attention_efficiency(work, head_dim, eff):

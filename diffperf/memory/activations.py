@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from diffperf.workload.flops import head_shards, hidden_shards
+
 
 def layer_activation_bytes(model, parallel, training):
     """Bytes one layer keeps for its backward, one micro-batch, on one device.
@@ -23,11 +25,13 @@ def layer_activation_bytes(model, parallel, training):
             + 4 b a (s/c) / t                          (flash softmax statistics, fp32)
     s here is the device's sequence shard s/c; t_sp = t with SP, else 1; m_d = dropout.
     Full recompute keeps only the layer input: q_r s b h / t_sp.
+    AxoNN grid (PAPERS.md section 4.2): t = G_y (heads and FFN width) and t_sp = G_x (the
+    residual stream's width is split over X) [D].
     Example (GPT-3 175B, s 2048, b 1, t 1, q_a 2, dropout, no flash): s b h (34 + 5 a s/h).
     """
-    t, q, md = parallel.tp, training.activation_bytes, training.dropout
+    t, q, md = head_shards(parallel), training.activation_bytes, training.dropout
     sbh = parallel.micro_batch * model.seq_len / parallel.cp * model.hidden
-    t_sp = jnp.where(parallel.sequence_parallel > 0, t, 1.0)
+    t_sp = jnp.where(parallel.sequence_parallel > 0, parallel.tp, 1.0) * hidden_shards(parallel)
     a, akv = model.n_heads, model.n_kv_heads
     ffn = jnp.where(model.n_experts > 0, (model.moe_topk * model.capacity_factor
                                           + model.n_shared_experts) * model.moe_ffn_hidden,
@@ -76,4 +80,4 @@ def logits_bytes(model, parallel, training):
     runs [D].
     """
     T = parallel.micro_batch * model.seq_len / parallel.cp
-    return (2.0 * training.activation_bytes + 8.0) * T * model.vocab / parallel.tp
+    return (2.0 * training.activation_bytes + 8.0) * T * model.vocab / head_shards(parallel)

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 from diffperf.memory import activations as act
 from diffperf.memory.weights import gradient_bytes, optimizer_bytes, weight_bytes
 from diffperf.result import MEMORY_PARTS, Memory
-from diffperf.workload.params import layer_params_per_device, stage_params_per_device
+from diffperf.workload.params import (layer_matrix_params, layer_params_per_device,
+                                      stage_expert_params_per_device, stage_params_per_device)
 
 
 def _gradients_at_peak(grads, activations, parallel, training):
@@ -26,11 +27,11 @@ def _gradients_at_peak(grads, activations, parallel, training):
     return jnp.where(persist, grads, jnp.maximum(grads - activations, 0.0))
 
 
-def _stage_memory(params, activations, buffers, parallel, training):
-    grads = gradient_bytes(params, parallel, training)
-    return dict(weights_bytes=weight_bytes(params, parallel, training),
+def _stage_memory(params, expert_params, activations, buffers, parallel, training):
+    grads = gradient_bytes(params, parallel, training, expert_params)
+    return dict(weights_bytes=weight_bytes(params, parallel, training, expert_params),
                 gradients_bytes=_gradients_at_peak(grads, activations, parallel, training),
-                optimizer_bytes=optimizer_bytes(params, parallel, training),
+                optimizer_bytes=optimizer_bytes(params, parallel, training, expert_params),
                 activations_bytes=activations, buffers_bytes=buffers)
 
 
@@ -41,9 +42,11 @@ def device_memory(model, parallel, system, training) -> Memory:
         total = weights + gradients (live at the peak) + optimizer + activations + buffers
         activations(first) = A_layer x layers_in_flight + working layer (+ logits if p = 1)
         activations(last)  = A_layer x (L/p) x interleave + working layer + logits
-        buffers = 2 gathered layers under ZeRO-3 (prefetch) + runtime workspace
+        buffers = 2 gathered layers under ZeRO-3 (prefetch) + 2 layers' weights gathered over
+                  the AxoNN depth G_z (N_layer / (t G_x G_y)) + runtime workspace
     """
     first_P, last_P = stage_params_per_device(model, parallel)
+    expert_P = stage_expert_params_per_device(model, parallel)
     k = system.eff.act_mem_factor
     a_layer = k * act.layer_activation_bytes(model, parallel, training)
     working = k * act.working_layer_bytes(model, parallel, training)
@@ -52,10 +55,13 @@ def device_memory(model, parallel, system, training) -> Memory:
     first_act = a_layer * act.layers_in_flight(model, parallel) + working + single * logits
     last_act = a_layer * model.n_layers / parallel.pp + working + logits
     z3 = jnp.where(parallel.zero_stage == 3, 1.0, 0.0)
+    depth = jnp.where(parallel.gz > 1, 1.0, 0.0)
+    gathered = layer_matrix_params(model)[0] / (parallel.tp * parallel.gx * parallel.gy)
     buffers = (z3 * 2.0 * layer_params_per_device(model, parallel) * training.weight_bytes
+               + depth * 2.0 * gathered * training.weight_bytes
                + system.eff.mem_reserved_bytes)
-    first = _stage_memory(first_P, first_act, buffers, parallel, training)
-    last = _stage_memory(last_P, last_act, buffers, parallel, training)
+    first = _stage_memory(first_P, expert_P, first_act, buffers, parallel, training)
+    last = _stage_memory(last_P, expert_P, last_act, buffers, parallel, training)
     first_total = sum(first[k] for k in MEMORY_PARTS)
     last_total = sum(last[k] for k in MEMORY_PARTS)
     pick_first = first_total >= last_total

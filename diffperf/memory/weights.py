@@ -4,29 +4,42 @@ PAPERS.md section 5.5: per device, Psi parameters, N_d data-parallel ranks, K = 
 optimizer bytes:  DP (2 + 2 + K) Psi; ZeRO-1 2 Psi + 2 Psi + K Psi / N_d;
 ZeRO-2 2 Psi + (2 + K) Psi / N_d; ZeRO-3 (2 + 2 + K) Psi / N_d.
 Example: Psi = 7.5e9, N_d = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.875 GB.
+
+The ranks that hold the same weights are the data-parallel ranks times the context-parallel
+ranks, N_d = d c (PAPERS.md section 3.5: states sharded over d x c); routed experts are
+replicated only over N_e = d c / e (workload.ep.expert_dp_degree). `expert_params` is the part
+of `params` that is routed experts (0 for a dense model).
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-
-def _shard(parallel, from_stage):
-    """N_d when the ZeRO stage shards this state (stage >= from_stage), else 1."""
-    return jnp.where(parallel.zero_stage >= from_stage, parallel.dp, 1.0)
+from diffperf.workload.ep import expert_dp_degree
 
 
-def weight_bytes(params, parallel, training):
-    """Psi (q_w + q_cast), divided by N_d under ZeRO-3 (FSDP); q_cast = 16-bit copies of
-    fp32 weights that autocast keeps for the backward (0 for Megatron-style mixed precision)."""
-    return params * (training.weight_bytes + training.cast_weight_bytes) / _shard(parallel, 3)
+def _sharded(params, expert_params, parallel, from_stage):
+    """(Psi - Psi_e) / N_d + Psi_e / N_e when the ZeRO stage shards this state
+    (stage >= from_stage), else Psi."""
+    on = parallel.zero_stage >= from_stage
+    n_d = jnp.where(on, parallel.dp * parallel.cp, 1.0)
+    n_e = jnp.where(on, expert_dp_degree(parallel), 1.0)
+    return (params - expert_params) / n_d + expert_params / n_e
 
 
-def gradient_bytes(params, parallel, training):
-    """Psi q_g, divided by N_d under ZeRO-2 and -3."""
-    return params * training.grad_bytes / _shard(parallel, 2)
+def weight_bytes(params, parallel, training, expert_params=0.0):
+    """Psi (q_w + q_cast), sharded under ZeRO-3 (FSDP); q_cast = 16-bit copies of fp32
+    weights that autocast keeps for the backward (0 for Megatron-style mixed precision)."""
+    return _sharded(params, expert_params, parallel, 3) * (
+        training.weight_bytes + training.cast_weight_bytes)
 
 
-def optimizer_bytes(params, parallel, training):
-    """Psi (q_master + q_opt) = K Psi, divided by N_d under ZeRO-1, -2 and -3."""
-    return params * (training.master_bytes + training.optimizer_bytes) / _shard(parallel, 1)
+def gradient_bytes(params, parallel, training, expert_params=0.0):
+    """Psi q_g, sharded under ZeRO-2 and -3."""
+    return _sharded(params, expert_params, parallel, 2) * training.grad_bytes
+
+
+def optimizer_bytes(params, parallel, training, expert_params=0.0):
+    """Psi (q_master + q_opt) = K Psi, sharded under ZeRO-1, -2 and -3."""
+    return _sharded(params, expert_params, parallel, 1) * (
+        training.master_bytes + training.optimizer_bytes)

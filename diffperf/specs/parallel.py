@@ -32,11 +32,14 @@ class ZeroStage(enum.IntEnum):
 
 
 DIMENSIONS = ("tp", "cp", "ep", "dp", "pp")
+GRID = ("gx", "gy", "gz")  # AxoNN 3D tensor grid (Singh et al.; PAPERS.md section 4)
 
 
 class Parallel(struct.PyTreeNode):
-    """Degrees tp x cp x dp x pp = number of devices; ep divides dp (experts are sharded over
-    a sub-group of the data-parallel ranks, as in Megatron-Core); vp virtual stages per device."""
+    """Degrees tp x cp x dp x pp x gx x gy x gz = number of devices; ep divides dp (experts are
+    sharded over a sub-group of the data-parallel ranks, as in Megatron-Core); vp virtual stages
+    per device. The AxoNN grid gx x gy x gz (Singh et al., PAPERS.md section 4) takes the place
+    of Megatron TP (tp = 1 when it is > 1) and splits the batch over dp x gz."""
 
     tp: Any = 1                 # tensor (Megatron 1D) parallel degree t
     pp: Any = 1                 # pipeline stages p
@@ -51,14 +54,22 @@ class Parallel(struct.PyTreeNode):
     recompute: Any = 0          # Recompute (0 none, 1 selective, 2 full)
     dp_overlap: Any = 1         # 1: gradient reduction overlaps the backward (bucketed DDP)
     tp_overlap: Any = 0         # fraction of TP communication that can hide behind GEMMs
+    ep_overlap: Any = 0         # fraction of the EP all-to-alls that can hide behind GEMMs
+    cp_ring: Any = 1            # CP form: 1 ring (p2p K/V blocks, Megatron-Core's default "p2p"),
+                                # 0 all-gather of K/V (NERSC 2D-seqp, PAPERS.md 3.5)
+    gx: Any = 1                 # AxoNN 3D tensor grid G_x (innermost; replaces tp when > 1)
+    gy: Any = 1                 # AxoNN G_y
+    gz: Any = 1                 # AxoNN G_z ("depth": weights sharded FSDP-like, batch split)
+    axonn_overlap: Any = 1      # 1: AxoNN's overlapped collectives (PAPERS.md 4.3); 0: none
     order: tuple = struct.field(pytree_node=False, default=("tp", "cp", "dp", "pp"))
 
     @property
     def n_devices(self):
-        """tp x cp x dp x pp."""
-        return self.tp * self.cp * self.dp * self.pp
+        """tp x cp x dp x pp x gx x gy x gz."""
+        return self.tp * self.cp * self.dp * self.pp * self.gx * self.gy * self.gz
 
     @property
     def n_microbatches(self):
-        """m = B / (d b): micro-batches per pipeline per step (gradient accumulation steps)."""
-        return self.global_batch / (self.dp * self.micro_batch)
+        """m = B / (d G_z b): micro-batches per pipeline per step (gradient accumulation
+        steps); the AxoNN depth G_z splits the batch like data parallelism (PAPERS.md 4.1)."""
+        return self.global_batch / (self.dp * self.gz * self.micro_batch)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from diffperf.errors import SpecError
-from diffperf.specs.parallel import DIMENSIONS
+from diffperf.specs.parallel import DIMENSIONS, GRID
 
 
 def _arr(x):
@@ -46,26 +46,32 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     num_kv_heads or the reverse (KV heads replicated); pp x vp divides num_layers; cp divides
     seq_len; ep divides dp and moe_experts (ep > 1 needs an MoE model); micro_batch x dp
     divides global_batch; interleaving needs pp > 1 and micro-batches a multiple of pp;
-    zero_stage in 0..3; recompute in 0..2; tp x cp x dp x pp = n_devices when given.
+    zero_stage in 0..3; recompute in 0..2; cp_ring and axonn_overlap in {0, 1}; tp_overlap
+    and ep_overlap in [0, 1]; the AxoNN grid rules (`_check_grid`); tp x cp x dp x pp x gx x gy
+    x gz = n_devices when given.
     """
     P = {f: np.atleast_1d(_arr(getattr(parallel, f))) for f in (
-        *DIMENSIONS, "vp", "micro_batch", "global_batch", "zero_stage", "recompute",
-        "sequence_parallel", "dp_overlap", "tp_overlap")}
+        *DIMENSIONS, *GRID, "vp", "micro_batch", "global_batch", "zero_stage", "recompute",
+        "sequence_parallel", "dp_overlap", "tp_overlap", "ep_overlap", "cp_ring",
+        "axonn_overlap")}
     M = {f: np.atleast_1d(_arr(getattr(model, f))) for f in (
-        "n_heads", "n_kv_heads", "ffn_hidden", "n_layers", "seq_len", "n_experts")}
+        "n_heads", "n_kv_heads", "ffn_hidden", "n_layers", "seq_len", "n_experts", "hidden",
+        "head_dim")}
     pick = lambda a, i: a[i] if a.size > 1 else a[0]  # noqa: E731
-    for f in (*DIMENSIONS, "vp", "micro_batch", "global_batch"):
+    for f in (*DIMENSIONS, *GRID, "vp", "micro_batch", "global_batch"):
         v = P[f]
         _fail((v < 1) | (v != np.round(v)), where,
               lambda i, f=f: f"{f}={pick(P[f], i):g} must be a whole number >= 1")
     for f, hi in (("zero_stage", 3), ("recompute", 2), ("sequence_parallel", 1),
-                  ("dp_overlap", 1)):
+                  ("dp_overlap", 1), ("cp_ring", 1), ("axonn_overlap", 1)):
         v = P[f]
         _fail((v < 0) | (v > hi) | (v != np.round(v)), where,
               lambda i, f=f, hi=hi: f"{f}={pick(P[f], i):g} is not allowed (allowed: "
                                     f"{', '.join(str(k) for k in range(hi + 1))})")
-    _fail((P["tp_overlap"] < 0) | (P["tp_overlap"] > 1), where,
-          lambda i: f"tp_overlap={pick(P['tp_overlap'], i):g} must be in [0, 1]")
+    for f in ("tp_overlap", "ep_overlap"):
+        _fail((P[f] < 0) | (P[f] > 1), where,
+              lambda i, f=f: f"{f}={pick(P[f], i):g} must be in [0, 1]")
+    _check_grid(P, M, where, pick)
     tp, heads = P["tp"], M["n_heads"]
     _fail(~_divides(tp, heads), where, lambda i: (
         f"tp={pick(tp, i):g} must divide model.num_heads={pick(heads, i):g}; "
@@ -94,15 +100,57 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     _fail(~_divides(per_step, P["global_batch"]), where, lambda i: (
         f"global_batch={pick(P['global_batch'], i):g} must be a multiple of micro_batch x dp="
         f"{pick(P['micro_batch'], i):g} x {pick(P['dp'], i):g}"))
-    m = P["global_batch"] / per_step
+    m = P["global_batch"] / (per_step * P["gz"])
     inter = P["vp"] > 1
     _fail(inter & (P["pp"] < 2), where, lambda i: f"vp={pick(P['vp'], i):g} needs pp > 1")
     _fail(inter & ~_divides(P["pp"], m), where, lambda i: (
         f"interleaved schedule (vp={pick(P['vp'], i):g}) needs micro-batches per step "
         f"m={pick(m, i):g} to be a multiple of pp={pick(P['pp'], i):g}"))
     if n_devices is not None:
-        total = P["tp"] * P["cp"] * P["dp"] * P["pp"]
+        grid = P["gx"] * P["gy"] * P["gz"]
+        total = P["tp"] * P["cp"] * P["dp"] * P["pp"] * grid
         nd = np.atleast_1d(_arr(n_devices))
+        names = lambda i: "tp x cp x dp x pp" + (  # noqa: E731
+            " x gx x gy x gz" if pick(grid, i) > 1 else "")
         _fail(total != nd, where, lambda i: (
-            f"tp x cp x dp x pp = {pick(total, i):g} must equal {devices_field}="
-            f"{pick(nd, i):g}"))
+            f"{names(i)} = {pick(total, i):g} must equal {devices_field}={pick(nd, i):g}"))
+
+
+def _check_grid(P, M, where, pick) -> None:
+    """AxoNN 3D tensor grid (PAPERS.md sections 4.1, 4.4), where G = gx x gy x gz > 1:
+    tp = 1 (the grid replaces Megatron TP), cp = 1, a dense model (moe_experts = 0); every
+    linear layer's weight (n_out x k_in) shards evenly: gx divides hidden, gy divides
+    num_heads (and num_kv_heads, or the reverse) and ffn_hidden, gz divides each
+    (n_out k_in)/(gx gy) shard; micro_batch x dp x gz divides global_batch (the batch is split
+    over dp x gz)."""
+    gx, gy, gz = P["gx"], P["gy"], P["gz"]
+    on = gx * gy * gz > 1
+    grid = lambda i: f"the AxoNN grid gx x gy x gz={pick(gx, i):g} x {pick(gy, i):g} x " \
+                     f"{pick(gz, i):g}"  # noqa: E731
+    for f in ("tp", "cp"):
+        _fail(on & (P[f] != 1), where, lambda i, f=f: (
+            f"{f}={pick(P[f], i):g} must be 1 with {grid(i)} (allowed {f}: 1)"))
+    _fail(on & (M["n_experts"] > 0), where, lambda i: (
+        f"{grid(i)} needs a dense model, got model.moe_experts={pick(M['n_experts'], i):g}; "
+        f"allowed: gx = gy = gz = 1 for MoE models"))
+    h, a, akv, f = M["hidden"], M["n_heads"], M["n_kv_heads"], M["ffn_hidden"]
+    _fail(~_divides(gx, h), where, lambda i: (
+        f"gx={pick(gx, i):g} must divide model.hidden={pick(h, i):g}; allowed gx: "
+        f"{_divisors(pick(h, i))}"))
+    for name, v in (("num_heads", a), ("ffn_hidden", f)):
+        _fail(~_divides(gy, v), where, lambda i, name=name, v=v: (
+            f"gy={pick(gy, i):g} must divide model.{name}={pick(v, i):g}; allowed gy: "
+            f"{_divisors(pick(v, i))}"))
+    _fail(~(_divides(gy, akv) | _divides(akv, gy)), where, lambda i: (
+        f"gy={pick(gy, i):g} and model.num_kv_heads={pick(akv, i):g}: one must divide the "
+        f"other"))
+    dh = M["head_dim"]
+    for label, elems in (("attention output", h * a * dh), ("MLP", h * f)):
+        shard = elems / np.maximum(gx * gy, 1)
+        _fail(~_divides(gz, shard), where, lambda i, label=label, shard=shard: (
+            f"gz={pick(gz, i):g} must divide the {label} weight shard (n_out k_in)/(gx gy)="
+            f"{pick(shard, i):g} elements"))
+    per_step = P["micro_batch"] * P["dp"] * gz
+    _fail((gz > 1) & ~_divides(per_step, P["global_batch"]), where, lambda i: (
+        f"global_batch={pick(P['global_batch'], i):g} must be a multiple of micro_batch x dp "
+        f"x gz={pick(P['micro_batch'], i):g} x {pick(P['dp'], i):g} x {pick(gz, i):g}"))

@@ -36,6 +36,18 @@ def tokens_per_device(model, parallel):
     return parallel.micro_batch * model.seq_len / parallel.cp
 
 
+def head_shards(parallel):
+    """Ranks that split the heads and the FFN width: t (Megatron TP) x G_y (AxoNN, whose first
+    and third linears shard their outputs over Y; PAPERS.md section 4.2)."""
+    return parallel.tp * parallel.gy
+
+
+def hidden_shards(parallel):
+    """Ranks that split the model width h of the residual stream and of the weights' h side:
+    G_x (AxoNN's inner dimension; 1 for Megatron TP, where h is never split)."""
+    return parallel.gx
+
+
 def _moe_weights(model):
     """(dense MLP multiplicity, is-MoE indicator): dense models run one MLP per token."""
     is_moe = jnp.where(model.n_experts > 0, 1.0, 0.0)
@@ -54,8 +66,12 @@ def layer_ops(model, parallel, training) -> LayerOps:
         experts   m = T k C_f e / E, count = E / e        top-k routed tokens on local experts
     Attention core per head (count = b a / t): QK^T (s/c x d_h)(d_h x s), AV (s/c x s)(s x d_h),
     each 2 (s/c) s d_h kappa FLOP (kappa: `attention_kappa`).
+    AxoNN grid (PAPERS.md section 4.2): t = G_y (`head_shards`) and the h side of the four
+    attention / MLP GEMMs is split over G_x (`hidden_shards`); the attention core is split over
+    G_y only (it is replicated across the X group).
     """
-    t, h = parallel.tp, model.hidden
+    t, h = head_shards(parallel), model.hidden
+    hx = h / hidden_shards(parallel)
     T = tokens_per_device(model, parallel)
     a, akv, dh, f = model.n_heads, model.n_kv_heads, model.head_dim, model.ffn_hidden
     dense_w, moe_w = _moe_weights(model)
@@ -64,9 +80,9 @@ def layer_ops(model, parallel, training) -> LayerOps:
     tokens_per_expert = T * model.moe_topk * model.capacity_factor * ep / E
     dense = Gemms(
         m=jnp.stack([T, T, T, T, T, tokens_per_expert, tokens_per_expert, T, T]),
-        n=jnp.stack([(a + 2 * akv) * dh / t, h, gate * f / t, h, E, gate * fe / t, h,
+        n=jnp.stack([(a + 2 * akv) * dh / t, hx, gate * f / t, hx, E, gate * fe / t, h,
                      gate * fe / t, h]),
-        k=jnp.stack([h, a * dh / t, h, f / t, h, h, fe / t, h, fe / t]),
+        k=jnp.stack([hx, a * dh / t, hx, f / t, h, h, fe / t, h, fe / t]),
         count=jnp.stack([1.0, 1.0, dense_w, dense_w, moe_w, moe_w * E / ep, moe_w * E / ep,
                          model.n_shared_experts, model.n_shared_experts]),
     )
@@ -91,14 +107,16 @@ def elementwise_bytes(model, parallel, training):
         q_a [ T_sp h (2 x 2 norms + 2 x 3 residual adds) + T f' (2 + gated) / t ]
         + (1 - flash) x 4 q_a b (a/t) (s/c) s        (materialised scores: write, softmax r/w, read)
 
-    T_sp = T / t with sequence parallelism (norms and residuals on a sequence shard), else T;
+    T_sp = T / t with sequence parallelism (norms and residuals on a sequence shard), else T
+    (AxoNN: T / G_x, the residual stream's width is split over X);
     f' = f for dense MLPs, k C_f f_e for MoE (activations of routed tokens).
     Source: PAPERS.md section 5.2 (elementwise ops, intensity <~ 1 FLOP/B) [D].
     Flash-attention's own Q, K, V, O traffic is in `attention_io_bytes`.
     """
-    t, h, q = parallel.tp, model.hidden, training.activation_bytes
+    t, h, q = head_shards(parallel), model.hidden, training.activation_bytes
     T = tokens_per_device(model, parallel)
-    T_sp = T / jnp.where(parallel.sequence_parallel > 0, t, 1.0)
+    T_sp = T / jnp.where(parallel.sequence_parallel > 0, parallel.tp, 1.0) / hidden_shards(
+        parallel)
     dense_w, moe_w = _moe_weights(model)
     f_act = dense_w * model.ffn_hidden + moe_w * (
         model.moe_topk * model.capacity_factor + model.n_shared_experts) * model.moe_ffn_hidden
@@ -114,7 +132,7 @@ def attention_io_bytes(model, parallel, training):
     """
     T = tokens_per_device(model, parallel)
     return training.activation_bytes * T * (2 * model.n_heads + 2 * model.n_kv_heads) * (
-        model.head_dim / parallel.tp)
+        model.head_dim / head_shards(parallel))
 
 
 def vector_flops(model, parallel, training):
@@ -125,9 +143,11 @@ def vector_flops(model, parallel, training):
     """
     T = tokens_per_device(model, parallel)
     kappa = attention_kappa(model, training)
-    scores = parallel.micro_batch * (model.n_heads / parallel.tp) * (
+    t = head_shards(parallel)
+    scores = parallel.micro_batch * (model.n_heads / t) * (
         model.seq_len / parallel.cp) * model.seq_len * kappa
-    return 5.0 * scores + 10.0 * T * (model.hidden + model.ffn_hidden / parallel.tp)
+    return 5.0 * scores + 10.0 * T * (model.hidden / hidden_shards(parallel)
+                                      + model.ffn_hidden / t)
 
 
 def head_ops(model, parallel, training) -> HeadOps:
@@ -138,10 +158,11 @@ def head_ops(model, parallel, training) -> HeadOps:
         embed   2 x q_a T h bytes       (gather rows, write activations)
     """
     T = tokens_per_device(model, parallel)
-    logits = Gemms(m=jnp.stack([T]), n=jnp.stack([model.vocab / parallel.tp]),
-                   k=jnp.stack([model.hidden]), count=jnp.stack([1.0]))
+    t = head_shards(parallel)
+    logits = Gemms(m=jnp.stack([T]), n=jnp.stack([model.vocab / t]),
+                   k=jnp.stack([model.hidden / hidden_shards(parallel)]), count=jnp.stack([1.0]))
     return HeadOps(
         logits=logits,
         embedding_bytes=2.0 * training.activation_bytes * T * model.hidden,
-        loss_bytes=12.0 * T * model.vocab / parallel.tp,
+        loss_bytes=12.0 * T * model.vocab / t,
     )

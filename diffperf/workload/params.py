@@ -69,25 +69,44 @@ def total_params(model):
         model) + final_norm
 
 
+def grid_shards(parallel):
+    """G = G_x G_y G_z: the AxoNN grid shards every weight matrix over all its ranks
+    (block (n_out/G_y x k_in/G_x), split again over G_z; PAPERS.md section 4.2). 1 without it."""
+    return parallel.gx * parallel.gy * parallel.gz
+
+
 def layer_params_per_device(model, parallel):
-    """Parameters of one layer on one device: matrices / t, routed experts / (t e), vectors."""
+    """Parameters of one layer on one device: matrices / (t G), routed experts / (t e),
+    vectors (replicated)."""
     mats, experts = layer_matrix_params(model)
-    return mats / parallel.tp + experts / (parallel.tp * parallel.ep) + layer_vector_params(model)
+    return (mats / (parallel.tp * grid_shards(parallel))
+            + experts / (parallel.tp * parallel.ep) + layer_vector_params(model))
+
+
+def stage_expert_params_per_device(model, parallel):
+    """Routed-expert parameters of one stage on one device: (L / p) x E (2 + gated) h f_e / (t e).
+
+    They are replicated over the expert-data-parallel ranks (`workload.ep.expert_dp_degree`),
+    not over the whole data-parallel group. 0 for a dense model.
+    """
+    _, experts = layer_matrix_params(model)
+    return model.n_layers / parallel.pp * experts / (parallel.tp * parallel.ep)
 
 
 def stage_params_per_device(model, parallel):
     """(first-stage, last-stage) parameters on one device:
 
-        (L / p) x layer params per device  +  embedding / t (first stage)
-                                           +  V h / t (last stage; also when tied and p > 1,
+        (L / p) x layer params per device  +  embedding / (t G) (first stage)
+                                           +  V h / (t G) (last stage; also when tied and p > 1,
                                               Megatron keeps a copy of the shared embedding)
-    With p = 1 both are the single stage, holding both.
+    With p = 1 both are the single stage, holding both. G = AxoNN grid size (1 without it).
     """
     body = model.n_layers / parallel.pp * layer_params_per_device(model, parallel)
-    emb = embedding_params(model) / parallel.tp
+    shards = parallel.tp * grid_shards(parallel)
+    emb = embedding_params(model) / shards
     single = jnp.where(parallel.pp > 1, 0.0, 1.0)
     out = jnp.where((model.tied_embeddings > 0) & (parallel.pp == 1), 0.0,
-                    model.vocab * model.hidden) / parallel.tp
+                    model.vocab * model.hidden) / shards
     first = body + emb + single * out
     last = body + out + single * emb
     return first, last

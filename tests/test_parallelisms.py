@@ -1,0 +1,408 @@
+"""Expert, context, FSDP and AxoNN 4D parallelism: volumes per layer and per dimension against
+hand-derived formulas (PAPERS.md sections 4.2, 5.7, 5.8), placement (a group inside one node
+never touches the scale-out tier), overlap accounting (exposed <= total, overlap never slower),
+and the qualitative findings of the four papers (PAPERS.md section 6): Pati (communication share
+grows when compute outgrows bandwidth), Fernandez (FSDP vs FSDP x TP cross-over), Subramanian
+(long sequences need CP to fit), Singh (AxoNN grid reduces to Megatron TP and to FSDP).
+
+Cheap by design: volumes and memory are evaluated eagerly, and every `predict` call shares one
+compilation (same pytree structure), so the file runs in well under 30 s.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from diffperf import (Efficiency, Parallel, SpecError, System, Tier, Training,
+                      best_axonn_grid, load_model, load_system, predict)
+from diffperf.costs.axonn import axonn_times_s
+from diffperf.costs.collectives import all_reduce_s, all_to_all_s, ring_step_s
+from diffperf.memory.activations import layer_activation_bytes
+from diffperf.memory.device import device_memory
+from diffperf.memory.weights import optimizer_bytes
+from diffperf.result import EXPOSED_PARTS
+from diffperf.schedule.overlap import ring_exposed_s
+from diffperf.workload.axonn import axonn_layer_volumes, axonn_linear_volumes, axonn_linears
+from diffperf.workload.cp import cp_kv_bytes, cp_ring_block_bytes
+from diffperf.workload.dp import dp_volumes_bytes, product_group
+from diffperf.workload.ep import ep_a2a_bytes, ep_a2a_per_layer, expert_dp_degree
+from diffperf.workload.flops import layer_ops
+from diffperf.workload.tp import tp_message_bytes
+
+# A two-tier system with round numbers (bandwidths per device, one direction).
+T0 = 5e-6            # eff.coll_base_s: fixed cost per collective call
+NVL, NVL_A = 400e9, 2e-6      # NVLink domain of 8
+IB, IB_A = 50e9, 10e-6        # scale-out
+EFF = 0.5                     # coll_eff_intra = coll_eff_inter
+SYS = System(matmul_flops_per_s=1e15, matmul_fp32_flops_per_s=5e14, vector_flops_per_s=5e13,
+             hbm_bandwidth_Bps=3e12, hbm_capacity_bytes=80e9,
+             tiers=(Tier(8.0, NVL, NVL_A, "nvlink"), Tier(4096.0, IB, IB_A, "ib")),
+             eff=Efficiency(coll_base_s=T0, coll_eff_intra=EFF, coll_eff_inter=EFF))
+BF16 = Training()
+
+
+@functools.lru_cache(maxsize=None)
+def _model(name):
+    return load_model(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _system(name):
+    return load_system(name)
+
+
+def _ib_gradient(fn):
+    """d fn / d (scale-out bandwidth): zero iff the collective never uses that tier."""
+    def f(bw):
+        tiers = (SYS.tiers[0], SYS.tiers[1].replace(bandwidth_Bps=bw))
+        return fn(SYS.replace(tiers=tiers))
+    return float(jax.grad(f)(jnp.asarray(IB)))
+
+
+# --------------------------------------------------------------------------------------------
+# Expert parallelism (PAPERS.md section 5.8)
+# --------------------------------------------------------------------------------------------
+
+def test_ep_all_to_all_volume_is_k_cf_tokens_hidden_bytes():
+    mixtral = _model("mixtral-8x7b").replace(seq_len=4096.0)
+    # S = k C_f T_r h q_a = 2 (top-2) x 1.0 (dropless) x 4096 tokens x 4096 hidden x 2 B.
+    par = Parallel(dp=8, ep=8, micro_batch=1)
+    assert float(ep_a2a_bytes(mixtral, par, BF16)) == 2 * 1.0 * 4096 * 4096 * 2
+    # With sequence parallelism over t = 2, each rank routes its 2048-token shard only.
+    sp = Parallel(tp=2, dp=4, ep=4, micro_batch=1, sequence_parallel=1)
+    assert float(ep_a2a_bytes(mixtral, sp, BF16)) == 2 * 1.0 * 2048 * 4096 * 2
+    # Dense models route nothing.
+    assert float(ep_a2a_bytes(_model("llama3-8b"), Parallel(), BF16)) == 0.0
+    # Dispatch + combine, forward and backward; full recompute dispatches and combines again.
+    assert ep_a2a_per_layer(Parallel()) == (2.0, 2.0)
+    assert tuple(map(float, ep_a2a_per_layer(Parallel(recompute=2)))) == (2.0, 4.0)
+    # Expert weights are copies over the d / e expert-data-parallel ranks (times c).
+    assert float(expert_dp_degree(Parallel(dp=16, ep=8, cp=2))) == 16 / 8 * 2
+
+
+def test_ep_all_to_all_inside_a_node_never_touches_the_scale_out_tier():
+    S = 64e6
+    inside = all_to_all_s(S, 8.0, 1.0, SYS)
+    # Pairwise exchange: (e - 1) alpha + (e - 1)/e S / (BW eta) (PAPERS.md 5.8, 5.9).
+    np.testing.assert_allclose(float(inside), T0 + 7 * NVL_A + 7 / 8 * S / (NVL * EFF), rtol=1e-6)
+    assert _ib_gradient(lambda s: all_to_all_s(S, 8.0, 1.0, s)) == 0.0
+    # An ep group of stride 8 (TP of 8 inside the node) crosses nodes for every peer.
+    across = all_to_all_s(S, 8.0, 8.0, SYS)
+    np.testing.assert_allclose(float(across), T0 + 7 * IB_A + 7 / 8 * S / (IB * EFF), rtol=1e-6)
+    assert _ib_gradient(lambda s: all_to_all_s(S, 8.0, 8.0, s)) < 0.0
+    assert float(all_to_all_s(S, 1.0, 1.0, SYS)) == 0.0  # ep = 1: no call
+
+
+def test_moe_models_predict_sensibly_and_ep_is_a_trade_off():
+    """Mixtral 8x7B and DeepSeekMoE 16B on 64 H100: finite, fitting predictions with the EP
+    all-to-all exposed; the fastest ep is not the largest one (the all-to-all crosses nodes
+    beyond 8 ranks) and ep = 1 does not fit (every rank holds every expert)."""
+    h100 = _system("h100-sxm-80gb")
+    mixtral = _model("mixtral-8x7b").replace(seq_len=4096.0)
+    r = predict(mixtral, Parallel(dp=64, ep=8, micro_batch=1, global_batch=512, zero_stage=1,
+                                  recompute=1), h100)
+    assert bool(r.fits) and 0.2 < float(r.mfu) < 0.75
+    assert 0.0 < float(r.breakdown.ep_exposed_s) < 0.2 * float(r.step_time_s)
+    ds = _model("deepseek-moe-16b")
+    times, fits = {}, {}
+    for ep in (1, 2, 4, 8, 16, 32, 64):
+        res = predict(ds, Parallel(dp=64, ep=ep, micro_batch=1, global_batch=512,
+                                   zero_stage=1, recompute=1), h100)
+        times[ep], fits[ep] = float(res.step_time_s), bool(res.fits)
+        assert (float(res.breakdown.ep_exposed_s) > 0) == (ep > 1)
+    assert not fits[1]
+    best = min((t, ep) for ep, t in times.items() if fits[ep])[1]
+    assert 1 < best < 64
+    assert times[64] > times[8]
+
+
+def test_ep_overlap_hides_part_of_the_all_to_all_and_is_never_slower():
+    h100 = _system("h100-sxm-80gb")
+    ds = _model("deepseek-moe-16b")
+    base = Parallel(dp=16, ep=16, micro_batch=1, global_batch=64, zero_stage=1)
+    off = predict(ds, base, h100).breakdown
+    on = predict(ds, base.replace(ep_overlap=1.0), h100)
+    total = float(off.ep_exposed_s)  # nothing hidden with ep_overlap = 0
+    assert float(off.ep_hidden_s) == 0.0
+    assert float(on.breakdown.ep_exposed_s) <= total
+    np.testing.assert_allclose(float(on.breakdown.ep_exposed_s + on.breakdown.ep_hidden_s),
+                               total, rtol=1e-5)
+    assert float(on.step_time_s) <= float(predict(ds, base, h100).step_time_s)
+
+
+# --------------------------------------------------------------------------------------------
+# Context parallelism (PAPERS.md section 5.7)
+# --------------------------------------------------------------------------------------------
+
+def test_cp_volumes_ring_blocks_and_ring_step():
+    llama = _model("llama3-70b")  # a_kv = 8, d_h = 128, s = 8192
+    par = Parallel(tp=8, cp=4, micro_batch=1)
+    S = 2 * 1 * 8192 * 8 * 128 * 2 / 8  # K and V of the whole sequence, this TP rank's heads
+    assert float(cp_kv_bytes(llama, par, BF16)) == S
+    assert float(cp_ring_block_bytes(llama, par, BF16)) == S / 4
+    blk = 1e6
+    # A ring inside a node: every step at NVLink speed.
+    np.testing.assert_allclose(float(ring_step_s(blk, 4.0, 1.0, SYS)),
+                               T0 + NVL_A + blk / (NVL * EFF), rtol=1e-6)
+    assert _ib_gradient(lambda s: ring_step_s(blk, 4.0, 1.0, s)) == 0.0
+    # A ring of stride 8 crosses nodes at every step: the slowest link sets the step.
+    np.testing.assert_allclose(float(ring_step_s(blk, 4.0, 8.0, SYS)),
+                               T0 + IB_A + blk / (IB * EFF), rtol=1e-6)
+    # c - 1 steps, each hidden up to one block's attention.
+    e, h = ring_exposed_s(30e-6, 3.0, 20e-6)
+    np.testing.assert_allclose((float(e), float(h)), (3 * 10e-6, 3 * 20e-6), rtol=1e-6)
+
+
+def test_cp_balances_causal_work_and_divides_activations():
+    """Zig-zag chunks: each of c ranks does 1/c of the causal attention work; activations per
+    device fall by c (tokens per device b s / c)."""
+    llama = _model("llama3-8b")
+    one = layer_ops(llama, Parallel(), BF16)
+    four = layer_ops(llama, Parallel(cp=4), BF16)
+    np.testing.assert_allclose(4 * float(jnp.sum(four.attention.flops)),
+                               float(jnp.sum(one.attention.flops)), rtol=1e-6)
+    np.testing.assert_allclose(4 * float(jnp.sum(four.dense.flops)),
+                               float(jnp.sum(one.dense.flops)), rtol=1e-6)
+    for rec in (0, 1, 2):
+        a1 = layer_activation_bytes(llama, Parallel(recompute=rec), BF16)
+        a4 = layer_activation_bytes(llama, Parallel(cp=4, recompute=rec), BF16)
+        np.testing.assert_allclose(4 * float(a4), float(a1), rtol=1e-6)
+
+
+def test_cp_weights_reduce_and_shard_over_dp_times_cp():
+    # dp = 4 of stride 2 and cp = 2 of stride 1 are one group of 8 adjacent ranks.
+    n, s = product_group(4.0, 2.0, 2.0, 1.0)
+    assert (float(n), float(s)) == (8.0, 1.0)
+    assert _ib_gradient(lambda sy: all_reduce_s(1e9, n, s, sy)) == 0.0
+    # A size-1 group does not count; a dp group outside the node crosses it.
+    assert tuple(map(float, product_group(4.0, 8.0, 1.0, 1.0))) == (4.0, 8.0)
+    # ZeRO-1 optimizer states sharded over d x c (PAPERS.md 3.5).
+    P = 1e9
+    got = optimizer_bytes(P, Parallel(dp=4, cp=2, zero_stage=1), BF16)
+    np.testing.assert_allclose(float(got), P * (4 + 8) / 8, rtol=1e-6)
+
+
+def test_cp_ring_and_all_gather_forms():
+    """Both forms account exposed + hidden; for a long sequence inside NVLink the ring hides
+    its K/V blocks behind the block attention almost entirely."""
+    h100 = _system("h100-sxm-80gb")
+    llama = _model("llama3-8b").replace(seq_len=65536.0)
+    base = Parallel(cp=8, dp=1, micro_batch=1, global_batch=1, recompute=1)
+    ring = predict(llama, base, h100).breakdown
+    gather = predict(llama, base.replace(cp_ring=0), h100).breakdown
+    assert float(ring.cp_hidden_s) > 10 * float(ring.cp_exposed_s)
+    assert float(gather.cp_exposed_s + gather.cp_hidden_s) > 0
+
+
+# --------------------------------------------------------------------------------------------
+# FSDP cross-over (Fernandez et al.; PAPERS.md sections 2.1 and 6)
+# --------------------------------------------------------------------------------------------
+
+def test_fsdp_exposed_share_rises_with_gpus_and_fsdp_x_tp_overtakes():
+    """Llama 3 70B-class model (at s = 2048), H100, global batch fixed at 1024 sequences, one
+    micro-batch per step (FSDP re-gathers per pass): tokens per device fall as GPUs are added,
+    so pure FSDP's exposed gather/scatter share rises, and at 1024 GPUs FSDP x TP (t = 8 in
+    NVLink, 8x fewer bytes per device on the scale-out) is predicted faster."""
+    h100 = _system("h100-sxm-80gb")
+    model = _model("llama3-70b").replace(seq_len=2048.0)
+    B = 1024
+
+    def run(n, t):
+        dp = n // t
+        return predict(model, Parallel(tp=t, dp=dp, micro_batch=B // dp, global_batch=B,
+                                       zero_stage=3, recompute=2, sequence_parallel=int(t > 1)),
+                       h100)
+
+    share = []
+    for n in (128, 256, 512, 1024):
+        r = run(n, 1)
+        share.append(float(r.breakdown.dp_exposed_s) / float(r.step_time_s))
+    assert all(a < b for a, b in zip(share, share[1:])), share
+    assert share[-1] > 0.1
+    assert float(run(1024, 8).step_time_s) < float(run(1024, 1).step_time_s)
+    assert float(run(128, 8).step_time_s) > float(run(128, 1).step_time_s)
+
+
+# --------------------------------------------------------------------------------------------
+# AxoNN 4D grid (Singh et al.; PAPERS.md sections 4 and 6)
+# --------------------------------------------------------------------------------------------
+
+def test_axonn_volumes_per_linear_match_the_table():
+    n_out, k_in, M = 4096.0, 2048.0, 1024.0
+    par = Parallel(gx=2, gy=4, gz=2, dp=2)
+    v = axonn_linear_volumes(n_out, k_in, 0.0, M, par, BF16)
+    assert float(v.z_gather) == n_out * k_in * 2 / (2 * 4)       # W block over Z, q_w = 2
+    assert float(v.x_forward) == M * n_out * 2 / 4               # partial Y over X: / G_y
+    assert float(v.y_backward) == M * k_in * 2 / 2               # dX over Y: / G_x
+    assert float(v.z_scatter) == n_out * k_in * 2 / (2 * 4)      # dW over Z, q_g = 2
+    assert float(v.data) == n_out * k_in * 2 / (2 * 4 * 2)       # the 1/G shard over data
+    assert float(v.y_forward) == float(v.x_backward) == 0.0      # only transposed layers
+    t = axonn_linear_volumes(n_out, k_in, 1.0, M, par, BF16)     # transposed: X <-> Y
+    assert float(t.y_forward) == M * n_out * 2 / 2
+    assert float(t.x_backward) == M * k_in * 2 / 4
+    assert float(t.x_forward) == float(t.y_backward) == 0.0
+    # Size-1 dimensions contribute nothing.
+    none = axonn_linear_volumes(n_out, k_in, 0.0, M, Parallel(), BF16)
+    assert all(float(getattr(none, f)) == 0.0 for f in none.__dataclass_fields__)
+
+
+def test_axonn_reduces_to_megatron_row_parallel_and_to_fsdp():
+    """PAPERS.md 6, AxoNN (i): G_y = G_z = G_data = 1 -> a normal linear's only collective is
+    Megatron's row-parallel forward all-reduce of S = b s n_out q_a over G_x (b s h q_a for
+    n_out = h); G_x = G_y = 1 -> FSDP: AG of the layer's weights and RS of its gradients."""
+    gpt = _model("gpt-small")
+    h = float(gpt.hidden)
+    mega = axonn_linear_volumes(h, h, 0.0, 2 * float(gpt.seq_len), Parallel(gx=4), BF16)
+    tp = tp_message_bytes(gpt, Parallel(tp=4, micro_batch=2), BF16)
+    assert float(mega.x_forward) == float(tp)
+    assert all(float(getattr(mega, f)) == 0.0 for f in mega.__dataclass_fields__
+               if f != "x_forward")
+    n_out, k_in, _ = axonn_linears(gpt)
+    fsdp = axonn_layer_volumes(gpt, Parallel(gz=8, micro_batch=2), BF16)
+    elems = n_out * k_in
+    _, _, lw, lg = dp_volumes_bytes(0.0, elems, BF16)
+    np.testing.assert_array_equal(np.asarray(fsdp.z_gather), np.asarray(lw))
+    np.testing.assert_array_equal(np.asarray(fsdp.z_scatter), np.asarray(lg))
+    for f in ("x_forward", "y_forward", "x_backward", "y_backward", "data"):
+        assert float(jnp.sum(getattr(fsdp, f))) == 0.0
+
+
+def test_axonn_grid_inside_a_node_never_touches_the_scale_out_tier():
+    gpt = _model("gpt-small")
+
+    def comm(parallel):
+        def total(system):
+            t = axonn_times_s(axonn_layer_volumes(gpt, parallel, BF16), parallel, 1.0, system)
+            return sum(jnp.sum(v) for v in t.values())
+        return total
+
+    inside = Parallel(gx=2, gy=2, gz=2)            # 8 ranks, strides 1, 2, 4: one node
+    assert float(comm(inside)(SYS)) > 0
+    assert _ib_gradient(comm(inside)) == 0.0
+    across = Parallel(gx=2, gy=4, gz=2)            # Z of stride 8 spans two nodes
+    assert _ib_gradient(comm(across)) < 0.0
+    # Ring cost of the X all-reduce: 2 (G-1)/G S / BW + 2 (G-1) alpha + t0 (PAPERS.md 4.2).
+    v = axonn_layer_volumes(gpt, inside, BF16)
+    t = axonn_times_s(v, inside, 1.0, SYS)
+    S = np.asarray(v.x_forward)
+    want = np.where(S > 0, T0 + 2 * NVL_A + S / (NVL * EFF), 0.0)
+    np.testing.assert_allclose(np.asarray(t["x_forward"]), want, rtol=1e-6)
+
+
+def test_axonn_overlap_is_never_slower_and_exposed_le_total():
+    a100 = _system("a100-sxm-80gb")
+    model = _model("megatron-18.4b")
+    for g in ((8, 1, 1), (2, 2, 2), (1, 1, 8), (2, 4, 1)):
+        par = Parallel(gx=g[0], gy=g[1], gz=g[2], dp=32, micro_batch=1, global_batch=1024,
+                       zero_stage=1, recompute=1)
+        on = predict(model, par, a100)
+        off = predict(model, par.replace(axonn_overlap=0), a100)
+        assert float(on.step_time_s) <= float(off.step_time_s) * (1 + 1e-6), g
+        total = float(off.breakdown.axonn_exposed_s)
+        assert float(off.breakdown.axonn_hidden_s) == 0.0
+        assert float(on.breakdown.axonn_exposed_s) <= total * (1 + 1e-6)
+        np.testing.assert_allclose(
+            float(on.breakdown.axonn_exposed_s + on.breakdown.axonn_hidden_s), total, rtol=1e-5)
+        assert float(on.breakdown.tp_exposed_s) == 0.0
+        parts = sum(float(getattr(on.breakdown, k)) for k in EXPOSED_PARTS)
+        np.testing.assert_allclose(parts, float(on.step_time_s), rtol=1e-5)
+
+
+def test_best_axonn_grid_ranks_fitting_grids_by_communication():
+    a100 = _system("a100-sxm-80gb")
+    gpt3 = _model("gpt3-175b")
+    ranked = best_axonn_grid(gpt3, a100, 64, global_batch=64, recompute=2)
+    assert ranked and all(r["fits"] for r in ranked)
+    comm = [r["comm_s"] for r in ranked]
+    assert comm == sorted(comm)
+    assert all(r["gx"] * r["gy"] * r["gz"] * r["dp"] == 64 for r in ranked)
+    # 175B does not fit data-parallel: the best grid shards the weights.
+    assert ranked[0]["gx"] * ranked[0]["gy"] * ranked[0]["gz"] > 1
+    every = best_axonn_grid(gpt3, a100, 64, global_batch=64, recompute=2, fits_only=False)
+    assert len(every) > len(ranked)
+
+
+def test_axonn_grid_validation():
+    gpt = _model("gpt-small")
+    with pytest.raises(SpecError, match="tp=2 must be 1 with the AxoNN grid"):
+        predict(gpt, Parallel(tp=2, gx=2), SYS)
+    with pytest.raises(SpecError, match="gx=5 must divide model.hidden=768"):
+        predict(gpt, Parallel(gx=5), SYS)
+    with pytest.raises(SpecError, match="cp_ring=2 is not allowed"):
+        predict(gpt, Parallel(cp_ring=2), SYS)
+    with pytest.raises(SpecError, match=r"ep_overlap=1.5 must be in \[0, 1\]"):
+        predict(gpt, Parallel(ep_overlap=1.5), SYS)
+    with pytest.raises(SpecError, match="needs a dense model"):
+        predict(_model("mixtral-8x7b"), Parallel(gy=2), SYS)
+
+
+# --------------------------------------------------------------------------------------------
+# Qualitative findings: Pati (communication share), Subramanian (long sequences need CP)
+# --------------------------------------------------------------------------------------------
+
+COMM_PARTS = ("tp_exposed_s", "cp_exposed_s", "ep_exposed_s", "axonn_exposed_s",
+              "pp_exposed_s", "dp_exposed_s")
+
+
+def test_communication_share_grows_with_model_size_when_compute_outgrows_bandwidth():
+    """Pati et al. (PAPERS.md 1.1, 6): with the TP degree the memory capacity forces (Megatron
+    Table 1 layouts: t = 1, 4, 8 for 1.7B, 7.5B, 18.4B), the communication share of the step
+    grows with model size; on hardware whose FLOP/s grow 4x with the same network it is larger
+    still for every model. At fixed t the TP compute per byte grows linearly with h."""
+    a100 = _system("a100-sxm-80gb")
+    future = a100.replace(matmul_flops_per_s=4 * a100.matmul_flops_per_s,
+                          hbm_bandwidth_Bps=2 * a100.hbm_bandwidth_Bps)
+    rows = (("megatron-1.7b", 1, 32, 512), ("megatron-7.5b", 4, 128, 512),
+            ("megatron-18.4b", 8, 256, 1024))
+    for system in (a100, future):
+        shares = []
+        for name, t, n, B in rows:
+            r = predict(_model(name), Parallel(tp=t, dp=n // t, micro_batch=1, global_batch=B,
+                                               recompute=1, sequence_parallel=1, zero_stage=1),
+                        system)
+            shares.append(sum(float(getattr(r.breakdown, k)) for k in COMM_PARTS)
+                          / float(r.step_time_s))
+        assert shares == sorted(shares), shares
+        if system is a100:
+            today = shares
+    assert all(f > 2 * s for f, s in zip(shares, today)), (today, shares)
+    # R_TP = FLOP / bytes at fixed t = 8: forward GEMM FLOPs over 4 (t-1)/t b s h q_a.
+    ratio = []
+    for h in (2048.0, 4096.0, 8192.0):
+        gpt = _model("gpt-small").replace(hidden=h, ffn_hidden=4 * h, n_heads=h / 64,
+                                          n_kv_heads=h / 64)
+        par = Parallel(tp=8)
+        flops = float(jnp.sum(layer_ops(gpt, par, BF16).dense.flops))
+        ratio.append(flops / (4 * 7 / 8 * float(tp_message_bytes(gpt, par, BF16))))
+    np.testing.assert_allclose(np.diff(np.log(ratio)) / np.log(2.0), 1.0, rtol=0.02)
+
+
+def _min_memory_frac(model, system, n, seqs, cps):
+    """[seq, cp] smallest memory / usable capacity over layouts: tp in the NVLink node (1-8),
+    any pp, ZeRO-3, selective or full recompute, one sequence per micro-batch (one eager,
+    elementwise evaluation of every row)."""
+    rows = [(s, c, t, p, r) for s in seqs for c in cps for t in (1, 2, 4, 8)
+            for p in (1, 2, 4, 8, 16) for r in (1, 2) if n % (t * p * c) == 0]
+    s, c, t, p, r = np.asarray(rows, dtype=np.float64).T
+    par = Parallel(tp=t, pp=p, recompute=r, cp=c, dp=n / (t * p * c), micro_batch=1.0,
+                   global_batch=float(n), zero_stage=3.0, sequence_parallel=np.where(t > 1, 1., 0.))
+    mem = device_memory(model.replace(seq_len=s), par, system, BF16)
+    frac = np.asarray(mem.total_bytes / mem.capacity_bytes)
+    return {(a, b): frac[(s == a) & (c == b)].min() for a in seqs for b in cps}
+
+
+def test_long_sequences_need_context_parallelism_to_fit():
+    """Subramanian et al. (PAPERS.md 3, 6): ViT-ERA5 (h 12288, 48 layers) on 256 H100: at a
+    short sequence some layout without CP fits; as the sequence grows (8x the 64800 tokens of
+    the 0.25 degree grid) no layout without CP fits, even with full recompute, ZeRO-3, TP 8 and
+    pipelining, while CP does; the CP degree needed grows with the sequence."""
+    seqs, cps = (16200.0, 129600.0, 518400.0), (1, 2, 4, 8)
+    frac = _min_memory_frac(_model("vit-era5"), _system("h100-sxm-80gb"), 256, seqs, cps)
+    need = [min(c for c in cps if frac[s, c] <= 1.0) for s in seqs]
+    assert need[0] == 1 and need[-1] > 1
+    assert need == sorted(need)
