@@ -26,6 +26,11 @@ def _parser() -> argparse.ArgumentParser:
     calibrate_cmd.add_parser(sub)
     from diffperf.cli import search_cmd
     search_cmd.add_parser(sub)
+    from diffperf.cli import plot_cmd, study_cmd
+    study_cmd.add_parser(sub)
+    plot_cmd.add_parser(sub)
+    from diffperf.cli import design_cmd, sensitivity_cmd
+    for cmd in (sensitivity_cmd, design_cmd): cmd.add_parser(sub)  # noqa: E701
     return p
 
 

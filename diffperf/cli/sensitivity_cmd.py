@@ -1,0 +1,204 @@
+"""`diffperf sensitivity`: elasticities of the step time to every hardware leaf, ranked."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+from diffperf.cli.output import err_console, fmt, print_json, table
+from diffperf.errors import SpecError
+
+# Human units of a leaf, by the suffix of its name: (suffix, unit, SI value per unit).
+_UNITS = (("_flops_per_s", "TFLOP/s", 1e12), ("_Bps", "GB/s", 1e9), ("_bytes", "GiB", 2.0**30),
+          ("domain_size", "devices", 1.0), ("_W", "W", 1.0))
+_ZERO = 1e-7  # |elasticity| below this: listed as "no effect" under the table
+
+
+def add_parser(sub):
+    from diffperf.cli import predict_cmd
+
+    p = sub.add_parser("sensitivity", help="elasticities d ln T / d ln theta of every "
+                       "hardware parameter, ranked", description=(
+        "Elasticity of the step time to every System leaf (FLOP/s, HBM bandwidth and "
+        "capacity, each tier's domain, bandwidth and latency, efficiencies) by jax.grad: "
+        "'+10%% NVLink bandwidth gives x%% step time'. Layout options as for predict; with "
+        "--optimum also at the best layout of --gpus and --global-batch, re-optimized "
+        "(soft-min over layouts with a memory-feasibility penalty, and the exact best "
+        "layout re-searched at +-10%%). With no options: GPT-3 175B on 1024 A100 80 GB."))
+    p.add_argument("--model", default="gpt3-175b", help="name under configs/models, a YAML, "
+                   "or a Hugging Face config.json (default: gpt3-175b)")
+    p.add_argument("--system", default="a100-sxm-80gb", help="name under configs/systems or "
+                   "a YAML (default: a100-sxm-80gb)")
+    p.add_argument("--calibration", help="efficiency overlay YAML (from diffperf calibrate)")
+    p.add_argument("--gpus", type=int, default=1024, help="devices; dp = gpus / (tp cp pp)")
+    p.add_argument("--dp", type=int, help="data-parallel degree (default: from --gpus)")
+    for name, default in predict_cmd._LAYOUT:
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=default)
+    p.add_argument("--seq-len", type=int, help="override the model's sequence length")
+    p.add_argument("--sequence-parallel", type=int, choices=(0, 1), default=1)
+    p.add_argument("--recompute", choices=("none", "selective", "full"), default="selective")
+    p.add_argument("--precision", default="bf16", help="bf16, fp16, amp-bf16, bf16-pure, fp32")
+    p.add_argument("--dp-overlap", type=int, choices=(0, 1), default=1)
+    p.add_argument("--smooth", type=float, default=None, help="the model's smooth temperature "
+                   "(default: the exact model, subgradients at kinks)")
+    p.add_argument("--optimum", action="store_true", help="also at the optimal layout of "
+                   "--gpus devices and --global-batch, re-optimized")
+    p.add_argument("--temperature", type=float, default=0.05, help="tau of the soft-min over "
+                   "layouts, with --optimum (default 0.05)")
+    p.add_argument("--placements", default=None, help="comma-separated rank orders, "
+                   "innermost first (default: tp-cp-dp-pp,tp-cp-pp-dp)")
+    p.add_argument("--max-candidates", type=int, default=1024, help="layouts per placement "
+                   "order in the soft-min (lowest soft scores; default 1024)")
+    p.add_argument("--reoptimize-all", action="store_true", help="with --optimum, re-search "
+                   "the best layout at +-10 %% of every leaf, efficiencies included (default: "
+                   "the hardware and memory leaves)")
+    p.add_argument("--top", type=int, default=None, help="rows to list (default: every leaf "
+                   "with an effect)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=run)
+    return p
+
+
+def human(path: str, value: float) -> tuple[float, str]:
+    """(value in human units, unit) of a leaf from the suffix of its path."""
+    for suffix, unit, si in _UNITS:
+        if path.endswith(suffix):
+            return value / si, unit
+    if path.endswith("_s"):
+        return (value * 1e6, "us") if abs(value) < 1e-3 else (value * 1e3, "ms")
+    return value, ""
+
+
+def _value_cell(path, value) -> str:
+    v, unit = human(path, value)
+    return f"{fmt(v)} {unit}".strip()
+
+
+def _pct(e) -> str:
+    from diffperf.sensitivity import step_change_frac
+
+    return "-" if e is None or not math.isfinite(e) else f"{100 * float(step_change_frac(e)):+.3g}"
+
+
+def _num(e) -> str:
+    return "-" if e is None or not math.isfinite(e) else fmt(e, 3)
+
+
+@contextlib.contextmanager
+def status(enabled: bool, text: str):
+    """A transient spinner on stderr while the library works (terminals only)."""
+    if not enabled or not err_console.is_terminal:
+        yield
+        return
+    with err_console.status(text):
+        yield
+
+
+def _check(args):
+    if args.optimum and not args.temperature > 0:
+        raise SpecError(f"--temperature={args.temperature} must be > 0")
+    if args.max_candidates < 1:
+        raise SpecError(f"--max-candidates={args.max_candidates} must be >= 1")
+    if args.top is not None and args.top < 1:
+        raise SpecError(f"--top={args.top} must be >= 1")
+    if args.smooth is not None and not args.smooth >= 0:
+        raise SpecError(f"--smooth={args.smooth} must be >= 0")
+
+
+def _finite(x):
+    return None if x is None or not math.isfinite(x) else x
+
+
+def _json(model, system, args, parallel, step, elast, values, opt, layouts, placements):
+    from diffperf.cli.search_cmd import layout_dict
+    from diffperf.sensitivity import leaf_label, step_change_frac
+
+    rows = []
+    for path, e in elast.items():
+        v, unit = human(path, values[path])
+        row = dict(leaf=path, label=leaf_label(path, system), value=values[path],
+                   value_human=v, unit=unit, elasticity=e,
+                   plus_10pct_step_frac=float(step_change_frac(e)))
+        if opt is not None:
+            row |= dict(optimum_soft=opt.soft[path], optimum_reoptimized=_finite(
+                opt.hard[path]), optimum_at_best_layout=opt.at_best[path])
+        rows.append(row)
+    out = dict(model=model.name, system=system.name, gpus=args.gpus,
+               layout={k: float(getattr(parallel, k)) for k in (
+                   "tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch",
+                   "sequence_parallel", "zero_stage", "recompute")},
+               step_time_s=step, elasticities=rows)
+    if opt is not None:
+        out["optimum"] = dict(
+            layout=layout_dict(layouts[opt.best_index], placements),
+            step_time_s=opt.best_step_time_s, soft_step_time_s=opt.soft_step_time_s,
+            temperature=opt.temperature, layouts=len(layouts), candidates=opt.n_candidates,
+            dropped_weight=opt.dropped_weight)
+    print_json(out)
+
+
+def _render(model, system, args, step, elast, values, opt, layouts, placements):
+    from diffperf.cli.search_cmd import _wide, layout_dict
+    from diffperf.sensitivity import leaf_label
+
+    key = (lambda p: -abs(opt.soft[p])) if opt is not None else (lambda p: -abs(elast[p]))
+    ranked = sorted(values, key=key)
+    big = lambda p: abs(elast[p]) >= _ZERO or (opt is not None and (  # noqa: E731
+        abs(opt.soft[p]) >= _ZERO or abs(opt.hard[p] or 0.0) >= _ZERO))
+    shown = [p for p in ranked if big(p)][:args.top]
+    head = (f"{model.name} on {args.gpus} x {system.name}: tp {args.tp} pp {args.pp} "
+            f"dp {args.dp} cp {args.cp} mb {args.micro_batch} gb {args.global_batch}")
+    if opt is None:
+        cols = ("leaf", "value", "elasticity", "+10% gives step time %")
+        rows = [(leaf_label(p, system), _value_cell(p, values[p]), _num(elast[p]),
+                 _pct(elast[p])) for p in shown]
+    else:
+        cols = ("leaf", "value", "at layout", "+10% at layout %", "optimum (soft)",
+                "optimum (re-optimized)", "+10% at optimum %")
+        rows = [(leaf_label(p, system), _value_cell(p, values[p]), _num(elast[p]),
+                 _pct(elast[p]), _num(opt.soft[p]), _num(opt.hard[p]), _pct(opt.soft[p]))
+                for p in shown]
+    out = _wide()
+    out.print(table(f"elasticities d ln T / d ln theta, {head}", cols, rows))
+    none = [p for p in ranked if not big(p)]
+    if none:
+        out.print(f"no effect on the step time: {', '.join(none)}", highlight=False)
+    out.print(f"step_time_s at the layout: {fmt(step)}")
+    if opt is not None:
+        lay = layout_dict(layouts[opt.best_index], placements)
+        desc = " ".join(f"{k} {v}" for k, v in lay.items() if k != "global_batch")
+        out.print(
+            f"optimum of {len(layouts):,} layouts: {desc}; step_time_s {fmt(opt.best_step_time_s)}"
+            f" (soft-min {fmt(opt.soft_step_time_s)} at tau {opt.temperature:g} over "
+            f"{opt.n_candidates:,} candidates). Soft: gradient of the soft-min, capacity "
+            f"through the feasibility penalty; re-optimized: best layout that fits, "
+            f"re-searched at +-10 %.", highlight=False)
+
+
+def run(args) -> int:
+    from diffperf.cli.predict_cmd import build
+    from diffperf.cli.search_cmd import _placements
+    from diffperf.search import enumerate_layouts
+    from diffperf.sensitivity import (MEMORY_LEAVES, elasticities_at_optimum, leaf_values,
+                                      step_time_and_elasticities)
+
+    _check(args)
+    model, parallel, system, train = build(args)
+    placements = _placements(args.placements)
+    layouts, opt = None, None
+    with status(not args.json, "differentiating (compiling first)"):
+        step, elast = step_time_and_elasticities(model, parallel, system, train, args.smooth)
+        if args.optimum:
+            layouts = enumerate_layouts(model, args.gpus, args.global_batch,
+                                        placements=placements)
+            hard = None if args.reoptimize_all else [
+                p for p in leaf_values(system) if not p.startswith("eff.") or p in MEMORY_LEAVES]
+            opt = elasticities_at_optimum(model, system, train, layouts, args.temperature,
+                                          placements=placements, smooth=args.smooth,
+                                          max_candidates=args.max_candidates, hard_leaves=hard)
+    values = leaf_values(system)
+    if args.json:
+        _json(model, system, args, parallel, step, elast, values, opt, layouts, placements)
+    else:
+        _render(model, system, args, step, elast, values, opt, layouts, placements)
+    return 0

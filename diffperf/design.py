@@ -1,0 +1,305 @@
+"""Hardware co-design by gradient: the hardware that minimizes time-to-train or cost per token.
+
+The continuous hardware parameters (FLOP/s, HBM bandwidth and capacity, each tier's bandwidth,
+the fast domain size relaxed to a real number) are optimized with optax through the soft-min
+over layouts of `sensitivity` (search.soft_best's formula: ln T plus a soft memory-feasibility
+penalty), under a user-given linear cost or power model per device:
+
+    C(theta) = base + sum_k p_k (theta_k - theta_k^min)       (USD or W per device)
+
+theta^min is 1 device for a domain size and 0 otherwise. With a budget B the parameters are
+the spend shares of the money (or watts) above the base, so C <= B holds at every step:
+
+    p_k (theta_k - theta_k^min) = (B - base) softmax(z)_k      (one extra share stays unspent)
+
+and optax runs on z (for a domain size, on the log of the devices beyond the first).
+Without a budget (cost per token only) z_k = ln p_k (theta_k - theta_k^min), unconstrained.
+
+Objectives, with T = exp(J) the soft-min step time, n devices, B s tokens per step:
+    time_to_train_s = T tokens / (B s)
+    cost_per_token  = n C T / (B s) / lifetime_s   (USD: capex amortized over the lifetime)
+                    = n C T / (B s)                (W: joules per token)
+The matrix peak scales the fp32 and vector peaks with it (one chip, same proportions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+from diffperf.api import _as_float
+from diffperf.errors import SpecError, closest
+from diffperf.search import COLUMNS, PLACEMENTS
+from diffperf.sensitivity import (DEFAULT_CANDIDATES, _quick_jit, candidates, hard_best,
+                                  leaf_paths, soft_min_and_grad)
+from diffperf.specs.batch import anonymous
+from diffperf.specs.load import _check_keys, _number
+from diffperf.specs.training import Training
+
+OBJECTIVES = ("time_to_train", "cost_per_token")
+UNITS = ("USD", "W")
+COST_KEYS = ("name", "description", "illustrative", "sources", "unit", "base",
+             "matmul_per_TFLOPs", "hbm_bandwidth_per_GBps", "hbm_capacity_per_GiB", "tiers",
+             "budget", "lifetime_years")
+TIER_COST_KEYS = ("name", "bandwidth_per_GBps", "domain_size_per_device")
+_SECONDS_PER_YEAR = 365.25 * 24 * 3600.0
+_LINKED = ("matmul_fp32_flops_per_s", "vector_flops_per_s")  # scale with matmul_flops_per_s
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """A linear cost (USD) or power (W) model of one device; prices per human unit."""
+
+    unit: str                          # "USD" or "W"
+    base: float                        # fixed part per device
+    matmul_per_TFLOPs: float = 0.0     # per TFLOP/s of dense 16-bit matrix peak
+    hbm_bandwidth_per_GBps: float = 0.0
+    hbm_capacity_per_GiB: float = 0.0
+    tier_bandwidth_per_GBps: tuple = ()   # per tier, innermost first
+    tier_domain_per_device: tuple = ()    # per device of fast domain beyond the first
+    budget: float | None = None        # per device, in `unit`
+    lifetime_years: float = 4.0        # amortization of USD for cost per token
+    name: str = "cost"
+
+
+def cost_model_from_dict(d: dict, where: str = "cost") -> CostModel:
+    """A validated CostModel from the YAML schema of configs/design/README.md."""
+    _check_keys(d, COST_KEYS, where)
+    unit = str(d.get("unit", ""))
+    if unit not in UNITS:
+        raise SpecError(f"{where}.unit={d.get('unit')!r} is not allowed{closest(unit, UNITS)} "
+                        f"(allowed: {', '.join(UNITS)})")
+    price = lambda k, w=where, t=d: _number(t, k, w, minimum=0.0, default=0.0)  # noqa: E731
+    tiers = d.get("tiers") or []
+    if not isinstance(tiers, list):
+        raise SpecError(f"{where}.tiers must be a list, innermost tier first")
+    for i, t in enumerate(tiers):
+        _check_keys(t, TIER_COST_KEYS, f"{where}.tiers[{i}]")
+    budget = d.get("budget")
+    return CostModel(
+        unit=unit, base=price("base"), matmul_per_TFLOPs=price("matmul_per_TFLOPs"),
+        hbm_bandwidth_per_GBps=price("hbm_bandwidth_per_GBps"),
+        hbm_capacity_per_GiB=price("hbm_capacity_per_GiB"),
+        tier_bandwidth_per_GBps=tuple(price("bandwidth_per_GBps", f"{where}.tiers[{i}]", t)
+                                      for i, t in enumerate(tiers)),
+        tier_domain_per_device=tuple(price("domain_size_per_device", f"{where}.tiers[{i}]", t)
+                                     for i, t in enumerate(tiers)),
+        budget=None if budget is None else _number(d, "budget", where, positive=True),
+        lifetime_years=_number(d, "lifetime_years", where, positive=True, default=4.0),
+        name=str(d.get("name", where)))
+
+
+def _knobs(cost: CostModel, system) -> list:
+    """[(leaf path, price per SI unit, theta_min)] of the priced (designed) parameters."""
+    n = len(system.tiers)
+    if len(cost.tier_bandwidth_per_GBps) not in (0, n):
+        raise SpecError(f"{cost.name}.tiers has {len(cost.tier_bandwidth_per_GBps)} entries; "
+                        f"system {system.name} has {n} tiers "
+                        f"({', '.join(t.name for t in system.tiers)})")
+    knobs = [("matmul_flops_per_s", cost.matmul_per_TFLOPs / 1e12, 0.0),
+             ("hbm_bandwidth_Bps", cost.hbm_bandwidth_per_GBps / 1e9, 0.0),
+             ("hbm_capacity_bytes", cost.hbm_capacity_per_GiB / 2.0**30, 0.0)]
+    for i, (bw, dom) in enumerate(zip(cost.tier_bandwidth_per_GBps,
+                                      cost.tier_domain_per_device)):
+        knobs.append((f"tiers[{i}].bandwidth_Bps", bw / 1e9, 0.0))
+        if i < n - 1:
+            knobs.append((f"tiers[{i}].domain_size", dom, 1.0))
+    if cost.tier_domain_per_device and cost.tier_domain_per_device[-1] > 0:
+        raise SpecError(f"{cost.name}.tiers[{n - 1}].domain_size_per_device="
+                        f"{cost.tier_domain_per_device[-1]:g} must be 0: the last tier spans "
+                        f"the whole cluster, its domain is not a design choice")
+    knobs = [k for k in knobs if k[1] > 0]
+    if not knobs:
+        raise SpecError(f"{cost.name}: prices nothing, so there is nothing to design "
+                        f"(give matmul_per_TFLOPs, hbm_*_per_*, or tiers[i] prices)")
+    return knobs
+
+
+def device_cost(cost: CostModel, system) -> float:
+    """C(theta) = base + sum_k p_k (theta_k - theta_k^min) of one device, in cost.unit."""
+    values = dict(zip(leaf_paths(system), jax.tree.leaves(system)))
+    return float(cost.base + sum(p * (values[k] - lo) for k, p, lo in _knobs(cost, system)))
+
+
+class _Shape(NamedTuple):
+    """The static part of a design problem (one compilation per shape): which leaves are
+    designed, their theta_min, the objective, and whether a budget caps the spend."""
+
+    paths: tuple
+    lows: tuple
+    objective: str
+    budgeted: bool
+
+
+def _system_of(spend, prices, system0, shape):
+    """system0 with every knob at theta_min + spend / price (linked peaks scaled along)."""
+    paths = leaf_paths(system0)
+    leaves = dict(zip(paths, jax.tree.leaves(system0)))
+    new = {k: lo + spend[i] / prices[i] for i, (k, lo) in enumerate(zip(shape.paths,
+                                                                        shape.lows))}
+    if "matmul_flops_per_s" in new:
+        ratio = new["matmul_flops_per_s"] / leaves["matmul_flops_per_s"]
+        new |= {k: leaves[k] * ratio for k in _LINKED}
+    return jax.tree.unflatten(jax.tree.structure(system0), [new.get(k, leaves[k])
+                                                            for k in paths])
+
+
+def _parts(z, system0, prices, consts, shape):
+    """(System, ln(objective / T), cost per device) at the optimizer's z.
+
+        spend = room softmax(z)[:-1] (budget; the last share is unspent) or exp(z)
+        ln(objective / T) = ln(tokens / (B s))                  time_to_train
+                          = ln(n C / (B s lifetime))            cost_per_token
+    consts: {base, room, n, tokens_per_step, tokens, life_s} (life_s = 1 for a power model).
+    """
+    c = consts
+    spend = c["room"] * jax.nn.softmax(z)[:-1] if shape.budgeted else jnp.exp(z)
+    cost = c["base"] + jnp.sum(spend)
+    if shape.objective == "time_to_train":
+        log_scale = jnp.log(c["tokens"] / c["tokens_per_step"])
+    else:
+        log_scale = jnp.log(cost * c["n"] / (c["tokens_per_step"] * c["life_s"]))
+    return _system_of(spend, prices, system0, shape), log_scale, cost
+
+
+def _update(z, state, grad, system0, prices, consts, shape, learning_rate):
+    """One Adam step on z given dJ/dSystem: the chain rule through `_parts`, with
+    d ln(objective) / d ln(objective / T) = 1 (the scale's z-dependence is the cost's)."""
+    _, pull = jax.vjp(lambda z: _parts(z, system0, prices, consts, shape)[:2], z)
+    (gz,) = pull((grad, jnp.ones((), z.dtype)))
+    updates, state = optax.adam(learning_rate).update(gz, state, z)
+    return optax.apply_updates(z, updates), state
+
+
+_parts_jit = _quick_jit(_parts, static_argnames=("shape",))
+_update_jit = _quick_jit(_update, static_argnames=("shape", "learning_rate"))
+
+
+class Design(struct.PyTreeNode):
+    """What `optimize_design` returns (objectives in s, USD/token or J/token)."""
+
+    system: Any             # the optimized System (the input's names and structure)
+    start: Any              # the starting System (the input, scaled into the budget)
+    parameters: tuple = struct.field(pytree_node=False)  # designed leaf paths
+    history: Any = None     # soft objective at every step, then at the result
+    before: Any = None      # {objective, objective_hard, step_time_s, step_time_hard_s, cost,
+    after: Any = None       #  best_index} at the start and at the result
+    start_scale: float = 1.0  # factor applied to the priced parts to meet the budget
+    budget: Any = None        # per device in the cost model's unit (None: unconstrained)
+
+
+def _check(objective, budget, steps, temperature, learning_rate, tokens, refresh):
+    if objective not in OBJECTIVES:
+        raise SpecError(f"objective={objective!r} is not allowed{closest(objective, OBJECTIVES)}"
+                        f" (allowed: {', '.join(OBJECTIVES)})")
+    if objective == "time_to_train" and budget is None:
+        raise SpecError("objective=time_to_train requires a budget (per device, in the cost "
+                        "model's unit): more hardware is always faster; give --budget or "
+                        "budget: in the cost model")
+    for name, v in (("temperature", temperature), ("learning_rate", learning_rate),
+                    ("tokens", tokens)):
+        if not float(v) > 0:
+            raise SpecError(f"{name}={v} must be > 0")
+    if int(steps) != steps or steps < 0:
+        raise SpecError(f"steps={steps} must be a whole number >= 0")
+    if int(refresh) != refresh or refresh < 1:
+        raise SpecError(f"refresh={refresh} must be a whole number >= 1")
+
+
+def _start(knobs, values, base, budget):
+    """(spend [k], optax start z, scale applied to meet the budget, room above the base)."""
+    spend = np.array([p * (values[k] - lo) for k, p, lo in knobs])
+    spend = np.maximum(spend, 1e-6 * max(spend.sum(), 1e-30))  # ln 0: a domain of 1 device
+    if budget is None:
+        return spend, np.log(spend), 1.0, None
+    room = budget - base
+    if not room > 0:
+        raise SpecError(f"budget={budget:g} must exceed the cost model's base={base:g} "
+                        f"(the fixed part of every device)")
+    scale = min(1.0, 0.999 * room / spend.sum())
+    spend = spend * scale
+    shares = np.append(spend, max(room - spend.sum(), 1e-3 * room)) / room
+    return spend, np.log(shares), scale, room
+
+
+def _summary(j, log_t, margin, cands, log_scale, cost) -> dict:
+    best = hard_best(log_t, margin)
+    hard = float(log_t[best]) if best >= 0 else np.inf
+    return dict(objective=float(jnp.exp(j + log_scale)), objective_hard=float(
+        np.exp(hard + float(log_scale))), step_time_s=float(jnp.exp(j)),
+        step_time_hard_s=float(np.exp(hard)), cost=float(cost),
+        best_index=int(cands.index[best]) if best >= 0 else -1)
+
+
+def optimize_design(model, system, training, layouts, cost_model: CostModel,
+                    objective="time_to_train", *, budget=None, steps=200, temperature=0.05,
+                    learning_rate=0.05, tokens=300e9, placements=PLACEMENTS, smooth=None,
+                    max_candidates=DEFAULT_CANDIDATES, refresh=50) -> Design:
+    """Adam on the priced hardware parameters (module docstring) for `steps` steps.
+
+    Args:
+        layouts: the layout table of the job (search.enumerate_layouts); its devices and
+            global batch fix n and B.
+        cost_model: prices per device (`cost_model_from_dict`); unpriced leaves stay fixed.
+        objective: "time_to_train" (needs a budget) or "cost_per_token".
+        budget: per device in cost_model.unit (default: cost_model.budget; inf: none). A
+            start above it is scaled into it (`Design.start_scale`).
+        temperature: tau of the soft-min over layouts; tokens: for time_to_train.
+        refresh: steps between re-selections of the candidates (when the table was pruned).
+    Returns:
+        `Design` with the optimized System, the objective history and before/after figures
+        (soft, and exact: the best layout that fits).
+    """
+    budget = cost_model.budget if budget is None else budget
+    budget = None if budget is not None and np.isinf(budget) else budget
+    _check(objective, budget, steps, temperature, learning_rate, tokens, refresh)
+    training = Training() if training is None else training
+    layouts = np.asarray(layouts)
+    knobs = _knobs(cost_model, system)
+    system0 = _as_float(anonymous(system))
+    values = dict(zip(leaf_paths(system0), (float(v) for v in jax.tree.leaves(system0))))
+    spend0, z, scale, room = _start(knobs, values, cost_model.base, budget)
+    shape = _Shape(tuple(k for k, _, _ in knobs), tuple(lo for _, _, lo in knobs), objective,
+                   budget is not None)
+    dtype = jnp.result_type(float)
+    prices = jnp.asarray([p for _, p, _ in knobs], dtype)
+    row = {c: float(layouts[0, i]) for i, c in enumerate(COLUMNS[:-1])}
+    life = cost_model.lifetime_years * _SECONDS_PER_YEAR if cost_model.unit == "USD" else 1.0
+    consts = {k: jnp.asarray(v, dtype) for k, v in dict(
+        base=cost_model.base, room=room or 0.0, tokens=tokens, life_s=life,
+        n=row["tp"] * row["pp"] * row["dp"] * row["cp"],
+        tokens_per_step=row["global_batch"] * float(model.seq_len)).items()}
+    start = _system_of(jnp.asarray(spend0, dtype), prices, system0, shape)
+    cands = candidates(model, start, training, layouts, temperature, placements=placements,
+                       smooth=smooth, max_candidates=max_candidates)
+    pruned = len(cands.index) < len(layouts)
+    z = jnp.asarray(z, dtype)
+    state = optax.adam(learning_rate).init(z)
+    history, before = [], None
+    for step in range(int(steps) + 1):
+        sys_k, log_scale, cost = _parts_jit(z, system0, prices, consts, shape=shape)
+        if pruned and step and (step % refresh == 0 or step == steps):
+            cands = candidates(model, sys_k, training, layouts, temperature,
+                               placements=placements, smooth=smooth,
+                               max_candidates=max_candidates)
+        j, grad, (log_t, margin, _) = soft_min_and_grad(model, sys_k, training, cands,
+                                                        temperature, smooth)
+        history.append(float(jnp.exp(j + log_scale)))
+        if step == 0:
+            before = _summary(j, log_t, margin, cands, log_scale, cost)
+        if step == steps:
+            break
+        z, state = _update_jit(z, state, grad, system0, prices, consts, shape=shape,
+                               learning_rate=float(learning_rate))
+    treedef = jax.tree.structure(system)
+    named = lambda s: jax.tree.unflatten(treedef, [float(v) for v in jax.tree.leaves(s)])  # noqa
+    return Design(system=named(sys_k), start=named(start),
+                  parameters=tuple(k for k, _, _ in knobs), history=np.asarray(history),
+                  before=before, after=_summary(j, log_t, margin, cands, log_scale, cost),
+                  start_scale=float(scale), budget=budget)

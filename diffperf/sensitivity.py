@@ -1,0 +1,326 @@
+"""Sensitivity: elasticities d ln T / d ln theta of the step time to every System leaf.
+
+    e_theta = (theta / T) dT/dtheta      "+10 % theta gives (1.1^e - 1) x 100 % step time"
+
+At one layout, `jax.grad` of ln T through `predict_step`. At the optimum, the gradient of the
+soft-min over layouts of `search.soft_best` (the same formula, evaluated on candidate batches
+that are data, so one compilation serves every table and every hardware value):
+
+    J = -tau ln sum_i exp(-s_i / tau),  s_i = ln T_i + softplus(-m_i / tau),  e = dJ / d ln theta
+
+m_i = fit margin of layout i, so memory capacity gets a gradient through which layouts fit.
+Beside it, the hard answer: ln min_{fits} T re-optimized at theta e^{+h} and theta e^{-h}
+(central finite difference, h = ln 1.1), which is piecewise constant in the capacity.
+
+Dimensional check (tests/test_sensitivity.py): scaling every rate (FLOP/s, bytes/s) by lambda
+and every fixed time by 1/lambda scales T by 1/lambda, so  sum_rates e - sum_times e = -1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from diffperf.api import _as_float, _normalize
+from diffperf.errors import SpecError, closest
+from diffperf.predict import predict_step
+from diffperf.search import _CPU_QUICK_OPTIONS, COLUMNS, PLACEMENTS, parallel_of, search
+from diffperf.specs.batch import anonymous
+from diffperf.specs.parallel import Parallel
+from diffperf.specs.training import Training
+from diffperf.specs.validate import check_layout
+
+BATCHED = COLUMNS[:-1]  # layout-table columns that vary from one candidate to the next
+HARD_STEP = float(np.log(1.1))  # log step of the re-optimized finite difference: +-10 %
+DEFAULT_CANDIDATES = 1024  # candidates per placement order in the soft-min (lowest scores)
+# The System leaves that the fit margin depends on (memory.device.device_memory).
+MEMORY_LEAVES = ("hbm_capacity_bytes", "eff.mem_usable_frac", "eff.mem_reserved_bytes",
+                 "eff.act_mem_factor")
+
+
+def _quick_jit(fn, **kwargs):
+    """`jax.jit` with XLA:CPU's quick-compiling options on CPU (search._CPU_QUICK_OPTIONS):
+    a sensitivity runs each kernel a few times, so compile time dominates. Measured on 2
+    cores: the soft-min gradient over 4,096 GPT-3 layouts compiled in 2.0 s instead of 8.2 s
+    at -O1 and ran in 0.13 s either way; the forward of predict compiles in 0.7 s, not 9 s."""
+    quick = jax.jit(fn, compiler_options=_CPU_QUICK_OPTIONS, **kwargs)
+    plain = jax.jit(fn, **kwargs)
+    return lambda *a, **k: (quick if jax.default_backend() == "cpu" else plain)(*a, **k)
+
+
+def leaf_paths(system) -> list[str]:
+    """Paths of the System leaves in tree order: 'matmul_flops_per_s',
+    'tiers[0].bandwidth_Bps', 'eff.mm_max', ... (`jax.tree_util.keystr`)."""
+    return [jax.tree_util.keystr(p).lstrip(".")
+            for p, _ in jax.tree_util.tree_flatten_with_path(system)[0]]
+
+
+def leaf_values(system) -> dict:
+    """{path: value} of every System leaf (SI units)."""
+    return dict(zip(leaf_paths(system), (float(v) for v in jax.tree.leaves(system))))
+
+
+def leaf_label(path: str, system) -> str:
+    """The path with the tier's name: 'tiers[0].bandwidth_Bps (nvlink)'."""
+    if path.startswith("tiers["):
+        i = int(path[6:path.index("]")])
+        return f"{path} ({system.tiers[i].name})"
+    return path
+
+
+def step_change_frac(elasticity, change=0.10):
+    """Relative step-time change when a leaf grows by `change`: (1 + change)^e - 1."""
+    return (1.0 + change) ** np.asarray(elasticity) - 1.0
+
+
+def _times_theta(grad, system) -> dict:
+    """{path: theta dF/dtheta} from a gradient pytree of F = ln T."""
+    return {p: float(g) * float(v) for p, g, v in
+            zip(leaf_paths(system), jax.tree.leaves(grad), jax.tree.leaves(system))}
+
+
+def _log_step_time(system, model, parallel, training, temperature):
+    return jnp.log(predict_step(model, parallel, system, training, temperature).step_time_s)
+
+
+_LOG_STEP_GRAD = _quick_jit(jax.value_and_grad(_log_step_time),
+                            static_argnames=("temperature",))
+
+
+def step_time_and_elasticities(model, parallel, system, training=None, temperature=None):
+    """(step time in s, {leaf path: d ln T / d ln theta}) at one layout (see `elasticities`)."""
+    training = Training() if training is None else training
+    parallel = _normalize(parallel)
+    if temperature is not None and not temperature >= 0:
+        raise SpecError(f"temperature={temperature} must be >= 0 (or None for the exact model)")
+    check_layout(model, parallel)
+    system = _as_float(anonymous(system))
+    log_t, grad = _LOG_STEP_GRAD(system, *_as_float((anonymous(model), anonymous(parallel),
+                                                     anonymous(training))),
+                                 temperature=temperature or None)
+    return float(jnp.exp(log_t)), _times_theta(grad, system)
+
+
+def elasticities(model, parallel, system, training=None, temperature=None) -> dict:
+    """d ln T / d ln theta for every System leaf at one layout, by `jax.grad` of ln T.
+
+    Args:
+        model, parallel, system, training: specs as for `predict` (validated).
+        temperature: None for the exact model (subgradients at kinks), > 0 for the smooth one.
+    Returns:
+        {leaf path: elasticity}, e.g. {'tiers[0].bandwidth_Bps': -0.094, ...}; 0 for a leaf
+        that does not touch the step time (capacity, power) or whose value is 0.
+    Example: GPT-3 175B, tp 8 pp 8 dp 16 on 1024 A100 80GB: matmul FLOP/s -0.84, NVLink
+    bandwidth -0.094 ("+10 % NVLink bandwidth: -0.9 % step time").
+    """
+    return step_time_and_elasticities(model, parallel, system, training, temperature)[1]
+
+
+# ------------------------------------------------------------------------------------------
+# The soft-min over candidate layouts (search.soft_best's formula, layouts as data)
+# ------------------------------------------------------------------------------------------
+
+def _in_axes(order) -> Parallel:
+    names = [f for f in Parallel.__dataclass_fields__ if f != "order"]
+    return Parallel(**{f: (0 if f in BATCHED else None) for f in names}, order=order)
+
+
+def _soft_log_step(system, model, batches, masks, training, tau, smooth):
+    """(J, (ln T_i, m_i, w_i)) over the candidates of every placement order.
+
+        s_i = ln T_i + softplus(-m_i / tau),  J = -tau logsumexp(-s / tau),  w = softmax(-s/tau)
+    Padded candidates (mask 0) repeat a real row, so their values are finite; their logits
+    are -inf and carry neither weight nor gradient.
+    """
+    log_t, margin, valid = [], [], []
+    for batch, mask in zip(batches, masks):
+        r = jax.vmap(predict_step, in_axes=(None, _in_axes(batch.order), None, None, None))(
+            model, batch, system, training, smooth)
+        log_t.append(jnp.log(r.step_time_s))
+        margin.append(r.fit_margin_frac)
+        valid.append(mask > 0)
+    log_t, margin, valid = (jnp.concatenate(x) for x in (log_t, margin, valid))
+    scores = log_t + jax.nn.softplus(-margin / tau)
+    logits = jnp.where(valid, -scores / tau, -jnp.inf)
+    lse = jax.nn.logsumexp(logits)
+    return -tau * lse, (log_t, margin, jnp.exp(logits - lse))
+
+
+_SOFT_GRAD = _quick_jit(jax.value_and_grad(_soft_log_step, has_aux=True),
+                        static_argnames=("smooth",))
+
+
+class Candidates(struct.PyTreeNode):
+    """The layouts a soft-min runs over: per placement order, rows of the table, padded."""
+
+    index: Any      # int [n] rows of the layout table, in batch order (padding excluded)
+    batches: Any    # tuple of Parallel batches, one per placement order (static order)
+    masks: Any      # tuple of float [size] (1 = real candidate, 0 = padding)
+    dropped_weight: float = struct.field(pytree_node=False, default=0.0)
+
+
+def _pow2(n: int) -> int:
+    return 1 << int(np.ceil(np.log2(max(n, 8))))
+
+
+def candidates(model, system, training, layouts, temperature, *, placements=PLACEMENTS,
+               smooth=None, max_candidates=DEFAULT_CANDIDATES) -> Candidates:
+    """Every layout of the table, or, where a placement order has more than
+    `max_candidates`, its `max_candidates` lowest soft scores s_i (by a hard `search`).
+
+    Each order's batch is padded to a fixed size (a power of two, at most max_candidates),
+    so a table keeps its shapes when the hardware changes (no recompilation).
+    `dropped_weight` is the soft-min weight of the rows left out (exact, from the search):
+    the pruned J differs from the full one by -tau ln(1 - dropped_weight).
+    """
+    layouts = np.asarray(layouts)
+    dtype = jnp.result_type(float)
+    groups = [np.flatnonzero(layouts[:, -1] == j) for j in np.unique(layouts[:, -1])]
+    dropped = 0.0
+    if any(len(g) > max_candidates for g in groups):
+        r = search(model, system, training, layouts, placements=placements,
+                   temperature=smooth, validate=False)
+        s = np.log(r.step_time_s) + np.logaddexp(0.0, -r.fit_margin_frac / temperature)
+        w = np.exp(-(s - s.min()) / temperature)
+        groups = [g[np.argsort(s[g], kind="stable")[:max_candidates]] for g in groups]
+        dropped = float(1.0 - sum(w[g].sum() for g in groups) / w.sum())
+    batches, masks = [], []
+    for g in groups:
+        size = min(_pow2(len(g)), _pow2(max_candidates))
+        rows = layouts[np.concatenate([g, np.full(size - len(g), g[0])])]
+        order = tuple(placements[int(rows[0, -1])])
+        batches.append(_as_float(Parallel(**{c: rows[:, i] for i, c in enumerate(BATCHED)},
+                                          order=order)))
+        masks.append(np.asarray(np.arange(size) < len(g), dtype))
+    return Candidates(index=np.concatenate(groups), batches=tuple(batches),
+                      masks=tuple(masks), dropped_weight=dropped)
+
+
+def soft_min_and_grad(model, system, training, cands: Candidates, temperature, smooth=None):
+    """(J = ln soft-min step time, dJ/dSystem, per candidate (ln T, fit margin, weight)).
+
+    The gradient has the structure of `anonymous(system)` (names blanked).
+    """
+    model, system, training = _as_float((anonymous(model), anonymous(system),
+                                         anonymous(training)))
+    (j, aux), grad = _SOFT_GRAD(system, model, cands.batches, cands.masks, training,
+                                jnp.asarray(temperature, jnp.result_type(float)), smooth=smooth)
+    real = np.concatenate([np.asarray(m) > 0 for m in cands.masks])
+    return j, grad, tuple(np.asarray(a)[real] for a in aux)
+
+
+def hard_best(log_t, margin) -> int:
+    """Position of the fastest candidate that fits (-1 when none does)."""
+    t = np.where(margin >= 0, log_t, np.inf)
+    return int(np.argmin(t)) if np.isfinite(t).any() else -1
+
+
+def grad_of(tree, path: str) -> float:
+    """The value of the leaf at `path` of a System-shaped pytree."""
+    return float(dict(zip(leaf_paths(tree), jax.tree.leaves(tree)))[path])
+
+
+def scale_leaf(system, path: str, factor):
+    """The system with the leaf at `path` multiplied by `factor`."""
+    paths = leaf_paths(system)
+    if path not in paths:
+        raise SpecError(f"unknown System leaf '{path}'{closest(path, paths)}")
+    leaves, treedef = jax.tree.flatten(system)
+    return jax.tree.unflatten(treedef, [v * factor if p == path else v
+                                        for p, v in zip(paths, leaves)])
+
+
+# ------------------------------------------------------------------------------------------
+# At the optimum
+# ------------------------------------------------------------------------------------------
+
+class OptimumSensitivity(struct.PyTreeNode):
+    """Elasticities at the optimal layout of a table (each {leaf path: elasticity})."""
+
+    soft: Any              # dJ / d ln theta, J = ln of the soft-min step time (capacity too)
+    hard: Any              # re-optimized: [ln T*(theta e^h) - ln T*(theta e^-h)] / 2h
+    at_best: Any           # at the hard best layout, held fixed (envelope theorem: = hard
+                           # wherever the best layout does not change)
+    soft_step_time_s: float  # exp J
+    best_step_time_s: float  # min over the layouts that fit (exact model)
+    best_index: int          # row of the layout table
+    n_candidates: int
+    dropped_weight: float    # soft-min weight of the layouts pruned (Candidates)
+    temperature: float
+
+
+def _log_best(model, system, training, cands, tau, smooth) -> float:
+    _, _, (log_t, margin, _) = soft_min_and_grad(model, system, training, cands, tau, smooth)
+    i = hard_best(log_t, margin)
+    return float(log_t[i]) if i >= 0 else np.inf
+
+
+def _reoptimized(model, system, training, cands, tau, smooth, path, base, h) -> float:
+    """Central difference of ln min_fits T in ln theta (one-sided where a side has no
+    layout that fits, NaN where neither has)."""
+    up = _log_best(model, scale_leaf(system, path, np.exp(h)), training, cands, tau, smooth)
+    dn = _log_best(model, scale_leaf(system, path, np.exp(-h)), training, cands, tau, smooth)
+    if np.isfinite(up) and np.isfinite(dn):
+        return (up - dn) / (2 * h)
+    if np.isfinite(up) or np.isfinite(dn):
+        return (up - base) / h if np.isfinite(up) else (base - dn) / h
+    return float("nan")
+
+
+def elasticities_at_optimum(model, system, training, layouts, temperature, *,
+                            placements=PLACEMENTS, smooth=None,
+                            max_candidates=DEFAULT_CANDIDATES, hard_step=HARD_STEP,
+                            hard_leaves=None) -> OptimumSensitivity:
+    """Elasticities of the best step time over a layout table, three ways.
+
+    soft: gradient of the soft-min of `search.soft_best` (module docstring) at temperature
+    tau; the memory capacity enters through the feasibility penalty. hard: the best layout
+    that fits, re-optimized among the candidates at theta e^{+-h} (h = ln 1.1 by default).
+    at_best: `elasticities` at the hard best layout.
+    Args:
+        layouts: an int table [n, len(COLUMNS)] (search.enumerate_layouts).
+        temperature: tau > 0 of the soft-min (a relative spread in step time).
+        smooth: the model's own temperature inside each prediction (None: exact).
+        max_candidates: rows per placement order kept for the soft-min (see `candidates`).
+        hard_leaves: leaf paths for the re-optimized difference (None: every leaf with a
+            value and a gradient; the others get None, or 0.0 where the leaf or its
+            gradient is 0).
+    Raises:
+        SpecError when tau <= 0 or no layout of the table fits in memory.
+    """
+    if not float(temperature) > 0:
+        raise SpecError(f"temperature={temperature} must be > 0 for the soft-min over layouts")
+    training = Training() if training is None else training
+    layouts = np.asarray(layouts)
+    cands = candidates(model, system, training, layouts, temperature, placements=placements,
+                       smooth=smooth, max_candidates=max_candidates)
+    system_f = _as_float(anonymous(system))
+    j, grad, (log_t, margin, _) = soft_min_and_grad(model, system_f, training, cands,
+                                                    temperature, smooth)
+    best = hard_best(log_t, margin)
+    if best < 0:
+        raise SpecError(f"no layout of the {len(layouts)} given fits in memory on "
+                        f"{system.name}: the optimum is undefined (more devices or capacity)")
+    row = int(cands.index[best])
+    at_best = elasticities(model, parallel_of(layouts[row], placements), system, training,
+                           smooth)
+    values, soft = leaf_values(system_f), _times_theta(grad, system_f)
+    # A leaf with no gradient changes no candidate's time or fit margin, so its re-optimized
+    # change is 0 too; the memory leaves are re-searched anyway, as the weight of a layout
+    # that does not fit can underflow to 0 while +-10 % would let it in.
+    moves = {p: grad_of(grad, p) != 0 or p in MEMORY_LEAVES for p in values}
+    wanted = [p for p, v in values.items() if v != 0 and moves[p] and (
+        hard_leaves is None or p in hard_leaves)]
+    hard = {p: (_reoptimized(model, system_f, training, cands, temperature, smooth, p,
+                             float(log_t[best]), hard_step) if p in wanted
+                else 0.0 if values[p] == 0 or not moves[p] else None)
+            for p in values}
+    return OptimumSensitivity(
+        soft=soft, hard=hard, at_best=at_best,
+        soft_step_time_s=float(jnp.exp(j)), best_step_time_s=float(np.exp(log_t[best])),
+        best_index=row, n_candidates=len(cands.index), dropped_weight=cands.dropped_weight,
+        temperature=float(temperature))

@@ -1,0 +1,233 @@
+"""The four studies (diffperf/studies, `diffperf study`): their numbers, not their pixels.
+
+Every study runs once, in its reduced (`quick`) form, in one process: the search kernel
+compiles once (one placement order, one chunk shape) and is shared by all four. The
+assertions are the physics each paper's finding rests on, stated as what diffperf predicts
+(PAPERS.md sections 1-4 and 6); where diffperf disagrees with a paper, the test pins
+diffperf's answer and says so.
+"""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+
+from diffperf import load_model, load_system
+from diffperf.cli.main import main
+from diffperf.result import EXPOSED_PARTS
+from diffperf.studies import STUDIES, axonn, comm_scaling, diminishing_returns, llm_vs_longseq
+
+
+def _run(module, **kwargs):
+    names = module.inputs(quick=True)
+    models = {m: load_model(m) for m in names["models"]}
+    systems = {s: load_system(s) for s in names["systems"]}
+    return module.run(models, systems, quick=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def results():
+    return {name: _run(module) for name, module in STUDIES.items()}
+
+
+def _rows(table, **where):
+    sel = np.ones(len(next(iter(table.values()))), bool)
+    for k, v in where.items():
+        sel &= table[k] == v
+    return np.flatnonzero(sel)
+
+
+def test_every_study_has_a_rectangular_table_and_a_summary(results):
+    for name, r in results.items():
+        lengths = {len(v) for v in r.table.values()}
+        assert len(lengths) == 1 and lengths.pop() > 0, name
+        assert r.summary and r.title and r.name == name
+
+
+def test_exposed_parts_sum_to_one(results):
+    """The shares of the step time are fractions of it (Breakdown: exposed parts sum to T)."""
+    for name in ("comm-scaling", "diminishing-returns", "axonn"):
+        t = results[name].table
+        total = sum(t[k[:-2] + "_frac"] for k in EXPOSED_PARTS)
+        np.testing.assert_allclose(total, 1.0, rtol=1e-4, err_msg=name)
+
+
+# --------------------------------------------------------------------------------------------
+# 1. Pati et al.: computation vs communication
+# --------------------------------------------------------------------------------------------
+
+def test_comm_share_grows_when_flops_outgrow_bandwidth(results):
+    """A100 -> B200 -> projected next generation (FLOP/s x2.5, bandwidths x1.5): at a fixed
+    model the exposed communication share of the best layout grows (Pati et al.'s finding)."""
+    t = results["comm-scaling"].table
+    for model in comm_scaling.QUICK_MODELS:
+        share = [t["comm_exposed_frac"][_rows(t, model=model, system=s)][0]
+                 for s in ("a100-sxm-80gb", "b200-sxm-180gb", comm_scaling.PROJECTED_NAME)]
+        assert share[0] < share[1] < share[2], (model, share)
+
+
+def test_comm_share_grows_along_the_model_family(results):
+    """On fixed hardware, the 76B model (on 1024 GPUs) exposes a larger share of its step in
+    communication than the 18B one (on 256), on every system."""
+    t = results["comm-scaling"].table
+    small, large = comm_scaling.QUICK_MODELS
+    for system in dict.fromkeys(t["system"]):
+        a = t["comm_exposed_frac"][_rows(t, model=small, system=system)][0]
+        b = t["comm_exposed_frac"][_rows(t, model=large, system=system)][0]
+        assert b > a, (system, a, b)
+
+
+def test_projected_system_is_labelled_and_scaled():
+    b200 = load_system(comm_scaling.PROJECTED_FROM)
+    nxt = comm_scaling.projected_system(b200)
+    assert nxt.name == comm_scaling.PROJECTED_NAME
+    assert float(nxt.matmul_flops_per_s) == pytest.approx(2.5 * float(b200.matmul_flops_per_s))
+    for k in ("hbm_capacity_bytes", "hbm_bandwidth_Bps"):
+        ratio = float(getattr(nxt, k)) / float(getattr(b200, k))
+        assert ratio < 2.5  # FLOP/s grows faster than memory
+    for t0, t1 in zip(b200.tiers, nxt.tiers):
+        assert float(t1.bandwidth_Bps) / float(t0.bandwidth_Bps) < 2.5  # and the network
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Fernandez et al.: diminishing returns
+# --------------------------------------------------------------------------------------------
+
+def test_tokens_per_gpu_do_not_increase_with_gpus(results):
+    t = results["diminishing-returns"].table
+    best = _rows(t, series="best")
+    assert list(t["gpus"][best]) == list(diminishing_returns.QUICK_GPUS)
+    per_gpu = t["tokens_per_s_per_gpu"][best]
+    assert np.all(np.diff(per_gpu) <= 1e-6 * per_gpu[:-1]), per_gpu
+    assert per_gpu[-1] < per_gpu[0]  # strictly diminishing over 16x the GPUs
+    # X(4N) / X(N) < 4: sub-linear total throughput
+    assert np.all(t["marginal_return"][best][1:] < 4.0)
+
+
+def test_efficiency_metrics_follow_their_definitions(results):
+    t = results["diminishing-returns"].table
+    power = float(load_system(diminishing_returns.SYSTEM).power_W)
+    np.testing.assert_allclose(t["tokens_per_gpu_hour"], 3600 * t["tokens_per_s_per_gpu"])
+    np.testing.assert_allclose(t["tokens_per_joule"], t["tokens_per_s_per_gpu"] / power)
+    np.testing.assert_allclose(t["tokens_per_s_per_gpu"] * t["gpus"] * t["step_time_s"],
+                               t["tokens_per_step"], rtol=1e-5)
+
+
+def test_fsdp_loses_to_tp_pp_at_scale(results):
+    """Pure FSDP's exposed communication rises with the GPU count at a fixed batch, and the
+    best layout at 2048 GPUs adds tensor or pipeline parallelism (Fernandez et al. finding 1).
+    diffperf: TP/PP layouts beat pure FSDP at every count (FSDP needs full recompute to fit),
+    and the gap widens sharply where FSDP's communication stops hiding."""
+    t = results["diminishing-returns"].table
+    fsdp, best = _rows(t, series="fsdp"), _rows(t, series="best")
+    assert list(t["gpus"][fsdp]) == list(t["gpus"][best])
+    exposed = t["comm_exposed_frac"][fsdp]
+    assert exposed[-1] > exposed[0] + 0.1, exposed
+    ratio = t["tokens_per_s"][fsdp] / t["tokens_per_s"][best]
+    assert np.all(ratio <= 1 + 1e-6) and ratio[-1] < ratio[0], ratio
+    last = best[-1]
+    assert t["tp"][last] > 1 or t["pp"][last] > 1
+
+
+# --------------------------------------------------------------------------------------------
+# 3. Subramanian et al.: LLM vs long-sequence transformer
+# --------------------------------------------------------------------------------------------
+
+def test_long_sequence_model_needs_context_parallelism(results):
+    """ViT-ERA5 (s = 64800) is run with CP (4D), GPT-3 without it (3D)."""
+    t = results["llm-vs-longseq"].table
+    base = llm_vs_longseq.BASE
+    vit = _rows(t, kind="best_layout", model="vit-era5", system=base)[0]
+    gpt = _rows(t, kind="best_layout", model="gpt3-175b", system=base)[0]
+    assert t["cp"][vit] > 1
+    assert t["cp"][gpt] == 1
+
+
+def test_elasticities_are_physical(results):
+    t = results["llm-vs-longseq"].table
+    for model in llm_vs_longseq.MODELS:
+        e = {p: llm_vs_longseq.elasticity(t, model, p, "grad") for p in
+             ("flops", "hbm_bw", "hbm_capacity", "fast_bw", "fast_domain", "net_bw")}
+        assert -1.0 <= e["flops"] < -0.5, e        # compute-bound: close to -1
+        assert e["hbm_capacity"] == 0.0             # a fixed layout does not use capacity
+        assert all(v <= 1e-6 for v in e.values()), e  # more hardware never slows a step
+        for p in llm_vs_longseq.QUICK_DOUBLED:
+            assert llm_vs_longseq.elasticity(t, model, p, "research") <= 1e-6
+
+
+def test_network_and_capacity_sensitivity_of_llm_vs_vit(results):
+    """Subramanian et al.: the long-sequence model depends more on network and capacity.
+    diffperf agrees on HBM capacity (ViT-ERA5's best layout speeds up with more capacity,
+    GPT-3's does not) but not on network bandwidth: at 4096 GPUs and batch 4096, ViT-ERA5's
+    s^2 attention gives each sample so much compute that its communication hides, and GPT-3
+    is the more network-sensitive of the two."""
+    t = results["llm-vs-longseq"].table
+    e = lambda m, p, how: llm_vs_longseq.elasticity(t, m, p, how)  # noqa: E731
+    assert e("vit-era5", "hbm_capacity", "research") < e("gpt3-175b", "hbm_capacity",
+                                                         "research")
+    assert abs(e("vit-era5", "net_bw", "grad")) < abs(e("gpt3-175b", "net_bw", "grad"))
+    assert abs(e("vit-era5", "net_bw", "research")) < abs(e("gpt3-175b", "net_bw", "research"))
+
+
+# --------------------------------------------------------------------------------------------
+# 4. Singh et al.: AxoNN 4D vs Megatron 3D
+# --------------------------------------------------------------------------------------------
+
+def test_axonn_study_reports_the_best_3d_layout(results):
+    t = results["axonn"].table
+    (i,) = _rows(t, series="megatron_3d")
+    assert t["cp"][i] == 1 and t["zero_stage"][i] <= 1
+    assert t["tp"][i] * t["pp"][i] * t["dp"][i] == t["gpus"][i] == 1024
+    assert 0 < t["model_tflops_per_gpu"][i] < t["peak_tflops"][i]
+    (j,) = _rows(t, series="any")  # a superset of the 3D layouts is never slower
+    assert t["step_time_s"][j] <= t["step_time_s"][i] * (1 + 1e-6)
+    assert t["axonn_published_tflops"][i] == 178.0
+    if axonn.axonn_available():
+        (k,) = _rows(t, series="axonn_4d")
+        assert t["gx"][k] * t["gy"][k] * t["gz"][k] * t["dp"][k] == 1024
+        assert 0 < t["model_tflops_per_gpu"][k] < t["peak_tflops"][k]
+    else:
+        assert "pending" in t["axonn_status"][i]
+
+
+def test_axonn_study_skips_gracefully_without_the_grid(monkeypatch):
+    monkeypatch.setattr(axonn, "axonn_available", lambda: False)
+    r = _run(axonn)
+    assert "axonn_4d" not in set(r.table["series"])
+    assert all("pending" in s for s in r.table["axonn_status"])
+    assert "pending" in r.summary["AxoNN 4D grid"]
+
+
+# --------------------------------------------------------------------------------------------
+# CLI: files written, CSV columns, errors
+# --------------------------------------------------------------------------------------------
+
+def test_study_command_writes_csv_and_figures(tmp_path, capsys, results):
+    out = tmp_path / "figs"
+    code = main(["study", "2", "--quick", "--out", str(out), "--no-cache", "--json"])
+    assert code == 0
+    name = diminishing_returns.NAME
+    for ext in ("csv", "png", "svg"):
+        assert (out / f"{name}.{ext}").stat().st_size > 1000
+    assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with open(out / f"{name}.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    for col in ("gpus", "series", "tokens_per_s_per_gpu", "tokens_per_gpu_hour",
+                "tokens_per_joule", "comm_exposed_frac", "tp", "pp", "dp", "zero_stage"):
+        assert col in rows[0]
+    want = results["diminishing-returns"].table
+    assert len(rows) == len(want["gpus"])
+    got = np.array([float(r["tokens_per_s_per_gpu"]) for r in rows])
+    np.testing.assert_allclose(got, want["tokens_per_s_per_gpu"], rtol=1e-5)
+    # an existing output is refused without --force (exit 2, one line)
+    capsys.readouterr()
+    assert main(["study", "2", "--quick", "--out", str(out), "--no-cache"]) == 2
+    assert "--force" in capsys.readouterr().err
+
+
+def test_unknown_study_is_a_one_line_error(capsys):
+    assert main(["study", "pati-et-al-2023", "--quick"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown study" in err[0] and "comm-scaling" in err[0]
