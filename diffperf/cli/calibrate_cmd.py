@@ -8,6 +8,7 @@ import numpy as np
 import yaml
 
 from diffperf.cli.output import check_writable, console, fmt, print_json, table, write_atomic
+from diffperf.cli.validate_cmd import add_runs_options
 from diffperf.errors import SpecError
 
 GEMM_COLUMNS = ("m", "n", "k", "time_s")
@@ -18,12 +19,7 @@ MEMBW_COLUMNS = ("bytes_moved", "time_s")
 def add_parser(sub):
     p = sub.add_parser("calibrate", help="fit efficiencies to measured runs (held-out error)")
     p.add_argument("runs", help="measured-runs CSV")
-    p.add_argument("--system", help="system for every row (default: each row's system column)")
-    p.add_argument("--precision", help="precision preset for every row, overriding the CSV's "
-                   "column (e.g. amp-bf16 for fp32 weights under autocast)")
-    p.add_argument("--set", action="append", metavar="FIELD=VALUE", help=(
-        "framework fact for every row, not in the CSV: a Parallel or Training field "
-        "(e.g. dp_overlap=0, grad_bytes=4); repeatable"))
+    add_runs_options(p)
     p.add_argument("--calibration", help="overlay to start from")
     p.add_argument("--microbench", nargs=3, metavar=("GEMM.csv", "ATTENTION.csv", "MEMBW.csv"),
                    help="kernel measurements to fit the operator models to as well")

@@ -11,15 +11,20 @@ from diffperf.cli.output import check_writable, console, fmt, print_json, table,
 from diffperf.errors import SpecError
 
 
-def add_parser(sub):
-    p = sub.add_parser("validate", help="prediction error against measured runs")
-    p.add_argument("runs", help="measured-runs CSV (schema: shared/data/README.md)")
+def add_runs_options(p) -> None:
+    """Options that say how to read a runs CSV, shared by validate and calibrate."""
     p.add_argument("--system", help="system for every row (default: each row's system column)")
     p.add_argument("--precision", help="precision preset for every row, overriding the CSV's "
                    "column (e.g. amp-bf16 for fp32 weights under autocast)")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE", help=(
         "framework fact for every row, not in the CSV: a Parallel or Training field "
         "(e.g. dp_overlap=0, grad_bytes=4); repeatable"))
+
+
+def add_parser(sub):
+    p = sub.add_parser("validate", help="prediction error against measured runs")
+    p.add_argument("runs", help="measured-runs CSV (schema: shared/data/README.md)")
+    add_runs_options(p)
     p.add_argument("--calibration", help="efficiency overlay YAML")
     p.add_argument("--out", help="write one row per run with the predictions")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")

@@ -381,6 +381,27 @@ def training_from_name(precision: str = "bf16", where: str = "precision",
     return Training(**{k: float(v) for k, v in fields.items()}, name=precision)
 
 
+def _read_csv(path: Path, required) -> tuple[list, list]:
+    """(header, rows as dicts) of a UTF-8 CSV that has the `required` columns; clear errors
+    for a missing, unreadable, binary or malformed file and for a missing column."""
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            header = reader.fieldnames or []
+            rows = list(reader)
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read ({err.strerror or err})") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: not a UTF-8 text file") from None
+    except csv.Error as err:
+        raise SpecError(f"{path}: malformed CSV ({err})") from None
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise SpecError(f"{path}: missing column '{missing[0]}'{closest(missing[0], header)} "
+                        f"(have: {', '.join(header)})")
+    return header, rows
+
+
 RUN_REQUIRED = ("id", "num_gpus", "num_layers", "hidden", "num_heads", "vocab", "seq_len",
                 "tp", "pp", "dp", "global_batch", "micro_batch", "step_time_s")
 RUN_OPTIONAL_DEFAULTS = dict(system="", ffn_hidden="", num_kv_heads="", gated_mlp="0",
@@ -470,21 +491,7 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
     precision_override = precision
     if precision is not None:
         training_from_name(precision, where="--precision")
-    try:
-        with path.open(newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            header = reader.fieldnames or []
-            rows = list(reader)
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read ({err.strerror or err})") from None
-    except UnicodeDecodeError:
-        raise SpecError(f"{path}: not a UTF-8 text file") from None
-    except csv.Error as err:
-        raise SpecError(f"{path}: malformed CSV ({err})") from None
-    missing = [c for c in RUN_REQUIRED if c not in header]
-    if missing:
-        raise SpecError(f"{path}: missing column '{missing[0]}'{closest(missing[0], header)} "
-                        f"(have: {', '.join(header)})")
+    header, rows = _read_csv(path, RUN_REQUIRED)
     known = (*RUN_REQUIRED, *RUN_OPTIONAL_DEFAULTS, *RUN_INFORMATIONAL)
     for col in header:
         hint = closest(col, known)
@@ -541,21 +548,7 @@ def load_table(path, required) -> dict:
     """A numeric CSV (kernel microbenchmarks) as {column: numpy array} for the required
     columns; clear errors for a missing file, column or a non-numeric cell."""
     path = Path(path)
-    try:
-        with path.open(newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            header = reader.fieldnames or []
-            rows = list(reader)
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read ({err.strerror or err})") from None
-    except UnicodeDecodeError:
-        raise SpecError(f"{path}: not a UTF-8 text file") from None
-    except csv.Error as err:
-        raise SpecError(f"{path}: malformed CSV ({err})") from None
-    missing = [c for c in required if c not in header]
-    if missing:
-        raise SpecError(f"{path}: missing column '{missing[0]}'{closest(missing[0], header)} "
-                        f"(have: {', '.join(header)})")
+    header, rows = _read_csv(path, required)
     if not rows:
         raise SpecError(f"{path}: no rows")
     out = {}
