@@ -26,3 +26,17 @@ def best_of(fn, repeat: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+def batched_parallel(columns, rows, dtype=float):
+    """A Parallel whose every leaf has the batch axis: the table's columns, and each other
+    field's default broadcast to the number of rows (so new Parallel fields need no edit)."""
+    import numpy as np
+
+    from diffperf.specs import Parallel
+
+    n = len(rows)
+    base = {f: np.full(n, float(getattr(Parallel(), f)), dtype)
+            for f in Parallel.__dataclass_fields__ if f != "order"}
+    base |= {c: rows[:, i].astype(dtype) for i, c in enumerate(columns)}
+    return Parallel(**base)

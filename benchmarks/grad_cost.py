@@ -32,7 +32,7 @@ def main() -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from _common import best_of, machine
+    from _common import batched_parallel, best_of, machine
     from diffperf import Parallel, load_model, load_system
     from diffperf.api import _as_float
     from diffperf.predict import predict_step
@@ -48,9 +48,7 @@ def main() -> None:
                              sequence_parallel=1, zero_stage=1, recompute=1))
     table = S.enumerate_layouts(model0, 1024, 1536)
     rows = table[table[:, -1] == 0][:args.batch]
-    batch = _as_float(Parallel(**{c: rows[:, i].astype(float)
-                                  for i, c in enumerate(S.COLUMNS[:-1])},
-                               dp_overlap=np.ones(len(rows)), tp_overlap=np.zeros(len(rows))))
+    batch = _as_float(batched_parallel(S.COLUMNS[:-1], rows))
 
     def step(system, parallel):
         return predict_step(m, parallel, system, t).step_time_s

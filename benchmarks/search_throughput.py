@@ -42,7 +42,7 @@ def main() -> None:
     import jax
     import numpy as np
 
-    from _common import best_of, machine
+    from _common import batched_parallel, best_of, machine
     from diffperf import load_model, load_system
     from diffperf.api import _as_float
     from diffperf.predict import predict_step
@@ -95,8 +95,7 @@ def main() -> None:
                    static_argnums=4)
     n = min(len(table), 1 << 17)
     rows = table[table[:, -1] == 0][:n]
-    par = S.Parallel(**{c: rows[:, i].astype(dtype) for i, c in enumerate(S.COLUMNS[:-1])},
-                     dp_overlap=np.ones(len(rows), dtype), tp_overlap=np.zeros(len(rows), dtype))
+    par = batched_parallel(S.COLUMNS[:-1], rows, dtype)
     start = time.perf_counter()
     jax.block_until_ready(flat(m, par, s, t, None))
     compile_s = time.perf_counter() - start
