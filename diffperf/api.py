@@ -26,7 +26,7 @@ _RECOMPUTE = {r.name.lower(): int(r) for r in Recompute}
 
 def _as_float(tree):
     """Every leaf as a floating array (numpy: converting on the host costs microseconds,
-    jnp.asarray per leaf costs ~10 ms per call); float32, or float64 under jax_enable_x64."""
+    jnp.asarray per leaf costs ~10 ms per call); float32, or float64 when x64 is enabled."""
     dtype = jnp.result_type(float)
     return jax.tree.map(lambda x: x if isinstance(x, jax.Array) and x.dtype == dtype
                         else np.asarray(x, dtype=dtype), tree)
