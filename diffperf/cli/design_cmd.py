@@ -7,6 +7,7 @@ from pathlib import Path
 from diffperf.cli.output import fmt, print_json, table
 from diffperf.cli.sensitivity_cmd import human, status
 from diffperf.errors import SpecError, closest
+from diffperf.cli.options import add_model_system
 
 _DAY_S = 86400.0
 
@@ -20,16 +21,10 @@ def add_parser(sub):
         "--global-batch, with a soft memory-feasibility penalty; the budget holds at every "
         "step. Prints each parameter before and after, and the objective (soft and with the "
         "exact best layout)."))
-    p.add_argument("--model", default="gpt3-175b", help="name under configs/models, a YAML, "
-                   "or a Hugging Face config.json (default: gpt3-175b)")
-    p.add_argument("--system", default="a100-sxm-80gb", help="starting system: name under "
-                   "configs/systems or a YAML (default: a100-sxm-80gb)")
-    p.add_argument("--calibration", help="efficiency overlay YAML (from diffperf calibrate)")
+    add_model_system(p, "starting system: name under configs/systems or a YAML")
     p.add_argument("--gpus", type=int, default=1024, help="number of devices (default 1024)")
     p.add_argument("--global-batch", dest="global_batch", type=int, default=1536,
                    help="sequences per optimizer step (default 1536)")
-    p.add_argument("--seq-len", type=int, help="override the model's sequence length")
-    p.add_argument("--precision", default="bf16", help="bf16, fp16, amp-bf16, bf16-pure, fp32")
     p.add_argument("--cost", required=True, help="cost or power model: name under "
                    "configs/design (illustrative-usd, illustrative-power) or a YAML")
     p.add_argument("--objective", default="time_to_train",

@@ -6,6 +6,7 @@ import dataclasses
 
 from diffperf.cli.output import console, fmt, print_json, table
 from diffperf.errors import SpecError
+from diffperf.cli.options import add_model_system
 
 _LAYOUT = (("tp", 8), ("pp", 8), ("cp", 1), ("ep", 1), ("vp", 1), ("micro_batch", 1),
            ("global_batch", 1536), ("zero_stage", 1), ("cp_ring", 1), ("gx", 1), ("gy", 1),
@@ -16,20 +17,14 @@ def add_parser(sub):
     p = sub.add_parser("predict", help="step time, breakdown and memory of one layout", description=(
         "Predict one configuration. With no options: GPT-3 175B on 1024 A100 80 GB "
         "(tp 8, pp 8, dp 16, sequence parallel, selective recompute, ZeRO-1)."))
-    p.add_argument("--model", default="gpt3-175b", help="name under configs/models, a YAML, "
-                   "or a Hugging Face config.json (default: gpt3-175b)")
-    p.add_argument("--system", default="a100-sxm-80gb", help="name under configs/systems or "
-                   "a YAML (default: a100-sxm-80gb)")
-    p.add_argument("--calibration", help="efficiency overlay YAML (from diffperf calibrate)")
+    add_model_system(p)
     p.add_argument("--gpus", type=int, default=1024,
                    help="devices; dp = gpus / (tp cp pp gx gy gz)")
     p.add_argument("--dp", type=int, help="data-parallel degree (default: from --gpus)")
     for name, default in _LAYOUT:
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=default)
-    p.add_argument("--seq-len", type=int, help="override the model's sequence length")
     p.add_argument("--sequence-parallel", type=int, choices=(0, 1), default=1)
     p.add_argument("--recompute", choices=("none", "selective", "full"), default="selective")
-    p.add_argument("--precision", default="bf16", help="bf16, fp16, amp-bf16, bf16-pure, fp32")
     p.add_argument("--dp-overlap", type=int, choices=(0, 1), default=1)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=run)

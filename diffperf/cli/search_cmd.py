@@ -12,6 +12,7 @@ import numpy as np
 
 from diffperf.cli.output import console, err_console, fmt, print_json, table
 from diffperf.errors import SpecError
+from diffperf.cli.options import add_model_system
 
 _RECOMPUTE = ("none", "selective", "full")
 _N_PARTS = 4  # breakdown columns in the top-K table: the largest parts on average
@@ -26,16 +27,10 @@ def add_parser(sub):
         "computation, drop those that do not fit, and print the fastest ones and the Pareto "
         "front of step time vs memory. With no options: GPT-3 175B on 1024 A100 80 GB, "
         "global batch 1536."))
-    p.add_argument("--model", default="gpt3-175b", help="name under configs/models, a YAML, "
-                   "or a Hugging Face config.json (default: gpt3-175b)")
-    p.add_argument("--system", default="a100-sxm-80gb", help="name under configs/systems or "
-                   "a YAML (default: a100-sxm-80gb)")
-    p.add_argument("--calibration", help="efficiency overlay YAML (from diffperf calibrate)")
+    add_model_system(p)
     p.add_argument("--gpus", type=int, default=1024, help="number of devices (default 1024)")
     p.add_argument("--global-batch", dest="global_batch", type=int, default=1536,
                    help="sequences per optimizer step (default 1536)")
-    p.add_argument("--seq-len", type=int, help="override the model's sequence length")
-    p.add_argument("--precision", default="bf16", help="bf16, fp16, amp-bf16, bf16-pure, fp32")
     p.add_argument("--top", type=int, default=10, help="layouts to list (default 10)")
     p.add_argument("--placements", default=None, help="comma-separated rank orders, innermost "
                    "first (default: tp-cp-dp-pp,tp-cp-pp-dp)")

@@ -7,6 +7,7 @@ import math
 
 from diffperf.cli.output import err_console, fmt, print_json, table
 from diffperf.errors import SpecError
+from diffperf.cli.options import add_model_system
 
 # Human units of a leaf, by the suffix of its name: (suffix, unit, SI value per unit).
 _UNITS = (("_flops_per_s", "TFLOP/s", 1e12), ("_Bps", "GB/s", 1e9), ("_bytes", "GiB", 2.0**30),
@@ -25,19 +26,13 @@ def add_parser(sub):
         "--optimum also at the best layout of --gpus and --global-batch, re-optimized "
         "(soft-min over layouts with a memory-feasibility penalty, and the exact best "
         "layout re-searched at +-10%%). With no options: GPT-3 175B on 1024 A100 80 GB."))
-    p.add_argument("--model", default="gpt3-175b", help="name under configs/models, a YAML, "
-                   "or a Hugging Face config.json (default: gpt3-175b)")
-    p.add_argument("--system", default="a100-sxm-80gb", help="name under configs/systems or "
-                   "a YAML (default: a100-sxm-80gb)")
-    p.add_argument("--calibration", help="efficiency overlay YAML (from diffperf calibrate)")
+    add_model_system(p)
     p.add_argument("--gpus", type=int, default=1024, help="devices; dp = gpus / (tp cp pp)")
     p.add_argument("--dp", type=int, help="data-parallel degree (default: from --gpus)")
     for name, default in predict_cmd._LAYOUT:
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=default)
-    p.add_argument("--seq-len", type=int, help="override the model's sequence length")
     p.add_argument("--sequence-parallel", type=int, choices=(0, 1), default=1)
     p.add_argument("--recompute", choices=("none", "selective", "full"), default="selective")
-    p.add_argument("--precision", default="bf16", help="bf16, fp16, amp-bf16, bf16-pure, fp32")
     p.add_argument("--dp-overlap", type=int, choices=(0, 1), default=1)
     p.add_argument("--smooth", type=float, default=None, help="the model's smooth temperature "
                    "(default: the exact model, subgradients at kinks)")
