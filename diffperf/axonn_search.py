@@ -58,7 +58,7 @@ def _comm_and_memory(model, parallel, system, training):
 def _comm_batch(model, parallel, system, training):
     return jax.vmap(_comm_and_memory, in_axes=(None, Parallel(
         **{f: (0 if f in GRID_COLUMNS else None)
-           for f in Parallel.__dataclass_fields__ if f != "order"}), None, None))(
+           for f in Parallel.__dataclass_fields__}), None, None))(
         model, parallel, system, training)
 
 

@@ -2,11 +2,11 @@
 
 A layout table (numpy integers, one row a layout, columns `COLUMNS`) is enumerated from the
 rules of `specs.validate.check_layout`, evaluated by `predict_step` in fixed-size chunks (one
-compile per placement order and chunk shape) and ranked by step time among the layouts that
-fit in memory. `soft_best` is the differentiable soft-min over the same table.
+compile per chunk shape: the placement is a numeric leaf of `Parallel`) and ranked by step
+time among the layouts that fit in memory. `soft_best` is the differentiable soft-min over the same table.
 
 Factored evaluation: `predict_step` is vmapped twice, the outer axis over the degrees
-(tp, pp, dp, cp, ep, vp, micro_batch, global_batch), the inner axis over the 24 combinations of
+(tp, pp, dp, cp, ep, vp, micro_batch, global_batch) and the placement, the inner axis over the 24 combinations of
 ZeRO stage, recompute and sequence parallelism. vmap batches an intermediate only along the
 axes its inputs vary on, so the GEMM and attention times (functions of tp, cp, ep and the
 micro-batch) are computed once per outer row rather than once per layout: the same hoisting
@@ -29,18 +29,18 @@ from diffperf.api import _as_float, _is_concrete
 from diffperf.errors import SpecError
 from diffperf.predict import predict_step
 from diffperf.specs.batch import anonymous
-from diffperf.specs.parallel import Parallel
+from diffperf.specs.parallel import PLACED, Parallel, placement_index
 from diffperf.specs.training import Training
 from diffperf.specs.validate import check_layout
 
 COLUMNS = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch", "zero_stage",
            "recompute", "sequence_parallel", "placement")
 OUTER = COLUMNS[:8]
+KEYS = OUTER + ("placement",)  # the outer axis: degrees and the rank order (ORDERS index)
 INNER = ("zero_stage", "recompute", "sequence_parallel")
-# Placement orders (innermost first, Parallel.order): Megatron-LM's default, and the pipeline
-# inside data parallelism (DP outermost, as AxoNN places it; PAPERS.md section 4.1).
+# Placement orders (innermost first, specs.parallel.ORDERS): Megatron-LM's default, and the
+# pipeline inside data parallelism (DP outermost, as AxoNN places it; PAPERS.md section 4.1).
 PLACEMENTS = (("tp", "cp", "dp", "pp"), ("tp", "cp", "pp", "dp"))
-_PLACED = ("tp", "cp", "dp", "pp")
 # Every (zero_stage, recompute, sequence_parallel): the inner axis; code = 6 z + 2 r + sp.
 INNER_GRID = np.array([(z, r, sp) for z in range(4) for r in range(3) for sp in range(2)])
 DEFAULT_CHUNK = 1 << 16  # layouts per call: amortises dispatch, ~7 MB out, little padding
@@ -87,13 +87,12 @@ def _strides(rows: dict, order) -> np.ndarray:
     for d in order:
         out[d] = np.where(rows[d] > 1, s, 0)
         s = s * rows[d]
-    return np.stack([out[d] for d in _PLACED], axis=1)
+    return np.stack([out[d] for d in PLACED], axis=1)
 
 
-def _check_placements(placements):
-    for p in placements:
-        if sorted(p) != sorted(_PLACED):
-            raise SpecError(f"placement {p!r} must order each of {', '.join(_PLACED)} once")
+def _placement_codes(placements) -> np.ndarray:
+    """specs.parallel.ORDERS index of each placement (SpecError for a bad one)."""
+    return np.array([placement_index(p) for p in placements], dtype=np.int64)
 
 
 def _model_ints(model) -> dict:
@@ -166,7 +165,7 @@ def enumerate_layouts(model, n_devices, global_batch, *, placements=PLACEMENTS,
     placement and 194,040 more with the pipeline inside data parallelism.
     """
     n, B = _whole(n_devices, "n_devices"), _whole(global_batch, "global_batch")
-    _check_placements(placements)
+    _placement_codes(placements)
     inner = _inner_grid(zero_stages, recompute, sequence_parallel)
     M = _model_ints(model)
     deg = _degrees(M, n, B)
@@ -190,25 +189,24 @@ def enumerate_layouts(model, n_devices, global_batch, *, placements=PLACEMENTS,
 
 
 def parallel_of(row, placements=PLACEMENTS) -> Parallel:
-    """One row of a layout table as a `Parallel` (float leaves, order from its placement)."""
+    """One row of a layout table as a `Parallel` (float leaves; placement as an ORDERS index)."""
     fields = {c: float(row[i]) for i, c in enumerate(COLUMNS[:-1])}
-    return Parallel(**fields, order=tuple(placements[int(row[-1])]))
+    return Parallel(**fields, placement=placement_index(placements[int(row[-1])]))
 
 
 # ------------------------------------------------------------------------------------------
 # Factored evaluation
 # ------------------------------------------------------------------------------------------
 
-def _axes(order, batched) -> Parallel:
+def _axes(batched) -> Parallel:
     """vmap in_axes: 0 for the fields in `batched`, None for the others."""
-    names = [f for f in Parallel.__dataclass_fields__ if f != "order"]
-    return Parallel(**{f: (0 if f in batched else None) for f in names}, order=order)
+    return Parallel(**{f: (0 if f in batched else None) for f in Parallel.__dataclass_fields__})
 
 
 def _grid_predict_impl(model, parallel, system, training, temperature):
     """predict_step on an [outer, inner] grid: outer fields [n_o], inner fields [24]."""
-    f = jax.vmap(predict_step, in_axes=(None, _axes(parallel.order, INNER), None, None, None))
-    f = jax.vmap(f, in_axes=(None, _axes(parallel.order, OUTER), None, None, None))
+    f = jax.vmap(predict_step, in_axes=(None, _axes(INNER), None, None, None))
+    f = jax.vmap(f, in_axes=(None, _axes(KEYS), None, None, None))
     return f(model, parallel, system, training, temperature)
 
 
@@ -219,14 +217,15 @@ _grid_predict_cpu_quick = jax.jit(_grid_predict_impl, static_argnames=("temperat
                                   compiler_options=_CPU_QUICK_OPTIONS)
 
 
-def _factor(rows: np.ndarray):
-    """(outer keys [n_o, 8], cell index of each row in the [n_o, 24] grid).
+def _factor(rows: np.ndarray, codes: np.ndarray):
+    """(outer keys [n_o, 9], cell index of each row in the [n_o, 24] grid).
 
-    One outer key per run of rows with equal degrees: exact for any table (a key repeated in
-    two runs is evaluated twice), one key per degree combination for `enumerate_layouts`'s
-    order, and linear time (np.unique(axis=0) sorts and costs seconds at 10^6 rows).
+    One outer key (degrees, ORDERS index of the placement) per run of rows with equal keys:
+    exact for any table (a key repeated in two runs is evaluated twice), one key per degree
+    combination and placement for `enumerate_layouts`'s order, and linear time
+    (np.unique(axis=0) sorts and costs seconds at 10^6 rows).
     """
-    degrees = rows[:, :len(OUTER)]
+    degrees = np.concatenate([rows[:, :len(OUTER)], codes[rows[:, -1]][:, None]], axis=1)
     start = np.ones(len(rows), dtype=bool)
     start[1:] = (degrees[1:] != degrees[:-1]).any(axis=1)
     outer = np.cumsum(start) - 1
@@ -241,11 +240,11 @@ def _outer_per_chunk(chunk: int, n_outer: int, n_dev: int) -> int:
     return per * n_dev
 
 
-def _chunk_parallel(keys: np.ndarray, order, dtype) -> Parallel:
-    fields = {c: np.asarray(keys[:, i], dtype=dtype) for i, c in enumerate(OUTER)}
+def _chunk_parallel(keys: np.ndarray, dtype) -> Parallel:
+    fields = {c: np.asarray(keys[:, i], dtype=dtype) for i, c in enumerate(KEYS)}
     inner = {c: np.asarray(INNER_GRID[:, i], dtype=dtype) for i, c in enumerate(INNER)}
     return Parallel(**fields, **inner, dp_overlap=np.asarray(1.0, dtype),
-                    tp_overlap=np.asarray(0.0, dtype), order=tuple(order))
+                    tp_overlap=np.asarray(0.0, dtype))
 
 
 def _kernel(devices, optimize=True):
@@ -265,7 +264,7 @@ def _kernel(devices, optimize=True):
     whole = NamedSharding(mesh, PartitionSpec())
 
     def run(model, parallel, system, training, temperature):
-        spec = jax.tree.map(lambda ax: split if ax == 0 else whole, _axes(parallel.order, OUTER))
+        spec = jax.tree.map(lambda ax: split if ax == 0 else whole, _axes(KEYS))
         return fn(jax.device_put(model, whole), jax.device_put(parallel, spec),
                   jax.device_put(system, whole), jax.device_put(training, whole),
                   temperature=temperature)
@@ -273,30 +272,22 @@ def _kernel(devices, optimize=True):
     return run
 
 
-def _groups(layouts, placements, chunk, n_dev):
-    """[(order, row indices, padded outer keys, cell index, outer rows per call)] per
-    placement present in the table."""
-    out = []
-    for j in np.unique(layouts[:, -1]):
-        idx = np.flatnonzero(layouts[:, -1] == j)
-        contiguous = idx[-1] - idx[0] + 1 == len(idx)
-        keys, cell = _factor(layouts[idx[0]:idx[-1] + 1] if contiguous else layouts[idx])
-        per = _outer_per_chunk(chunk, len(keys), n_dev)
-        pad = -(-len(keys) // per) * per - len(keys)
-        keys = np.concatenate([keys, np.repeat(keys[-1:], pad, axis=0)])
-        out.append((tuple(placements[int(j)]), idx, keys, cell, per))
-    return out
+def _grid(layouts, placements, chunk, n_dev):
+    """(padded outer keys [n_o, 9], cell index of each row, outer rows per call)."""
+    keys, cell = _factor(layouts, _placement_codes(placements))
+    per = _outer_per_chunk(chunk, len(keys), n_dev)
+    pad = -(-len(keys) // per) * per - len(keys)
+    return np.concatenate([keys, np.repeat(keys[-1:], pad, axis=0)]), cell, per
 
 
-def _evaluate(args, group, temperature, devices, optimize, progress) -> list:
-    """Results (device arrays [per, 24]) of the calls over one placement group's chunks."""
+def _evaluate(args, keys, per, temperature, devices, optimize, progress) -> list:
+    """Results (device arrays [per, 24]) of the calls over the chunks of the outer keys."""
     model, system, training = args
-    order, _, keys, _, per = group
     dtype = jnp.result_type(float)
     fn = _kernel(devices, optimize)
     outs = []
     for i in range(0, len(keys), per):
-        parallel = _chunk_parallel(keys[i:i + per], order, dtype)
+        parallel = _chunk_parallel(keys[i:i + per], dtype)
         outs.append(fn(model, parallel, system, training, temperature))
         if progress is not None:
             jax.block_until_ready(outs[-1])
@@ -304,21 +295,14 @@ def _evaluate(args, group, temperature, devices, optimize, progress) -> list:
     return outs
 
 
-def _gather(n: int, groups, outs):
-    """The grid results of every group put back in table order: a Result of numpy [n]."""
-    treedef = jax.tree.structure(outs[0][0])
+def _gather(cell, outs):
+    """The grid results put back in table order: a Result of numpy [n]."""
+    treedef = jax.tree.structure(outs[0])
     columns = []
     for j in range(treedef.num_leaves):
-        column = None
-        for (_, idx, _, cell, _), chunks in zip(groups, outs):
-            grid = [np.asarray(jax.tree.leaves(c)[j]).reshape(-1) for c in chunks]
-            grid = grid[0] if len(grid) == 1 else np.concatenate(grid)
-            column = np.empty(n, dtype=grid.dtype) if column is None else column
-            if idx[-1] - idx[0] + 1 == len(idx):  # contiguous rows: gather in place
-                np.take(grid, cell, out=column[idx[0]:idx[-1] + 1])
-            else:
-                column[idx] = grid[cell]
-        columns.append(column)
+        grid = [np.asarray(jax.tree.leaves(c)[j]).reshape(-1) for c in outs]
+        grid = grid[0] if len(grid) == 1 else np.concatenate(grid)
+        columns.append(np.take(grid, cell))
     return jax.tree.unflatten(treedef, columns)
 
 
@@ -330,7 +314,7 @@ def _check_table(model, layouts, placements):
     place = layouts[:, -1]
     if (place < 0).any() or (place >= len(placements)).any():
         raise SpecError(f"layouts: placement must index placements (0..{len(placements) - 1})")
-    _check_placements(placements)
+    _placement_codes(placements)
     fields = {c: layouts[:, i].astype(np.float64) for i, c in enumerate(COLUMNS[:-1])}
     check_layout(model, Parallel(**fields), where="layouts")
     return layouts
@@ -341,7 +325,7 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
            progress=None):
     """Predictions of every layout of a table, one entry per row (a `Result` of numpy arrays).
 
-    One jitted nested vmap of `predict_step` (module docstring) per placement order, called on
+    One jitted nested vmap of `predict_step` (module docstring) for every placement, called on
     fixed-size chunks (the last one padded) so that every call has the same shapes.
     Args:
         model, system, training: specs (training defaults to `Training()`); never batched.
@@ -366,8 +350,9 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
     training = Training() if training is None else training
     args = _as_float((anonymous(model), anonymous(system), anonymous(training)))
     devices = None if devices is None else list(devices)
-    groups = _groups(layouts, placements, int(chunk), 1 if devices is None else len(devices))
-    total = sum(len(g[2]) for g in groups) * len(INNER_GRID)
+    keys, cell, per = _grid(layouts, placements, int(chunk),
+                            1 if devices is None else len(devices))
+    total = len(keys) * len(INNER_GRID)
     done = [0]
 
     def tick(n):
@@ -375,9 +360,8 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
         progress(done[0], total)
 
     optimize = len(layouts) >= QUICK_BELOW if optimize is None else optimize
-    outs = [_evaluate(args, g, temperature, devices, optimize, progress and tick)
-            for g in groups]
-    return _gather(len(layouts), groups, outs)
+    outs = _evaluate(args, keys, per, temperature, devices, optimize, progress and tick)
+    return _gather(cell, outs)
 
 
 def search_sharded(model, system, training=None, layouts=None, *, devices=None, **kwargs):
@@ -423,22 +407,22 @@ class SoftBest(struct.PyTreeNode):
     weights: Any      # softmax weight of each layout (table order), sums to 1
 
 
-def _soft_scores_impl(model, keys, system, training, tau, order, smooth):
+def _soft_scores_impl(model, keys, system, training, tau, smooth):
     """s = ln T + softplus(-margin / tau) on the [chunks, outer, 24] grid; each chunk is
     rematerialised in the backward pass (jax.checkpoint), so memory stays one chunk's."""
     dtype = keys.dtype
 
     def one(k):
-        parallel = _chunk_parallel(np.zeros((0, len(OUTER))), order, dtype)
-        parallel = parallel.replace(**{c: k[:, i] for i, c in enumerate(OUTER)})
+        parallel = _chunk_parallel(np.zeros((0, len(KEYS))), dtype)
+        parallel = parallel.replace(**{c: k[:, i] for i, c in enumerate(KEYS)})
         r = _grid_predict_impl(model, parallel, system, training, smooth)
         return jnp.log(r.step_time_s) + jax.nn.softplus(-r.fit_margin_frac / tau)
 
     return jax.lax.map(jax.checkpoint(one), keys)
 
 
-_soft_scores = jax.jit(_soft_scores_impl, static_argnames=("order", "smooth"))
-_soft_scores_cpu = jax.jit(_soft_scores_impl, static_argnames=("order", "smooth"),
+_soft_scores = jax.jit(_soft_scores_impl, static_argnames=("smooth",))
+_soft_scores_cpu = jax.jit(_soft_scores_impl, static_argnames=("smooth",),
                            compiler_options=_CPU_COMPILER_OPTIONS)
 
 
@@ -467,14 +451,13 @@ def soft_best(model, system, training, layouts, temperature, *, placements=PLACE
     model, system, training = _as_float((anonymous(model), anonymous(system),
                                          anonymous(training)))
     dtype = jnp.result_type(float)
-    scores = jnp.zeros(len(layouts), dtype=dtype)
     # compiler_options are allowed on a top-level jit only, not inside the caller's jit.
     top = _is_concrete((model, system, training, tau))
     fn = _soft_scores_cpu if top and jax.default_backend() == "cpu" else _soft_scores
-    for order, idx, keys, cell, per in _groups(layouts, placements, int(chunk), 1):
-        grid = fn(model, keys.reshape(-1, per, len(OUTER)).astype(dtype), system,
-                            training, tau, order=order, smooth=smooth)
-        scores = scores.at[idx].set(grid.reshape(-1)[cell])
+    keys, cell, per = _grid(layouts, placements, int(chunk), 1)
+    grid = fn(model, keys.reshape(-1, per, len(KEYS)).astype(dtype), system, training, tau,
+              smooth=smooth)
+    scores = grid.reshape(-1)[cell]
     logits = -scores / tau
     lse = jax.nn.logsumexp(logits)
     return SoftBest(step_time_s=jnp.exp(-tau * lse), weights=jnp.exp(logits - lse))

@@ -30,11 +30,11 @@ from diffperf.errors import SpecError, closest
 from diffperf.predict import predict_step
 from diffperf.search import _CPU_QUICK_OPTIONS, COLUMNS, PLACEMENTS, parallel_of, search
 from diffperf.specs.batch import anonymous
-from diffperf.specs.parallel import Parallel
+from diffperf.specs.parallel import Parallel, placement_index
 from diffperf.specs.training import Training
 from diffperf.specs.validate import check_layout
 
-BATCHED = COLUMNS[:-1]  # layout-table columns that vary from one candidate to the next
+BATCHED = COLUMNS[:-1] + ("placement",)  # Parallel fields that vary between candidates
 HARD_STEP = float(np.log(1.1))  # log step of the re-optimized finite difference: +-10 %
 DEFAULT_CANDIDATES = 1024  # candidates per placement order in the soft-min (lowest scores)
 # The System leaves that the fit margin depends on (memory.device.device_memory).
@@ -124,28 +124,21 @@ def elasticities(model, parallel, system, training=None, temperature=None) -> di
 # The soft-min over candidate layouts (search.soft_best's formula, layouts as data)
 # ------------------------------------------------------------------------------------------
 
-def _in_axes(order) -> Parallel:
-    names = [f for f in Parallel.__dataclass_fields__ if f != "order"]
-    return Parallel(**{f: (0 if f in BATCHED else None) for f in names}, order=order)
+_IN_AXES = Parallel(**{f: (0 if f in BATCHED else None) for f in Parallel.__dataclass_fields__})
 
 
-def _soft_log_step(system, model, batches, masks, training, tau, smooth):
-    """(J, (ln T_i, m_i, w_i)) over the candidates of every placement order.
+def _soft_log_step(system, model, batch, mask, training, tau, smooth):
+    """(J, (ln T_i, m_i, w_i)) over the candidates (every placement in one batch).
 
         s_i = ln T_i + softplus(-m_i / tau),  J = -tau logsumexp(-s / tau),  w = softmax(-s/tau)
     Padded candidates (mask 0) repeat a real row, so their values are finite; their logits
     are -inf and carry neither weight nor gradient.
     """
-    log_t, margin, valid = [], [], []
-    for batch, mask in zip(batches, masks):
-        r = jax.vmap(predict_step, in_axes=(None, _in_axes(batch.order), None, None, None))(
-            model, batch, system, training, smooth)
-        log_t.append(jnp.log(r.step_time_s))
-        margin.append(r.fit_margin_frac)
-        valid.append(mask > 0)
-    log_t, margin, valid = (jnp.concatenate(x) for x in (log_t, margin, valid))
+    r = jax.vmap(predict_step, in_axes=(None, _IN_AXES, None, None, None))(
+        model, batch, system, training, smooth)
+    log_t, margin = jnp.log(r.step_time_s), r.fit_margin_frac
     scores = log_t + jax.nn.softplus(-margin / tau)
-    logits = jnp.where(valid, -scores / tau, -jnp.inf)
+    logits = jnp.where(mask > 0, -scores / tau, -jnp.inf)
     lse = jax.nn.logsumexp(logits)
     return -tau * lse, (log_t, margin, jnp.exp(logits - lse))
 
@@ -155,11 +148,11 @@ _SOFT_GRAD = _quick_jit(jax.value_and_grad(_soft_log_step, has_aux=True),
 
 
 class Candidates(struct.PyTreeNode):
-    """The layouts a soft-min runs over: per placement order, rows of the table, padded."""
+    """The layouts a soft-min runs over: rows of the table, padded per placement order."""
 
     index: Any      # int [n] rows of the layout table, in batch order (padding excluded)
-    batches: Any    # tuple of Parallel batches, one per placement order (static order)
-    masks: Any      # tuple of float [size] (1 = real candidate, 0 = padding)
+    batch: Any      # Parallel batch [size] (every placement order; placement is a leaf)
+    mask: Any       # float [size] (1 = real candidate, 0 = padding)
     dropped_weight: float = struct.field(pytree_node=False, default=0.0)
 
 
@@ -172,7 +165,7 @@ def candidates(model, system, training, layouts, temperature, *, placements=PLAC
     """Every layout of the table, or, where a placement order has more than
     `max_candidates`, its `max_candidates` lowest soft scores s_i (by a hard `search`).
 
-    Each order's batch is padded to a fixed size (a power of two, at most max_candidates),
+    Each order's rows are padded to a fixed size (a power of two, at most max_candidates),
     so a table keeps its shapes when the hardware changes (no recompilation).
     `dropped_weight` is the soft-min weight of the rows left out (exact, from the search):
     the pruned J differs from the full one by -tau ln(1 - dropped_weight).
@@ -188,16 +181,17 @@ def candidates(model, system, training, layouts, temperature, *, placements=PLAC
         w = np.exp(-(s - s.min()) / temperature)
         groups = [g[np.argsort(s[g], kind="stable")[:max_candidates]] for g in groups]
         dropped = float(1.0 - sum(w[g].sum() for g in groups) / w.sum())
-    batches, masks = [], []
+    codes = np.array([placement_index(p) for p in placements])
+    rows, masks = [], []
     for g in groups:
         size = min(_pow2(len(g)), _pow2(max_candidates))
-        rows = layouts[np.concatenate([g, np.full(size - len(g), g[0])])]
-        order = tuple(placements[int(rows[0, -1])])
-        batches.append(_as_float(Parallel(**{c: rows[:, i] for i, c in enumerate(BATCHED)},
-                                          order=order)))
-        masks.append(np.asarray(np.arange(size) < len(g), dtype))
-    return Candidates(index=np.concatenate(groups), batches=tuple(batches),
-                      masks=tuple(masks), dropped_weight=dropped)
+        rows.append(layouts[np.concatenate([g, np.full(size - len(g), g[0])])])
+        masks.append(np.arange(size) < len(g))
+    rows = np.concatenate(rows)
+    fields = {c: rows[:, i] for i, c in enumerate(COLUMNS[:-1])}
+    batch = _as_float(Parallel(**fields, placement=codes[rows[:, -1]]))
+    return Candidates(index=np.concatenate(groups), batch=batch,
+                      mask=np.asarray(np.concatenate(masks), dtype), dropped_weight=dropped)
 
 
 def soft_min_and_grad(model, system, training, cands: Candidates, temperature, smooth=None):
@@ -207,9 +201,9 @@ def soft_min_and_grad(model, system, training, cands: Candidates, temperature, s
     """
     model, system, training = _as_float((anonymous(model), anonymous(system),
                                          anonymous(training)))
-    (j, aux), grad = _SOFT_GRAD(system, model, cands.batches, cands.masks, training,
+    (j, aux), grad = _SOFT_GRAD(system, model, cands.batch, cands.mask, training,
                                 jnp.asarray(temperature, jnp.result_type(float)), smooth=smooth)
-    real = np.concatenate([np.asarray(m) > 0 for m in cands.masks])
+    real = np.asarray(cands.mask) > 0
     return j, grad, tuple(np.asarray(a)[real] for a in aux)
 
 

@@ -219,7 +219,7 @@ class Batch:
         m, p = c.model, c.parallel
         model = {f.name: float(getattr(m, f.name)) for f in dataclasses.fields(m)
                  if f.name != "name"}
-        layout = {f.name: getattr(p, f.name) for f in dataclasses.fields(p) if f.name != "order"}
+        layout = {f.name: getattr(p, f.name) for f in dataclasses.fields(p)}
         return (f"config[{int(i)}] (config_from_seed({c.seed})): model {m.name} {model}; "
                 f"layout {layout}; system {c.system.name}; training {c.training.name} "
                 f"(flash {float(c.training.flash_attention):g}, "

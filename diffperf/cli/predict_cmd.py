@@ -18,6 +18,15 @@ def add_parser(sub):
         "Predict one configuration. With no options: GPT-3 175B on 1024 A100 80 GB "
         "(tp 8, pp 8, dp 16, sequence parallel, selective recompute, ZeRO-1)."))
     add_model_system(p)
+    add_layout_options(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=run)
+    return p
+
+
+def add_layout_options(p) -> None:
+    """The options of one layout (predict, sensitivity): --gpus, --dp, the degrees, switches
+    and the placement; `build` reads them."""
     p.add_argument("--gpus", type=int, default=1024,
                    help="devices; dp = gpus / (tp cp pp gx gy gz)")
     p.add_argument("--dp", type=int, help="data-parallel degree (default: from --gpus)")
@@ -26,15 +35,14 @@ def add_parser(sub):
     p.add_argument("--sequence-parallel", type=int, choices=(0, 1), default=1)
     p.add_argument("--recompute", choices=("none", "selective", "full"), default="selective")
     p.add_argument("--dp-overlap", type=int, choices=(0, 1), default=1)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(run=run)
-    return p
+    p.add_argument("--placement", default="tp-cp-dp-pp",
+                   help="rank order of the groups, innermost first (default: Megatron-LM's)")
 
 
 def build(args):
     """(model, parallel, system, training) from parsed arguments, validated."""
     from diffperf import Parallel, load_model, load_system, training
-    from diffperf.specs.parallel import Recompute
+    from diffperf.specs.parallel import Recompute, placement_index
     from diffperf.specs.validate import check_layout
 
     model = load_model(args.model)
@@ -54,7 +62,8 @@ def build(args):
     parallel = Parallel(**layout, dp=float(args.dp),
                         sequence_parallel=float(args.sequence_parallel),
                         recompute=float(Recompute[args.recompute.upper()]),
-                        dp_overlap=float(args.dp_overlap))
+                        dp_overlap=float(args.dp_overlap),
+                        placement=float(placement_index(args.placement)))
     check_layout(model, parallel, args.gpus, "layout")
     return model, parallel, system, training(args.precision)
 

@@ -27,13 +27,7 @@ def add_parser(sub):
         "(soft-min over layouts with a memory-feasibility penalty, and the exact best "
         "layout re-searched at +-10%%). With no options: GPT-3 175B on 1024 A100 80 GB."))
     add_model_system(p)
-    p.add_argument("--gpus", type=int, default=1024, help="devices; dp = gpus / (tp cp pp)")
-    p.add_argument("--dp", type=int, help="data-parallel degree (default: from --gpus)")
-    for name, default in predict_cmd._LAYOUT:
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=default)
-    p.add_argument("--sequence-parallel", type=int, choices=(0, 1), default=1)
-    p.add_argument("--recompute", choices=("none", "selective", "full"), default="selective")
-    p.add_argument("--dp-overlap", type=int, choices=(0, 1), default=1)
+    predict_cmd.add_layout_options(p)
     p.add_argument("--smooth", type=float, default=None, help="the model's smooth temperature "
                    "(default: the exact model, subgradients at kinks)")
     p.add_argument("--optimum", action="store_true", help="also at the optimal layout of "

@@ -456,7 +456,7 @@ def parse_overrides(items) -> tuple[dict, dict]:
     from diffperf.specs.parallel import Parallel
 
     par, tr = {}, {}
-    p_fields = [f for f in Parallel.__dataclass_fields__ if f != "order"]
+    p_fields = list(Parallel.__dataclass_fields__)
     t_fields = [f for f in Training.__dataclass_fields__ if f != "name"]
     for item in items or ():
         if "=" not in item:

@@ -1,17 +1,20 @@
 """The parallel layout of one training job, as a frozen pytree of numbers.
 
 Every degree and switch is an array leaf, so that a search evaluates a batch of layouts in one
-`vmap` and one compilation (STYLE.md section 3). The only static field is `order`, the
-placement of the parallel dimensions in rank space, innermost first: it decides which groups
-share a fast domain (a TP group of 8 inside an NVLink node, a DP group spanning nodes).
+`vmap` and one compilation (STYLE.md section 3), the placement included: `placement` indexes
+`ORDERS`, the rank orders of the parallel dimensions, innermost first. The order decides which
+groups share a fast domain (a TP group of 8 inside an NVLink node, a DP group spanning nodes).
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 from typing import Any
 
 from flax import struct
+
+from diffperf.errors import SpecError
 
 
 class Recompute(enum.IntEnum):
@@ -32,6 +35,9 @@ class ZeroStage(enum.IntEnum):
 
 
 DIMENSIONS = ("tp", "cp", "ep", "dp", "pp")
+PLACED = ("tp", "cp", "dp", "pp")  # the dimensions a rank order places (ep sits inside dp)
+# Every rank order of PLACED, innermost first; ORDERS[0] is Megatron-LM's (tp, cp, dp, pp).
+ORDERS = tuple(itertools.permutations(PLACED))
 GRID = ("gx", "gy", "gz")  # AxoNN 3D tensor grid (Singh et al.; PAPERS.md section 4)
 
 
@@ -61,7 +67,12 @@ class Parallel(struct.PyTreeNode):
     gy: Any = 1                 # AxoNN G_y
     gz: Any = 1                 # AxoNN G_z ("depth": weights sharded FSDP-like, batch split)
     axonn_overlap: Any = 1      # 1: AxoNN's overlapped collectives (PAPERS.md 4.3); 0: none
-    order: tuple = struct.field(pytree_node=False, default=("tp", "cp", "dp", "pp"))
+    placement: Any = 0          # index into ORDERS (0: Megatron tp-cp-dp-pp; 1: tp-cp-pp-dp)
+
+    @property
+    def order(self) -> tuple:
+        """The rank order of a concrete layout, innermost first (ORDERS[placement])."""
+        return ORDERS[int(self.placement)]
 
     @property
     def n_devices(self):
@@ -73,3 +84,13 @@ class Parallel(struct.PyTreeNode):
         """m = B / (d G_z b): micro-batches per pipeline per step (gradient accumulation
         steps); the AxoNN depth G_z splits the batch like data parallelism (PAPERS.md 4.1)."""
         return self.global_batch / (self.dp * self.gz * self.micro_batch)
+
+
+def placement_index(order) -> int:
+    """ORDERS.index of a rank order given as a tuple or a 'tp-cp-dp-pp' string."""
+    names = tuple(order.split("-")) if isinstance(order, str) else tuple(order)
+    if names not in ORDERS:
+        text = "-".join(map(str, names))
+        raise SpecError(f"placement={text!r} must order each of {', '.join(PLACED)} once, "
+                        f"innermost first (e.g. tp-cp-dp-pp, Megatron-LM's)")
+    return ORDERS.index(names)

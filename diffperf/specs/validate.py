@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from diffperf.errors import SpecError
-from diffperf.specs.parallel import DIMENSIONS, GRID
+from diffperf.specs.parallel import DIMENSIONS, GRID, ORDERS
 
 
 def _arr(x):
@@ -46,14 +46,14 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     num_kv_heads or the reverse (KV heads replicated); pp x vp divides num_layers; cp divides
     seq_len; ep divides dp and moe_experts (ep > 1 needs an MoE model); micro_batch x dp
     divides global_batch; interleaving needs pp > 1 and micro-batches a multiple of pp;
-    zero_stage in 0..3; recompute in 0..2; cp_ring and axonn_overlap in {0, 1}; tp_overlap
-    and ep_overlap in [0, 1]; the AxoNN grid rules (`_check_grid`); tp x cp x dp x pp x gx x gy
-    x gz = n_devices when given.
+    zero_stage in 0..3; recompute in 0..2; cp_ring and axonn_overlap in {0, 1}; placement
+    indexes ORDERS; tp_overlap and ep_overlap in [0, 1]; the AxoNN grid rules (`_check_grid`);
+    tp x cp x dp x pp x gx x gy x gz = n_devices when given.
     """
     P = {f: np.atleast_1d(_arr(getattr(parallel, f))) for f in (
         *DIMENSIONS, *GRID, "vp", "micro_batch", "global_batch", "zero_stage", "recompute",
         "sequence_parallel", "dp_overlap", "tp_overlap", "ep_overlap", "cp_ring",
-        "axonn_overlap")}
+        "axonn_overlap", "placement")}
     M = {f: np.atleast_1d(_arr(getattr(model, f))) for f in (
         "n_heads", "n_kv_heads", "ffn_hidden", "n_layers", "seq_len", "n_experts", "hidden",
         "head_dim")}
@@ -68,6 +68,10 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         _fail((v < 0) | (v > hi) | (v != np.round(v)), where,
               lambda i, f=f, hi=hi: f"{f}={pick(P[f], i):g} is not allowed (allowed: "
                                     f"{', '.join(str(k) for k in range(hi + 1))})")
+    v = P["placement"]
+    _fail((v < 0) | (v >= len(ORDERS)) | (v != np.round(v)), where,
+          lambda i: f"placement={pick(v, i):g} is not allowed (allowed: 0..{len(ORDERS) - 1}, "
+                    f"an index into specs.parallel.ORDERS; 0 is tp-cp-dp-pp)")
     for f in ("tp_overlap", "ep_overlap"):
         _fail((P[f] < 0) | (P[f] > 1), where,
               lambda i, f=f: f"{f}={pick(P[f], i):g} must be in [0, 1]")

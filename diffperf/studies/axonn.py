@@ -76,7 +76,7 @@ def axonn_layouts(model, n_gpus, global_batch) -> np.ndarray:
 
 def _predict_many_impl(model, parallel, system, training):
     axes = Parallel(**{f: (0 if f in AXONN_COLUMNS else None)
-                       for f in Parallel.__dataclass_fields__ if f != "order"})
+                       for f in Parallel.__dataclass_fields__})
     return jax.vmap(predict_step, in_axes=(None, axes, None, None, None))(
         model, parallel, system, training, None)
 
