@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from diffperf.errors import SpecError, closest
-from diffperf.predict import predict_step
+from diffperf.predict import features_of, predict_step
 from diffperf.result import Result
 from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel, Recompute, ZeroStage
@@ -49,15 +49,15 @@ def _normalize(parallel: Parallel) -> Parallel:
     return parallel
 
 
-@functools.partial(jax.jit, static_argnames=("temperature",))
-def _predict_jit(model, parallel, system, training, temperature):
-    return predict_step(model, parallel, system, training, temperature)
+@functools.partial(jax.jit, static_argnames=("temperature", "features"))
+def _predict_jit(model, parallel, system, training, temperature, features):
+    return predict_step(model, parallel, system, training, temperature, features)
 
 
-@functools.partial(jax.jit, static_argnames=("temperature",))
-def _predict_vmap(model, parallel, system, training, temperature):
-    return jax.vmap(predict_step, in_axes=(0, 0, None, 0, None))(
-        model, parallel, system, training, temperature)
+@functools.partial(jax.jit, static_argnames=("temperature", "features"))
+def _predict_vmap(model, parallel, system, training, temperature, features):
+    return jax.vmap(predict_step, in_axes=(0, 0, None, 0, None, None))(
+        model, parallel, system, training, temperature, features)
 
 
 def predict(model, parallel, system, training=None, *, temperature=None) -> Result:
@@ -84,7 +84,8 @@ def predict(model, parallel, system, training=None, *, temperature=None) -> Resu
         return predict_step(model, parallel, system, training, temperature)
     args = _as_float((anonymous(model), anonymous(parallel), anonymous(system),
                       anonymous(training)))
-    return _predict_jit(*args, temperature=temperature or None)
+    return _predict_jit(*args, temperature=temperature or None,
+                        features=features_of(model, parallel))
 
 
 def predict_batch(models, parallels, system, trainings, *, temperature=None) -> Result:
@@ -96,4 +97,5 @@ def predict_batch(models, parallels, system, trainings, *, temperature=None) -> 
     check_layout(models, parallels)
     args = _as_float((anonymous(models), anonymous(parallels), anonymous(system),
                       anonymous(trainings)))
-    return _predict_vmap(*args, temperature=temperature or None)
+    return _predict_vmap(*args, temperature=temperature or None,
+                         features=features_of(models, parallels))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from diffperf.costs.axonn import axonn_times_s
 from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s,
@@ -35,6 +36,9 @@ from diffperf.workload.params import (grid_shards, layer_params_per_device,
 from diffperf.workload.pp import pp_message_bytes
 from diffperf.workload.tp import tp_collectives_per_layer, tp_message_bytes
 
+# Terms that are exactly 0 for most layouts, and that a caller who knows so can leave out of
+# the traced program (`features` of predict_step; `features_of` finds them from concrete specs).
+FEATURES = frozenset({"ep", "cp", "axonn", "experts"})
 _PARTS = ("compute_s", "recompute_s", "tp_exposed_s", "cp_exposed_s", "ep_exposed_s",
           "axonn_exposed_s", "overhead_s", "overlap_slowdown_s", "tp_hidden_s", "cp_hidden_s",
           "ep_hidden_s", "axonn_hidden_s")
@@ -110,7 +114,30 @@ def _axonn_parts(model, parallel, system, training, ops, fwd_window, bwd_window,
     return f, fh, b + full * jnp.sum(fwd_ar), bh, calls
 
 
-def _layer_parts(model, parallel, system, training, temperature):
+def features_of(model, parallel) -> frozenset:
+    """The FEATURES whose terms can be non-zero for these specs (batched leaves allowed):
+
+        ep: some ep > 1 (MoE token all-to-alls)      cp: some cp > 1 (K/V exchange)
+        axonn: some gx gy gz > 1 (grid collectives)  experts: some moe_experts > 0
+    Every feature when a leaf is traced (values unknown). Leaving a feature out when its
+    terms are 0 changes no result: each of them is multiplied by a size-1-group factor of
+    exactly 0 (collectives.*: `active`), or is a group with no parameters.
+    """
+    leaves = (parallel.ep, parallel.cp, parallel.gx, parallel.gy, parallel.gz, model.n_experts)
+    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+        return FEATURES
+    big = lambda x: bool(np.any(np.asarray(x) > 1))  # noqa: E731
+    experts = bool(np.any(np.asarray(model.n_experts) > 0))
+    on = {"ep": experts and big(parallel.ep), "cp": big(parallel.cp),
+          "axonn": big(parallel.gx) or big(parallel.gy) or big(parallel.gz), "experts": experts}
+    return frozenset(k for k, v in on.items() if v)
+
+
+def _zeros(like, n):
+    return tuple(jnp.zeros_like(like) for _ in range(n))
+
+
+def _layer_parts(model, parallel, system, training, temperature, features=FEATURES):
     """Named seconds of one layer, one micro-batch, forward + backward (+ recompute), and
     the (forward, backward) times used as overlap windows."""
     e = system.eff
@@ -123,12 +150,13 @@ def _layer_parts(model, parallel, system, training, temperature):
     tp_b, tp_bh = split_exposed(n_b * c_tp, parallel.tp_overlap * 2.0 * dense, temperature)
     # Attention backward: 2 x forward, + the recomputed scores of flash attention (0.5 x).
     attn_bwd = (2.0 + 0.5 * training.flash_attention) * attn
-    cp_f, cp_fh, cp_b, cp_bh = _cp_parts(model, parallel, system, training, attn, attn_bwd,
-                                         temperature)
-    ep_f, ep_fh, ep_b, ep_bh = _ep_parts(model, parallel, system, training, dense, temperature)
-    ax_f, ax_fh, ax_b, ax_bh, ax_calls = _axonn_parts(
+    cp_f, cp_fh, cp_b, cp_bh = (_cp_parts(model, parallel, system, training, attn, attn_bwd,
+                                          temperature) if "cp" in features else _zeros(attn, 4))
+    ep_f, ep_fh, ep_b, ep_bh = (_ep_parts(model, parallel, system, training, dense, temperature)
+                                if "ep" in features else _zeros(dense, 4))
+    ax_f, ax_fh, ax_b, ax_bh, ax_calls = (_axonn_parts(
         model, parallel, system, training, ops, dense + attn, 2.0 * dense + attn_bwd,
-        temperature)
+        temperature) if "axonn" in features else _zeros(dense, 5))
     full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
     selective = jnp.where(parallel.recompute == 1, 1.0, 0.0)
     recompute = full * (dense + attn + other) + selective * attn
@@ -181,7 +209,7 @@ def _exposed_sum(parts):
     return sum(parts[k] for k in _PARTS if not k.endswith("hidden_s"))
 
 
-def _dp_groups(model, parallel):
+def _dp_groups(model, parallel, features=FEATURES):
     """[(stage params, layer params, group size, stride)] of the weights reduced together:
     dense weights over the d x c ranks that hold them (PAPERS.md section 3.5: CP ranks hold
     the same weights), routed experts over the d c / e expert-data-parallel ranks (section 5.8;
@@ -195,13 +223,14 @@ def _dp_groups(model, parallel):
     s_dp, s_cp = stride(placed, "dp"), stride(placed, "cp")
     n_d, s_d = product_group(parallel.dp, s_dp, parallel.cp, s_cp)
     n_e, s_e = product_group(parallel.dp / parallel.ep, s_dp * parallel.ep, parallel.cp, s_cp)
-    return P, [(P - P_e, layer_P - P_e / layers, n_d, s_d), (P_e, P_e / layers, n_e, s_e)]
+    groups = [(P - P_e, layer_P - P_e / layers, n_d, s_d), (P_e, P_e / layers, n_e, s_e)]
+    return P, groups if "experts" in features else groups[:1]
 
 
-def _dp_parts(model, parallel, system, training, t_f, t_b, temperature):
+def _dp_parts(model, parallel, system, training, t_f, t_b, temperature, features=FEATURES):
     """(exposed, hidden, params of the larger stage, params that the optimizer step of this
     rank updates) of the DP gradient reduction / ZeRO, summed over `_dp_groups`."""
-    P, groups = _dp_groups(model, parallel)
+    P, groups = _dp_groups(model, parallel, features)
     reduce_s = gather_s = layer_s = first_s = own = 0.0
     sharded = parallel.zero_stage >= 1
     for params, lparams, n, s in groups:
@@ -256,9 +285,14 @@ def _flops_per_step(model, parallel, training):
     return model_flops, model_flops + extra
 
 
-def predict_step(model, parallel, system, training, temperature=None) -> Result:
-    """The whole prediction for one configuration (pure; jit/vmap/grad-safe)."""
-    layer, t_f, t_b = _layer_parts(model, parallel, system, training, temperature)
+def predict_step(model, parallel, system, training, temperature=None,
+                 features=FEATURES) -> Result:
+    """The whole prediction for one configuration (pure; jit/vmap/grad-safe).
+
+    `features` (static, a subset of FEATURES) leaves out the terms of the others, which must
+    be 0 for these specs (`features_of`): a smaller program, same result.
+    """
+    layer, t_f, t_b = _layer_parts(model, parallel, system, training, temperature, features)
     first, last = _head_parts(model, parallel, system, training, temperature)
     layers = model.n_layers / parallel.pp
     body = {k: layers * v for k, v in layer.items()}
@@ -271,7 +305,7 @@ def predict_step(model, parallel, system, training, temperature=None) -> Result:
     send = send_recv_s(pp_message_bytes(model, parallel, training), parallel.pp,
                        stride(_placed(parallel), "pp"), system)
     dp_exposed, dp_hidden, _, own = _dp_parts(model, parallel, system, training, t_f, t_b,
-                                              temperature)
+                                              temperature, features)
     breakdown = Breakdown(
         **{k: crit[k] for k in _PARTS}, pp_exposed_s=p2p_exposed_s(send, parallel),
         dp_exposed_s=dp_exposed, dp_hidden_s=dp_hidden, bubble_s=bubble,

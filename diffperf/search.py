@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from diffperf.api import _as_float, _is_concrete
 from diffperf.errors import SpecError
-from diffperf.predict import predict_step
+from diffperf.predict import features_of, predict_step
 from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import PLACED, Parallel, placement_index
 from diffperf.specs.training import Training
@@ -203,17 +203,18 @@ def _axes(batched) -> Parallel:
     return Parallel(**{f: (0 if f in batched else None) for f in Parallel.__dataclass_fields__})
 
 
-def _grid_predict_impl(model, parallel, system, training, temperature):
+def _grid_predict_impl(model, parallel, system, training, temperature, features):
     """predict_step on an [outer, inner] grid: outer fields [n_o], inner fields [24]."""
-    f = jax.vmap(predict_step, in_axes=(None, _axes(INNER), None, None, None))
-    f = jax.vmap(f, in_axes=(None, _axes(KEYS), None, None, None))
-    return f(model, parallel, system, training, temperature)
+    f = jax.vmap(predict_step, in_axes=(None, _axes(INNER), None, None, None, None))
+    f = jax.vmap(f, in_axes=(None, _axes(KEYS), None, None, None, None))
+    return f(model, parallel, system, training, temperature, features)
 
 
-_grid_predict = jax.jit(_grid_predict_impl, static_argnames=("temperature",))
-_grid_predict_cpu = jax.jit(_grid_predict_impl, static_argnames=("temperature",),
+_STATIC = ("temperature", "features")
+_grid_predict = jax.jit(_grid_predict_impl, static_argnames=_STATIC)
+_grid_predict_cpu = jax.jit(_grid_predict_impl, static_argnames=_STATIC,
                             compiler_options=_CPU_COMPILER_OPTIONS)
-_grid_predict_cpu_quick = jax.jit(_grid_predict_impl, static_argnames=("temperature",),
+_grid_predict_cpu_quick = jax.jit(_grid_predict_impl, static_argnames=_STATIC,
                                   compiler_options=_CPU_QUICK_OPTIONS)
 
 
@@ -248,7 +249,8 @@ def _chunk_parallel(keys: np.ndarray, dtype) -> Parallel:
 
 
 def _kernel(devices, optimize=True):
-    """fn(model, parallel, system, training, temperature) on the devices (None: default one).
+    """fn(model, parallel, system, training, temperature, features) on the devices (None: the
+    default one).
 
     With devices, each call's outer axis is split over a 1-D mesh (`NamedSharding`) and the
     rest replicated; jit partitions the computation from its inputs' shardings. optimize=False
@@ -263,11 +265,11 @@ def _kernel(devices, optimize=True):
     split = NamedSharding(mesh, PartitionSpec("layouts"))
     whole = NamedSharding(mesh, PartitionSpec())
 
-    def run(model, parallel, system, training, temperature):
+    def run(model, parallel, system, training, temperature, features):
         spec = jax.tree.map(lambda ax: split if ax == 0 else whole, _axes(KEYS))
         return fn(jax.device_put(model, whole), jax.device_put(parallel, spec),
                   jax.device_put(system, whole), jax.device_put(training, whole),
-                  temperature=temperature)
+                  temperature=temperature, features=features)
 
     return run
 
@@ -280,15 +282,22 @@ def _grid(layouts, placements, chunk, n_dev):
     return np.concatenate([keys, np.repeat(keys[-1:], pad, axis=0)]), cell, per
 
 
+def _table_features(model, keys) -> frozenset:
+    """predict.features_of for a table's outer keys (its ep and cp columns; no AxoNN grid)."""
+    cols = {c: keys[:, KEYS.index(c)] for c in ("ep", "cp")}
+    return features_of(model, Parallel(**cols))
+
+
 def _evaluate(args, keys, per, temperature, devices, optimize, progress) -> list:
     """Results (device arrays [per, 24]) of the calls over the chunks of the outer keys."""
     model, system, training = args
+    features = _table_features(model, keys)
     dtype = jnp.result_type(float)
     fn = _kernel(devices, optimize)
     outs = []
     for i in range(0, len(keys), per):
         parallel = _chunk_parallel(keys[i:i + per], dtype)
-        outs.append(fn(model, parallel, system, training, temperature))
+        outs.append(fn(model, parallel, system, training, temperature, features))
         if progress is not None:
             jax.block_until_ready(outs[-1])
             progress(per * len(INNER_GRID))
@@ -407,7 +416,7 @@ class SoftBest(struct.PyTreeNode):
     weights: Any      # softmax weight of each layout (table order), sums to 1
 
 
-def _soft_scores_impl(model, keys, system, training, tau, smooth):
+def _soft_scores_impl(model, keys, system, training, tau, smooth, features):
     """s = ln T + softplus(-margin / tau) on the [chunks, outer, 24] grid; each chunk is
     rematerialised in the backward pass (jax.checkpoint), so memory stays one chunk's."""
     dtype = keys.dtype
@@ -415,14 +424,14 @@ def _soft_scores_impl(model, keys, system, training, tau, smooth):
     def one(k):
         parallel = _chunk_parallel(np.zeros((0, len(KEYS))), dtype)
         parallel = parallel.replace(**{c: k[:, i] for i, c in enumerate(KEYS)})
-        r = _grid_predict_impl(model, parallel, system, training, smooth)
+        r = _grid_predict_impl(model, parallel, system, training, smooth, features)
         return jnp.log(r.step_time_s) + jax.nn.softplus(-r.fit_margin_frac / tau)
 
     return jax.lax.map(jax.checkpoint(one), keys)
 
 
-_soft_scores = jax.jit(_soft_scores_impl, static_argnames=("smooth",))
-_soft_scores_cpu = jax.jit(_soft_scores_impl, static_argnames=("smooth",),
+_soft_scores = jax.jit(_soft_scores_impl, static_argnames=("smooth", "features"))
+_soft_scores_cpu = jax.jit(_soft_scores_impl, static_argnames=("smooth", "features"),
                            compiler_options=_CPU_COMPILER_OPTIONS)
 
 
@@ -455,8 +464,9 @@ def soft_best(model, system, training, layouts, temperature, *, placements=PLACE
     top = _is_concrete((model, system, training, tau))
     fn = _soft_scores_cpu if top and jax.default_backend() == "cpu" else _soft_scores
     keys, cell, per = _grid(layouts, placements, int(chunk), 1)
+    features = _table_features(model, keys)
     grid = fn(model, keys.reshape(-1, per, len(KEYS)).astype(dtype), system, training, tau,
-              smooth=smooth)
+              smooth=smooth, features=features)
     scores = grid.reshape(-1)[cell]
     logits = -scores / tau
     lse = jax.nn.logsumexp(logits)

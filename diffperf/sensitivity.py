@@ -27,7 +27,7 @@ from flax import struct
 
 from diffperf.api import _as_float, _normalize
 from diffperf.errors import SpecError, closest
-from diffperf.predict import predict_step
+from diffperf.predict import features_of, predict_step
 from diffperf.search import _CPU_QUICK_OPTIONS, COLUMNS, PLACEMENTS, parallel_of, search
 from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel, placement_index
@@ -83,12 +83,13 @@ def _times_theta(grad, system) -> dict:
             zip(leaf_paths(system), jax.tree.leaves(grad), jax.tree.leaves(system))}
 
 
-def _log_step_time(system, model, parallel, training, temperature):
-    return jnp.log(predict_step(model, parallel, system, training, temperature).step_time_s)
+def _log_step_time(system, model, parallel, training, temperature, features):
+    return jnp.log(predict_step(model, parallel, system, training, temperature,
+                                features).step_time_s)
 
 
 _LOG_STEP_GRAD = _quick_jit(jax.value_and_grad(_log_step_time),
-                            static_argnames=("temperature",))
+                            static_argnames=("temperature", "features"))
 
 
 def step_time_and_elasticities(model, parallel, system, training=None, temperature=None):
@@ -101,7 +102,8 @@ def step_time_and_elasticities(model, parallel, system, training=None, temperatu
     system = _as_float(anonymous(system))
     log_t, grad = _LOG_STEP_GRAD(system, *_as_float((anonymous(model), anonymous(parallel),
                                                      anonymous(training))),
-                                 temperature=temperature or None)
+                                 temperature=temperature or None,
+                                 features=features_of(model, parallel))
     return float(jnp.exp(log_t)), _times_theta(grad, system)
 
 
@@ -127,15 +129,15 @@ def elasticities(model, parallel, system, training=None, temperature=None) -> di
 _IN_AXES = Parallel(**{f: (0 if f in BATCHED else None) for f in Parallel.__dataclass_fields__})
 
 
-def _soft_log_step(system, model, batch, mask, training, tau, smooth):
+def _soft_log_step(system, model, batch, mask, training, tau, smooth, features):
     """(J, (ln T_i, m_i, w_i)) over the candidates (every placement in one batch).
 
         s_i = ln T_i + softplus(-m_i / tau),  J = -tau logsumexp(-s / tau),  w = softmax(-s/tau)
     Padded candidates (mask 0) repeat a real row, so their values are finite; their logits
     are -inf and carry neither weight nor gradient.
     """
-    r = jax.vmap(predict_step, in_axes=(None, _IN_AXES, None, None, None))(
-        model, batch, system, training, smooth)
+    r = jax.vmap(predict_step, in_axes=(None, _IN_AXES, None, None, None, None))(
+        model, batch, system, training, smooth, features)
     log_t, margin = jnp.log(r.step_time_s), r.fit_margin_frac
     scores = log_t + jax.nn.softplus(-margin / tau)
     logits = jnp.where(mask > 0, -scores / tau, -jnp.inf)
@@ -144,7 +146,7 @@ def _soft_log_step(system, model, batch, mask, training, tau, smooth):
 
 
 _SOFT_GRAD = _quick_jit(jax.value_and_grad(_soft_log_step, has_aux=True),
-                        static_argnames=("smooth",))
+                        static_argnames=("smooth", "features"))
 
 
 class Candidates(struct.PyTreeNode):
@@ -202,7 +204,8 @@ def soft_min_and_grad(model, system, training, cands: Candidates, temperature, s
     model, system, training = _as_float((anonymous(model), anonymous(system),
                                          anonymous(training)))
     (j, aux), grad = _SOFT_GRAD(system, model, cands.batch, cands.mask, training,
-                                jnp.asarray(temperature, jnp.result_type(float)), smooth=smooth)
+                                jnp.asarray(temperature, jnp.result_type(float)), smooth=smooth,
+                                features=features_of(model, cands.batch))
     real = np.asarray(cands.mask) > 0
     return j, grad, tuple(np.asarray(a)[real] for a in aux)
 

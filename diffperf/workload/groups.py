@@ -31,13 +31,14 @@ def stride(parallel, dim: str):
         raise ValueError(f"dimension {dim!r} is not placed (placed: {', '.join(PLACED)})")
     i = PLACED.index(dim)
     k = parallel.placement
-    s = 1.0
     if isinstance(k, (int, np.integer)):  # a Python constant: no gather in the program
+        s = 1.0
         for j, d in enumerate(PLACED):
             s = s * getattr(parallel, d) if _INSIDE[k, i, j] else s
         return s
-    inside = jnp.asarray(_INSIDE[:, i])[jnp.asarray(k).astype(jnp.int32)]
-    for j, d in enumerate(PLACED):
-        if j != i:
-            s = s * jnp.where(inside[..., j] > 0, getattr(parallel, d), 1.0)
-    return s
+    inside = jnp.asarray(_INSIDE[:, i])[jnp.asarray(k).astype(jnp.int32)]  # [..., 4] of 0/1
+    degrees = [jnp.asarray(getattr(parallel, d)) for d in PLACED]
+    if len({x.shape for x in degrees}) > 1:
+        degrees = jnp.broadcast_arrays(*degrees)
+    degrees = jnp.stack(degrees, -1)
+    return jnp.prod(inside * degrees + (1.0 - inside), axis=-1)  # degree or exactly 1
