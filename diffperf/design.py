@@ -78,7 +78,8 @@ def cost_model_from_dict(d: dict, where: str = "cost") -> CostModel:
     price = lambda k, w=where, t=d: _number(t, k, w, minimum=0.0, default=0.0)  # noqa: E731
     tiers = d.get("tiers") or []
     if not isinstance(tiers, list):
-        raise SpecError(f"{where}.tiers must be a list, innermost tier first")
+        raise SpecError(f"{where}.tiers must be a list, innermost tier first (got "
+                        f"{type(tiers).__name__} {tiers!r})")
     for i, t in enumerate(tiers):
         _check_keys(t, TIER_COST_KEYS, f"{where}.tiers[{i}]")
     budget = d.get("budget")

@@ -321,8 +321,10 @@ def _check_table(model, layouts, placements):
         raise SpecError(f"layouts must be a non-empty table [n, {len(COLUMNS)}] with columns "
                         f"{', '.join(COLUMNS)}, got shape {layouts.shape}")
     place = layouts[:, -1]
-    if (place < 0).any() or (place >= len(placements)).any():
-        raise SpecError(f"layouts: placement must index placements (0..{len(placements) - 1})")
+    bad = np.flatnonzero((place < 0) | (place >= len(placements)))
+    if len(bad):
+        raise SpecError(f"layouts[{bad[0]}].placement={place[bad[0]]} must index placements "
+                        f"(allowed: 0..{len(placements) - 1})")
     _placement_codes(placements)
     fields = {c: layouts[:, i].astype(np.float64) for i, c in enumerate(COLUMNS[:-1])}
     check_layout(model, Parallel(**fields), where="layouts")

@@ -225,7 +225,8 @@ def scale_leaf(system, path: str, factor):
     """The system with the leaf at `path` multiplied by `factor`."""
     paths = leaf_paths(system)
     if path not in paths:
-        raise SpecError(f"unknown System leaf '{path}'{closest(path, paths)}")
+        raise SpecError(f"unknown System leaf '{path}'{closest(path, paths)} "
+                        f"(allowed: {', '.join(paths)})")
     leaves, treedef = jax.tree.flatten(system)
     return jax.tree.unflatten(treedef, [v * factor if p == path else v
                                         for p, v in zip(paths, leaves)])

@@ -563,3 +563,498 @@ def test_runs_file_missing(tmp_path):
     p = tmp_path / "none.csv"
     with _raises(f"{p}: cannot read (No such file or directory)"):
         load_runs(p)
+
+
+# ============================================================================================
+# Error audit (issue 8): one test per message that no test above triggers; the whole message
+# is quoted, so tests/test_error_audit.py can check that every message in diffperf/ has one.
+# ============================================================================================
+
+# --------------------------------------------------------------------------------------------
+# Audit: numbers, text encodings and nesting in the YAML, JSON and CSV loaders
+# --------------------------------------------------------------------------------------------
+
+def test_model_size_out_of_range(tmp_path):
+    p = _write_yaml(tmp_path, _model_dict(num_layers=3_000_000_000), "m.yaml")
+    with _raises(f"{p}.num_layers=3e+09 is out of range (at most 2.14748e+09)"):
+        load_model(p)
+
+
+def test_number_too_large_for_a_float(tmp_path):
+    p = _write_yaml(tmp_path, _model_dict(num_layers=10**400), "m.yaml")
+    with _raises(f"{p}.num_layers is too large (at most 1e+18)"):
+        load_model(p)
+
+
+def test_non_ascii_digits_are_not_a_number(tmp_path):
+    p = _write_yaml(tmp_path, _system_dict() | {"matmul_TFLOPs": "\uff13\uff11\uff12"})
+    with _raises(f"{p}.matmul_TFLOPs='\uff13\uff11\uff12' must be a number"):
+        load_system(p)
+
+
+def test_positive_value_below_float32_resolution(tmp_path):
+    p = _write_yaml(tmp_path, _system_dict() | {"hbm_bandwidth_GBps": 1e-13})
+    with _raises(f"{p}.hbm_bandwidth_GBps=1e-13 must be > 0 and at least 1e-12"):
+        load_system(p)
+
+
+@pytest.mark.parametrize("key,value,rule", [
+    ("mm_exponent", 25, "=25.0 must be in (0, 20]"),
+    ("floor_pnorm", 0.5, "=0.5 must be in [1, 100] (a p-norm)"),
+])
+def test_system_efficiency_exponent_and_pnorm_ranges(tmp_path, key, value, rule):
+    p = _write_yaml(tmp_path, _system_dict() | {"efficiency": {key: value}})
+    with _raises(f"{p}.efficiency.{key}{rule}"):
+        load_system(p)
+
+
+def test_yaml_not_utf8(tmp_path):
+    p = tmp_path / "m.yaml"
+    p.write_bytes(b"name: \xff\xfe\n")
+    with _raises(f"{p}: not a UTF-8 text file"):
+        load_model(p)
+
+
+def test_yaml_nested_too_deeply(tmp_path):
+    import sys
+
+    depth = sys.getrecursionlimit() // 2 + 100  # >= 2 parser frames per level: always too deep
+    p = tmp_path / "deep.yaml"
+    p.write_text("num_layers: " + "[" * depth + "]" * depth + "\n")
+    with _raises(f"{p}: malformed YAML: nested too deeply"):
+        load_model(p)
+
+
+def test_yaml_duplicate_key(tmp_path):
+    p = tmp_path / "m.yaml"
+    p.write_text("num_layers: 4\nnum_layers: 8\n")
+    with _raises(f"{p}: malformed YAML: duplicate key 'num_layers'"):
+        load_model(p)
+
+
+def test_hf_malformed_json_names_the_line(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text('{"hidden_size": 4096,\n')
+    with _raises(f"{p}: malformed JSON: Expecting property name enclosed in double quotes "
+                 "at line 2"):
+        load_model(p)
+
+
+def test_hf_json_nested_too_deeply(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text("[" * 100_000 + "]" * 100_000)
+    with _raises(f"{p}: malformed JSON: nested too deeply"):
+        load_model(p)
+
+
+def test_unknown_names_list_the_shipped_configs():
+    from diffperf.specs.load import model_names, system_names
+
+    with _raises(f"unknown model 'gpt3-175'; did you mean 'gpt3-175b'? (shipped: "
+                 f"{', '.join(model_names())}; or give a path to a .yaml file)"):
+        load_model("gpt3-175")
+    with _raises(f"unknown system 'h100-sxm'; did you mean 'h100-sxm-80gb'? (shipped: "
+                 f"{', '.join(system_names())}; or give a path to a .yaml file)"):
+        load_system("h100-sxm")
+
+
+def test_runs_not_utf8(tmp_path):
+    p = tmp_path / "runs.csv"
+    p.write_bytes(",".join(RUN_COLUMNS).encode() + b"\n\xff\xfe\n")
+    with _raises(f"{p}: not a UTF-8 text file"):
+        load_runs(p)
+
+
+def test_runs_malformed_csv(tmp_path):
+    limit = csv.field_size_limit()
+    p = tmp_path / "runs.csv"
+    p.write_text("id,notes\nr1," + "x" * (limit + 1) + "\n")
+    with _raises(f"{p}: malformed CSV (field larger than field limit ({limit}))"):
+        load_runs(p)
+
+
+def test_runs_gated_mlp_message_names_the_allowed_values(tmp_path):
+    p = _write_csv(tmp_path, [GOOD_ROW | dict(gated_mlp="2")])
+    with _raises(f"{p}: row 2 (id r1).gated_mlp='2' is not allowed (allowed: 0, 1)"):
+        load_runs(p)
+
+
+def test_runs_near_miss_column_suggests(tmp_path):
+    p = _write_csv(tmp_path, [GOOD_ROW | dict(sequence_paralel="1")],
+                   RUN_COLUMNS + ["sequence_paralel"])
+    with _raises(f"{p}: unknown column 'sequence_paralel'; did you mean 'sequence_parallel'? "
+                 "(extra columns are allowed only when they are not near-misses of a known "
+                 "column)"):
+        load_runs(p)
+
+
+def test_runs_oom_with_a_step_time(tmp_path):
+    p = _write_csv(tmp_path, [GOOD_ROW | dict(status="oom")])
+    with _raises(f"{p}: row 2 (id r1).step_time_s='0.1': a run with status oom has no step "
+                 "time; leave the cell blank"):
+        load_runs(p)
+
+
+def test_runs_set_overrides(tmp_path):
+    p = _write_csv(tmp_path, [GOOD_ROW])
+    with _raises("--set 'dp_overlap' must look like FIELD=VALUE"):
+        load_runs(p, overrides=["dp_overlap"])
+    with _raises("--set: unknown field 'dp_overlp'; did you mean 'dp_overlap'? (allowed: tp, "):
+        load_runs(p, overrides=["dp_overlp=0"])
+
+
+def test_kernel_table_without_rows(tmp_path):
+    from diffperf.specs.load import load_table
+
+    p = tmp_path / "gemm.csv"
+    p.write_text("m,n,k,time_s\n")
+    with _raises(f"{p}: no rows (the CSV has a header but no rows)"):
+        load_table(p, ("m", "n", "k", "time_s"))
+
+
+# --------------------------------------------------------------------------------------------
+# Audit: layout rules of the AxoNN grid, placement, and the library entry points
+# --------------------------------------------------------------------------------------------
+
+AXONN_RULES = [
+    (dict(gx=2, tp=2, dp=1), "tp=2 must be 1 with the AxoNN grid gx x gy x gz=2 x 1 x 1 "
+                             "(allowed tp: 1)"),
+    (dict(gy=5), "gy=5 must divide model.num_heads=24; allowed gy: 1, 2, 3, 4, 6, 8, 12, 24"),
+    (dict(gy=3), "gy=3 and model.num_kv_heads=8: one must divide the other"),
+    (dict(gz=5), "gz=5 must divide the attention output weight shard (n_out k_in)/(gx gy)="
+                 "589824 elements"),
+    (dict(gz=2, global_batch=3), "global_batch=3 must be a multiple of micro_batch x dp x gz="
+                                 "1 x 1 x 2"),
+]
+
+
+@pytest.mark.parametrize("fields,message", AXONN_RULES,
+                         ids=[m.split(" ")[0] for _, m in AXONN_RULES])
+def test_axonn_grid_rules(fields, message):
+    with _raises(f"parallel: {message}"):
+        check_layout(_small(), Parallel(**fields))
+
+
+def test_axonn_grid_needs_a_dense_model():
+    moe = diffperf.load_model("mixtral-8x7b")
+    with _raises("parallel: the AxoNN grid gx x gy x gz=2 x 1 x 1 needs a dense model, got "
+                 "model.moe_experts=8; allowed: gx = gy = gz = 1 for MoE models"):
+        check_layout(moe, Parallel(gx=2))
+
+
+def test_no_axonn_grid_fits():
+    from diffperf.axonn_search import axonn_grids
+
+    # 7 devices: 7 divides neither hidden=768, num_heads=24, the weight shards nor the batch.
+    with _raises("no AxoNN grid of n_gpus=7 shards model 'm' evenly with global_batch=1, "
+                 "micro_batch=1"):
+        axonn_grids(_small(name="m"), 7, 1)
+
+
+def test_predict_temperature_message_is_whole():
+    m, s = diffperf.load_model("llama3-8b"), diffperf.load_system("h100-sxm-80gb")
+    with _raises("temperature=-1.0 must be >= 0 (or None for the exact model)"):
+        diffperf.predict(m, Parallel(), s, temperature=-1.0)
+
+
+def test_sensitivity_inputs_are_checked_before_tracing():
+    from diffperf.search import COLUMNS
+    from diffperf.sensitivity import (elasticities_at_optimum, scale_leaf,
+                                      step_time_and_elasticities)
+
+    s = diffperf.load_system("h100-sxm-80gb")
+    with _raises("temperature=-1 must be >= 0 (or None for the exact model)"):
+        step_time_and_elasticities(_small(), Parallel(), s, None, -1)
+    with _raises("temperature=0 must be > 0 for the soft-min over layouts"):
+        elasticities_at_optimum(_small(), s, None, [[1] * len(COLUMNS)], 0)
+    with _raises("unknown System leaf 'hbm_bandwith_Bps'; did you mean 'hbm_bandwidth_Bps'? "
+                 "(allowed: matmul_flops_per_s, "):
+        scale_leaf(s, "hbm_bandwith_Bps", 1.1)
+    with _raises("unknown System leaf 'zz' (allowed: matmul_flops_per_s, "):
+        scale_leaf(s, "zz", 1.1)
+
+
+def test_search_inputs_are_checked_before_tracing():
+    import numpy as np
+
+    from diffperf.search import COLUMNS, enumerate_layouts, search, soft_best
+
+    m, s = _small(), diffperf.load_system("h100-sxm-80gb")
+    with _raises("search needs a layout table (see enumerate_layouts)"):
+        search(m, s)
+    with _raises(f"layouts must be a non-empty table [n, {len(COLUMNS)}] with columns "
+                 f"{', '.join(COLUMNS)}, got shape (0, {len(COLUMNS)})"):
+        search(m, s, None, np.zeros((0, len(COLUMNS)), dtype=np.int64))
+    bad = enumerate_layouts(m, 2, 4)[:1].copy()
+    bad[0, -1] = 2  # placement index 2 of the two default placements
+    with _raises("layouts[0].placement=2 must index placements (allowed: 0..1)"):
+        search(m, s, None, bad)
+    with _raises("temperature=0.0 must be > 0 for the soft search"):
+        soft_best(m, s, None, bad, 0.0)
+
+
+def test_enumerate_layouts_arguments():
+    from diffperf.search import enumerate_layouts
+
+    m = _small()
+    with _raises("n_devices=0 must be a whole number >= 1"):
+        enumerate_layouts(m, 0, 8)
+    with _raises("zero_stages=(4,) must be a non-empty subset of 0..3"):
+        enumerate_layouts(m, 8, 8, zero_stages=(4,))
+    with _raises("no valid layout of n_devices=7 with global_batch=8: tp x pp x cp x dp must "
+                 "equal n_devices with tp dividing num_heads=24, pp dividing num_layers=12, cp "
+                 "dividing seq_len=2048 and micro_batch x dp dividing global_batch"):
+        enumerate_layouts(m, 7, 8)
+
+
+# --------------------------------------------------------------------------------------------
+# Audit: hardware co-design (cost models and optimize_design's arguments, before tracing)
+# --------------------------------------------------------------------------------------------
+
+def test_cost_model_file_rules():
+    from diffperf.design import cost_model_from_dict
+
+    with _raises("cost.unit='EUR' is not allowed (allowed: USD, W)"):
+        cost_model_from_dict({"unit": "EUR", "base": 1})
+    with _raises("cost.tiers must be a list, innermost tier first (got dict {'nvlink': 1})"):
+        cost_model_from_dict({"unit": "USD", "base": 1, "tiers": {"nvlink": 1}})
+
+
+def _design_error(cost=None, objective="cost_per_token", **kwargs):
+    import numpy as np
+
+    from diffperf.design import CostModel, optimize_design
+    from diffperf.search import COLUMNS
+
+    cost = cost or CostModel(unit="USD", base=1.0, matmul_per_TFLOPs=1.0, name="c")
+    layouts = np.ones((1, len(COLUMNS)), dtype=np.int64)
+    optimize_design(_small(), diffperf.load_system("a100-sxm-80gb"), None, layouts, cost,
+                    objective, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(objective="time_to_trian"), "objective='time_to_trian' is not allowed; did you mean "
+                                      "'time_to_train'? (allowed: time_to_train, "
+                                      "cost_per_token)"),
+    (dict(objective="time_to_train"), "objective=time_to_train requires a budget (per device, "
+                                      "in the cost model's unit): more hardware is always "
+                                      "faster; give --budget or budget: in the cost model"),
+    (dict(learning_rate=0), "learning_rate=0 must be > 0"),
+    (dict(steps=1.5), "steps=1.5 must be a whole number >= 0"),
+    (dict(refresh=0), "refresh=0 must be a whole number >= 1"),
+    (dict(budget=0.5), "budget=0.5 must exceed the cost model's base=1 (the fixed part of "
+                       "every device)"),
+])
+def test_design_arguments(kwargs, message):
+    with _raises(message):
+        _design_error(**kwargs)
+
+
+def test_design_cost_model_against_the_system():
+    from diffperf.design import CostModel
+
+    with _raises("c.tiers has 1 entries; system a100-sxm-80gb has 2 tiers (nvlink, infiniband)"):
+        _design_error(CostModel(unit="W", base=1.0, tier_bandwidth_per_GBps=(1.0,),
+                                tier_domain_per_device=(0.0,), name="c"))
+    with _raises("c.tiers[1].domain_size_per_device=5 must be 0: the last tier spans the whole "
+                 "cluster, its domain is not a design choice"):
+        _design_error(CostModel(unit="W", base=1.0, tier_bandwidth_per_GBps=(1.0, 1.0),
+                                tier_domain_per_device=(0.0, 5.0), name="c"))
+    with _raises("cost: prices nothing, so there is nothing to design (give matmul_per_TFLOPs, "
+                 "hbm_*_per_*, or tiers[i] prices)"):
+        _design_error(CostModel(unit="USD", base=1.0, budget=2.0))
+
+
+# --------------------------------------------------------------------------------------------
+# Audit: the command line (exit code 2, one `error:` line on stderr, no traceback; nothing
+# here runs a prediction: each error comes before the library is called)
+# --------------------------------------------------------------------------------------------
+
+def _cli_error(capsys, *argv) -> str:
+    """The one stderr line of `diffperf ARGV`, after checking the exit code 2."""
+    from diffperf.cli.main import main
+
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err)
+    assert lines[0].startswith("error: "), err
+    return lines[0][len("error: "):]
+
+
+def _runs_csv(tmp_path, n=1, **cells):
+    rows = [GOOD_ROW | dict(id=f"r{i + 1}") | cells for i in range(n)]
+    return _write_csv(tmp_path, rows, RUN_COLUMNS + ["source"])
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("--steps", "0"), "--steps=0 must be >= 1"),
+    (("--fit-only", "source"), "--fit-only='source' must look like COLUMN=VALUE"),
+    (("--fit-only", "sourcee=x"), "--fit-only: no column 'sourcee' in the runs CSV"),
+    (("--fit-only", "system=tpu"), "--fit-only: no row with system='tpu' and a measurement"),
+    (("--holdout-frac", "1"), "--holdout-frac=1.0 must be in [0, 1)"),
+    (("--folds", "3"), "--folds=3 must be in 2..2 (fittable rows)"),
+])
+def test_cli_calibrate_options(capsys, tmp_path, argv, message):
+    assert _cli_error(capsys, "calibrate", _runs_csv(tmp_path, 2), *argv) == message
+
+
+def test_cli_validate_needs_a_system(capsys, tmp_path):
+    assert _cli_error(capsys, "validate", _runs_csv(tmp_path, 2, system="")) == (
+        "2 run(s) of the runs CSV have a blank 'system' cell (first: id r1); pass --system "
+        "(allowed: a name under configs/systems or a YAML file)")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("--gpus", "0"), "--gpus=0 must be >= 1"),
+    (("--chunk", "0"), "--chunk=0 must be >= 1"),
+    (("--seq-len", "0"), "--seq-len=0 must be > 0"),
+    (("--placements", ","), "--placements=',' must list rank orders like tp-cp-dp-pp"),
+])
+def test_cli_search_options(capsys, argv, message):
+    assert _cli_error(capsys, "search", *argv) == message
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("--optimum", "--temperature", "0"), "--temperature=0.0 must be > 0"),
+    (("--max-candidates", "0"), "--max-candidates=0 must be >= 1"),
+    (("--top", "0"), "--top=0 must be >= 1"),
+    (("--smooth", "-1"), "--smooth=-1.0 must be >= 0"),
+])
+def test_cli_sensitivity_options(capsys, argv, message):
+    assert _cli_error(capsys, "sensitivity", *argv) == message
+
+
+def test_cli_design_options(capsys):
+    from diffperf.specs.load import _configs_dir
+
+    names = ", ".join(sorted(p.stem for p in (_configs_dir() / "design").glob("*.yaml")))
+    assert _cli_error(capsys, "design", "--cost", "zzz") == (
+        f"unknown cost model 'zzz' (shipped: {names}; or give a path to a .yaml file)")
+    assert _cli_error(capsys, "design", "--cost", "illustrative-usd", "--steps", "-1") == (
+        "--steps=-1 must be >= 0")
+    assert _cli_error(capsys, "design", "--cost", "illustrative-usd", "--seq-len", "0") == (
+        "--seq-len=0 must be > 0")
+
+
+def test_cli_study_options(capsys, tmp_path):
+    from diffperf.studies import STUDIES
+
+    assert _cli_error(capsys, "study", "zzz") == (
+        f"unknown study 'zzz' (studies: {', '.join(STUDIES)})")
+    assert _cli_error(capsys, "study", "1", "--formats", "gif", "--out", tmp_path) == (
+        "--formats='gif' must list png, svg or pdf")
+    (tmp_path / "file").write_text("x\n")
+    assert _cli_error(capsys, "study", "1", "--out", tmp_path / "file") == (
+        f"--out {tmp_path / 'file'} is a file; give a folder")
+
+
+def test_cli_plot_figure_format(capsys, tmp_path):
+    out = tmp_path / "x.gif"
+    assert _cli_error(capsys, "plot", "predict", "--out", out) == (
+        f"--out {out}: figure format must be .png, .svg or .pdf")
+
+
+def test_cli_plot_search_when_nothing_fits(capsys, tmp_path, monkeypatch):
+    # The search itself is tests/test_plot.py's; here a result in which no layout fits (as
+    # GPT-3 175B on one device gives), without compiling the batched kernel.
+    import types
+
+    import numpy as np
+
+    import diffperf.search
+
+    monkeypatch.setattr(diffperf.search, "search", lambda model, system, train, layouts, **kw:
+                        types.SimpleNamespace(fits=np.zeros(len(layouts), dtype=bool)))
+    assert _cli_error(capsys, "plot", "search", "--gpus", "1", "--global-batch", "1",
+                      "--no-cache", "--out", tmp_path / "s.png") == (
+        "no layout of gpt3-175b on 1 x a100-sxm-80gb fits in memory: nothing to plot")
+
+
+PRED_HEADER = "id,step_time_s,predicted_step_time_s\n"
+
+
+@pytest.mark.parametrize("pred,runs,message", [
+    ("id,step_time_s\na,1\n", None,
+     "{pred}: missing column 'predicted_step_time_s' (have: id, step_time_s)"),
+    (PRED_HEADER + "a,fast,1\n", None, "{pred}: step_time_s='fast' of run 'a' must be a number"),
+    (PRED_HEADER + "a,1,0\n", None, "{pred}: predicted_step_time_s='0' of run 'a' must be > 0"),
+    (PRED_HEADER + "a,1,1\n", "id\nb\n", "{pred}: run id 'a' is not in {runs}"),
+    (PRED_HEADER + "c,,3\n", None, "{pred}: no run with a measured step_time_s to plot"),
+])
+def test_cli_plot_validation_inputs(capsys, tmp_path, pred, runs, message):
+    paths = {"pred": tmp_path / "pred.csv", "runs": tmp_path / "runs.csv"}
+    paths["pred"].write_text(pred)
+    argv = ["plot", "validation", paths["pred"]]
+    if runs is not None:
+        paths["runs"].write_text(runs)
+        argv.append(paths["runs"])
+    assert _cli_error(capsys, *argv, "--out", tmp_path / "v.png") == message.format(**paths)
+
+
+# --------------------------------------------------------------------------------------------
+# Audit: output files (cli/output.py, cli/figures.py)
+# --------------------------------------------------------------------------------------------
+
+def test_output_destination_checks(tmp_path):
+    from diffperf.cli.output import check_writable
+
+    with _raises(f"{tmp_path} is a folder; give a file name"):
+        check_writable(tmp_path, force=True)
+    target = tmp_path / "no" / "pred.csv"
+    with _raises(f"{target}: folder {target.parent} does not exist"):
+        check_writable(target, force=False)
+
+
+def _disk_full(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+
+@pytest.mark.parametrize("step", ["mkstemp", "fdopen"])
+def test_write_atomic_os_errors(tmp_path, monkeypatch, step):
+    from diffperf.cli import output
+
+    monkeypatch.setattr(output.tempfile if step == "mkstemp" else output.os, step, _disk_full)
+    target = tmp_path / "pred.csv"
+    with _raises(f"{target}: cannot write (No space left on device)"):
+        output.write_atomic(target, "a\n", force=False)
+
+
+def test_figure_save_checks_format_and_os_errors(tmp_path):
+    import types
+
+    from diffperf.cli.figures import save
+
+    # plot and study check the suffix first (tests above); save() checks again for callers
+    # of the library function.
+    with _raises(f"{tmp_path / 'f.gif'}: figure format must be .png, .svg or .pdf"):
+        save(None, [tmp_path / "f.gif"], force=False)
+    fig = types.SimpleNamespace(savefig=_disk_full)
+    with _raises(f"{tmp_path / 'f.png'}: cannot write (No space left on device)"):
+        save(fig, [tmp_path / "f.png"], force=False)
+    assert list(tmp_path.iterdir()) == []  # the temporary file is gone
+
+
+# --------------------------------------------------------------------------------------------
+# Audit: rank placement (specs/parallel.py ORDERS, workload/groups.py)
+# --------------------------------------------------------------------------------------------
+
+def test_placement_rules():
+    from diffperf.specs.parallel import ORDERS, placement_index
+
+    with _raises("placement='tp-dp-cp' must order each of tp, cp, dp, pp once, innermost "
+                 "first (e.g. tp-cp-dp-pp, Megatron-LM's)"):
+        placement_index("tp-dp-cp")
+    with _raises(f"parallel: placement={len(ORDERS)} is not allowed (allowed: "
+                 f"0..{len(ORDERS) - 1}, an index into specs.parallel.ORDERS; 0 is "
+                 "tp-cp-dp-pp)"):
+        check_layout(_small(), Parallel(placement=len(ORDERS)))
+
+
+def test_stride_of_an_unplaced_dimension_is_a_bug():
+    # Internal invariant (callers pass tp, cp, ep, dp or pp): a ValueError, not a SpecError.
+    from diffperf.workload.groups import stride
+
+    with pytest.raises(ValueError, match=re.escape("dimension 'vp' is not placed (placed: tp, "
+                                                   "cp, dp, pp)")):
+        stride(Parallel(), "vp")

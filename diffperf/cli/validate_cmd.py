@@ -41,7 +41,10 @@ def load_systems(runs, system, calibration) -> dict:
         return {"*": load_system(system, calibration)}
     names = sorted(set(runs.systems))
     if "" in names:
-        raise SpecError("the runs CSV has rows with a blank 'system' cell; pass --system")
+        blank = [i for i, s in zip(runs.ids, runs.systems) if s == ""]
+        raise SpecError(f"{len(blank)} run(s) of the runs CSV have a blank 'system' cell "
+                        f"(first: id {blank[0]}); pass --system (allowed: a name under "
+                        f"configs/systems or a YAML file)")
     return {n: load_system(n, calibration) for n in names}
 
 

@@ -550,7 +550,7 @@ def load_table(path, required) -> dict:
     path = Path(path)
     header, rows = _read_csv(path, required)
     if not rows:
-        raise SpecError(f"{path}: no rows")
+        raise SpecError(f"{path}: no rows (the CSV has a header but no rows)")
     out = {}
     for c in required:
         vals = []
