@@ -35,7 +35,7 @@ def main() -> None:
     from _common import batched_parallel, best_of, machine
     from diffperf import Parallel, load_model, load_system
     from diffperf.api import _as_float
-    from diffperf.predict import predict_step
+    from diffperf.predict import features_of, predict_step
     from diffperf.specs.batch import anonymous
     from diffperf.specs.training import Training
 
@@ -50,8 +50,12 @@ def main() -> None:
     rows = table[table[:, -1] == 0][:args.batch]
     batch = _as_float(batched_parallel(S.COLUMNS[:-1], rows))
 
+    # The terms that are 0 for every layout here (no MoE, CP or AxoNN grid) are left out of the
+    # program, as the library's own callers do (predict.features_of).
+    features = features_of(m, batch)
+
     def step(system, parallel):
-        return predict_step(m, parallel, system, t).step_time_s
+        return predict_step(m, parallel, system, t, None, features).step_time_s
 
     pairs = {
         "single": (jax.jit(step), jax.jit(jax.grad(step)), one),
