@@ -56,16 +56,20 @@ def _tp_collective_s(model, parallel, system, training):
     return all_reduce_s(S, parallel.tp, stride(_placed(parallel), "tp"), system)
 
 
-def _ep_parts(model, parallel, system, training, dense, temperature):
+def _ep_parts(model, parallel, system, training, free_f, free_b, temperature):
     """(fwd exposed, fwd hidden, bwd exposed, bwd hidden) of the MoE token all-to-alls of one
     layer, one micro-batch: 2 forward + 2 backward (+2 under full recompute) of
     S = k C_f T_r h q_a over the ep ranks (PAPERS.md section 5.8); a fraction `ep_overlap`
-    of the layer's GEMM time can hide them (e.g. behind shared experts or another chunk)."""
+    of the layer's GEMM time can hide them (e.g. behind shared experts or another chunk):
+
+        window = ep_overlap x (GEMM time - TP communication already hidden behind it)
+    `free_f`, `free_b`: forward and backward GEMM time not hiding TP (one GEMM cannot hide
+    two collectives at once)."""
     n_f, n_b = ep_a2a_per_layer(parallel)
     c = all_to_all_s(ep_a2a_bytes(model, parallel, training), parallel.ep,
                      stride(_placed(parallel), "ep"), system)
-    f, fh = split_exposed(n_f * c, parallel.ep_overlap * dense, temperature)
-    b, bh = split_exposed(n_b * c, parallel.ep_overlap * 2.0 * dense, temperature)
+    f, fh = split_exposed(n_f * c, parallel.ep_overlap * free_f, temperature)
+    b, bh = split_exposed(n_b * c, parallel.ep_overlap * free_b, temperature)
     return f, fh, b, bh
 
 
@@ -152,7 +156,8 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     attn_bwd = (2.0 + 0.5 * training.flash_attention) * attn
     cp_f, cp_fh, cp_b, cp_bh = (_cp_parts(model, parallel, system, training, attn, attn_bwd,
                                           temperature) if "cp" in features else _zeros(attn, 4))
-    ep_f, ep_fh, ep_b, ep_bh = (_ep_parts(model, parallel, system, training, dense, temperature)
+    ep_f, ep_fh, ep_b, ep_bh = (_ep_parts(model, parallel, system, training, dense - tp_fh,
+                                          2.0 * dense - tp_bh, temperature)
                                 if "ep" in features else _zeros(dense, 4))
     ax_f, ax_fh, ax_b, ax_bh, ax_calls = (_axonn_parts(
         model, parallel, system, training, ops, dense + attn, 2.0 * dense + attn_bwd,

@@ -135,6 +135,35 @@ def test_ep_overlap_hides_part_of_the_all_to_all_and_is_never_slower():
     assert float(on.step_time_s) <= float(predict(ds, base, h100).step_time_s)
 
 
+def test_tp_and_ep_do_not_hide_behind_the_same_gemm_time():
+    """With both overlaps on, the hidden TP and EP communication of a layer together never
+    exceed its GEMM time (forward + backward = 3 x forward GEMMs): what hides TP is gone for
+    EP. A slow scale-out tier makes the EP all-to-all (16 GPUs, two nodes) longer than the
+    GEMM time that the TP all-reduces (inside a node) leave free."""
+    h100 = _system("h100-sxm-80gb")
+    tiers = list(h100.tiers)
+    tiers[-1] = tiers[-1].replace(bandwidth_Bps=tiers[-1].bandwidth_Bps / 50.0)
+    slow = h100.replace(tiers=tiers)
+    ds = _model("deepseek-moe-16b")
+    par = Parallel(tp=2, dp=8, ep=8, micro_batch=1, global_batch=64, zero_stage=1,
+                   tp_overlap=1.0, ep_overlap=1.0, sequence_parallel=1)
+    r = predict(ds, par, slow)
+    b = r.breakdown
+    ep_only = predict(ds, par.replace(tp_overlap=0.0), slow).breakdown
+    assert float(b.tp_hidden_s) > 0 and float(b.ep_hidden_s) > 0
+    # EP hides less when TP already uses the GEMM time
+    assert float(b.ep_hidden_s) < float(ep_only.ep_hidden_s)
+    layers = float(ds.n_layers)
+    m = float(par.n_microbatches)
+    from diffperf.costs.compute import layer_times_s
+    from diffperf.workload.flops import attention_io_bytes, layer_ops
+    from diffperf.api import _as_float
+    M, P, S, T = _as_float((ds, par, slow, BF16))
+    dense = float(layer_times_s(layer_ops(M, P, T), S, T, attention_io_bytes(M, P, T))[0])
+    hidden = float(b.tp_hidden_s + b.ep_hidden_s) / (m * layers)
+    assert hidden <= 3.0 * dense * (1 + 1e-5), (hidden, dense)
+
+
 # --------------------------------------------------------------------------------------------
 # Context parallelism (PAPERS.md section 5.7)
 # --------------------------------------------------------------------------------------------
