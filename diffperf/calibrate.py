@@ -27,7 +27,8 @@ FRACTIONS = ("mm_max", "attn_max", "mem_eff", "coll_eff_intra", "coll_eff_inter"
              "overlap_slowdown", "mem_usable_frac")
 STEP_FIELDS = ("mm_max", "mm_half_dim", "mm_exponent", "attn_max", "attn_half_work",
                "attn_exponent", "attn_half_head_dim", "mem_eff",
-               "kernel_s", "host_kernel_s", "host_layer_s", "host_recompute_s", "microbatch_s", "step_s",
+               "kernel_s", "host_kernel_s", "host_layer_s", "host_recompute_s", "host_coll_peer_s",
+               "microbatch_s", "step_s",
                "coll_base_s", "coll_eff_intra", "coll_eff_inter", "floor_pnorm")
 MEMORY_FIELDS = ("mem_reserved_bytes", "act_mem_factor", "mem_usable_frac")
 _FLOOR = 1e-7  # smallest starting value of a positive parameter (log of 0 is not a start)
@@ -265,7 +266,7 @@ def run_sets(runs, systems: dict, weight) -> list:
 
 
 _HOST_START = dict(host_layer_s=1e-3, host_kernel_s=1e-5, microbatch_s=1e-3,
-                   host_recompute_s=1e-3)
+                   host_recompute_s=1e-3, host_coll_peer_s=3e-5)
 
 
 def starting_points(eff: Efficiency, fields=STEP_FIELDS) -> list:

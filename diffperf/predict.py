@@ -141,6 +141,27 @@ def _zeros(like, n):
     return tuple(jnp.zeros_like(like) for _ in range(n))
 
 
+def _tp_host_sync_s(parallel, n_f, n_b, e):
+    """(forward, backward) host-side time of one layer's TP collectives beyond their launch:
+
+        t_sync = n_calls (t - 1) tau_peer        (0 for t = 1)
+
+    n_calls = the layer's TP all-reduces (`tp_collectives_per_layer`: 2 forward, 2 backward,
+    + 2 recomputed under full recompute), t the TP group size, tau_peer = `host_coll_peer_s`.
+    Each Megatron TP all-reduce is a barrier of the t ranks of the group, issued from t host
+    processes (NCCL enqueue and the proxy/progress work that scales with the ring's t - 1
+    peers): when the layer is host-bound (small layers, as in the vTrain single-node runs) the
+    GPUs stall at every all-reduce until the slowest of the t hosts has issued it, so the
+    per-call host cost grows with the number of peers. It sits on the host side of the
+    layer's floor (combined with the GPU time by the smooth max), so it costs nothing when
+    the GPU work per layer is long (large models). Source: PAPERS.md 5.11 (host floor per
+    layer pass); DESIGN.md (vTrain per-layer floor of ~3.5 ms at t <= 4 and ~5 ms at t = 8
+    in one node) [D, fitted].
+    """
+    peers = jnp.maximum(parallel.tp - 1.0, 0.0)
+    return n_f * peers * e.host_coll_peer_s, n_b * peers * e.host_coll_peer_s
+
+
 def _layer_parts(model, parallel, system, training, temperature, features=FEATURES):
     """Named seconds of one layer, one micro-batch, forward + backward (+ recompute), and
     the (forward, backward) times used as overlap windows."""
@@ -176,11 +197,12 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
                + jnp.where(parallel.ep > 1, 2.0 * is_moe, 0.0)  # dispatch, combine
                + 2.0 * parallel.cp_ring * cp_ring_steps(parallel)  # block attention + p2p
                + ax_calls)
-    host_f = kernels * e.host_kernel_s + e.host_layer_s
+    sync_f, sync_b = _tp_host_sync_s(parallel, n_f, n_b, e)
+    host_f = kernels * e.host_kernel_s + e.host_layer_s + sync_f
     # Full recompute re-runs the layer's forward inside the backward: one more layer pass on
     # the host, plus the checkpoint's own bookkeeping (RNG state, rebuilding the graph).
     host_b = (2.0 + full) * kernels * e.host_kernel_s + (1.0 + full) * e.host_layer_s + (
-        full * e.host_recompute_s)
+        full * e.host_recompute_s) + sync_b
     t_f = pnorm_max(gpu_f, host_f, e.floor_pnorm)
     t_b = pnorm_max(gpu_b, host_b, e.floor_pnorm)
     parts = dict(compute_s=3.0 * dense + attn + attn_bwd + 3.0 * other, recompute_s=recompute,

@@ -43,7 +43,8 @@ RATE_LEAVES = HARDWARE_RATES + ("eff.mm_max", "eff.attn_max", "eff.mem_eff",
 # Costs: raising one never makes a step faster (d step / d leaf >= 0). Latencies, fixed times
 # and the sizes at which an efficiency halves (those of them the System has).
 COST_LEAVES = ("tiers[*].latency_s", "eff.kernel_s", "eff.host_kernel_s", "eff.host_layer_s",
-               "eff.host_recompute_s", "eff.microbatch_s", "eff.step_s", "eff.coll_base_s",
+               "eff.host_recompute_s", "eff.host_coll_peer_s", "eff.microbatch_s", "eff.step_s",
+               "eff.coll_base_s",
                "eff.overlap_slowdown", "eff.mm_half_dim",
                "eff.attn_half_work", "eff.attn_half_head_dim")
 

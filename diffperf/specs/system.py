@@ -43,6 +43,7 @@ class Efficiency(struct.PyTreeNode):
     host_kernel_s: Any = 5e-6   # host-side dispatch time per kernel (eager frameworks: ~10 us)
     host_layer_s: Any = 5e-5    # host-side time per layer pass (framework hooks, checkpointing)
     host_recompute_s: Any = 5e-5  # host time of re-entering a checkpointed layer (RNG, graph)
+    host_coll_peer_s: Any = 2e-6  # host/sync time per TP collective call per peer rank (t - 1)
     microbatch_s: Any = 0.0     # fixed time per micro-batch (data loading, schedule bookkeeping)
     step_s: Any = 5e-3          # fixed time per step (optimizer launch, logging, sync)
     floor_pnorm: Any = 6.0      # p of the p-norm smooth max between GPU time and host floor

@@ -27,6 +27,9 @@ class Training(struct.PyTreeNode):
     matmul_fp32: Any = 0.0       # 1: matmuls run at the fp32/TF32 peak instead of 16-bit
     flash_attention: Any = 1.0   # 1: fused attention, no s^2 score storage or traffic
     dropout: Any = 0.0           # 1: dropout after attention and MLP (1-byte masks kept)
+    loss_bytes_per_logit: Any = 52.0  # HBM bytes per logit element of the fp32 cross-entropy,
+                                 # forward + backward (Megatron's vocab-parallel CE: 52;
+                                 # PyTorch's fused F.cross_entropy: ~40; see flops.head_ops)
     name: str = struct.field(pytree_node=False, default="bf16")
 
 
@@ -41,7 +44,7 @@ PRECISIONS = {
     # (PyTorch autocast's weight cache; XLA's converted operands).
     "amp-bf16": dict(weight_bytes=4.0, grad_bytes=4.0, master_bytes=0.0, optimizer_bytes=8.0,
                      activation_bytes=2.0, matmul_fp32=0.0, cast_weight_bytes=2.0,
-                     grad_buffers_persist=0.0, residual_bytes=4.0),
+                     grad_buffers_persist=0.0, residual_bytes=4.0, loss_bytes_per_logit=40.0),
     # Pure bf16 (weights, grads and Adam states in bf16: 8 B/param).
     "bf16-pure": dict(weight_bytes=2.0, grad_bytes=2.0, master_bytes=0.0, optimizer_bytes=4.0,
                       activation_bytes=2.0, matmul_fp32=0.0),

@@ -154,7 +154,17 @@ def head_ops(model, parallel, training) -> HeadOps:
     """Output layer (logits GEMM, vocab-parallel over t) and loss; embedding lookup.
 
         logits  2 T h V / t FLOP        (PAPERS.md section 5.1, once per micro-batch)
-        loss    ~ 3 x 4 T V / t bytes   (fp32 upcast, softmax, its gradient)
+        loss    q_ce T V / t / 2 bytes per pass (forward and backward: q_ce T V / t)
+                with q_ce = training.loss_bytes_per_logit, the fp32 cross-entropy's HBM
+                traffic per logit element. Megatron-LM's _VocabParallelCrossEntropy, counted
+                pass by pass (q_ce = 52, the fp16 / bf16 presets): forward: fp16 ->
+                fp32 upcast (r2 w4), max (r4), subtract max in place (r4 w4), exp (r4 w4),
+                sum (r4), divide by the sum in place (r4 w4) = 38 B; backward: scale the
+                saved softmax by the loss gradient in place (r4 w4), cast the gradient
+                back to 16 bits (r4 w2) = 14 B. PyTorch's F.cross_entropy (the amp-bf16
+                preset, q_ce = 40): upcast (r2 w4), log_softmax (r4 r4 w4), nll backward's
+                zero-filled gradient (w4), log_softmax backward (r4 r4 w4), downcast
+                (r4 w2).
         embed   2 x q_a T h bytes       (gather rows, write activations)
     """
     T = tokens_per_device(model, parallel)
@@ -164,5 +174,5 @@ def head_ops(model, parallel, training) -> HeadOps:
     return HeadOps(
         logits=logits,
         embedding_bytes=2.0 * training.activation_bytes * T * model.hidden,
-        loss_bytes=12.0 * T * model.vocab / t,
+        loss_bytes=0.5 * training.loss_bytes_per_logit * T * model.vocab / t,
     )
