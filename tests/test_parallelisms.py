@@ -203,6 +203,25 @@ def test_cp_balances_causal_work_and_divides_activations():
         np.testing.assert_allclose(4 * float(a4), float(a1), rtol=1e-6)
 
 
+def test_cp_kv_buffers_ring_holds_two_blocks_all_gather_the_sequence():
+    """Llama 3 8B (a_kv 8, d_h 128), b 1, s 8192, t 1, bf16: S = 2 s a_kv d_h q_a = 33.6 MB.
+    Ring (c 4): send + receive blocks 2 S / 4; all-gather: the other 3/4 of S; c = 1: none.
+    The device memory grows by exactly that (times act_mem_factor)."""
+    from diffperf.memory.activations import cp_kv_buffer_bytes
+
+    llama, sys_ = _model("llama3-8b"), _system("h100-sxm-80gb")
+    S = 2 * 8192 * 8 * 128 * 2
+    for ring, want in ((1.0, 2 * S / 4), (0.0, 3 * S / 4)):
+        par = Parallel(cp=4, cp_ring=ring)
+        np.testing.assert_allclose(float(cp_kv_buffer_bytes(llama, par, BF16)), want, rtol=1e-6)
+    assert float(cp_kv_buffer_bytes(llama, Parallel(cp=1, cp_ring=0.0), BF16)) == 0.0
+    ring = predict(llama, Parallel(cp=4, cp_ring=1.0), sys_).memory.total_bytes
+    gather = predict(llama, Parallel(cp=4, cp_ring=0.0), sys_).memory.total_bytes
+    np.testing.assert_allclose(float(gather - ring),
+                               float(sys_.eff.act_mem_factor) * (3 * S / 4 - 2 * S / 4),
+                               rtol=1e-4)
+
+
 def test_cp_weights_reduce_and_shard_over_dp_times_cp():
     # dp = 4 of stride 2 and cp = 2 of stride 1 are one group of 8 adjacent ranks.
     n, s = product_group(4.0, 2.0, 2.0, 1.0)

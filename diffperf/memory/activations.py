@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from diffperf.workload.cp import cp_kv_bytes
 from diffperf.workload.flops import head_shards, hidden_shards
 
 
@@ -67,6 +68,22 @@ def working_layer_bytes(model, parallel, training):
     no_recompute = parallel.replace(recompute=jnp.zeros_like(jnp.asarray(parallel.recompute)))
     full_layer = layer_activation_bytes(model, no_recompute, training)
     return jnp.where(parallel.recompute == 2, full_layer, 0.0)
+
+
+def cp_kv_buffer_bytes(model, parallel, training):
+    """Working K/V buffers of context parallelism while one layer's attention runs (one
+    micro-batch; 0 for c = 1):
+
+        all-gather form (cp_ring 0):  (c - 1)/c S    the other ranks' K and V, gathered
+        ring form (cp_ring 1):        2 S / c        the block being received and the block
+                                                     being sent (double buffering)
+    S = `workload.cp.cp_kv_bytes` (2 b s a_kv d_h q_a / t). Source: PAPERS.md section 5.7
+    (ring attention passes K/V blocks; NERSC 2D-seqp gathers K/V) [D].
+    """
+    c, ring = parallel.cp, parallel.cp_ring
+    S = cp_kv_bytes(model, parallel, training)
+    on = jnp.where(c > 1, 1.0, 0.0)
+    return on * (ring * 2.0 * S / c + (1.0 - ring) * (c - 1.0) / c * S)
 
 
 def logits_bytes(model, parallel, training):

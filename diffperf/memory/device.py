@@ -40,8 +40,9 @@ def device_memory(model, parallel, system, training) -> Memory:
     capacity.
 
         total = weights + gradients (live at the peak) + optimizer + activations + buffers
-        activations(first) = A_layer x layers_in_flight + working layer (+ logits if p = 1)
-        activations(last)  = A_layer x (L/p) x interleave + working layer + logits
+        activations(first) = A_layer x layers_in_flight + working (+ logits if p = 1)
+        activations(last)  = A_layer x (L/p) x interleave + working + logits
+        working = the layer rebuilt under full recompute + CP's K/V buffers
         buffers = 2 gathered layers under ZeRO-3 (prefetch) + 2 layers' weights gathered over
                   the AxoNN depth G_z (N_layer / (t G_x G_y)) + runtime workspace
     """
@@ -49,7 +50,8 @@ def device_memory(model, parallel, system, training) -> Memory:
     expert_P = stage_expert_params_per_device(model, parallel)
     k = system.eff.act_mem_factor
     a_layer = k * act.layer_activation_bytes(model, parallel, training)
-    working = k * act.working_layer_bytes(model, parallel, training)
+    working = k * (act.working_layer_bytes(model, parallel, training)
+                   + act.cp_kv_buffer_bytes(model, parallel, training))
     logits = act.logits_bytes(model, parallel, training)
     single = jnp.where(parallel.pp == 1, 1.0, 0.0)
     first_act = a_layer * act.layers_in_flight(model, parallel) + working + single * logits
