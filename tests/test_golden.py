@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import diffperf
-from diffperf import Efficiency, Parallel, System, Tier, Training
+from diffperf import Efficiency, Model, Parallel, System, Tier, Training
 from diffperf.costs.collectives import all_gather_s, all_reduce_s, all_to_all_s, send_recv_s
 from diffperf.costs.tiers import p2p_tier_fractions, tier_ranks
 from diffperf.memory.activations import layer_activation_bytes
@@ -26,7 +26,7 @@ from diffperf.memory.weights import gradient_bytes, optimizer_bytes, weight_byte
 from diffperf.predict import _flops_per_step
 from diffperf.schedule.pipeline import pipeline_times_s
 from diffperf.workload.params import total_params
-from diffperf.workload.pp import bubble_fraction
+from diffperf.workload.pp import bubble_fraction, pp_message_bytes
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 NCCL_A100 = SHARED_DATA / "kernels" / "a100_nccl_allreduce.csv"
@@ -434,6 +434,20 @@ def test_tp_group_inside_a_node_never_touches_the_outer_tier():
 
 def _pipe(p, m, v):
     return Parallel(pp=p, dp=1, micro_batch=1, global_batch=m, vp=v)
+
+
+def test_pp_message_per_rank_megatron_and_axonn_grid():
+    """S = b (s/c) h q_a / (t G_x): GPT-3 (h 12288, s 2048), b 2, bf16: 100.7 MB whole;
+    tp 8 sends 1/8 (scatter/gather); the AxoNN grid's X ranks hold h / G_x each; Y and Z
+    split neither the width nor the tokens of a micro-batch."""
+    gpt = Model(n_layers=96, hidden=12288, ffn_hidden=49152, n_heads=96, n_kv_heads=96,
+                head_dim=128, vocab=50257, seq_len=2048)
+    whole = 2 * 2048 * 12288 * 2
+    for par, want in ((Parallel(micro_batch=2), whole), (Parallel(micro_batch=2, tp=8), whole / 8),
+                      (Parallel(micro_batch=2, cp=2), whole / 2),
+                      (Parallel(micro_batch=2, gx=4, gy=2, gz=2), whole / 4)):
+        np.testing.assert_allclose(float(pp_message_bytes(gpt, par, Training())), want,
+                                   rtol=1e-6)
 
 
 @pytest.mark.parametrize("v", [1, 2])
