@@ -83,6 +83,26 @@ def test_predict_options_change_the_layout(capsys):
     assert (lay["tp"], lay["pp"], lay["dp"], lay["recompute"]) == (4.0, 16.0, 16.0, 2.0)
 
 
+def test_predict_placement_moves_groups_between_tiers(capsys):
+    """16 GPUs in 8-GPU nodes, tp 2 pp 4 dp 2: Megatron's order (tp-cp-dp-pp) puts the pipeline
+    chain at stride 4 (across the two nodes) and DP inside a node; tp-cp-pp-dp puts the chain
+    inside a node (stride 2) and DP across nodes."""
+    out = {}
+    for place in ("tp-cp-dp-pp", "tp-cp-pp-dp"):
+        assert main(["predict", "--model", "megatron-1.7b", "--gpus", "16", "--tp", "2", "--pp",
+                     "4", "--global-batch", "64", "--zero-stage", "0", "--placement", place,
+                     "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["layout"]["placement"] == place
+        out[place] = data["result"]["breakdown"]
+    megatron, inner_pp = out["tp-cp-dp-pp"], out["tp-cp-pp-dp"]
+    assert inner_pp["pp_exposed_s"] < megatron["pp_exposed_s"]
+    dp = lambda b: b["dp_exposed_s"] + b["dp_hidden_s"]  # noqa: E731
+    assert dp(inner_pp) > dp(megatron)
+    assert main(["predict", "--placement", "tp-pp-dp"]) == 2
+    assert "placement='tp-pp-dp' must order each of tp, cp, dp, pp once" in capsys.readouterr().err
+
+
 def test_subprocess_bad_input_exits_2_without_traceback():
     # As a real process (`python -m diffperf.cli.main`, what the `diffperf` script runs): the
     # interpreter would print a traceback for any uncaught exception; a SpecError must instead

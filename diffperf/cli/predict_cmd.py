@@ -106,12 +106,13 @@ def run(args) -> int:
                         layout={k: float(getattr(parallel, k)) for k in (
                             "tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch",
                             "sequence_parallel", "zero_stage", "recompute", "cp_ring", "gx",
-                            "gy", "gz")},
+                            "gy", "gz")} | {"placement": args.placement},
                         result=result_dict(result)))
         return 0
     title = (f"{model.name} on {args.gpus} x {system.name}: tp {args.tp} pp {args.pp} "
              f"dp {args.dp} cp {args.cp} mb {args.micro_batch} gb {args.global_batch}"
              + (f" grid {args.gx}x{args.gy}x{args.gz}" if args.gx * args.gy * args.gz > 1
-                else ""))
+                else "")
+             + (f" placement {args.placement}" if args.placement != "tp-cp-dp-pp" else ""))
     render(result, title)
     return 0
