@@ -25,7 +25,7 @@ from diffperf.workload.ops import Gemms
 
 FRACTIONS = ("mm_max", "attn_max", "mem_eff", "coll_eff_intra", "coll_eff_inter",
              "overlap_slowdown", "mem_usable_frac")
-STEP_FIELDS = ("mm_max", "mm_half_dim", "mm_exponent", "attn_max", "attn_half_work",
+STEP_FIELDS = ("mm_max", "mm_half_dim", "mm_exponent", "mm_align_exponent", "attn_max", "attn_half_work",
                "attn_exponent", "attn_half_head_dim", "mem_eff",
                "kernel_s", "host_kernel_s", "host_layer_s", "host_recompute_s", "host_coll_peer_s",
                "microbatch_s", "step_s",

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from diffperf.costs.roofline import gemm_size, roofline_time_s, saturating_efficiency
+from diffperf.costs.roofline import (alignment_factor, gemm_size, roofline_time_s,
+                                     saturating_efficiency)
 
 
 def matmul_peak(system, training):
@@ -19,7 +20,9 @@ def matmul_peak(system, training):
 
 def gemms_time_s(gemms, system, training, eff_max, half_dim, temperature=None):
     """Sum over GEMMs of  count x roofline(2 m n k, q (m k + k n + m n)),
-    efficiency eta(d) = eff_max / (1 + (d_half / d)^gamma), d = soft-min(m, n, k)."""
+    efficiency eta(d) = phi_align(n, k) eff_max / (1 + (d_half / d)^gamma),
+    d = soft-min(m, n, k), phi_align the leading-dimension alignment factor
+    (`roofline.alignment_factor`, 1 for dimensions that are multiples of 16 bytes)."""
     return jnp.sum(gemm_times_s(gemms, system, training, eff_max, half_dim, temperature))
 
 
@@ -30,6 +33,7 @@ def gemm_times_s(gemms, system, training, eff_max, half_dim, temperature=None):
     # the efficiency stays finite; their count of 0 removes them from the sum.
     m, n, k = (jnp.maximum(x, 1.0) for x in (gemms.m, gemms.n, gemms.k))
     eff = saturating_efficiency(gemm_size(m, n, k), eff_max, half_dim, system.eff.mm_exponent)
+    eff = eff * alignment_factor(gemms.n, gemms.k, q, system.eff.mm_align_exponent)
     flops = 2.0 * m * n * k
     bytes_moved = q * (m * k + k * n + m * n)
     each = roofline_time_s(flops, bytes_moved, matmul_peak(system, training), eff,

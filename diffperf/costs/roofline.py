@@ -29,6 +29,42 @@ def gemm_size(m, n, k):
     return 1.0 / jnp.sqrt(jnp.sqrt(inv4))
 
 
+def alignment_bytes(dim, elem_bytes):
+    """Alignment of a row of `dim` elements of `elem_bytes` each: the largest power of two
+    (bytes) that divides dim x elem_bytes, capped at 16 (one 128-bit vector access).
+
+        a = min(16, 2^v2(round(dim) q))        a in {1, 2, 4, 8, 16}
+    Example: dim 50257, q 2 -> 2 (odd); 12564, q 2 -> 8; 6282 -> 4; 1024 -> 16.
+    A property of the (integer) shape, constant in every System leaf.
+    """
+    nbytes = jnp.round(dim) * elem_bytes
+    a = jnp.ones_like(nbytes)
+    for p in (2.0, 4.0, 8.0, 16.0):
+        a = jnp.where(jnp.mod(nbytes, p) == 0.0, p, a)
+    return a
+
+
+def alignment_factor(n, k, elem_bytes, exponent):
+    """Efficiency factor of a GEMM (m x k)(k x n) whose leading dimensions are misaligned:
+
+        phi = (a / 16)^gamma,   a = min(alignment_bytes(n), alignment_bytes(k))
+    (1 for a = 16 B). Row-major operands have leading dimensions k (A; dX of the backward) and
+    n (B and C; dY of the backward): every pass of the layer touches both (m is never a
+    leading dimension: the backward reads X^T through the transpose flag). Tensor-core GEMM
+    kernels load tiles with 16-byte vector copies (Ampere cp.async, Hopper TMA) that need
+    16-byte aligned rows; with a smaller alignment cuBLAS (>= 11) still uses the tensor cores
+    but through narrower, more numerous loads, and older libraries do not use them at all.
+    Source: NVIDIA Matrix Multiplication Background User's Guide (DU-09799-001, 2023),
+    section 2.2 "Tensor Core Requirements" (performance is best with M, N, K multiples of
+    16 bytes); cuBLAS documentation, "Tensor Core Usage" (alignment restrictions) [B].
+    Example: the GPT-2 vocabulary (50257, odd) as the N of a 16-bit logits GEMM: a = 2 B,
+    phi = (1/8)^gamma (0.44 at gamma = 0.4); the vTrain A100 runs at tp = 1 show the output
+    layer running at ~100 TFLOP/s where the tp = 2 shard (25128, a = 16 B) runs at ~220 [D].
+    """
+    a = jnp.minimum(alignment_bytes(n, elem_bytes), alignment_bytes(k, elem_bytes))
+    return (a / 16.0) ** exponent
+
+
 def saturating_efficiency(size, eff_max, half_size, exponent):
     """Efficiency that rises with operation size and saturates:
 

@@ -34,6 +34,8 @@ class Efficiency(struct.PyTreeNode):
     mm_max: Any = 0.80          # matmul efficiency of large GEMMs (NERSC default 0.8, PAPERS 3.2)
     mm_half_dim: Any = 64.0     # GEMM size (soft-min of m, n, k) at which efficiency halves
     mm_exponent: Any = 1.5      # steepness of the small-GEMM fall-off
+    mm_align_exponent: Any = 0.4  # GEMM slowdown (16 B / alignment)^this for leading dims
+                                  # not a multiple of 16 bytes (costs.roofline.alignment_factor)
     attn_max: Any = 0.75        # flash-attention efficiency with large work and head_dim
     attn_half_work: Any = 9e7   # score elements b (a/t) s_q s_kv kappa at which it halves
     attn_exponent: Any = 1.2    # steepness of the fall-off with work

@@ -153,7 +153,11 @@ def vector_flops(model, parallel, training):
 def head_ops(model, parallel, training) -> HeadOps:
     """Output layer (logits GEMM, vocab-parallel over t) and loss; embedding lookup.
 
-        logits  2 T h V / t FLOP        (PAPERS.md section 5.1, once per micro-batch)
+        logits  2 T h V_t FLOP          (PAPERS.md section 5.1, once per micro-batch)
+                V_t = floor(V / t) vocabulary rows per rank (as vTrain's sharded GPT model
+                splits it, `vocab_size // world_size`; a framework that pads the vocabulary,
+                e.g. Megatron-LM to a multiple of 128 t, is described by the padded V). Its
+                alignment sets the GEMM's efficiency (`roofline.alignment_factor`).
         loss    q_ce T V / t / 2 bytes per pass (forward and backward: q_ce T V / t)
                 with q_ce = training.loss_bytes_per_logit, the fp32 cross-entropy's HBM
                 traffic per logit element. Megatron-LM's _VocabParallelCrossEntropy, counted
@@ -169,7 +173,7 @@ def head_ops(model, parallel, training) -> HeadOps:
     """
     T = tokens_per_device(model, parallel)
     t = head_shards(parallel)
-    logits = Gemms(m=jnp.stack([T]), n=jnp.stack([model.vocab / t]),
+    logits = Gemms(m=jnp.stack([T]), n=jnp.stack([jnp.floor(model.vocab / t + 1e-6)]),
                    k=jnp.stack([model.hidden / hidden_shards(parallel)]), count=jnp.stack([1.0]))
     return HeadOps(
         logits=logits,
