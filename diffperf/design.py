@@ -274,7 +274,7 @@ def optimize_design(model, system, training, layouts, cost_model: CostModel,
     life = cost_model.lifetime_years * _SECONDS_PER_YEAR if cost_model.unit == "USD" else 1.0
     consts = {k: jnp.asarray(v, dtype) for k, v in dict(
         base=cost_model.base, room=room or 0.0, tokens=tokens, life_s=life,
-        n=row["tp"] * row["pp"] * row["dp"] * row["cp"],
+        n=row["tp"] * row["pp"] * row["dp"] * row["cp"] * row["gx"] * row["gy"] * row["gz"],
         tokens_per_step=row["global_batch"] * float(model.seq_len)).items()}
     start = _system_of(jnp.asarray(spend0, dtype), prices, system0, shape)
     cands = candidates(model, start, training, layouts, temperature, placements=placements,

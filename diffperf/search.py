@@ -6,13 +6,22 @@ compile per chunk shape: the placement is a numeric leaf of `Parallel`) and rank
 time among the layouts that fit in memory. `soft_best` is the differentiable soft-min over the same table.
 
 Factored evaluation: `predict_step` is vmapped twice, the outer axis over the degrees
-(tp, pp, dp, cp, ep, vp, micro_batch, global_batch) and the placement, the inner axis over the 24 combinations of
-ZeRO stage, recompute and sequence parallelism. vmap batches an intermediate only along the
+(tp, pp, dp, cp, ep, vp, micro_batch, global_batch, and the AxoNN grid gx, gy, gz) and the
+placement, the inner axis over the 24 combinations of ZeRO stage, recompute and sequence
+parallelism. vmap batches an intermediate only along the
 axes its inputs vary on, so the GEMM and attention times (functions of tp, cp, ep and the
 micro-batch) are computed once per outer row rather than once per layout: the same hoisting
 that XLA does for the unbatched model and system. Every layout still gets its own full
 prediction; only shared sub-expressions are shared (benchmarks/README.md: about 10x the
 layouts/s of a flat vmap on a 2-core CPU).
+
+Static features: the kernel traces only the terms that some row of the table needs
+(`predict.features_of` of its outer keys). A table without AxoNN grid rows traces the program
+it had before the grid existed (gx, gy, gz stay unbatched scalars of 1, the grid's terms are
+left out); a table with grid rows traces the grid's terms for every row, in one compilation.
+Measured on GPT-3 175B / 1024 A100 with the grid (a cold `search` call, 2-core CPU): one
+kernel for all 493,920 rows, 4.5 s; a second kernel for the 27,600 grid rows alone, 6.2 s
+(its compilation costs more than the ~10% of run time it saves the Megatron rows).
 """
 
 from __future__ import annotations
@@ -29,14 +38,16 @@ from diffperf.api import _as_float, _is_concrete
 from diffperf.errors import SpecError
 from diffperf.predict import features_of, predict_step
 from diffperf.specs.batch import anonymous
-from diffperf.specs.parallel import PLACED, Parallel, placement_index
+from diffperf.specs.parallel import GRID, PLACED, Parallel, placement_index
 from diffperf.specs.training import Training
 from diffperf.specs.validate import check_layout
 
-COLUMNS = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch", "zero_stage",
-           "recompute", "sequence_parallel", "placement")
-OUTER = COLUMNS[:8]
+# The placement stays the last column (callers select rows by `layouts[:, -1]`).
+COLUMNS = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch", "gx", "gy", "gz",
+           "zero_stage", "recompute", "sequence_parallel", "placement")
+OUTER = COLUMNS[:11]
 KEYS = OUTER + ("placement",)  # the outer axis: degrees and the rank order (ORDERS index)
+_NO_GRID = tuple(k for k in KEYS if k not in GRID)  # batched when no row has the grid
 INNER = ("zero_stage", "recompute", "sequence_parallel")
 # Placement orders (innermost first, specs.parallel.ORDERS): Megatron-LM's default, and the
 # pipeline inside data parallelism (DP outermost, as AxoNN places it; PAPERS.md section 4.1).
@@ -82,11 +93,13 @@ def _keep(rows: dict, mask) -> dict:
 
 def _strides(rows: dict, order) -> np.ndarray:
     """Rank stride of tp, cp, dp, pp under a placement order (workload.groups.stride); 0 for
-    a group of one device, whose stride changes nothing."""
+    a group of one device, whose stride changes nothing. The AxoNN grid sits in TP's slot
+    (predict._placed), so the slot's size is tp x gx x gy x gz."""
+    size = dict(rows, tp=rows["tp"] * rows["gx"] * rows["gy"] * rows["gz"])
     out, s = {}, np.ones_like(rows["tp"])
     for d in order:
-        out[d] = np.where(rows[d] > 1, s, 0)
-        s = s * rows[d]
+        out[d] = np.where(size[d] > 1, s, 0)
+        s = s * size[d]
     return np.stack([out[d] for d in PLACED], axis=1)
 
 
@@ -97,7 +110,8 @@ def _placement_codes(placements) -> np.ndarray:
 
 def _model_ints(model) -> dict:
     return {f: int(round(float(np.asarray(getattr(model, f))))) for f in (
-        "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "seq_len", "n_experts")}
+        "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "seq_len", "n_experts", "hidden",
+        "head_dim")}
 
 
 def _degrees(M: dict, n: int, B: int) -> dict:
@@ -121,7 +135,52 @@ def _degrees(M: dict, n: int, B: int) -> dict:
 
     rows = _expand(rows, "vp", _divisors(M["n_layers"]), vp_ok)
     experts = _divisors(M["n_experts"]) if M["n_experts"] > 0 else np.array([1])
-    return _expand(rows, "ep", experts, lambda r: r["dp"] % r["ep"] == 0)
+    rows = _expand(rows, "ep", experts, lambda r: r["dp"] % r["ep"] == 0)
+    return rows | {g: np.ones_like(rows["tp"]) for g in GRID}
+
+
+def _grid_degrees(M: dict, n: int, B: int) -> dict:
+    """AxoNN grid rows (gx, gy, gz, dp, micro_batch) that satisfy check_layout's grid rules
+    (specs.validate._check_grid; PAPERS.md sections 4.1, 4.4), with tp = pp = cp = ep = vp = 1
+    (the 4D algorithm: no pipeline, the grid in place of Megatron TP):
+
+        G = gx gy gz > 1, dp = n / G; gx | hidden; gy | num_heads, gy | ffn_hidden, and gy |
+        num_kv_heads or the reverse; gz | (n_out k_in)/(gx gy) of the attention-output
+        (h x a d_h) and MLP (h x f) weights; micro_batch x dp x gz | global_batch.
+    No rows for an MoE model (the grid shards dense weights only).
+    """
+    d = _divisors(n)
+    if M["n_experts"] > 0:
+        d = d[:0]
+    h, a, kv, f, dh = (M[k] for k in ("hidden", "n_heads", "n_kv_heads", "ffn_hidden",
+                                      "head_dim"))
+    gy = d[(a % d == 0) & (f % d == 0) & ((kv % d == 0) | (d % kv == 0))]
+    rows = _expand({"gx": d[h % d == 0]}, "gy", gy, lambda r: n % (r["gx"] * r["gy"]) == 0)
+
+    def gz_ok(r):
+        xy, G = r["gx"] * r["gy"], r["gx"] * r["gy"] * r["gz"]
+        return (n % G == 0) & (G > 1) & ((h * a * dh // xy) % r["gz"] == 0) & (
+            (h * f // xy) % r["gz"] == 0)
+
+    rows = _expand(rows, "gz", d, gz_ok)
+    rows["dp"] = n // (rows["gx"] * rows["gy"] * rows["gz"])
+    rows = _expand(rows, "micro_batch", _divisors(B),
+                   lambda r: B % (r["micro_batch"] * r["dp"] * r["gz"]) == 0)
+    return rows | {c: np.ones_like(rows["gx"]) for c in ("tp", "pp", "cp", "ep", "vp")}
+
+
+def _tables(deg: dict, inner: np.ndarray, placements) -> list:
+    """The degree rows x inner grid, one table per placement; a row is kept under an order
+    only when its group strides differ from those under every earlier order."""
+    outer = np.stack([deg[c] for c in OUTER], axis=1)
+    strides = [_strides(deg, order) for order in placements]
+    tables = []
+    for j in range(len(placements)):
+        new = np.ones(len(outer), dtype=bool)
+        for i in range(j):
+            new &= (strides[j] != strides[i]).any(axis=1)
+        tables.append(_product(outer[new], inner, j))
+    return tables
 
 
 def _inner_grid(zero_stages, recompute, sequence_parallel) -> np.ndarray:
@@ -149,7 +208,7 @@ def _product(outer: np.ndarray, inner: np.ndarray, placement: int) -> np.ndarray
 
 def enumerate_layouts(model, n_devices, global_batch, *, placements=PLACEMENTS,
                       zero_stages=(0, 1, 2, 3), recompute=(0, 1, 2),
-                      sequence_parallel=(0, 1)) -> np.ndarray:
+                      sequence_parallel=(0, 1), axonn=False) -> np.ndarray:
     """Every structurally valid layout of `n_devices` for the model, as an int32 table.
 
     Rules (those of `specs.validate.check_layout`): tp x pp x cp x dp = n_devices; tp divides
@@ -158,26 +217,27 @@ def enumerate_layouts(model, n_devices, global_batch, *, placements=PLACEMENTS,
     micro-batches m a multiple of pp; ep divides dp and moe_experts (MoE models only);
     sequence parallelism only with tp > 1. Placement `j` is `placements[j]`; an order that
     gives a layout the same group strides as an earlier one is dropped (it is the same job).
+    With `axonn`, the AxoNN 4D layouts follow (`_grid_degrees`: gx x gy x gz x dp =
+    n_devices, tp = pp = 1, sequence parallelism off, every ZeRO stage and recompute mode
+    asked for; the grid takes TP's slot of each placement order, so with pp = 1 the default
+    orders give one placement).
     Returns:
-        int32 array [n_layouts, len(COLUMNS)], rows sorted by placement, then degrees, with
-        (zero_stage, recompute, sequence_parallel) varying fastest.
+        int32 array [n_layouts, len(COLUMNS)]: the layouts without the grid (gx = gy = gz =
+        1), rows sorted by placement, then degrees, with (zero_stage, recompute,
+        sequence_parallel) varying fastest; then, with `axonn`, the grid layouts in the same
+        order (`axonn_mask` tells them apart).
     Example: gpt3-175b on 1024 devices with global batch 1536: 272,280 layouts in Megatron's
-    placement and 194,040 more with the pipeline inside data parallelism.
+    placement and 194,040 more with the pipeline inside data parallelism; `axonn=True` adds
+    27,600 grid layouts.
     """
     n, B = _whole(n_devices, "n_devices"), _whole(global_batch, "global_batch")
     _placement_codes(placements)
     inner = _inner_grid(zero_stages, recompute, sequence_parallel)
     M = _model_ints(model)
-    deg = _degrees(M, n, B)
-    deg["global_batch"] = np.full_like(deg["tp"], B)
-    outer = np.stack([deg[c] for c in OUTER], axis=1)
-    strides = [_strides(deg, order) for order in placements]
     tables = []
-    for j in range(len(placements)):
-        new = np.ones(len(outer), dtype=bool)
-        for i in range(j):
-            new &= (strides[j] != strides[i]).any(axis=1)
-        tables.append(_product(outer[new], inner, j))
+    for deg in (_degrees(M, n, B), _grid_degrees(M, n, B)) if axonn else (_degrees(M, n, B),):
+        deg["global_batch"] = np.full_like(deg["tp"], B)
+        tables += _tables(deg, inner, placements)
     table = np.concatenate(tables)
     if not len(table):
         raise SpecError(
@@ -186,6 +246,12 @@ def enumerate_layouts(model, n_devices, global_batch, *, placements=PLACEMENTS,
             f"num_layers={M['n_layers']}, cp dividing seq_len={M['seq_len']} and "
             f"micro_batch x dp dividing global_batch")
     return table
+
+
+def axonn_mask(layouts) -> np.ndarray:
+    """True for the rows of a layout table that use the AxoNN grid (gx x gy x gz > 1)."""
+    layouts = np.asarray(layouts)
+    return np.prod(layouts[:, [COLUMNS.index(g) for g in GRID]], axis=1) > 1
 
 
 def parallel_of(row, placements=PLACEMENTS) -> Parallel:
@@ -203,10 +269,16 @@ def _axes(batched) -> Parallel:
     return Parallel(**{f: (0 if f in batched else None) for f in Parallel.__dataclass_fields__})
 
 
+def _batched(features) -> tuple:
+    """The outer fields that vary between rows: KEYS, less gx, gy, gz when no row has the
+    AxoNN grid (then they stay scalars of 1, and the program is the one without the grid)."""
+    return KEYS if "axonn" in features else _NO_GRID
+
+
 def _grid_predict_impl(model, parallel, system, training, temperature, features):
     """predict_step on an [outer, inner] grid: outer fields [n_o], inner fields [24]."""
     f = jax.vmap(predict_step, in_axes=(None, _axes(INNER), None, None, None, None))
-    f = jax.vmap(f, in_axes=(None, _axes(KEYS), None, None, None, None))
+    f = jax.vmap(f, in_axes=(None, _axes(_batched(features)), None, None, None, None))
     return f(model, parallel, system, training, temperature, features)
 
 
@@ -219,7 +291,7 @@ _grid_predict_cpu_quick = jax.jit(_grid_predict_impl, static_argnames=_STATIC,
 
 
 def _factor(rows: np.ndarray, codes: np.ndarray):
-    """(outer keys [n_o, 9], cell index of each row in the [n_o, 24] grid).
+    """(outer keys [n_o, len(KEYS)], cell index of each row in the [n_o, 24] grid).
 
     One outer key (degrees, ORDERS index of the placement) per run of rows with equal keys:
     exact for any table (a key repeated in two runs is evaluated twice), one key per degree
@@ -241,8 +313,10 @@ def _outer_per_chunk(chunk: int, n_outer: int, n_dev: int) -> int:
     return per * n_dev
 
 
-def _chunk_parallel(keys: np.ndarray, dtype) -> Parallel:
-    fields = {c: np.asarray(keys[:, i], dtype=dtype) for i, c in enumerate(KEYS)}
+def _chunk_parallel(keys: np.ndarray, dtype, features=frozenset()) -> Parallel:
+    """The outer keys of one call as a Parallel: the `_batched(features)` columns [n], the
+    inner grid [24]; the kernel must be called with the same `features`."""
+    fields = {c: np.asarray(keys[:, KEYS.index(c)], dtype=dtype) for c in _batched(features)}
     inner = {c: np.asarray(INNER_GRID[:, i], dtype=dtype) for i, c in enumerate(INNER)}
     return Parallel(**fields, **inner, dp_overlap=np.asarray(1.0, dtype),
                     tp_overlap=np.asarray(0.0, dtype))
@@ -266,7 +340,8 @@ def _kernel(devices, optimize=True):
     whole = NamedSharding(mesh, PartitionSpec())
 
     def run(model, parallel, system, training, temperature, features):
-        spec = jax.tree.map(lambda ax: split if ax == 0 else whole, _axes(KEYS))
+        spec = jax.tree.map(lambda ax: split if ax == 0 else whole,
+                            _axes(_batched(features)))
         return fn(jax.device_put(model, whole), jax.device_put(parallel, spec),
                   jax.device_put(system, whole), jax.device_put(training, whole),
                   temperature=temperature, features=features)
@@ -275,7 +350,7 @@ def _kernel(devices, optimize=True):
 
 
 def _grid(layouts, placements, chunk, n_dev):
-    """(padded outer keys [n_o, 9], cell index of each row, outer rows per call)."""
+    """(padded outer keys [n_o, len(KEYS)], cell index of each row, outer rows per call)."""
     keys, cell = _factor(layouts, _placement_codes(placements))
     per = _outer_per_chunk(chunk, len(keys), n_dev)
     pad = -(-len(keys) // per) * per - len(keys)
@@ -283,8 +358,8 @@ def _grid(layouts, placements, chunk, n_dev):
 
 
 def _table_features(model, keys) -> frozenset:
-    """predict.features_of for a table's outer keys (its ep and cp columns; no AxoNN grid)."""
-    cols = {c: keys[:, KEYS.index(c)] for c in ("ep", "cp")}
+    """predict.features_of for a table's outer keys (its ep, cp, gx, gy, gz columns)."""
+    cols = {c: keys[:, KEYS.index(c)] for c in ("ep", "cp", *GRID)}
     return features_of(model, Parallel(**cols))
 
 
@@ -296,7 +371,7 @@ def _evaluate(args, keys, per, temperature, devices, optimize, progress) -> list
     fn = _kernel(devices, optimize)
     outs = []
     for i in range(0, len(keys), per):
-        parallel = _chunk_parallel(keys[i:i + per], dtype)
+        parallel = _chunk_parallel(keys[i:i + per], dtype, features)
         outs.append(fn(model, parallel, system, training, temperature, features))
         if progress is not None:
             jax.block_until_ready(outs[-1])
@@ -424,8 +499,8 @@ def _soft_scores_impl(model, keys, system, training, tau, smooth, features):
     dtype = keys.dtype
 
     def one(k):
-        parallel = _chunk_parallel(np.zeros((0, len(KEYS))), dtype)
-        parallel = parallel.replace(**{c: k[:, i] for i, c in enumerate(KEYS)})
+        parallel = _chunk_parallel(np.zeros((0, len(KEYS))), dtype, features)
+        parallel = parallel.replace(**{c: k[:, KEYS.index(c)] for c in _batched(features)})
         r = _grid_predict_impl(model, parallel, system, training, smooth, features)
         return jnp.log(r.step_time_s) + jax.nn.softplus(-r.fit_margin_frac / tau)
 

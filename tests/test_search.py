@@ -2,11 +2,13 @@
 soft search, sharding over devices, and `diffperf search`.
 
 The exhaustive reference is a plain Python loop of `diffperf.predict` over the same candidate
-table (GPT-2 small on 4 devices: ~1,100 layouts, so the loop is cheap).
+table (GPT-2 small on 4 devices: ~1,100 layouts, and 336 more on the AxoNN grid, so the loop
+is cheap).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -21,8 +23,9 @@ import pytest
 from diffperf import Parallel, SpecError, load_model, load_system, predict, training
 from diffperf.api import _as_float
 from diffperf.cli.main import main
-from diffperf.search import (COLUMNS, enumerate_layouts, pareto_front, parallel_of, ranked,
-                             search, soft_best)
+from diffperf.axonn_search import axonn_grids
+from diffperf.search import (COLUMNS, axonn_mask, enumerate_layouts, pareto_front, parallel_of,
+                             ranked, search, soft_best)
 from diffperf.specs.batch import anonymous
 from diffperf.specs.validate import check_layout
 
@@ -46,20 +49,32 @@ def result(table):
     return search(MODEL, SYSTEM, TRAINING, table)
 
 
-@pytest.fixture(scope="module")
-def exhaustive(table):
-    """(step time, fits) of every row by `diffperf.predict`, one call per layout.
+@functools.cache
+def _reference():
+    """`predict` under jit (inputs are tracers, so it skips validation: every row passed
+    check_layout) with the search kernel's XLA:CPU options, which change no result but
+    compile ~2x faster: one scalar compile serves every row (placement and grid are leaves)."""
+    return jax.jit(lambda *args: predict(*args),
+                   compiler_options=search_module._CPU_COMPILER_OPTIONS)
 
-    `predict` under jit (inputs are tracers, so it skips validation: every row passed
-    check_layout above) with the search kernel's XLA:CPU options, which change no result
-    but compile ~2x faster: one scalar compile per placement order.
-    """
-    reference = jax.jit(lambda *args: predict(*args),
-                        compiler_options=search_module._CPU_COMPILER_OPTIONS)
+
+def _predict_rows(rows):
+    """(step time, fits) of every row by `diffperf.predict`, one call per layout."""
     args = _as_float((anonymous(MODEL), anonymous(SYSTEM), anonymous(TRAINING)))
-    out = [reference(args[0], _as_float(parallel_of(row)), *args[1:]) for row in table]
+    out = [_reference()(args[0], _as_float(parallel_of(row)), *args[1:]) for row in rows]
     return (np.array([float(r.step_time_s) for r in out]),
             np.array([bool(r.fits) for r in out]))
+
+
+@pytest.fixture(scope="module")
+def exhaustive(table):
+    return _predict_rows(table)
+
+
+@pytest.fixture(scope="module")
+def grid_table():
+    """The table with the AxoNN layouts appended (axonn=True)."""
+    return enumerate_layouts(MODEL, N_DEVICES, GLOBAL_BATCH, axonn=True)
 
 
 def _batch(table):
@@ -74,11 +89,15 @@ def test_every_enumerated_layout_passes_check_layout():
     for name, n, batch in (("gpt3-175b", 1024, 1536), ("mixtral-8x7b", 64, 256),
                            ("llama3-8b", 16, 64)):
         model = load_model(name)
-        t = enumerate_layouts(model, n, batch)
+        t = enumerate_layouts(model, n, batch, axonn=True)
         check_layout(model, _batch(t), np.full(len(t), float(n)))  # raises on the first bad row
         assert (t[:, COLUMNS.index("global_batch")] == batch).all()
         sp, tp = t[:, COLUMNS.index("sequence_parallel")], t[:, 0]
         assert not ((sp == 1) & (tp == 1)).any()  # SP only with tp > 1
+        # The AxoNN grid: dense models only (llama3-8b's GQA included), after the other rows.
+        grid = axonn_mask(t)
+        assert grid.any() == (name != "mixtral-8x7b")
+        assert not np.any(np.diff(grid.astype(int)) < 0)
     assert t[:, COLUMNS.index("ep")].max() == 1  # dense model: no expert parallelism
     moe = enumerate_layouts(load_model("mixtral-8x7b"), 64, 256)
     assert set(np.unique(moe[:, COLUMNS.index("ep")])) == {1, 2, 4, 8}  # divisors of 8 experts
@@ -100,9 +119,32 @@ def test_enumeration_equals_brute_force(table):
             except SpecError:
                 continue
             for z, r, sp in itertools.product(range(4), range(3), range(2 if tp > 1 else 1)):
-                expected.add((tp, pp, dp, cp, 1, vp, mb, GLOBAL_BATCH, z, r, sp))
+                expected.add((tp, pp, dp, cp, 1, vp, mb, GLOBAL_BATCH, 1, 1, 1, z, r, sp))
     got = {tuple(int(v) for v in row[:-1]) for row in table[table[:, -1] == 0]}
     assert got == expected
+
+
+def test_axonn_layouts_are_every_valid_grid_after_the_other_rows(table, grid_table):
+    """axonn=True appends, to the unchanged table, every (gx, gy, gz, dp, micro_batch) that
+    check_layout accepts with tp = pp = 1 (found by trying every micro-batch on every grid of
+    axonn_grids), times every ZeRO stage and recompute mode, without sequence parallelism, in
+    TP's slot of Megatron's order (the second order gives the same strides when pp = 1)."""
+    assert (grid_table[:len(table)] == table).all() and not axonn_mask(table).any()
+    grid = grid_table[len(table):]
+    assert len(grid) and axonn_mask(grid).all() and (grid[:, -1] == 0).all()
+    check_layout(MODEL, _batch(grid), np.full(len(grid), float(N_DEVICES)))
+    expected = set()
+    for gx, gy, gz, dp in axonn_grids(MODEL, N_DEVICES, GLOBAL_BATCH):
+        for mb in range(1, GLOBAL_BATCH + 1):
+            p = Parallel(gx=gx, gy=gy, gz=gz, dp=dp, micro_batch=mb, global_batch=GLOBAL_BATCH)
+            try:
+                check_layout(MODEL, p, N_DEVICES)
+            except SpecError:
+                continue
+            if gx * gy * gz > 1:
+                expected |= {(1, 1, dp, 1, 1, 1, mb, GLOBAL_BATCH, gx, gy, gz, z, r, 0)
+                             for z, r in itertools.product(range(4), range(3))}
+    assert {tuple(int(v) for v in row[:-1]) for row in grid} == expected
 
 
 def test_placements_only_where_they_change_the_strides(table):
@@ -157,6 +199,26 @@ def test_best_layout_is_the_exhaustive_argmin(table, result, exhaustive):
     order = ranked(result)
     assert np.all(np.diff(result.step_time_s[order]) >= 0)
     assert len(order) == fits.sum()
+
+
+def test_axonn_search_equals_predict_and_finds_the_exhaustive_argmin(table, grid_table, result,
+                                                                   exhaustive):
+    """With the AxoNN rows the search evaluates the grid's terms for every row (one kernel):
+    the other rows keep their numbers, every grid row matches `predict`, and the best layout
+    (and the best grid layout) is the exhaustive argmin over the same candidates."""
+    both = search(MODEL, SYSTEM, TRAINING, grid_table)
+    n = len(table)
+    np.testing.assert_allclose(both.step_time_s[:n], result.step_time_s, rtol=1e-6)
+    assert (both.fits[:n] == result.fits).all()
+    g_step, g_fits = _predict_rows(grid_table[n:])
+    np.testing.assert_allclose(both.step_time_s[n:], g_step, rtol=1e-5)
+    assert (both.fits[n:] == g_fits).all() and 0 < g_fits.sum() < len(g_fits)
+    step, fits = np.concatenate([exhaustive[0], g_step]), np.concatenate([exhaustive[1], g_fits])
+    order = ranked(both)
+    for candidates in (np.arange(len(step)), np.arange(n, len(step))):
+        best = order[np.isin(order, candidates)][0]
+        hard = np.min(step[candidates][fits[candidates]])
+        assert fits[best] and step[best] <= hard * (1 + 1e-6)  # ties may go either way
 
 
 def test_pareto_front():
@@ -311,6 +373,32 @@ def test_cli_search_json(capsys, table):
     parts = ranked_[0]["breakdown"]
     assert abs(sum(v for k, v in parts.items() if "hidden" not in k) - steps[0]) < 1e-5 * steps[0]
     assert data["pareto"] and data["pareto"][0]["step_time_s"] == pytest.approx(steps[0])
+
+
+def test_cli_search_axonn_json_and_table(capsys, grid_table):
+    """`diffperf search --axonn` adds the grid layouts; JSON and the table show gx, gy, gz."""
+    args = ["search", "--model", "gpt-small", "--gpus", str(N_DEVICES), "--global-batch",
+            str(GLOBAL_BATCH), "--top", "3", "--no-cache", "--axonn"]
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["axonn"] is True and data["evaluated"] == len(grid_table)
+    assert data["axonn_layouts"] == int(axonn_mask(grid_table).sum()) > 0
+    layouts = [e["layout"] for e in data["ranked"] + data["pareto"]]
+    assert all(lay["gx"] * lay["gy"] * lay["gz"] * lay["tp"] * lay["pp"] * lay["dp"]
+               * lay["cp"] == N_DEVICES for lay in layouts)
+    # The grid rows are ranked with the others: the fastest grid layout that fits, in JSON.
+    assert main([*args, "--top", str(data["feasible"]), "--json"]) == 0
+    ranked_ = json.loads(capsys.readouterr().out)["ranked"]
+    grid = [r["layout"] for r in ranked_ if r["layout"]["gx"] * r["layout"]["gy"]
+            * r["layout"]["gz"] > 1]
+    assert grid and all(lay["tp"] == lay["pp"] == 1 and lay["sequence_parallel"] == 0
+                        for lay in grid)
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert all(f" {c} " in out for c in ("gx", "gy", "gz")) and "on the AxoNN grid" in out
+    assert main(args[:-1] + ["--json"]) == 0  # default: no grid rows
+    data = json.loads(capsys.readouterr().out)
+    assert data["axonn"] is False and data["axonn_layouts"] == 0
 
 
 def test_cli_search_table_and_errors(capsys):

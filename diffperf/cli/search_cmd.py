@@ -23,10 +23,10 @@ def add_parser(sub):
     p = sub.add_parser("search", help="best parallel layouts: every valid one, evaluated batched",
                        description=(
         "Enumerate every valid layout (tp, pp, dp, cp, ep, vp, micro-batch, ZeRO stage, "
-        "recompute, sequence parallelism, placement), predict them all in one jitted batched "
-        "computation, drop those that do not fit, and print the fastest ones and the Pareto "
-        "front of step time vs memory. With no options: GPT-3 175B on 1024 A100 80 GB, "
-        "global batch 1536."))
+        "recompute, sequence parallelism, placement; with --axonn also the AxoNN 3D tensor "
+        "grid gx, gy, gz), predict them all in one jitted batched computation, drop those "
+        "that do not fit, and print the fastest ones and the Pareto front of step time vs "
+        "memory. With no options: GPT-3 175B on 1024 A100 80 GB, global batch 1536."))
     add_model_system(p)
     p.add_argument("--gpus", type=int, default=1024, help="number of devices (default 1024)")
     p.add_argument("--global-batch", dest="global_batch", type=int, default=1536,
@@ -34,6 +34,8 @@ def add_parser(sub):
     p.add_argument("--top", type=int, default=10, help="layouts to list (default 10)")
     p.add_argument("--placements", default=None, help="comma-separated rank orders, innermost "
                    "first (default: tp-cp-dp-pp,tp-cp-pp-dp)")
+    p.add_argument("--axonn", action="store_true", help="also enumerate the AxoNN 4D layouts "
+                   "(3D tensor grid gx x gy x gz x dp, tp = pp = 1; Singh et al. SC24)")
     p.add_argument("--chunk", type=int, default=None, help="layouts per batched call")
     p.add_argument("--no-cache", action="store_true", help="do not keep compiled code in "
                    "the persistent cache (~/.cache/diffperf/jax)")
@@ -137,13 +139,14 @@ def _entry(result, i, row, placements, rank=None) -> dict:
     return out
 
 
-def _rows(result, idx, layouts, placements, parts, moe):
+def _rows(result, idx, layouts, placements, parts, moe, grid=False):
     rows = []
     for rank, i in enumerate(idx, 1):
         lay = layout_dict(layouts[i], placements)
         cells = [rank, fmt(result.step_time_s[i]), fmt(result.memory.total_bytes[i] / 2**30),
                  f"{100 * float(result.mfu[i]):.1f}", lay["tp"], lay["pp"], lay["dp"], lay["cp"]]
         cells += [lay["ep"]] if moe else []
+        cells += [lay["gx"], lay["gy"], lay["gz"]] if grid else []
         cells += [lay["vp"], lay["micro_batch"], lay["zero_stage"], lay["recompute"],
                   lay["sequence_parallel"], lay["placement"]]
         cells += [fmt(getattr(result.breakdown, k)[i]) for k in parts]
@@ -151,10 +154,10 @@ def _rows(result, idx, layouts, placements, parts, moe):
     return rows
 
 
-def _columns(parts, moe):
+def _columns(parts, moe, grid=False):
     return ("#", "step_time_s", "mem_GiB", "MFU_%", "tp", "pp", "dp", "cp",
-            *(("ep",) if moe else ()), "vp", "mb", "zero", "recompute", "sp", "placement",
-            *parts)
+            *(("ep",) if moe else ()), *(("gx", "gy", "gz") if grid else ()), "vp", "mb",
+            "zero", "recompute", "sp", "placement", *parts)
 
 
 def _wide():
@@ -166,11 +169,12 @@ def _wide():
 
 def render(model, system, args, layouts, placements, result, top, front, seconds):
     from diffperf.result import EXPOSED_PARTS
-    from diffperf.search import COLUMNS
+    from diffperf.search import COLUMNS, axonn_mask
 
     out = _wide()
     n, feasible = len(layouts), int(np.sum(result.fits))
     moe = bool(np.any(layouts[:, COLUMNS.index("ep")] > 1))
+    n_grid = int(np.sum(axonn_mask(layouts)))
     head = (f"{model.name} on {args.gpus} x {system.name}, global batch {args.global_batch}")
     if not len(top):
         i = int(np.argmin(result.memory.total_bytes))
@@ -182,23 +186,27 @@ def render(model, system, args, layouts, placements, result, top, front, seconds
         mean = {k: float(np.mean(getattr(result.breakdown, k)[top])) for k in EXPOSED_PARTS}
         parts = sorted(EXPOSED_PARTS, key=lambda k: -mean[k])[:_N_PARTS]
         out.print(table(f"fastest {len(top)} of {feasible:,} layouts that fit: {head}",
-                        _columns(parts, moe), _rows(result, top, layouts, placements, parts,
-                                                    moe)))
+                        _columns(parts, moe, n_grid > 0),
+                        _rows(result, top, layouts, placements, parts, moe, n_grid > 0)))
         shown = front[np.unique(np.linspace(0, len(front) - 1, _FRONT_ROWS).round().astype(int))]
         note = f" ({len(shown)} of {len(front)} points; --json lists all)" if len(
             shown) < len(front) else ""
         out.print(table(f"Pareto front: step time vs memory per device{note}",
-                        _columns((), moe), _rows(result, shown, layouts, placements, (), moe)))
-    out.print(f"evaluated {n:,} layouts ({feasible:,} fit) in {seconds:.2f} s, "
+                        _columns((), moe, n_grid > 0),
+                        _rows(result, shown, layouts, placements, (), moe, n_grid > 0)))
+    grid = f", {n_grid:,} of them on the AxoNN grid" if args.axonn else ""
+    out.print(f"evaluated {n:,} layouts{grid} ({feasible:,} fit) in {seconds:.2f} s, "
                   f"compilation included ({n / seconds:,.0f} layouts/s)")
 
 
 def run(args) -> int:
-    from diffperf.search import DEFAULT_CHUNK, enumerate_layouts, pareto_front, ranked, search
+    from diffperf.search import (DEFAULT_CHUNK, axonn_mask, enumerate_layouts, pareto_front,
+                                 ranked, search)
 
     model, system, train, placements = build(args)
     start = time.perf_counter()
-    layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements)
+    layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements,
+                                axonn=args.axonn)
     if not args.no_cache:
         _enable_cache()
     with _progress(not args.json) as progress:
@@ -214,6 +222,7 @@ def run(args) -> int:
             model=model.name, system=system.name, gpus=args.gpus,
             global_batch=args.global_batch, seq_len=float(model.seq_len),
             placements=["-".join(p) for p in placements], evaluated=len(layouts),
+            axonn=args.axonn, axonn_layouts=int(np.sum(axonn_mask(layouts))),
             feasible=int(len(fit)), seconds=seconds,
             ranked=[_entry(result, i, layouts[i], placements, r) for r, i in enumerate(top, 1)],
             pareto=[_entry(result, i, layouts[i], placements) for i in front]))

@@ -9,9 +9,10 @@ diffperf's version: the best Megatron-style 3D layout (tp x pp x dp, no CP, ZeRO
 distributed optimizer) and the best layout of diffperf's whole space (CP and ZeRO-2/3 added)
 for 20B- and 80B-class GPT models (Narayanan et al.'s 18.4B and 76.1B) on a Perlmutter-like
 A100 system (configs/systems/perlmutter-a100.yaml: 4 GPUs per node), and, where `Parallel`
-carries the AxoNN grid (gx, gy, gz), the best AxoNN 4D layout (every valid grid x micro-batch
-x recompute x ZeRO over data, predicted with overlap on). Without the grid the AxoNN series is
-reported as pending. Both are set beside the published AxoNN figure and the Megatron-LM
+carries the AxoNN grid (gx, gy, gz), the best AxoNN 4D layout (the grid rows of
+`search.enumerate_layouts(..., axonn=True)`: every valid grid x micro-batch x recompute x ZeRO
+0-1 over data, searched with overlap on). Without the grid the AxoNN series is reported as
+pending. Both are set beside the published AxoNN figure and the Megatron-LM
 figure it implies (178 / 1.26 = 141 TFLOP/s per GPU).
 """
 
@@ -19,18 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-import jax
-import jax.numpy as jnp
-
-from diffperf.api import _as_float
-from diffperf.predict import predict_step
-from diffperf.search import PLACEMENTS
-from diffperf.specs.batch import anonymous
+from diffperf.search import PLACEMENTS, axonn_mask, enumerate_layouts, search
 from diffperf.specs.parallel import Parallel
-from diffperf.specs.training import Training
-from diffperf.studies.common import (QUICK_PLACEMENTS, StudyResult, column, columns_of,
-                                     quick_jit, result_summary, row_summary,
-                                     search_layouts)
+from diffperf.studies.common import (QUICK_PLACEMENTS, STUDY_CHUNK, StudyResult, column,
+                                     columns_of, row_summary, search_layouts)
 
 NAME = "axonn"
 TITLE = "AxoNN 4D vs Megatron-LM 3D on a Perlmutter-like A100 system (Singh et al.)"
@@ -44,60 +37,21 @@ QUICK_CASES = (("megatron-76.1b", 1024, 1792),)
 AXONN_80B_TFLOPS = 178.0
 AXONN_SPEEDUP = 1.26
 SERIES = ("megatron_3d", "any", "axonn_4d")
-AXONN_COLUMNS = ("gx", "gy", "gz", "dp", "micro_batch", "recompute", "zero_stage")
-_AXONN_PAD = 2048  # AxoNN layouts per padded batch: one compilation for every case
+AXONN_ZERO = (0, 1)  # ZeRO over the data-parallel ranks: none, or the distributed optimizer
 
 
 def axonn_available() -> bool:
-    """True once `Parallel` has the AxoNN 3D tensor grid (gx, gy, gz) and diffperf can
-    enumerate its grids (diffperf.axonn_search)."""
-    if not all(f in Parallel.__dataclass_fields__ for f in ("gx", "gy", "gz")):
-        return False
-    try:
-        from diffperf.axonn_search import axonn_grids  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """True once `Parallel` has the AxoNN 3D tensor grid (gx, gy, gz), whose layouts the search
+    enumerates (search.enumerate_layouts(..., axonn=True))."""
+    return all(f in Parallel.__dataclass_fields__ for f in ("gx", "gy", "gz"))
 
 
 def axonn_layouts(model, n_gpus, global_batch) -> np.ndarray:
     """Every AxoNN 4D layout: valid grids (gx, gy, gz, dp) x micro-batches dividing the batch
-    of one (z, data) slice x recompute (none, selective, full) x ZeRO (0, 1 over data), as an
-    int table with columns AXONN_COLUMNS."""
-    from diffperf.axonn_search import axonn_grids
-
-    rows = []
-    for gx, gy, gz, dp in axonn_grids(model, n_gpus, global_batch):
-        per_slice = global_batch // (dp * gz)
-        for b in (d for d in range(1, per_slice + 1) if per_slice % d == 0):
-            rows += [(gx, gy, gz, dp, b, r, z) for r in range(3) for z in range(2)]
-    return np.asarray(rows, dtype=np.int64)
-
-
-def _predict_many_impl(model, parallel, system, training):
-    axes = Parallel(**{f: (0 if f in AXONN_COLUMNS else None)
-                       for f in Parallel.__dataclass_fields__})
-    return jax.vmap(predict_step, in_axes=(None, axes, None, None, None))(
-        model, parallel, system, training, None)
-
-
-_predict_many = quick_jit(_predict_many_impl)
-
-
-def axonn_predictions(model, system, table, global_batch, training=None):
-    """`predict` of every row of an AxoNN layout table (a Result of numpy arrays)."""
-    training = Training() if training is None else training
-    n = len(table)
-    padded = np.concatenate([table, np.repeat(table[-1:], -n % _AXONN_PAD, axis=0)])
-    dtype = jnp.result_type(float)
-    args = _as_float((anonymous(model), anonymous(system), anonymous(training)))
-    outs = []
-    for i in range(0, len(padded), _AXONN_PAD):
-        chunk = padded[i:i + _AXONN_PAD]
-        cols = {c: np.asarray(chunk[:, j], dtype) for j, c in enumerate(AXONN_COLUMNS)}
-        parallel = _as_float(Parallel(**cols, global_batch=global_batch, axonn_overlap=1))
-        outs.append(_predict_many(args[0], parallel, args[1], args[2]))
-    return jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs])[:n], *outs)
+    of one (z, data) slice x recompute (none, selective, full) x ZeRO (0, 1 over data), as a
+    search table (columns search.COLUMNS; tp = pp = 1)."""
+    table = enumerate_layouts(model, n_gpus, global_batch, zero_stages=AXONN_ZERO, axonn=True)
+    return table[axonn_mask(table)]
 
 
 def inputs(quick=False) -> dict:
@@ -122,7 +76,7 @@ def run(models: dict, systems: dict, *, quick=False, training=None) -> StudyResu
     system = systems[SYSTEM]
     placements = QUICK_PLACEMENTS if quick else PLACEMENTS
     available = axonn_available()
-    status = ("modeled (Parallel gx, gy, gz; diffperf.axonn_search grids)" if available
+    status = ("modeled (Parallel gx, gy, gz; search.enumerate_layouts(axonn=True))" if available
               else "pending: Parallel has no gx/gy/gz grid yet")
     peak = float(system.matmul_flops_per_s) / 1e12
     rows = []
@@ -156,13 +110,12 @@ def run(models: dict, systems: dict, *, quick=False, training=None) -> StudyResu
 def _axonn_rows(name, model, system, n, B, training, peak, status) -> list:
     """The best AxoNN 4D layout that fits, as one row (none when nothing fits)."""
     table = axonn_layouts(model, n, B)
-    result = axonn_predictions(model, system, table, B, training)
+    result = search(model, system, training, table, chunk=STUDY_CHUNK, validate=False)
     step = np.where(result.fits, result.step_time_s, np.inf)
     i = int(np.argmin(step))
     if not np.isfinite(step[i]):
         return []
-    r = dict(zip(AXONN_COLUMNS, (int(v) for v in table[i]))) | dict(tp=1, pp=1, cp=1)
-    r |= result_summary(result, i)
+    r = row_summary(table, result, i)
     tflops = r["model_flops"] / r["step_time_s"] / n / 1e12
     return [dict(model=name, series="axonn_4d", gpus=n, global_batch=B,
                  model_tflops_per_gpu=tflops,
