@@ -164,7 +164,13 @@ def _tp_host_sync_s(parallel, n_f, n_b, e):
 
 def _layer_parts(model, parallel, system, training, temperature, features=FEATURES):
     """Named seconds of one layer, one micro-batch, forward + backward (+ recompute), and
-    the (forward, backward) times used as overlap windows."""
+    the (forward, backward) windows left for the DP / ZeRO collectives:
+
+        free_f = t_f - hidden_f,   free_b = t_b - hidden_b
+    the layer's time less the TP, CP, EP and AxoNN communication already hidden in it: a GPU
+    runs one NCCL kernel at a time (Megatron-LM sets CUDA_DEVICE_MAX_CONNECTIONS=1 so that
+    its communication kernels are issued in order), so two collectives cannot hide behind the
+    same compute [D]."""
     e = system.eff
     ops = layer_ops(model, parallel, training)
     dense, attn, other = layer_times_s(ops, system, training,
@@ -212,7 +218,7 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
                  overlap_slowdown_s=e.overlap_slowdown * (hidden_f + hidden_b),
                  tp_hidden_s=tp_fh + tp_bh, cp_hidden_s=cp_fh + cp_bh, ep_hidden_s=ep_fh + ep_bh,
                  axonn_hidden_s=ax_fh + ax_bh)
-    return parts, t_f, t_b
+    return parts, jnp.maximum(t_f - hidden_f, 0.0), jnp.maximum(t_b - hidden_b, 0.0)
 
 
 def _head_parts(model, parallel, system, training, temperature):
@@ -319,7 +325,8 @@ def predict_step(model, parallel, system, training, temperature=None,
     `features` (static, a subset of FEATURES) leaves out the terms of the others, which must
     be 0 for these specs (`features_of`): a smaller program, same result.
     """
-    layer, t_f, t_b = _layer_parts(model, parallel, system, training, temperature, features)
+    layer, free_f, free_b = _layer_parts(model, parallel, system, training, temperature,
+                                         features)
     first, last = _head_parts(model, parallel, system, training, temperature)
     layers = model.n_layers / parallel.pp
     body = {k: layers * v for k, v in layer.items()}
@@ -331,8 +338,8 @@ def predict_step(model, parallel, system, training, temperature=None,
     crit = {k: m * (body[k] + w_first * first[k] + w_last * last[k]) for k in _PARTS}
     send = send_recv_s(pp_message_bytes(model, parallel, training), parallel.pp,
                        stride(_placed(parallel), "pp"), system)
-    dp_exposed, dp_hidden, _, own = _dp_parts(model, parallel, system, training, t_f, t_b,
-                                              temperature, features)
+    dp_exposed, dp_hidden, _, own = _dp_parts(model, parallel, system, training, free_f,
+                                              free_b, temperature, features)
     breakdown = Breakdown(
         **{k: crit[k] for k in _PARTS}, pp_exposed_s=p2p_exposed_s(send, parallel),
         dp_exposed_s=dp_exposed, dp_hidden_s=dp_hidden, bubble_s=bubble,

@@ -399,14 +399,6 @@ def _largest_volume_span(model, parallel):
 # PAPERS.md 6, AxoNN (ii): the modeled-best grid puts the group carrying the largest volume on
 # the innermost (NVLink) dimension. A 20B-class GPT (Narayanan et al.'s 18.4B) on Perlmutter
 # nodes of 4 A100 (one NIC per GPU), 16-64 GPUs, global batch 4 per GPU.
-_SEARCH_OVERLAP = (
-    "modeling issue (predict.py / schedule/overlap.py): AxoNN's hidden Z collectives and the "
-    "DP reduction each hide behind the whole compute time, with no shared window and no shared "
-    "NIC; at 64 GPUs the searched best grid (gx, gy, gz) = (1, 2, 4) with ZeRO-3 hides 3.3 s "
-    "of Z and 2.4 s of DP traffic behind 4.3 s of compute, and so beats (1, 1, 4) with Z on "
-    "NVLink by 1-2%")
-
-
 _GATHERS_ACROSS_NODES = (
     "without recompute or ZeRO only G >= 16 fits in 40 GB, and the hierarchical tier model "
     "(PAPERS.md 4.2) gives a group with 4 members per node all 4 NICs of the node: Z over 16 "
@@ -419,11 +411,13 @@ def _xfail(*values, reason):
                                                          reason=reason))
 
 
-@pytest.mark.parametrize("n_gpus", (16, _xfail(32, reason=_SEARCH_OVERLAP),
-                                    _xfail(64, reason=_SEARCH_OVERLAP)))
+@pytest.mark.parametrize("n_gpus", (16, 32, 64))
 def test_searched_best_axonn_grid_puts_the_largest_volume_on_nvlink(n_gpus):
     """The best AxoNN layout of `search` (every grid, micro-batch, ZeRO stage and recompute
-    mode; one kernel shape for the three GPU counts)."""
+    mode; one kernel shape for the three GPU counts). At 32 and 64 GPUs this holds only
+    because the DP / ZeRO collectives hide behind the layer time that the grid's own hidden
+    collectives leave free (predict._layer_parts): with both hiding behind the whole compute,
+    (1, 2, 4) with Z across two nodes won by 1-2 %."""
     model, system = _model("megatron-18.4b"), _system("perlmutter-a100")
     table = enumerate_layouts(model, n_gpus, 4 * n_gpus, axonn=True)
     table = table[axonn_mask(table)]
