@@ -1058,3 +1058,11 @@ def test_stride_of_an_unplaced_dimension_is_a_bug():
     with pytest.raises(ValueError, match=re.escape("dimension 'vp' is not placed (placed: tp, "
                                                    "cp, dp, pp)")):
         stride(Parallel(), "vp")
+
+
+def test_vocab_pad_to_must_be_a_whole_number():
+    from diffperf.specs.training import training
+
+    with _raises("training.vocab_pad_to=1.5 must be a whole number >= 0 (128: Megatron-LM's "
+                 "padding; 0: no padding)"):
+        training("bf16", vocab_pad_to=1.5)

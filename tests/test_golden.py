@@ -436,6 +436,19 @@ def _pipe(p, m, v):
     return Parallel(pp=p, dp=1, micro_batch=1, global_batch=m, vp=v)
 
 
+def test_vocab_rows_per_rank_padded_or_split():
+    """Megatron-LM pads V up to a multiple of 128 t; vTrain's model code splits V // t."""
+    from diffperf.specs.training import training
+    from diffperf.workload.flops import vocab_rows_per_rank
+
+    gpt = Model(n_layers=96, hidden=12288, ffn_hidden=49152, n_heads=96, n_kv_heads=96,
+                head_dim=128, vocab=50257, seq_len=2048)
+    for pad, tp, want in ((128, 1, 50304), (128, 2, 25216), (128, 8, 6400),
+                          (0, 1, 50257), (0, 2, 25128), (0, 8, 6282), (64, 8, 6336)):
+        rows = vocab_rows_per_rank(gpt, Parallel(tp=tp), training("fp16", vocab_pad_to=pad))
+        assert float(rows) == want, (pad, tp)
+
+
 def test_pp_message_per_rank_megatron_and_axonn_grid():
     """S = b (s/c) h q_a / (t G_x): GPT-3 (h 12288, s 2048), b 2, bf16: 100.7 MB whole;
     tp 8 sends 1/8 (scatter/gather); the AxoNN grid's X ranks hold h / G_x each; Y and Z

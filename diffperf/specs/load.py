@@ -378,6 +378,10 @@ def training_from_name(precision: str = "bf16", where: str = "precision",
     if unknown:
         raise SpecError(f"training: unknown field '{unknown[0]}'"
                         f"{closest(unknown[0], Training.__dataclass_fields__)}")
+    pad = fields.get("vocab_pad_to", 0.0)
+    if not (float(pad) >= 0 and float(pad) == int(float(pad))):
+        raise SpecError(f"training.vocab_pad_to={pad} must be a whole number >= 0 (128: "
+                        f"Megatron-LM's padding; 0: no padding)")
     return Training(**{k: float(v) for k, v in fields.items()}, name=precision)
 
 

@@ -30,6 +30,9 @@ class Training(struct.PyTreeNode):
     loss_bytes_per_logit: Any = 52.0  # HBM bytes per logit element of the fp32 cross-entropy,
                                  # forward + backward (Megatron's vocab-parallel CE: 52;
                                  # PyTorch's fused F.cross_entropy: ~40; see flops.head_ops)
+    vocab_pad_to: Any = 128.0    # the framework pads the vocabulary to a multiple of this x t
+                                 # (Megatron-LM --make-vocab-size-divisible-by, default 128);
+                                 # 0: no padding, each rank takes floor(V / t) rows
     name: str = struct.field(pytree_node=False, default="bf16")
 
 

@@ -154,10 +154,10 @@ def head_ops(model, parallel, training) -> HeadOps:
     """Output layer (logits GEMM, vocab-parallel over t) and loss; embedding lookup.
 
         logits  2 T h V_t FLOP          (PAPERS.md section 5.1, once per micro-batch)
-                V_t = floor(V / t) vocabulary rows per rank (as vTrain's sharded GPT model
-                splits it, `vocab_size // world_size`; a framework that pads the vocabulary,
-                e.g. Megatron-LM to a multiple of 128 t, is described by the padded V). Its
-                alignment sets the GEMM's efficiency (`roofline.alignment_factor`).
+                V_t = `vocab_rows_per_rank`: V padded to a multiple of d t, split over t
+                (Megatron-LM, d = training.vocab_pad_to = 128), or floor(V / t) without
+                padding (d = 0; vTrain's sharded GPT model, `vocab_size // world_size`).
+                Its alignment sets the GEMM's efficiency (`roofline.alignment_factor`).
         loss    q_ce T V / t / 2 bytes per pass (forward and backward: q_ce T V / t)
                 with q_ce = training.loss_bytes_per_logit, the fp32 cross-entropy's HBM
                 traffic per logit element. Megatron-LM's _VocabParallelCrossEntropy, counted
@@ -172,11 +172,26 @@ def head_ops(model, parallel, training) -> HeadOps:
         embed   2 x q_a T h bytes       (gather rows, write activations)
     """
     T = tokens_per_device(model, parallel)
-    t = head_shards(parallel)
-    logits = Gemms(m=jnp.stack([T]), n=jnp.stack([jnp.floor(model.vocab / t + 1e-6)]),
+    rows = vocab_rows_per_rank(model, parallel, training)
+    logits = Gemms(m=jnp.stack([T]), n=jnp.stack([rows]),
                    k=jnp.stack([model.hidden / hidden_shards(parallel)]), count=jnp.stack([1.0]))
     return HeadOps(
         logits=logits,
         embedding_bytes=2.0 * training.activation_bytes * T * model.hidden,
-        loss_bytes=0.5 * training.loss_bytes_per_logit * T * model.vocab / t,
+        loss_bytes=0.5 * training.loss_bytes_per_logit * T * rows,
     )
+
+
+def vocab_rows_per_rank(model, parallel, training):
+    """Vocabulary rows of the output layer on one of the t ranks that split it:
+
+        V_t = ceil(V / (d t)) d     padded (Megatron-LM `_vocab_size_with_padding`: V up to a
+                                    multiple of d t, d = --make-vocab-size-divisible-by = 128)
+        V_t = floor(V / t)          d = 0: no padding (vTrain's sharded GPT model)
+    d = training.vocab_pad_to. Example: V = 50257, t = 8: d = 128 -> 6400 (51200 in all);
+    d = 0 -> 6282. Constant in every System leaf (no gradient flows through the rounding).
+    """
+    t = head_shards(parallel)
+    d = jnp.maximum(training.vocab_pad_to, 1.0)
+    padded = jnp.ceil(model.vocab / (d * t) - 1e-6) * d
+    return jnp.where(training.vocab_pad_to > 0, padded, jnp.floor(model.vocab / t + 1e-6))
