@@ -308,7 +308,8 @@ def _flops_per_step(model, parallel, training):
     ops = layer_ops(model, unit, training)
     dense = jnp.sum(ops.dense.flops)
     attn = jnp.sum(ops.attention.flops)
-    logits = jnp.sum(head_ops(model, unit, training).logits.flops)
+    # The model's own vocabulary V: padding rows (Training.vocab_pad_to) are not model work.
+    logits = jnp.sum(head_ops(model, unit, training.replace(vocab_pad_to=0.0)).logits.flops)
     B, L = parallel.global_batch, model.n_layers
     model_flops = 3.0 * B * (L * (dense + attn) + logits)
     full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
