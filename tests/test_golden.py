@@ -436,6 +436,21 @@ def _pipe(p, m, v):
     return Parallel(pp=p, dp=1, micro_batch=1, global_batch=m, vp=v)
 
 
+def test_gemm_alignment_bytes_and_factor():
+    """Leading dimensions in bytes: the largest power of two dividing them, capped at 16 B (one
+    128-bit vector load); the factor (a / 16)^gamma of the worse of n and k; an empty
+    dimension counts as aligned."""
+    from diffperf.costs.roofline import alignment_bytes, alignment_factor
+
+    dims = np.array([50257, 25128, 12564, 6282, 1024, 0, 3])
+    np.testing.assert_array_equal(np.asarray(alignment_bytes(dims, 2.0)),
+                                  [2, 16, 8, 4, 16, 16, 2])
+    np.testing.assert_array_equal(np.asarray(alignment_bytes(dims, 4.0)),
+                                  [4, 16, 16, 8, 16, 16, 4])
+    phi = alignment_factor(np.array([50257.0, 6400.0]), np.array([12288.0, 12288.0]), 2.0, 0.4)
+    np.testing.assert_allclose(np.asarray(phi), [(2 / 16) ** 0.4, 1.0], rtol=1e-6)
+
+
 def test_vocab_rows_per_rank_padded_or_split():
     """Megatron-LM pads V up to a multiple of 128 t; vTrain's model code splits V // t."""
     from diffperf.specs.training import training

@@ -37,11 +37,10 @@ def alignment_bytes(dim, elem_bytes):
     Example: dim 50257, q 2 -> 2 (odd); 12564, q 2 -> 8; 6282 -> 4; 1024 -> 16.
     A property of the (integer) shape, constant in every System leaf.
     """
-    nbytes = jnp.round(dim) * elem_bytes
-    a = jnp.ones_like(nbytes)
-    for p in (2.0, 4.0, 8.0, 16.0):
-        a = jnp.where(jnp.mod(nbytes, p) == 0.0, p, a)
-    return a
+    nbytes = jnp.round(jnp.asarray(dim) * elem_bytes).astype(jnp.int32)
+    lowest_bit = jnp.bitwise_and(nbytes, -nbytes)  # 2^v2(x): the largest power of 2 dividing x
+    lowest_bit = jnp.where(nbytes == 0, 16, lowest_bit)  # an empty dimension: nothing to align
+    return jnp.minimum(lowest_bit, 16).astype(jnp.result_type(float))
 
 
 def alignment_factor(n, k, elem_bytes, exponent):
