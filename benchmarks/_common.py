@@ -37,6 +37,6 @@ def batched_parallel(columns, rows, dtype=float):
 
     n = len(rows)
     base = {f: np.full(n, float(getattr(Parallel(), f)), dtype)
-            for f in Parallel.__dataclass_fields__ if f != "order"}
+            for f in Parallel.__dataclass_fields__}
     base |= {c: rows[:, i].astype(dtype) for i, c in enumerate(columns)}
     return Parallel(**base)

@@ -4,7 +4,7 @@
         [--global-batch 1536] [--chunk 131072] [--devices N] [--repeat 5]
 
 Reports, for the full layout table of the job (every placement):
-  * compile: trace + lower + XLA compile of the search kernel, per placement order;
+  * compile: trace + lower + XLA compile of the search kernel (one for every placement);
   * kernel: the jitted chunk calls alone (block_until_ready), the steady-state speed of the
     factored evaluation (search.py docstring);
   * search(): the whole library call warm (chunk calls + host-side gather into rows);
@@ -62,23 +62,22 @@ def main() -> None:
           f"{time.perf_counter() - start:.3f} s")
     m, s, t = _as_float((anonymous(model), anonymous(system), anonymous(Training())))
     n_dev = len(devices) if devices else 1
-    groups = S._groups(table, S.PLACEMENTS, chunk, n_dev)
+    keys, cell, per = S._grid(table, S.PLACEMENTS, chunk, n_dev)
+    features = S._table_features(m, keys)
     kernel = S._kernel(devices, optimize=not args.quick)
     print(f"kernel: {'quick (LLVM -O0)' if args.quick else 'optimized (LLVM -O1)'} XLA:CPU "
           f"options")
     dtype = np.float32
-    chunks = []
-    for order, idx, keys, cell, per in groups:
-        calls = [S._chunk_parallel(keys[i:i + per], order, dtype) for i in range(0, len(keys), per)]
-        start = time.perf_counter()
-        jax.block_until_ready(kernel(m, calls[0], s, t, None))
-        print(f"compile (trace + lower + XLA + first call) {'-'.join(order)}: "
-              f"{time.perf_counter() - start:.2f} s; {len(idx):,} layouts, "
-              f"{len(keys):,} outer rows x 24, calls of {per * 24:,} grid cells")
-        chunks += calls
+    chunks = [S._chunk_parallel(keys[i:i + per], dtype, features)
+              for i in range(0, len(keys), per)]
+    start = time.perf_counter()
+    jax.block_until_ready(kernel(m, chunks[0], s, t, None, features))
+    print(f"compile (trace + lower + XLA + first call), every placement: "
+          f"{time.perf_counter() - start:.2f} s; {len(table):,} layouts, {len(keys):,} outer "
+          f"rows x 24, calls of {per * 24:,} grid cells; features {sorted(features)}")
 
     def run_kernel():
-        jax.block_until_ready([kernel(m, c, s, t, None) for c in chunks])
+        jax.block_until_ready([kernel(m, c, s, t, None, features) for c in chunks])
 
     cells = sum(len(c.tp) * 24 for c in chunks)
     sec = best_of(run_kernel, args.repeat)
@@ -91,15 +90,15 @@ def main() -> None:
           f"gather of the 28 result fields into table order)")
     if args.no_flat:
         return
-    flat = jax.jit(jax.vmap(predict_step, in_axes=(None, 0, None, None, None)),
-                   static_argnums=4)
+    flat = jax.jit(jax.vmap(predict_step, in_axes=(None, 0, None, None, None, None)),
+                   static_argnums=(4, 5))
     n = min(len(table), 1 << 17)
     rows = table[table[:, -1] == 0][:n]
     par = batched_parallel(S.COLUMNS[:-1], rows, dtype)
     start = time.perf_counter()
-    jax.block_until_ready(flat(m, par, s, t, None))
+    jax.block_until_ready(flat(m, par, s, t, None, features))
     compile_s = time.perf_counter() - start
-    sec = best_of(lambda: jax.block_until_ready(flat(m, par, s, t, None)), args.repeat)
+    sec = best_of(lambda: jax.block_until_ready(flat(m, par, s, t, None, features)), args.repeat)
     print(f"flat vmap (default XLA options): compile {compile_s:.2f} s; {len(rows):,} layouts "
           f"in {sec:.3f} s = {len(rows) / sec:,.0f} layouts/s")
 
