@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from diffperf.costs.axonn import axonn_times_s
-from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s,
-                                        reduce_scatter_s, ring_step_s, send_recv_s)
+from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s, ring_group,
+                                        ring_phase_s, ring_step_s, send_recv_s)
 from diffperf.costs.compute import (gemm_times_s, gemms_time_s, layer_times_s, matmul_peak,
                                     memory_time_s)
 from diffperf.costs.smooth import pnorm_max
@@ -269,11 +269,14 @@ def _dp_parts(model, parallel, system, training, t_f, t_b, temperature, features
     for params, lparams, n, s in groups:
         g, w, lw, lg = dp_volumes_bytes(params, lparams, training)
         on = jnp.where(params > 0, 1.0, 0.0)  # no expert group in a dense model
-        reduce_s += on * jnp.where(parallel.zero_stage == 0, all_reduce_s(g, n, s, system),
-                                   reduce_scatter_s(g, n, s, system))
-        gather_s += on * all_gather_s(w, n, s, system)
-        layer_s += on * (2.0 * all_gather_s(lw, n, s, system) + reduce_scatter_s(lg, n, s, system))
-        first_s += on * all_gather_s(lw, n, s, system)
+        ring = ring_group(n, s, system)  # every collective below runs on this group
+        # all-reduce (2 phases) under ZeRO 0, reduce-scatter (1 phase) under ZeRO >= 1
+        phases = jnp.where(parallel.zero_stage == 0, 2.0, 1.0)
+        reduce_s += on * ring_phase_s(ring, g, phases, phases)
+        gather_s += on * ring_phase_s(ring, w, 1.0, 1.0)  # all-gather of the weights
+        # ZeRO-3 per layer pass: 2 all-gathers of the layer's weights, 1 reduce-scatter
+        layer_s += on * (2.0 * ring_phase_s(ring, lw, 1.0, 1.0) + ring_phase_s(ring, lg, 1.0, 1.0))
+        first_s += on * ring_phase_s(ring, lw, 1.0, 1.0)
         own += params / jnp.where(sharded, n, 1.0)
     layers = model.n_layers / parallel.pp
     exposed, hidden = dp_exposed_s(reduce_s, gather_s, layer_s, first_s,

@@ -9,9 +9,46 @@ all-gather, the un-scattered input for reduce-scatter, the send buffer for all-t
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import jax.numpy as jnp
 
 from diffperf.costs.tiers import tier_bandwidths_Bps, tier_ranks
+
+
+class RingGroup(NamedTuple):
+    """The alpha-beta coefficients of ring phases on one group (n ranks, `stride` apart):
+
+        A = sum_i (r_i - 1) alpha_i              (latency of one step around every tier)
+        B = sum_i (r_i - 1)/r_i / (n_{i-1} BW_i eta_i)   (seconds per byte of S)
+    r_i = members per domain i / members per domain i-1 (tiers.tier_ranks), n_{i-1} the
+    members inside one domain of the tier below. Every ring collective on the group is
+    linear in S with these (`ring_phase_s`), so a caller with several collectives on the
+    same group computes them once."""
+
+    latency_s: Any
+    s_per_byte: Any
+    active: Any     # 0 for a group of one rank: it makes no call at all
+    base_s: Any     # t0 = eff.coll_base_s, the fixed cost of one call
+
+
+def ring_group(n, stride, system) -> RingGroup:
+    """`RingGroup` of a group of n ranks `stride` apart on the system's tiers."""
+    ranks = tier_ranks(n, stride, system)
+    bws = tier_bandwidths_Bps(system)
+    latency, per_byte, inner = 0.0, 0.0, 1.0
+    for r, tier, bw in zip(ranks, system.tiers, bws):
+        latency = latency + (r - 1.0) * tier.latency_s
+        per_byte = per_byte + (r - 1.0) / r / (inner * bw)
+        inner = inner * r
+    return RingGroup(latency, per_byte, jnp.where(n > 1.0, 1.0, 0.0), system.eff.coll_base_s)
+
+
+def ring_phase_s(group: RingGroup, S, steps_per_rank, volume_factor):
+    """T = t0 + c A + f S B: c = steps_per_rank (2 for all-reduce, 1 for gather / scatter),
+    f = volume_factor (the same); 0 for a group of one rank."""
+    return group.active * (group.base_s + steps_per_rank * group.latency_s
+                           + volume_factor * S * group.s_per_byte)
 
 
 def _ring_phases_s(S, n, stride, system, steps_per_rank, volume_factor):
@@ -20,18 +57,8 @@ def _ring_phases_s(S, n, stride, system, steps_per_rank, volume_factor):
         T = sum_i [ c (r_i - 1) alpha_i + f (r_i - 1)/r_i * S / n_{i-1} / (BW_i eta_i) ]
 
     with c = steps_per_rank (2 for all-reduce, 1 for gather/scatter) and f = volume_factor.
-    r_i = members per domain i / members per domain i-1 (tiers.tier_ranks).
     """
-    ranks = tier_ranks(n, stride, system)
-    bws = tier_bandwidths_Bps(system)
-    total = 0.0
-    inner = 1.0
-    for r, tier, bw in zip(ranks, system.tiers, bws):
-        total = total + steps_per_rank * (r - 1.0) * tier.latency_s
-        total = total + volume_factor * (r - 1.0) / r * (S / inner) / bw
-        inner = inner * r
-    active = jnp.where(n > 1.0, 1.0, 0.0)  # a size-1 group makes no call at all
-    return active * (total + system.eff.coll_base_s)
+    return ring_phase_s(ring_group(n, stride, system), S, steps_per_rank, volume_factor)
 
 
 def all_reduce_s(S, n, stride, system):
