@@ -18,8 +18,9 @@ from diffperf.workload.cp import cp_kv_bytes
 from diffperf.workload.flops import head_shards, hidden_shards
 
 
-def layer_activation_bytes(model, parallel, training):
-    """Bytes one layer keeps for its backward, one micro-batch, on one device.
+def layer_activation_parts(model, parallel, training):
+    """(bytes one layer keeps for its backward, bytes it rebuilds while its backward runs
+    under full recompute), one micro-batch, on one device:
 
         A = s b h [ (2 q_r + 2 q_a + 2 m_d) / t_sp + q_a (2 + 2 a_kv/a + (2 + g) f/h) / t ]
             + b a (s/c) s (q_a + m_d (1 + q_a)) / t     (scores: no flash, no recompute)
@@ -40,12 +41,19 @@ def layer_activation_bytes(model, parallel, training):
     replicated = sbh * (2.0 * training.residual_bytes + 2.0 * q + 2.0 * md) / t_sp
     sharded = sbh * q * (2.0 + 2.0 * akv / a + (2.0 + model.gated_mlp) * ffn / model.hidden) / t
     scores_elems = parallel.micro_batch * a * (model.seq_len / parallel.cp) * model.seq_len / t
-    keep_scores = (1.0 - training.flash_attention) * jnp.where(parallel.recompute == 0, 1.0, 0.0)
-    scores = keep_scores * scores_elems * (q + md * (1.0 + q))
+    scores = (1.0 - training.flash_attention) * scores_elems * (q + md * (1.0 + q))
     stats = training.flash_attention * 4.0 * parallel.micro_batch * a * model.seq_len / (
         parallel.cp * t)
     full = training.residual_bytes * sbh / t_sp
-    return jnp.where(parallel.recompute == 2, full, replicated + sharded + scores + stats)
+    whole = replicated + sharded + stats  # + scores, which recompute (1, 2) does not keep
+    no_recompute = jnp.where(parallel.recompute == 0, 1.0, 0.0)
+    kept = jnp.where(parallel.recompute == 2, full, whole + no_recompute * scores)
+    return kept, jnp.where(parallel.recompute == 2, whole + scores, 0.0)
+
+
+def layer_activation_bytes(model, parallel, training):
+    """Bytes one layer keeps for its backward (`layer_activation_parts`, first part)."""
+    return layer_activation_parts(model, parallel, training)[0]
 
 
 def layers_in_flight(model, parallel):
@@ -64,10 +72,8 @@ def layers_in_flight(model, parallel):
 
 def working_layer_bytes(model, parallel, training):
     """Extra memory while one layer runs its backward under full recompute: the layer's full
-    activations, rebuilt (one layer, one micro-batch)."""
-    no_recompute = parallel.replace(recompute=jnp.zeros_like(jnp.asarray(parallel.recompute)))
-    full_layer = layer_activation_bytes(model, no_recompute, training)
-    return jnp.where(parallel.recompute == 2, full_layer, 0.0)
+    activations, rebuilt (one layer, one micro-batch; `layer_activation_parts`)."""
+    return layer_activation_parts(model, parallel, training)[1]
 
 
 def cp_kv_buffer_bytes(model, parallel, training):

@@ -49,9 +49,9 @@ def device_memory(model, parallel, system, training) -> Memory:
     first_P, last_P = stage_params_per_device(model, parallel)
     expert_P = stage_expert_params_per_device(model, parallel)
     k = system.eff.act_mem_factor
-    a_layer = k * act.layer_activation_bytes(model, parallel, training)
-    working = k * (act.working_layer_bytes(model, parallel, training)
-                   + act.cp_kv_buffer_bytes(model, parallel, training))
+    kept, rebuilt = act.layer_activation_parts(model, parallel, training)
+    a_layer = k * kept
+    working = k * (rebuilt + act.cp_kv_buffer_bytes(model, parallel, training))
     logits = act.logits_bytes(model, parallel, training)
     single = jnp.where(parallel.pp == 1, 1.0, 0.0)
     first_act = a_layer * act.layers_in_flight(model, parallel) + working + single * logits
@@ -62,11 +62,14 @@ def device_memory(model, parallel, system, training) -> Memory:
     buffers = (z3 * 2.0 * layer_params_per_device(model, parallel) * training.weight_bytes
                + depth * 2.0 * gathered * training.weight_bytes
                + system.eff.mem_reserved_bytes)
-    first = _stage_memory(first_P, expert_P, first_act, buffers, parallel, training)
-    last = _stage_memory(last_P, expert_P, last_act, buffers, parallel, training)
-    first_total = sum(first[k] for k in MEMORY_PARTS)
-    last_total = sum(last[k] for k in MEMORY_PARTS)
-    pick_first = first_total >= last_total
-    parts = {k: jnp.where(pick_first, first[k], last[k]) for k in MEMORY_PARTS}
-    return Memory(**parts, total_bytes=jnp.maximum(first_total, last_total),
+    # Both stages at once: a leading axis of 2 (first, last).
+    both = _stage_memory(jnp.stack(jnp.broadcast_arrays(first_P, last_P)), expert_P,
+                         jnp.stack(jnp.broadcast_arrays(first_act, last_act)), buffers,
+                         parallel, training)
+    total = sum(both[k] for k in MEMORY_PARTS)  # every part but the buffers has the axis
+    pick_first = total[0] >= total[1]
+    parts = {k: both[k] if k == "buffers_bytes" else jnp.where(pick_first, both[k][0],
+                                                                 both[k][1])
+             for k in MEMORY_PARTS}
+    return Memory(**parts, total_bytes=jnp.maximum(total[0], total[1]),
                   capacity_bytes=system.hbm_capacity_bytes * system.eff.mem_usable_frac)
