@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from diffperf.errors import SpecError, closest
-from diffperf.predict import features_of, predict_step
+from diffperf.predict import FEATURES, predict_step
 from diffperf.result import Result
 from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel, Recompute, ZeroStage
@@ -49,6 +49,9 @@ def _normalize(parallel: Parallel) -> Parallel:
     return parallel
 
 
+# The public predict keeps every term (features=FEATURES): one compiled program serves every
+# layout and model of a kind (DESIGN.md: a new layout never recompiles); search and the
+# sensitivities, which compile per table anyway, leave out the terms that are 0 there.
 @functools.partial(jax.jit, static_argnames=("temperature", "features"))
 def _predict_jit(model, parallel, system, training, temperature, features):
     return predict_step(model, parallel, system, training, temperature, features)
@@ -84,8 +87,7 @@ def predict(model, parallel, system, training=None, *, temperature=None) -> Resu
         return predict_step(model, parallel, system, training, temperature)
     args = _as_float((anonymous(model), anonymous(parallel), anonymous(system),
                       anonymous(training)))
-    return _predict_jit(*args, temperature=temperature or None,
-                        features=features_of(model, parallel))
+    return _predict_jit(*args, temperature=temperature or None, features=FEATURES)
 
 
 def predict_batch(models, parallels, system, trainings, *, temperature=None) -> Result:
@@ -97,5 +99,4 @@ def predict_batch(models, parallels, system, trainings, *, temperature=None) -> 
     check_layout(models, parallels)
     args = _as_float((anonymous(models), anonymous(parallels), anonymous(system),
                       anonymous(trainings)))
-    return _predict_vmap(*args, temperature=temperature or None,
-                         features=features_of(models, parallels))
+    return _predict_vmap(*args, temperature=temperature or None, features=FEATURES)
