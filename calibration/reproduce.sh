@@ -4,15 +4,15 @@
 # (about 10 minutes on 2 cores). Framework facts passed with --set / --precision are
 # properties of the software stack that measured the runs, documented in
 # ../shared/data/README.md, not per-row terms:
-#   vTrain (Megatron-DeepSpeed, 2023): unfused attention (flash_attention=0), the data-
-#     parallel all-reduce after the backward, not overlapped with it (dp_overlap=0), and the
-#     output layer split V // t over the TP ranks without Megatron's vocabulary padding
-#     (vocab_pad_to=0; vTrain's sharded GPT model code).
+#   vTrain (Megatron-DeepSpeed, 2023): unfused attention (flash_attention=0) and the data-
+#     parallel all-reduce after the backward, not overlapped with it (dp_overlap=0). The
+#     vocabulary keeps Megatron's padding to a multiple of 128 t (the default vocab_pad_to=128;
+#     shared/data/README.md caveat 1).
 #   H100 runs (PyTorch autocast / JAX): fp32 weights and Adam with bf16 matmuls (amp-bf16).
 set -euo pipefail
 DATA=${DATA:-../shared/data}
 K=$DATA/kernels
-VTRAIN="--set dp_overlap=0 --set flash_attention=0 --set vocab_pad_to=0"
+VTRAIN="--set dp_overlap=0 --set flash_attention=0"
 
 echo "== vTrain: random 80/20 split over all rows -> calibration/fitted/vtrain-a100.yaml"
 diffperf calibrate $DATA/vtrain_a100.csv $VTRAIN --holdout-frac 0.2 --seed 0 --steps 300 \

@@ -278,6 +278,17 @@ def starting_points(eff: Efficiency, fields=STEP_FIELDS) -> list:
     return [eff, eff.replace(**active)] if active else [eff]
 
 
+def _unfitted_to_base(f: Fit, start: Efficiency, base: Efficiency) -> Fit:
+    """A field that never moved from its start had no gradient on the fitted data (e.g. the
+    TP host sync on single-GPU runs): it was not fitted, so it keeps the base value rather
+    than an arbitrary starting point (`starting_points`), and an overlay does not pass it off
+    as fitted."""
+    unmoved = {k: getattr(base, k) for k in f.fields
+               if np.isclose(float(getattr(f.eff, k)), float(getattr(start, k)), rtol=1e-5,
+                             atol=0.0)}
+    return f._replace(eff=f.eff.replace(**unmoved)) if unmoved else f
+
+
 class Calibration(NamedTuple):
     fit: Fit
     step_time_s: np.ndarray     # predicted, every run
@@ -299,12 +310,13 @@ def calibrate_runs(runs, systems: dict, fit_mask, *, benches=(), fields=None, st
         has_mem = np.isfinite(runs.peak_memory_GB[fit_mask]).any()
         fields = STEP_FIELDS + (MEMORY_FIELDS if has_mem else ())
     base = sets[0][1].system.eff
-    best = None
+    best = best_start = None
     for start in starting_points(base, fields):
         f = fit(start, [rs for _, rs in sets], fields, benches, steps=steps,
                 temperature=temperature, progress=progress)
         if best is None or f.loss_history[-1] < best.loss_history[-1]:
-            best = f
+            best, best_start = f, start
+    best = _unfitted_to_base(best, best_start, base)
     n = len(runs)
     step, mem, fits_, hw = (np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, bool),
                             np.full(n, np.nan))

@@ -601,7 +601,7 @@ def test_positive_value_below_float32_resolution(tmp_path):
 @pytest.mark.parametrize("key,value,rule", [
     ("mm_exponent", 25, "=25.0 must be in (0, 20]"),
     ("floor_pnorm", 0.5, "=0.5 must be in [1, 100] (a p-norm)"),
-    ("mm_align_exponent", 9e15, "=9e+15 must be in [0, 4] (GEMM efficiency x (alignment / "
+    ("mm_align_exponent", 9e15, "=9e+15 must be in [0, 20] (GEMM efficiency x (alignment / "
                                 "16 B)^mm_align_exponent; 0: alignment costs nothing)"),
 ])
 def test_system_efficiency_exponent_and_pnorm_ranges(tmp_path, key, value, rule):

@@ -304,8 +304,8 @@ def efficiency_from_dict(d: dict, where: str, base: Efficiency | None = None) ->
             raise SpecError(f"{where}.{key}={v:g} must be > 0")
         if key in _EXPONENTS and not 0 < v <= 20:
             raise SpecError(f"{where}.{key}={v} must be in (0, 20]")
-        if key == "mm_align_exponent" and not v <= 4:
-            raise SpecError(f"{where}.{key}={v:g} must be in [0, 4] (GEMM efficiency x "
+        if key == "mm_align_exponent" and not v <= 20:
+            raise SpecError(f"{where}.{key}={v:g} must be in [0, 20] (GEMM efficiency x "
                             f"(alignment / 16 B)^{key}; 0: alignment costs nothing)")
         if key == "floor_pnorm" and not 1 <= v <= 100:
             raise SpecError(f"{where}.{key}={v} must be in [1, 100] (a p-norm)")
