@@ -4,13 +4,13 @@
 
 Each run is a fresh process, `python -m diffperf.cli.main search --json ...`, timed from
 outside: interpreter start, imports, loading the specs, enumerating every layout, tracing
-and compiling the search kernel (one per placement order), evaluating, ranking and printing
+and compiling the search kernel (one for every placement), evaluating, ranking and printing
 JSON. Three settings:
   * cold: no persistent compilation cache (--no-cache): everything compiled in the process;
   * warm: the persistent XLA cache (~/.cache/diffperf/jax, here a fresh temporary folder
     filled by one untimed run): tracing still runs, XLA compilation is loaded from disk;
-  * cold, one placement (--placements tp-cp-dp-pp): what the search costs when placement
-    needs no compile of its own (each extra order is one more trace + compile).
+  * cold, one placement (--placements tp-cp-dp-pp): 272,280 layouts instead of 466,320
+    (the second placement costs only its evaluation: no trace or compile of its own).
 Prints min and median wall time, and the search's own `seconds` (enumeration to ranking).
 """
 

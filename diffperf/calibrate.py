@@ -25,10 +25,10 @@ from diffperf.workload.ops import Gemms
 
 FRACTIONS = ("mm_max", "attn_max", "mem_eff", "coll_eff_intra", "coll_eff_inter",
              "overlap_slowdown", "mem_usable_frac")
-STEP_FIELDS = ("mm_max", "mm_half_dim", "mm_exponent", "mm_align_exponent", "attn_max", "attn_half_work",
-               "attn_exponent", "attn_half_head_dim", "mem_eff",
-               "kernel_s", "host_kernel_s", "host_layer_s", "host_recompute_s", "host_coll_peer_s",
-               "microbatch_s", "step_s",
+STEP_FIELDS = ("mm_max", "mm_half_dim", "mm_exponent", "mm_align_exponent", "attn_max",
+               "attn_half_work", "attn_exponent", "attn_half_head_dim", "mem_eff",
+               "kernel_s", "host_kernel_s", "host_layer_s", "host_recompute_s",
+               "host_coll_peer_s", "microbatch_s", "step_s",
                "coll_base_s", "coll_eff_intra", "coll_eff_inter", "floor_pnorm")
 MEMORY_FIELDS = ("mem_reserved_bytes", "act_mem_factor", "mem_usable_frac")
 _FLOOR = 1e-7  # smallest starting value of a positive parameter (log of 0 is not a start)

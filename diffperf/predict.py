@@ -121,7 +121,7 @@ def _axonn_parts(model, parallel, system, training, ops, fwd_window, bwd_window,
 def features_of(model, parallel) -> frozenset:
     """The FEATURES whose terms can be non-zero for these specs (batched leaves allowed):
 
-        ep: some ep > 1 (MoE token all-to-alls)      cp: some cp > 1 (K/V exchange)
+        ep: an MoE model and some ep > 1 (token all-to-alls)   cp: some cp > 1 (K/V exchange)
         axonn: some gx gy gz > 1 (grid collectives)  experts: some moe_experts > 0
     Every feature when a leaf is traced (values unknown). Leaving a feature out when its
     terms are 0 changes no result: each of them is multiplied by a size-1-group factor of
@@ -166,7 +166,7 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     """Named seconds of one layer, one micro-batch, forward + backward (+ recompute), and
     the (forward, backward) windows left for the DP / ZeRO collectives:
 
-        free_f = t_f - hidden_f,   free_b = t_b - hidden_b
+        free_f = max(t_f - hidden_f, 0),   free_b = max(t_b - hidden_b, 0)
     the layer's time less the TP, CP, EP and AxoNN communication already hidden in it: a GPU
     runs one NCCL kernel at a time (Megatron-LM sets CUDA_DEVICE_MAX_CONNECTIONS=1 so that
     its communication kernels are issued in order), so two collectives cannot hide behind the
@@ -260,9 +260,12 @@ def _dp_groups(model, parallel, features=FEATURES):
     return P, groups if "experts" in features else groups[:1]
 
 
-def _dp_parts(model, parallel, system, training, t_f, t_b, temperature, features=FEATURES):
+def _dp_parts(model, parallel, system, training, free_f, free_b, temperature,
+              features=FEATURES):
     """(exposed, hidden, params of the larger stage, params that the optimizer step of this
-    rank updates) of the DP gradient reduction / ZeRO, summed over `_dp_groups`."""
+    rank updates) of the DP gradient reduction / ZeRO, summed over `_dp_groups`; free_f,
+    free_b: the layer's forward and backward time not already hiding its own collectives
+    (`_layer_parts`), the windows the DP collectives can hide behind."""
     P, groups = _dp_groups(model, parallel, features)
     reduce_s = gather_s = layer_s = first_s = own = 0.0
     sharded = parallel.zero_stage >= 1
@@ -280,7 +283,7 @@ def _dp_parts(model, parallel, system, training, t_f, t_b, temperature, features
         own += params / jnp.where(sharded, n, 1.0)
     layers = model.n_layers / parallel.pp
     exposed, hidden = dp_exposed_s(reduce_s, gather_s, layer_s, first_s,
-                                   layers * t_b, t_f + t_b,
+                                   layers * free_b, free_f + free_b,
                                    parallel.n_microbatches * layers, parallel, temperature)
     return exposed, hidden, P, own
 

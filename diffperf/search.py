@@ -3,7 +3,8 @@
 A layout table (numpy integers, one row a layout, columns `COLUMNS`) is enumerated from the
 rules of `specs.validate.check_layout`, evaluated by `predict_step` in fixed-size chunks (one
 compile per chunk shape: the placement is a numeric leaf of `Parallel`) and ranked by step
-time among the layouts that fit in memory. `soft_best` is the differentiable soft-min over the same table.
+time among the layouts that fit in memory. `soft_best` is the differentiable soft-min over
+the same table.
 
 Factored evaluation: `predict_step` is vmapped twice, the outer axis over the degrees
 (tp, pp, dp, cp, ep, vp, micro_batch, global_batch, and the AxoNN grid gx, gy, gz) and the
@@ -45,7 +46,7 @@ from diffperf.specs.validate import check_layout
 # The placement stays the last column (callers select rows by `layouts[:, -1]`).
 COLUMNS = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch", "gx", "gy", "gz",
            "zero_stage", "recompute", "sequence_parallel", "placement")
-OUTER = COLUMNS[:11]
+OUTER = COLUMNS[:COLUMNS.index("zero_stage")]  # the degrees (and the grid)
 KEYS = OUTER + ("placement",)  # the outer axis: degrees and the rank order (ORDERS index)
 _NO_GRID = tuple(k for k in KEYS if k not in GRID)  # batched when no row has the grid
 INNER = ("zero_stage", "recompute", "sequence_parallel")

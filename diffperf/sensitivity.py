@@ -27,7 +27,7 @@ from flax import struct
 
 from diffperf.api import _as_float, _normalize
 from diffperf.errors import SpecError, closest
-from diffperf.predict import features_of, predict_step
+from diffperf.predict import FEATURES, features_of, predict_step
 from diffperf.search import _CPU_QUICK_OPTIONS, COLUMNS, PLACEMENTS, parallel_of, search
 from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel, placement_index
@@ -103,7 +103,7 @@ def step_time_and_elasticities(model, parallel, system, training=None, temperatu
     log_t, grad = _LOG_STEP_GRAD(system, *_as_float((anonymous(model), anonymous(parallel),
                                                      anonymous(training))),
                                  temperature=temperature or None,
-                                 features=features_of(model, parallel))
+                                 features=FEATURES)  # one program for every layout
     return float(jnp.exp(log_t)), _times_theta(grad, system)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from diffperf.workload.cp import cp_kv_bytes
-from diffperf.workload.flops import head_shards, hidden_shards
+from diffperf.workload.flops import head_shards, hidden_shards, vocab_rows_per_rank
 
 
 def layer_activation_parts(model, parallel, training):
@@ -97,10 +97,12 @@ def logits_bytes(model, parallel, training):
     logits: the q_a-byte logits, their fp32 log-softmax kept for the backward (4 B), the fp32
     gradient allocated while both still live (4 B) and its cast back to q_a bytes:
 
-        (2 q_a + 8) b (s/c) V / t
+        (2 q_a + 8) b (s/c) V_t      V_t = flops.vocab_rows_per_rank (V / t, padded as the
+                                     framework pads it)
     Korthikanti et al. 2022 Section 4 count about 4 s b V / t for the fp32 logits [S]; the
     gradient buffer is what makes the loss the memory peak of small-model, large-vocabulary
     runs [D].
     """
     T = parallel.micro_batch * model.seq_len / parallel.cp
-    return (2.0 * training.activation_bytes + 8.0) * T * model.vocab / head_shards(parallel)
+    rows = vocab_rows_per_rank(model, parallel, training)  # V / t, with the framework's padding
+    return (2.0 * training.activation_bytes + 8.0) * T * rows

@@ -69,10 +69,6 @@ class Parallel(struct.PyTreeNode):
     axonn_overlap: Any = 1      # 1: AxoNN's overlapped collectives (PAPERS.md 4.3); 0: none
     placement: Any = 0          # index into ORDERS (0: Megatron tp-cp-dp-pp; 1: tp-cp-pp-dp)
 
-    @property
-    def order(self) -> tuple:
-        """The rank order of a concrete layout, innermost first (ORDERS[placement])."""
-        return ORDERS[int(self.placement)]
 
     @property
     def n_devices(self):

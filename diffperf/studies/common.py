@@ -18,11 +18,11 @@ from diffperf.search import (_CPU_QUICK_OPTIONS, COLUMNS, PLACEMENTS, enumerate_
 from diffperf.specs.batch import anonymous
 from diffperf.specs.training import Training
 
-# Layouts per batched search call. With at least 512 distinct degree rows per placement (true
-# of every table the studies search) each call has the same shape, so one compilation per
-# placement order serves every model, system and GPU count of every study.
+# Layouts per batched search call. With at least 512 distinct outer rows (true of every table
+# the studies search) each call has the same shape, so one compilation (every placement is a
+# leaf of the same program) serves every model, system and GPU count of every study.
 STUDY_CHUNK = 24 * 512
-QUICK_PLACEMENTS = PLACEMENTS[:1]  # Megatron-LM's rank order only: one compilation
+QUICK_PLACEMENTS = PLACEMENTS[:1]  # Megatron-LM's rank order only: fewer layouts to evaluate
 # Communication parts of the breakdown (every parallel dimension the model knows).
 EXPOSED_COMM = tuple(k for k in EXPOSED_PARTS if k.endswith("_exposed_s"))
 HIDDEN_COMM = HIDDEN_PARTS
