@@ -117,18 +117,14 @@ def _render(model, system, args, cost, design, layouts, placements):
 
 def _build(args):
     """(model, system, training) from parsed arguments, validated."""
-    from diffperf import load_model, load_system, training
+    from diffperf import training
+    from diffperf.cli.options import model_and_system
 
     for name, low in (("gpus", 1), ("global_batch", 1), ("steps", 0), ("max_candidates", 1)):
         if getattr(args, name) < low:
             raise SpecError(f"--{name.replace('_', '-')}={getattr(args, name)} must be "
                             f">= {low}")
-    model = load_model(args.model)
-    if args.seq_len is not None:
-        if args.seq_len <= 0:
-            raise SpecError(f"--seq-len={args.seq_len} must be > 0")
-        model = model.replace(seq_len=float(args.seq_len))
-    system = load_system(args.system, calibration=args.calibration)
+    model, system = model_and_system(args)
     return model, system, training(args.precision)
 
 

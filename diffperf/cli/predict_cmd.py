@@ -41,16 +41,12 @@ def add_layout_options(p) -> None:
 
 def build(args):
     """(model, parallel, system, training) from parsed arguments, validated."""
-    from diffperf import Parallel, load_model, load_system, training
+    from diffperf import Parallel, training
+    from diffperf.cli.options import model_and_system
     from diffperf.specs.parallel import Recompute, placement_index
     from diffperf.specs.validate import check_layout
 
-    model = load_model(args.model)
-    if args.seq_len is not None:
-        if args.seq_len <= 0:
-            raise SpecError(f"--seq-len={args.seq_len} must be > 0")
-        model = model.replace(seq_len=float(args.seq_len))
-    system = load_system(args.system, calibration=args.calibration)
+    model, system = model_and_system(args)
     inner = args.tp * args.cp * args.pp * args.gx * args.gy * args.gz
     if args.dp is None:
         if inner <= 0 or args.gpus % inner:

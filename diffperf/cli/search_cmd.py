@@ -67,19 +67,15 @@ def _enable_cache() -> None:
 
 def build(args):
     """(model, system, training, placements) from parsed arguments, validated."""
-    from diffperf import load_model, load_system, training
+    from diffperf import training
+    from diffperf.cli.options import model_and_system
 
     for name in ("gpus", "global_batch", "top"):
         if getattr(args, name) < 1:
             raise SpecError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     if args.chunk is not None and args.chunk < 1:
         raise SpecError(f"--chunk={args.chunk} must be >= 1")
-    model = load_model(args.model)
-    if args.seq_len is not None:
-        if args.seq_len <= 0:
-            raise SpecError(f"--seq-len={args.seq_len} must be > 0")
-        model = model.replace(seq_len=float(args.seq_len))
-    system = load_system(args.system, calibration=args.calibration)
+    model, system = model_and_system(args)
     return model, system, training(args.precision), _placements(args.placements)
 
 
