@@ -1062,6 +1062,14 @@ def test_stride_of_an_unplaced_dimension_is_a_bug():
         stride(Parallel(), "vp")
 
 
+def test_fused_softmax_max_seq_must_not_be_negative():
+    from diffperf.specs.training import training
+
+    with _raises("training.fused_softmax_max_seq=-1 must be >= 0 (2048: Megatron-DeepSpeed's "
+                 "fused softmax; 0: never fused)"):
+        training("bf16", fused_softmax_max_seq=-1)
+
+
 def test_vocab_pad_to_must_be_a_whole_number():
     from diffperf.specs.training import training
 

@@ -385,6 +385,10 @@ def training_from_name(precision: str = "bf16", where: str = "precision",
     if not (float(pad) >= 0 and float(pad) == int(float(pad))):
         raise SpecError(f"training.vocab_pad_to={pad} must be a whole number >= 0 (128: "
                         f"Megatron-LM's padding; 0: no padding)")
+    seq = fields.get("fused_softmax_max_seq", 0.0)
+    if not float(seq) >= 0:
+        raise SpecError(f"training.fused_softmax_max_seq={seq} must be >= 0 (2048: "
+                        f"Megatron-DeepSpeed's fused softmax; 0: never fused)")
     return Training(**{k: float(v) for k, v in fields.items()}, name=precision)
 
 

@@ -18,6 +18,11 @@ _ELEMENTWISE_KERNELS = 5.0
 # Unfused attention runs scores GEMM, scale-mask-softmax, dropout and the AV GEMM (plus
 # layout copies) where flash attention runs one kernel.
 _UNFUSED_ATTENTION_EXTRA_KERNELS = 4.0
+# Megatron's softmax fallback (`softmax_fallback`): upcast, scale, mask, softmax, downcast
+# where the fused kernel is one: 4 more forward kernels and, per score element, 28 more HBM
+# bytes (r q w 4, r 4 w 4, r 4 w 4, r 4 w 4, r 4 w q = 2 q + 28 against the kernel's 2 q).
+_FALLBACK_SOFTMAX_EXTRA_KERNELS = 4.0
+_FALLBACK_SOFTMAX_EXTRA_BYTES = 28.0
 
 
 def attention_kappa(model, training):
@@ -29,6 +34,36 @@ def attention_kappa(model, training):
     Source: PAPERS.md section 5.1 [D]; current Megatron-LM uses 1/2 for causal.
     """
     return 1.0 - 0.5 * model.causal * training.flash_attention
+
+
+def score_elements(model, parallel):
+    """Elements of the (s/c) x s score matrices of one device's heads, one micro-batch:
+    b (a / t) (s / c) s."""
+    return parallel.micro_batch * (model.n_heads / head_shards(parallel)) * (
+        model.seq_len / parallel.cp) * model.seq_len
+
+
+def softmax_fallback(model, parallel, training):
+    """1 where unfused attention's scale-mask-softmax runs as separate fp32 PyTorch ops,
+    0 where it is one fused kernel (and under flash attention, which has no such pass):
+
+        fused  <=>  16 < s_kv <= S_max,  s_q = 0 (mod 4),  b a / t = 0 (mod 4)
+    S_max = training.fused_softmax_max_seq. The kernel gives each warp one row batch and
+    runs 4 warps per 128-thread block, so the b a / t attention batches must fill whole
+    blocks. Otherwise Megatron runs x.float(), x * scale, masked_fill, softmax, .half():
+    four more kernels and 28 more HBM bytes per score element in the forward
+    (`_FALLBACK_SOFTMAX_EXTRA_*`), and the softmax keeps its fp32 output for the backward.
+    Source: Megatron-DeepSpeed `megatron/model/fused_softmax.py`, FusedScaleMaskSoftmax.forward
+    (custom_kernel_constraint) [B]. The vTrain runs with b a / t = 2 (16 heads, t = 8, b = 1;
+    32 heads, t = 16, b = 1) are 14-18 % slower than their neighbours predict [D].
+    Example: a = 16, t = 8: b = 1 -> 1 (2 batches), b = 2 -> 0 (4 batches).
+    A property of the integer shape, constant in every System leaf.
+    """
+    s_q, s_kv = model.seq_len / parallel.cp, model.seq_len
+    batches = jnp.round(parallel.micro_batch * model.n_heads / head_shards(parallel))
+    fused = ((s_kv > 16) & (s_kv <= training.fused_softmax_max_seq)
+             & (jnp.mod(jnp.round(s_q), 4) == 0) & (jnp.mod(batches, 4) == 0))
+    return (1.0 - training.flash_attention) * jnp.where(fused, 0.0, 1.0)
 
 
 def tokens_per_device(model, parallel):
@@ -96,7 +131,9 @@ def layer_ops(model, parallel, training) -> LayerOps:
         attention=attention,
         elementwise_bytes=elementwise_bytes(model, parallel, training),
         n_kernels=(4.0 + dense_w + 3.0 * moe_w + _ELEMENTWISE_KERNELS + model.gated_mlp
-                   + (1.0 - training.flash_attention) * _UNFUSED_ATTENTION_EXTRA_KERNELS),
+                   + (1.0 - training.flash_attention) * _UNFUSED_ATTENTION_EXTRA_KERNELS
+                   + softmax_fallback(model, parallel, training)
+                   * _FALLBACK_SOFTMAX_EXTRA_KERNELS),
         vector_flops=vector_flops(model, parallel, training),
     )
 
@@ -106,6 +143,7 @@ def elementwise_bytes(model, parallel, training):
 
         q_a [ T_sp h (2 x 2 norms + 2 x 3 residual adds) + T f' (2 + gated) / t ]
         + (1 - flash) x 4 q_a b (a/t) (s/c) s        (materialised scores: write, softmax r/w, read)
+        + fallback x 28 b (a/t) (s/c) s               (softmax as fp32 ops: `softmax_fallback`)
 
     T_sp = T / t with sequence parallelism (norms and residuals on a sequence shard), else T
     (AxoNN: T / G_x, the residual stream's width is split over X);
@@ -120,8 +158,9 @@ def elementwise_bytes(model, parallel, training):
     dense_w, moe_w = _moe_weights(model)
     f_act = dense_w * model.ffn_hidden + moe_w * (
         model.moe_topk * model.capacity_factor + model.n_shared_experts) * model.moe_ffn_hidden
-    scores = (1.0 - training.flash_attention) * 4.0 * q * parallel.micro_batch * (
-        model.n_heads / t) * (model.seq_len / parallel.cp) * model.seq_len
+    scores = score_elements(model, parallel) * (
+        (1.0 - training.flash_attention) * 4.0 * q
+        + softmax_fallback(model, parallel, training) * _FALLBACK_SOFTMAX_EXTRA_BYTES)
     return q * (T_sp * h * 10.0 + T * f_act * (2.0 + model.gated_mlp) / t) + scores
 
 
