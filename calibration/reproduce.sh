@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Re-fit the shipped overlays and print the held-out figures quoted in README.md.
 # Run from the repository root with shared/ beside it: bash calibration/reproduce.sh
-# (about 10 minutes on 2 cores). Framework facts passed with --set / --precision are
+# (about 11 minutes on 2 cores). Framework facts passed with --set / --precision are
 # properties of the software stack that measured the runs, documented in
 # ../shared/data/README.md, not per-row terms:
 #   vTrain (Megatron-DeepSpeed, 2023): unfused attention (flash_attention=0) and the data-

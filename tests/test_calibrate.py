@@ -93,7 +93,7 @@ def test_laplace_interval_covers_heldout(synthetic, fitted):
     jac = cal.log_jacobian(fit.eff, FIELDS, rs, TEMPERATURE)
     step, _ = cal.run_predictions(fit.eff, rs, TEMPERATURE)
     resid = np.log(np.asarray(step)) - np.asarray(rs.log_step)
-    cov, s2 = cal.laplace_covariance(jac[fit_mask], resid[fit_mask])
+    cov, s2 = cal.laplace_covariance(jac[fit_mask], resid[fit_mask], FIELDS)
     assert np.sqrt(s2) == pytest.approx(NOISE, rel=0.35)
     hw = cal.prediction_interval(jac[~fit_mask], cov, s2)
     coverage = np.mean(np.abs(resid[~fit_mask]) <= hw)
@@ -108,3 +108,18 @@ def test_unconstrained_round_trip():
         # A zero default (e.g. microbatch_s) starts at the log floor 1e-7 instead.
         assert float(getattr(back, f)) == pytest.approx(float(getattr(eff, f)), rel=1e-5,
                                                         abs=2e-7)
+
+
+def test_starting_points_put_the_host_floor_on_layers_and_on_kernels():
+    eff = diffperf.Efficiency()
+    starts = cal.starting_points(eff, cal.STEP_FIELDS)
+    assert len(starts) == 3 and starts[0] == eff
+    per_layer, per_kernel = starts[1], starts[2]
+    # Same per-micro-batch and recompute floors; the per-layer floor moved onto the kernels.
+    assert float(per_layer.host_layer_s) > 10 * float(per_kernel.host_layer_s)
+    assert float(per_kernel.host_kernel_s) > 2 * float(per_layer.host_kernel_s)
+    assert float(per_layer.microbatch_s) == float(per_kernel.microbatch_s) > 0
+    # Only the fields being fitted move; without host_kernel_s there is no per-kernel start.
+    two = cal.starting_points(eff, ("mm_max", "host_layer_s"))
+    assert len(two) == 2 and float(two[1].host_kernel_s) == float(eff.host_kernel_s)
+    assert cal.starting_points(eff, ("mm_max",)) == [eff]
