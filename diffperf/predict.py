@@ -34,7 +34,8 @@ from diffperf.workload.groups import stride
 from diffperf.workload.params import (grid_shards, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device)
 from diffperf.workload.pp import pp_message_bytes
-from diffperf.workload.tp import tp_collectives_per_layer, tp_message_bytes
+from diffperf.workload.tp import (tp_calls_per_all_reduce, tp_collectives_per_layer,
+                                  tp_message_bytes)
 
 # Terms that are exactly 0 for most layouts, and that a caller who knows so can leave out of
 # the traced program (`features` of predict_step; `features_of` finds them from concrete specs).
@@ -146,8 +147,10 @@ def _tp_host_sync_s(parallel, n_f, n_b, e):
 
         t_sync = n_calls (t - 1) tau_peer        (0 for t = 1)
 
-    n_calls = the layer's TP all-reduces (`tp_collectives_per_layer`: 2 forward, 2 backward,
-    + 2 recomputed under full recompute), t the TP group size, tau_peer = `host_coll_peer_s`.
+    n_calls = the layer's TP NCCL calls: its all-reduce equivalents (`tp_collectives_per_layer`:
+    2 forward, 2 backward, + 2 recomputed under full recompute), each one call, or two with
+    sequence parallelism (`tp_calls_per_all_reduce`: reduce-scatter + all-gather), t the TP
+    group size, tau_peer = `host_coll_peer_s`.
     Each Megatron TP all-reduce is a barrier of the t ranks of the group, issued from t host
     processes (NCCL enqueue and the proxy/progress work that scales with the ring's t - 1
     peers): when the layer is host-bound (small layers, as in the vTrain single-node runs) the
@@ -158,7 +161,7 @@ def _tp_host_sync_s(parallel, n_f, n_b, e):
     layer pass); DESIGN.md (vTrain per-layer floor of ~3.5 ms at t <= 4 and ~5 ms at t = 8
     in one node) [D, fitted].
     """
-    peers = jnp.maximum(parallel.tp - 1.0, 0.0)
+    peers = jnp.maximum(parallel.tp - 1.0, 0.0) * tp_calls_per_all_reduce(parallel)
     return n_f * peers * e.host_coll_peer_s, n_b * peers * e.host_coll_peer_s
 
 
@@ -176,7 +179,11 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     dense, attn, other = layer_times_s(ops, system, training,
                                        attention_io_bytes(model, parallel, training), temperature)
     n_f, n_b = tp_collectives_per_layer(parallel)
-    c_tp = _tp_collective_s(model, parallel, system, training)
+    # With SP each all-reduce equivalent is two calls of the same ring cost: one more t0.
+    calls = tp_calls_per_all_reduce(parallel)
+    tp_on = jnp.where(parallel.tp > 1, 1.0, 0.0)
+    c_tp = _tp_collective_s(model, parallel, system, training) + (
+        (calls - 1.0) * tp_on * e.coll_base_s)
     tp_f, tp_fh = split_exposed(n_f * c_tp, parallel.tp_overlap * dense, temperature)
     tp_b, tp_bh = split_exposed(n_b * c_tp, parallel.tp_overlap * 2.0 * dense, temperature)
     # Attention backward: 2 x forward, + the recomputed scores of flash attention (0.5 x).
@@ -199,7 +206,7 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     gpu_b = (2.0 * dense + attn_bwd + 2.0 * other + recompute + tp_b + cp_b + ep_b + ax_b
              + e.overlap_slowdown * hidden_b)
     is_moe = jnp.where(model.n_experts > 0, 1.0, 0.0)
-    kernels = (ops.n_kernels + jnp.where(parallel.tp > 1, n_f, 0.0)
+    kernels = (ops.n_kernels + tp_on * calls * n_f
                + jnp.where(parallel.ep > 1, 2.0 * is_moe, 0.0)  # dispatch, combine
                + 2.0 * parallel.cp_ring * cp_ring_steps(parallel)  # block attention + p2p
                + ax_calls)

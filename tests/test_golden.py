@@ -560,3 +560,21 @@ def test_softmax_fallback_costs_four_kernels_28_bytes_and_an_fp32_copy(x64):
                                           for t in (fused, fallback))
     assert float(kept_b) == float(kept_a)
     assert float(work_b - work_a) == 4 * elements
+
+
+def test_tp_host_sync_counts_nccl_calls_two_per_all_reduce_under_sp():
+    """t_sync = n_calls (t - 1) tau_peer; an all-reduce equivalent is one NCCL call, or a
+    reduce-scatter + all-gather (two calls) with sequence parallelism."""
+    from diffperf.predict import _tp_host_sync_s
+    from diffperf.workload.tp import tp_collectives_per_layer
+
+    e = Efficiency(host_coll_peer_s=1e-5)
+    for sp, calls in ((0, 1), (1, 2)):
+        par = Parallel(tp=4, sequence_parallel=sp, recompute=2)
+        n_f, n_b = tp_collectives_per_layer(par)
+        f, b = _tp_host_sync_s(par, n_f, n_b, e)
+        # 2 forward, 2 + 2 recomputed backward all-reduce equivalents; 3 peers.
+        np.testing.assert_allclose([float(f), float(b)],
+                                   [2 * calls * 3 * 1e-5, 4 * calls * 3 * 1e-5], rtol=1e-6)
+    f, b = _tp_host_sync_s(Parallel(tp=1, sequence_parallel=1), 2.0, 2.0, e)
+    assert float(f) == float(b) == 0.0

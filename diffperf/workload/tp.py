@@ -23,3 +23,10 @@ def tp_collectives_per_layer(parallel):
     """
     full = parallel.recompute == 2
     return 2.0, 2.0 + 2.0 * full
+
+
+def tp_calls_per_all_reduce(parallel):
+    """NCCL calls per all-reduce equivalent: 1, or 2 with sequence parallelism (the
+    reduce-scatter and the all-gather that replace it are separate calls, each with its
+    launch, its fixed cost and its barrier of the t ranks; Korthikanti et al. 2022 4.2.2)."""
+    return 1.0 + (parallel.sequence_parallel > 0)
