@@ -101,9 +101,8 @@ def test_write_interrupted_mid_write_leaves_destination_untouched(tmp_path, monk
     target = tmp_path / "pred.csv"
     if existing:
         target.write_text("old content\n")
-    real_fdopen = os.fdopen
-    monkeypatch.setattr(output.os, "fdopen",
-                        lambda fd, *a, **k: _HalfWriter(real_fdopen(fd, *a, **k), error))
+    monkeypatch.setattr(output, "open", lambda *a, **k: _HalfWriter(open(*a, **k), error),
+                        raising=False)
     # An interrupt propagates; an OS error becomes a clear SpecError (exit 2 in the CLI).
     expected = SpecError if isinstance(error, OSError) else type(error)
     with pytest.raises(expected):
@@ -278,3 +277,27 @@ def test_dataclass_fields_cover_every_leaf():
                    if dataclasses.is_dataclass(getattr(r, f.name)) else 1
                    for f in dataclasses.fields(r))
     assert len(jax.tree.leaves(r)) == n_fields
+
+
+def test_atomic_writes_get_the_umask_permissions_and_leave_nothing_on_failure(tmp_path):
+    """Text outputs and figures go through `output.atomic_path`: the file appears whole, with
+    the permissions of a new file under the umask (mkstemp alone would make it 0600), and a
+    failed write leaves the old file and no temporary behind."""
+    import stat
+
+    from diffperf.cli.output import atomic_path, write_atomic
+
+    umask = os.umask(0o022)
+    try:
+        out = tmp_path / "overlay.yaml"
+        write_atomic(out, "a: 1\n", force=False)
+        assert out.read_text() == "a: 1\n"
+        assert stat.S_IMODE(out.stat().st_mode) == 0o644
+        with pytest.raises(RuntimeError):
+            with atomic_path(out) as tmp:
+                Path(tmp).write_text("half")
+                raise RuntimeError("interrupted")
+        assert out.read_text() == "a: 1\n"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["overlay.yaml"]
+    finally:
+        os.umask(umask)

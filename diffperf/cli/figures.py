@@ -6,8 +6,6 @@ returns a matplotlib Figure; `save` writes it. Axes carry units; nothing opens a
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +38,7 @@ def pyplot():
 def save(fig, paths, force: bool) -> list:
     """Write the figure to each path (format from the suffix) through a temporary file and a
     rename; refuse to replace an existing file without force. Returns the paths written."""
-    from diffperf.cli.output import check_writable
+    from diffperf.cli.output import atomic_path, check_writable
 
     paths = [Path(p) for p in paths]
     for path in paths:
@@ -48,18 +46,8 @@ def save(fig, paths, force: bool) -> list:
             raise SpecError(f"{path}: figure format must be .png, .svg or .pdf")
         check_writable(path, force)
     for path in paths:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-        os.close(fd)
-        try:
+        with atomic_path(path, suffix=path.suffix) as tmp:
             fig.savefig(tmp, dpi=150, bbox_inches="tight", format=path.suffix[1:].lower())
-            os.chmod(tmp, 0o644)  # mkstemp makes it private; a figure is for sharing
-            os.replace(tmp, path)
-        except OSError as err:
-            Path(tmp).unlink(missing_ok=True)
-            raise SpecError(f"{path}: cannot write ({err.strerror or err})") from None
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
     pyplot().close(fig)
     return paths
 

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
@@ -49,18 +50,23 @@ def check_writable(path, force: bool) -> None:
         raise SpecError(f"{path}: folder {path.parent} does not exist")
 
 
-def write_atomic(path, text: str, force: bool) -> None:
-    """Write `text` to `path` through a temporary file and a rename, so an interrupted run
-    never leaves a truncated file; refuse to replace an existing file without force."""
+@contextmanager
+def atomic_path(path, suffix=".tmp"):
+    """A temporary file beside `path` for the block to write; on success it replaces `path`
+    (a rename: an interrupted run never leaves a truncated file) with the permissions a new
+    file gets under the user's umask (mkstemp makes it private); on failure it is removed,
+    and an OSError becomes a SpecError naming the path."""
     path = Path(path)
-    check_writable(path, force)
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
     except OSError as err:
         raise SpecError(f"{path}: cannot write ({err.strerror or err})") from None
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)
@@ -68,3 +74,11 @@ def write_atomic(path, text: str, force: bool) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_atomic(path, text: str, force: bool) -> None:
+    """Write `text` to `path` atomically (`atomic_path`); refuse to replace an existing file
+    without force."""
+    check_writable(path, force)
+    with atomic_path(path) as tmp, open(tmp, "w") as fh:
+        fh.write(text)
