@@ -4,7 +4,9 @@
 # (about 11 minutes on 2 cores). Framework facts passed with --set / --precision are
 # properties of the software stack that measured the runs, documented in
 # ../shared/data/README.md, not per-row terms:
-#   vTrain (Megatron-DeepSpeed, 2023): unfused attention (flash_attention=0) and the data-
+#   vTrain (Megatron-DeepSpeed, 2023): unfused attention (flash_attention=0) whose softmax is
+#     Megatron's fused kernel for key lengths up to 2048 where the shape allows it, else
+#     PyTorch ops (fused_softmax_max_seq=2048; megatron/model/fused_softmax.py), and the data-
 #     parallel all-reduce after the backward, not overlapped with it (dp_overlap=0). The
 #     vocabulary keeps Megatron's padding to a multiple of 128 t (the default vocab_pad_to=128;
 #     shared/data/README.md caveat 1).
@@ -12,7 +14,7 @@
 set -euo pipefail
 DATA=${DATA:-../shared/data}
 K=$DATA/kernels
-VTRAIN="--set dp_overlap=0 --set flash_attention=0"
+VTRAIN="--set dp_overlap=0 --set flash_attention=0 --set fused_softmax_max_seq=2048"
 
 echo "== vTrain: random 80/20 split over all rows -> calibration/fitted/vtrain-a100.yaml"
 diffperf calibrate $DATA/vtrain_a100.csv $VTRAIN --holdout-frac 0.2 --seed 0 --steps 300 \

@@ -52,7 +52,8 @@ def _placed(parallel):
 
 
 def _tp_collective_s(model, parallel, system, training):
-    """One TP all-reduce of S = b (s/c) h q_a (with SP: RS + AG, same ring cost)."""
+    """One TP all-reduce of S = b (s/c) h q_a (with SP: RS + AG, same ring cost; the
+    second call's fixed cost is added by `_layer_parts`)."""
     S = tp_message_bytes(model, parallel, training)
     return all_reduce_s(S, parallel.tp, stride(_placed(parallel), "tp"), system)
 

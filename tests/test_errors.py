@@ -1067,7 +1067,7 @@ def test_fused_softmax_max_seq_must_not_be_negative():
     from diffperf.specs.training import training
 
     with _raises("training.fused_softmax_max_seq=-1 must be >= 0 (2048: Megatron-DeepSpeed's "
-                 "fused softmax; 0: never fused)"):
+                 "fused softmax; 0: no constraint)"):
         training("bf16", fused_softmax_max_seq=-1)
 
 

@@ -519,47 +519,52 @@ def _vtrain_small(seq_len=1024):
                  head_dim=64, vocab=50257, seq_len=seq_len)
 
 
-@pytest.mark.parametrize("tp,b,seq,max_seq,flash,want", [
-    (8, 1, 1024, 2048, 0.0, 1.0),   # 16/8 x 1 = 2 attention batches: not a multiple of 4
-    (8, 2, 1024, 2048, 0.0, 0.0),   # 4 batches: the fused kernel
-    (4, 1, 1024, 2048, 0.0, 0.0),   # 4 batches
-    (2, 3, 1024, 2048, 0.0, 0.0),   # 24 batches
-    (1, 1, 4096, 2048, 0.0, 1.0),   # key length above the kernel's 2048
-    (1, 1, 4096, 4096, 0.0, 0.0),   # ... unless the framework's kernel takes it
-    (1, 1, 1024, 0, 0.0, 1.0),      # no fused softmax kernel at all
-    (8, 1, 1024, 2048, 1.0, 0.0),   # flash attention has no separate softmax pass
+@pytest.mark.parametrize("tp,b,seq,max_seq,flash,q,want", [
+    (8, 1, 1024, 2048, 0.0, 2.0, 1.0),  # 16/8 x 1 = 2 attention batches: not a multiple of 4
+    (8, 2, 1024, 2048, 0.0, 2.0, 0.0),  # 4 batches: the fused kernel
+    (4, 1, 1024, 2048, 0.0, 2.0, 0.0),  # 4 batches
+    (2, 3, 1024, 2048, 0.0, 2.0, 0.0),  # 24 batches
+    (1, 1, 4096, 2048, 0.0, 2.0, 1.0),  # key length above the kernel's 2048
+    (1, 1, 4096, 4096, 0.0, 2.0, 0.0),  # ... unless the framework's kernel takes it
+    (1, 1, 1024, 2048, 0.0, 4.0, 1.0),  # fp32 input: the kernel takes only fp16 / bf16
+    (8, 1, 1024, 0, 0.0, 2.0, 0.0),     # no Megatron constraint: one softmax pass
+    (8, 1, 1024, 2048, 1.0, 2.0, 0.0),  # flash attention has no separate softmax pass
 ])
-def test_softmax_fallback_follows_megatrons_kernel_constraint(tp, b, seq, max_seq, flash, want):
+def test_softmax_fallback_follows_megatrons_kernel_constraint(tp, b, seq, max_seq, flash, q,
+                                                              want):
     # Megatron-DeepSpeed FusedScaleMaskSoftmax.forward: 16 < s_k <= 2048, s_q % 4 == 0,
-    # b x heads-per-rank % 4 == 0.
+    # b x heads-per-rank % 4 == 0, input in fp16 / bf16.
     from diffperf.workload.flops import softmax_fallback
 
-    train = Training(flash_attention=flash, fused_softmax_max_seq=float(max_seq))
+    train = Training(flash_attention=flash, fused_softmax_max_seq=float(max_seq),
+                     activation_bytes=q)
     got = softmax_fallback(_vtrain_small(seq), Parallel(tp=tp, micro_batch=b), train)
     assert float(got) == want
 
 
-def test_softmax_fallback_costs_four_kernels_28_bytes_and_an_fp32_copy(x64):
-    """The fallback (x.float(), x * scale, masked_fill, softmax, .half()) against the one
-    fused kernel: 4 more forward kernels; per score element (r q w 4) + (r 4 w 4) x 3 +
-    (r 4 w q) = 2 q + 28 bytes against 2 q; the softmax keeps its fp32 output (4 B) for the
-    backward."""
+def test_softmax_fallback_costs_kernels_bytes_and_an_fp32_copy(x64):
+    """The fallback (x.float(), x * scale, masked_fill_, softmax, .half()) against one
+    softmax pass (r q w q): fp16: 4 more forward kernels, (r q w 4) + (r 4 w 4) x 3 +
+    (r 4 w q) = 2 q + 32 bytes per score element against 2 q, and the softmax's fp32
+    output (4 B) kept for the backward; fp32: no casts, 2 more kernels, 24 - 2 q = 16 B,
+    nothing more kept."""
     from diffperf.memory.activations import layer_activation_parts
     from diffperf.workload.flops import layer_ops
 
     model = _vtrain_small()
-    par = Parallel(tp=8, micro_batch=2, recompute=2)  # 4 attention batches: fusable
-    fused, fallback = (Training(flash_attention=0.0, fused_softmax_max_seq=m) for m in
-                       (2048.0, 0.0))
-    elements = 2 * (16 / 8) * 1024 * 1024  # b (a / t) s s
-    a, b = layer_ops(model, par, fused), layer_ops(model, par, fallback)
-    assert float(b.n_kernels - a.n_kernels) == 4.0
-    assert float(b.elementwise_bytes - a.elementwise_bytes) == 28 * elements
-    # Full recompute: the fp32 copy is part of the layer rebuilt during its backward.
-    (kept_a, work_a), (kept_b, work_b) = (layer_activation_parts(model, par, t)
-                                          for t in (fused, fallback))
-    assert float(kept_b) == float(kept_a)
-    assert float(work_b - work_a) == 4 * elements
+    par = Parallel(tp=8, micro_batch=1, recompute=2)  # 2 attention batches: the fallback
+    elements = 1 * (16 / 8) * 1024 * 1024  # b (a / t) s s
+    for q, kernels, nbytes, kept in ((2.0, 4, 32, 4), (4.0, 2, 16, 0)):
+        one_pass, fallback = (Training(flash_attention=0.0, activation_bytes=q,
+                                       fused_softmax_max_seq=m) for m in (0.0, 2048.0))
+        a, b = layer_ops(model, par, one_pass), layer_ops(model, par, fallback)
+        assert float(b.n_kernels - a.n_kernels) == kernels
+        assert float(b.elementwise_bytes - a.elementwise_bytes) == nbytes * elements
+        # Full recompute: the fp32 copy is part of the layer rebuilt during its backward.
+        (kept_a, work_a), (kept_b, work_b) = (layer_activation_parts(model, par, t)
+                                              for t in (one_pass, fallback))
+        assert float(kept_b) == float(kept_a)
+        assert float(work_b - work_a) == kept * elements
 
 
 def test_tp_host_sync_counts_nccl_calls_two_per_all_reduce_under_sp():

@@ -170,13 +170,17 @@ def _stub_calibration(monkeypatch):
 def test_calibrate_out_writes_an_overlay_apply_overlay_reads(tmp_path, monkeypatch, capsys):
     _stub_calibration(monkeypatch)
     out = tmp_path / "fit.yaml"
-    code = main(["calibrate", str(RUNS_CSV), "--steps", "2", "--json", "--out", str(out)])
+    code = main(["calibrate", str(RUNS_CSV), "--steps", "2", "--json", "--out", str(out),
+                 "--precision", "amp-bf16", "--set", "dp_overlap=0"])
     assert code == 0, capsys.readouterr().err
     overlay = yaml.safe_load(out.read_text())
     system = load_system("h100-sxm-80gb")
     applied = diffperf.apply_overlay(system, out)
     for key in ("mm_max", "kernel_s"):
         assert float(getattr(applied.eff, key)) == overlay["efficiency"][key]
+    # The overlay records the framework facts it was fitted under.
+    assert overlay["fitted_on"]["precision"] == "amp-bf16"
+    assert overlay["fitted_on"]["set"] == ["dp_overlap=0"]
     assert _leftovers(tmp_path, "fit.yaml") == []
 
 

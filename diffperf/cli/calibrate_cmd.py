@@ -165,7 +165,10 @@ def run(args) -> int:
             fitted_on=dict(runs=str(args.runs), rows=int(fit_mask.sum()), seed=args.seed,
                            holdout_frac=args.holdout_frac, fit_only=args.fit_only,
                            folds=args.folds, steps=args.steps,
-                           microbench=list(args.microbench or [])),
+                           microbench=list(args.microbench or []),
+                           # framework facts the runs were fitted under: pass the same to
+                           # predict / validate with this overlay
+                           precision=args.precision, set=list(args.set or [])),
             heldout={k: v for k, v in report.items() if k != "fitted"} | {
                 "fitted": report["fitted"]},
             efficiency=eff)

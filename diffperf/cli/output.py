@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -50,12 +51,23 @@ def check_writable(path, force: bool) -> None:
         raise SpecError(f"{path}: folder {path.parent} does not exist")
 
 
+def _read_umask() -> int:
+    """The process's umask (read once, at import: setting it to read it is not thread-safe)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
 @contextmanager
 def atomic_path(path, suffix=".tmp"):
     """A temporary file beside `path` for the block to write; on success it replaces `path`
-    (a rename: an interrupted run never leaves a truncated file) with the permissions a new
-    file gets under the user's umask (mkstemp makes it private); on failure it is removed,
-    and an OSError becomes a SpecError naming the path."""
+    (a rename: an interrupted run never leaves a truncated file) with the permissions of the
+    file it replaces, or those a new file gets under the process's umask (mkstemp alone
+    makes it private); on failure it is removed, and an OSError becomes a SpecError naming
+    the path."""
     path = Path(path)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
@@ -64,9 +76,7 @@ def atomic_path(path, suffix=".tmp"):
     os.close(fd)
     try:
         yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)

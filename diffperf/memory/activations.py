@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from diffperf.workload.cp import cp_kv_bytes
 from diffperf.workload.flops import (head_shards, hidden_shards, score_elements, softmax_fallback,
-                                     vocab_rows_per_rank)
+                                     softmax_fallback_costs, vocab_rows_per_rank)
 
 
 def layer_activation_parts(model, parallel, training):
@@ -26,7 +26,8 @@ def layer_activation_parts(model, parallel, training):
         A = s b h [ (2 q_r + 2 q_a + 2 m_d) / t_sp + q_a (2 + 2 a_kv/a + (2 + g) f/h) / t ]
             + b a (s/c) s (q_a + m_d (1 + q_a)) / t     (scores: no flash, no recompute)
             + 4 b a (s/c) s / t x fallback              (fp32 softmax output of Megatron's
-                                                         unfused softmax, `softmax_fallback`)
+                                                         unfused softmax, `softmax_fallback`;
+                                                         16-bit activations)
             + 4 b a (s/c) / t                          (flash softmax statistics, fp32)
     s here is the device's sequence shard s/c; t_sp = t with SP, else 1; m_d = dropout.
     Full recompute keeps only the layer input: q_r s b h / t_sp.
@@ -45,7 +46,7 @@ def layer_activation_parts(model, parallel, training):
     sharded = sbh * q * (2.0 + 2.0 * akv / a + (2.0 + model.gated_mlp) * ffn / model.hidden) / t
     scores = score_elements(model, parallel) * (
         (1.0 - training.flash_attention) * (q + md * (1.0 + q))
-        + 4.0 * softmax_fallback(model, parallel, training))
+        + softmax_fallback(model, parallel, training) * softmax_fallback_costs(training)[2])
     stats = training.flash_attention * 4.0 * parallel.micro_batch * a * model.seq_len / (
         parallel.cp * t)
     full = training.residual_bytes * sbh / t_sp

@@ -388,7 +388,7 @@ def training_from_name(precision: str = "bf16", where: str = "precision",
     seq = fields.get("fused_softmax_max_seq", 0.0)
     if not float(seq) >= 0:
         raise SpecError(f"training.fused_softmax_max_seq={seq} must be >= 0 (2048: "
-                        f"Megatron-DeepSpeed's fused softmax; 0: never fused)")
+                        f"Megatron-DeepSpeed's fused softmax; 0: no constraint)")
     return Training(**{k: float(v) for k, v in fields.items()}, name=precision)
 
 

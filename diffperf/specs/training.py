@@ -26,10 +26,11 @@ class Training(struct.PyTreeNode):
                                  # and fp32 norms promote the residual sum to fp32)
     matmul_fp32: Any = 0.0       # 1: matmuls run at the fp32/TF32 peak instead of 16-bit
     flash_attention: Any = 1.0   # 1: fused attention, no s^2 score storage or traffic
-    fused_softmax_max_seq: Any = 2048.0  # unfused attention (flash_attention = 0): Megatron's
-                                 # fused scale-mask-softmax kernel takes key lengths up to this
-                                 # (Megatron-DeepSpeed: 2048); other shapes fall back to fp32
-                                 # PyTorch ops (flops.softmax_fallback); 0: never fused
+    fused_softmax_max_seq: Any = 0.0  # unfused attention (flash_attention = 0) in Megatron:
+                                 # its fused scale-mask-softmax kernel takes key lengths up to
+                                 # this (Megatron-DeepSpeed 2023: 2048) and other shapes fall
+                                 # back to PyTorch ops (flops.softmax_fallback); 0: no such
+                                 # constraint, the softmax is one pass at any shape
     dropout: Any = 0.0           # 1: dropout after attention and MLP (1-byte masks kept)
     loss_bytes_per_logit: Any = 52.0  # HBM bytes per logit element of the fp32 cross-entropy,
                                  # forward + backward (Megatron's vocab-parallel CE: 52;

@@ -18,11 +18,6 @@ _ELEMENTWISE_KERNELS = 5.0
 # Unfused attention runs scores GEMM, scale-mask-softmax, dropout and the AV GEMM (plus
 # layout copies) where flash attention runs one kernel.
 _UNFUSED_ATTENTION_EXTRA_KERNELS = 4.0
-# Megatron's softmax fallback (`softmax_fallback`): upcast, scale, mask, softmax, downcast
-# where the fused kernel is one: 4 more forward kernels and, per score element, 28 more HBM
-# bytes (r q w 4, r 4 w 4, r 4 w 4, r 4 w 4, r 4 w q = 2 q + 28 against the kernel's 2 q).
-_FALLBACK_SOFTMAX_EXTRA_KERNELS = 4.0
-_FALLBACK_SOFTMAX_EXTRA_BYTES = 28.0
 
 
 def attention_kappa(model, training):
@@ -44,26 +39,49 @@ def score_elements(model, parallel):
 
 
 def softmax_fallback(model, parallel, training):
-    """1 where unfused attention's scale-mask-softmax runs as separate fp32 PyTorch ops,
-    0 where it is one fused kernel (and under flash attention, which has no such pass):
+    """1 where unfused attention's scale-mask-softmax runs as separate PyTorch ops because
+    Megatron's fused kernel does not take the shape, else 0:
 
-        fused  <=>  16 < s_kv <= S_max,  s_q = 0 (mod 4),  b a / t = 0 (mod 4)
-    S_max = training.fused_softmax_max_seq. The kernel gives each warp one row batch and
-    runs 4 warps per 128-thread block, so the b a / t attention batches must fill whole
-    blocks. Otherwise Megatron runs x.float(), x * scale, masked_fill, softmax, .half():
-    four more kernels and 28 more HBM bytes per score element in the forward
-    (`_FALLBACK_SOFTMAX_EXTRA_*`), and the softmax keeps its fp32 output for the backward.
+        fused  <=>  16 < s_kv <= S_max,  s_q = 0 (mod 4),  b a / t = 0 (mod 4),  16-bit input
+    S_max = training.fused_softmax_max_seq: Megatron's fused-softmax limit, a framework fact
+    (Megatron-DeepSpeed 2023: 2048); 0 (the default) means no such constraint: the softmax
+    is one pass at any shape (an XLA fusion, or flash attention, which has no separate pass).
+    The kernel gives each warp one row batch and runs 4 warps per 128-thread block, so the
+    b a / t attention batches must fill whole blocks. Otherwise Megatron runs x.float(),
+    x * scale, masked_fill_, softmax, .half() (`softmax_fallback_costs`).
     Source: Megatron-DeepSpeed `megatron/model/fused_softmax.py`, FusedScaleMaskSoftmax.forward
-    (custom_kernel_constraint) [B]. The vTrain runs with b a / t = 2 (16 heads, t = 8, b = 1;
-    32 heads, t = 16, b = 1) are 14-18 % slower than their neighbours predict [D].
-    Example: a = 16, t = 8: b = 1 -> 1 (2 batches), b = 2 -> 0 (4 batches).
+    (custom_kernel_constraint, input_in_float16) [B]. The vTrain runs where b a / t is not a
+    multiple of 4 (16 heads, t = 8, b = 1: 32 single-node rows; 48 heads, t = 16, b = 2: one
+    multi-node row) are 14-18 % slower than their neighbours predict without it [D].
+    Example: a = 16, t = 8, S_max = 2048: b = 1 -> 1 (2 batches), b = 2 -> 0 (4 batches).
     A property of the integer shape, constant in every System leaf.
     """
     s_q, s_kv = model.seq_len / parallel.cp, model.seq_len
     batches = jnp.round(parallel.micro_batch * model.n_heads / head_shards(parallel))
     fused = ((s_kv > 16) & (s_kv <= training.fused_softmax_max_seq)
-             & (jnp.mod(jnp.round(s_q), 4) == 0) & (jnp.mod(batches, 4) == 0))
-    return (1.0 - training.flash_attention) * jnp.where(fused, 0.0, 1.0)
+             & (jnp.mod(jnp.round(s_q), 4) == 0) & (jnp.mod(batches, 4) == 0)
+             & (training.activation_bytes < 4))
+    megatron = jnp.where(training.fused_softmax_max_seq > 0, 1.0, 0.0)
+    return (1.0 - training.flash_attention) * megatron * jnp.where(fused, 0.0, 1.0)
+
+
+def softmax_fallback_costs(training):
+    """(kernels, HBM bytes per score element, bytes kept per score element) that Megatron's
+    softmax fallback adds to a layer's forward, against one softmax pass (r q w q):
+
+        kernels  2 + 2 c          (scale, masked_fill_, softmax for one; + the two casts)
+        bytes    24 + 2 (q + 4) c - 2 q      (r 4 w 4 three times; x.float() r q w 4 and
+                                             .half() r 4 w q; fp16: 32 B against 4 B)
+        kept     4 c              (softmax keeps its fp32 output for the backward; the AV
+                                   GEMM keeps the 16-bit copy, counted with the scores)
+    c = 1 for 16-bit activations (the casts run), 0 in fp32 (q = 4). The layer's backward
+    memory-bound time is modelled as 2 x the forward's, so the backward is charged 2 x these
+    bytes (64 B in fp16 where PyTorch's backward chain moves 2 q + 36 - 3 q = 34 B more than
+    the fused kernel's): an over-count of ~1 % of the vTrain tp 8 layer time.
+    """
+    cast = jnp.where(training.activation_bytes < 4, 1.0, 0.0)
+    q = training.activation_bytes
+    return 2.0 + 2.0 * cast, 24.0 + 2.0 * (q + 4.0) * cast - 2.0 * q, 4.0 * cast
 
 
 def tokens_per_device(model, parallel):
@@ -133,7 +151,7 @@ def layer_ops(model, parallel, training) -> LayerOps:
         n_kernels=(4.0 + dense_w + 3.0 * moe_w + _ELEMENTWISE_KERNELS + model.gated_mlp
                    + (1.0 - training.flash_attention) * _UNFUSED_ATTENTION_EXTRA_KERNELS
                    + softmax_fallback(model, parallel, training)
-                   * _FALLBACK_SOFTMAX_EXTRA_KERNELS),
+                   * softmax_fallback_costs(training)[0]),
         vector_flops=vector_flops(model, parallel, training),
     )
 
@@ -143,7 +161,8 @@ def elementwise_bytes(model, parallel, training):
 
         q_a [ T_sp h (2 x 2 norms + 2 x 3 residual adds) + T f' (2 + gated) / t ]
         + (1 - flash) x 4 q_a b (a/t) (s/c) s        (materialised scores: write, softmax r/w, read)
-        + fallback x 28 b (a/t) (s/c) s               (softmax as fp32 ops: `softmax_fallback`)
+        + fallback x B_f b (a/t) (s/c) s              (softmax as PyTorch ops: `softmax_fallback`,
+                                                       B_f = 32 in fp16, `softmax_fallback_costs`)
 
     T_sp = T / t with sequence parallelism (norms and residuals on a sequence shard), else T
     (AxoNN: T / G_x, the residual stream's width is split over X);
@@ -160,7 +179,7 @@ def elementwise_bytes(model, parallel, training):
         model.moe_topk * model.capacity_factor + model.n_shared_experts) * model.moe_ffn_hidden
     scores = score_elements(model, parallel) * (
         (1.0 - training.flash_attention) * 4.0 * q
-        + softmax_fallback(model, parallel, training) * _FALLBACK_SOFTMAX_EXTRA_BYTES)
+        + softmax_fallback(model, parallel, training) * softmax_fallback_costs(training)[1])
     return q * (T_sp * h * 10.0 + T * f_act * (2.0 + model.gated_mlp) / t) + scores
 
 

@@ -28,5 +28,8 @@ def tp_collectives_per_layer(parallel):
 def tp_calls_per_all_reduce(parallel):
     """NCCL calls per all-reduce equivalent: 1, or 2 with sequence parallelism (the
     reduce-scatter and the all-gather that replace it are separate calls, each with its
-    launch, its fixed cost and its barrier of the t ranks; Korthikanti et al. 2022 4.2.2)."""
+    launch, its fixed cost and its barrier of the t ranks; Korthikanti et al. 2022 4.2.2).
+    Not counted: Megatron's backward under SP all-gathers the column-parallel input once
+    more for the weight gradient (PAPERS.md section 5.3), one more call and half an
+    all-reduce of volume per such linear."""
     return 1.0 + (parallel.sequence_parallel > 0)
