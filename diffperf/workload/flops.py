@@ -56,10 +56,13 @@ def softmax_fallback(model, parallel, training):
     Example: a = 16, t = 8, S_max = 2048: b = 1 -> 1 (2 batches), b = 2 -> 0 (4 batches).
     A property of the integer shape, constant in every System leaf.
     """
-    s_q, s_kv = model.seq_len / parallel.cp, model.seq_len
-    batches = jnp.round(parallel.micro_batch * model.n_heads / head_shards(parallel))
-    fused = ((s_kv > 16) & (s_kv <= training.fused_softmax_max_seq)
-             & (jnp.mod(jnp.round(s_q), 4) == 0) & (jnp.mod(batches, 4) == 0)
+    s_kv = model.seq_len
+    as_int = lambda x: jnp.round(x).astype(jnp.int32)  # noqa: E731
+    batches = as_int(parallel.micro_batch * model.n_heads / head_shards(parallel))
+    # both multiples of 4: the low two bits of (batches | s_q) are 0 (integer ops: this
+    # runs in every layout of a search)
+    fours = jnp.bitwise_and(jnp.bitwise_or(batches, as_int(s_kv / parallel.cp)), 3) == 0
+    fused = ((s_kv > 16) & (s_kv <= training.fused_softmax_max_seq) & fours
              & (training.activation_bytes < 4))
     megatron = jnp.where(training.fused_softmax_max_seq > 0, 1.0, 0.0)
     return (1.0 - training.flash_attention) * megatron * jnp.where(fused, 0.0, 1.0)
