@@ -83,6 +83,27 @@ def test_predict_options_change_the_layout(capsys):
     assert (lay["tp"], lay["pp"], lay["dp"], lay["recompute"]) == (4.0, 16.0, 16.0, 2.0)
 
 
+def test_predict_set_applies_framework_facts_like_the_api(capsys):
+    """--set FIELD=VALUE reaches the Training / Parallel of the prediction: the same as
+    predicting through the API with those fields."""
+    import diffperf
+    from diffperf.specs.parallel import Recompute
+
+    def step(*argv):
+        assert main(["predict", "--json", "--tp", "4", "--pp", "2", "--gpus", "64", *argv]) == 0
+        return json.loads(capsys.readouterr().out)["result"]["step_time_s"]
+
+    base = step()
+    changed = step("--set", "flash_attention=0", "--set", "tp_overlap=0")
+    par = diffperf.Parallel(tp=4, pp=2, dp=8, global_batch=1536, sequence_parallel=1,
+                            recompute=float(Recompute.SELECTIVE), zero_stage=1, tp_overlap=0)
+    want = diffperf.predict(diffperf.load_model("gpt3-175b"), par,
+                            diffperf.load_system("a100-sxm-80gb"),
+                            diffperf.training("bf16", flash_attention=0)).step_time_s
+    assert changed != base
+    assert changed == pytest.approx(float(want), rel=1e-6)
+
+
 def test_predict_placement_moves_groups_between_tiers(capsys):
     """16 GPUs in 8-GPU nodes, tp 2 pp 4 dp 2: Megatron's order (tp-cp-dp-pp) puts the pipeline
     chain at stride 4 (across the two nodes) and DP inside a node; tp-cp-pp-dp puts the chain

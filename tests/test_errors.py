@@ -1077,3 +1077,12 @@ def test_vocab_pad_to_must_be_a_whole_number():
     with _raises("training.vocab_pad_to=1.5 must be a whole number >= 0 (128: Megatron-LM's "
                  "padding; 0: no padding)"):
         training("bf16", vocab_pad_to=1.5)
+
+
+def test_predict_set_refuses_fields_with_their_own_option(capsys):
+    assert _cli_error(capsys, "predict", "--set", "tp=4") == (
+        "--set tp: the layout has its own option --tp; give it there")
+    assert _cli_error(capsys, "predict", "--set", "micro_batch=2") == (
+        "--set micro_batch: the layout has its own option --micro-batch; give it there")
+    assert _cli_error(capsys, "predict", "--set", "flash_attention=x") == (
+        "--set.flash_attention='x' must be a number")

@@ -11,6 +11,9 @@ from diffperf.cli.options import add_model_system
 _LAYOUT = (("tp", 8), ("pp", 8), ("cp", 1), ("ep", 1), ("vp", 1), ("micro_batch", 1),
            ("global_batch", 1536), ("zero_stage", 1), ("cp_ring", 1), ("gx", 1), ("gy", 1),
            ("gz", 1))
+# Parallel fields with an option of their own (not settable through --set).
+_OWN_OPTIONS = {k for k, _ in _LAYOUT} | {"dp", "sequence_parallel", "recompute", "dp_overlap",
+                                          "placement"}
 
 
 def add_parser(sub):
@@ -37,15 +40,25 @@ def add_layout_options(p) -> None:
     p.add_argument("--dp-overlap", type=int, choices=(0, 1), default=1)
     p.add_argument("--placement", default="tp-cp-dp-pp",
                    help="rank order of the groups, innermost first (default: Megatron-LM's)")
+    p.add_argument("--set", action="append", metavar="FIELD=VALUE", help=(
+        "framework fact: any other Parallel or Training field (e.g. flash_attention=0, "
+        "tp_overlap=0); repeatable. A calibration overlay lists the ones it was fitted "
+        "under in fitted_on.set"))
 
 
 def build(args):
     """(model, parallel, system, training) from parsed arguments, validated."""
     from diffperf import Parallel, training
     from diffperf.cli.options import model_and_system
+    from diffperf.specs.load import parse_overrides
     from diffperf.specs.parallel import Recompute, placement_index
     from diffperf.specs.validate import check_layout
 
+    par_over, tr_over = parse_overrides(args.set)
+    own = [k for k in par_over if k in _OWN_OPTIONS]
+    if own:
+        raise SpecError(f"--set {own[0]}: the layout has its own option "
+                        f"--{own[0].replace('_', '-')}; give it there")
     model, system = model_and_system(args)
     inner = args.tp * args.cp * args.pp * args.gx * args.gy * args.gz
     if args.dp is None:
@@ -59,9 +72,9 @@ def build(args):
                         sequence_parallel=float(args.sequence_parallel),
                         recompute=float(Recompute[args.recompute.upper()]),
                         dp_overlap=float(args.dp_overlap),
-                        placement=float(placement_index(args.placement)))
+                        placement=float(placement_index(args.placement)), **par_over)
     check_layout(model, parallel, args.gpus, "layout")
-    return model, parallel, system, training(args.precision)
+    return model, parallel, system, training(args.precision, **tr_over)
 
 
 def result_dict(result) -> dict:
