@@ -143,6 +143,7 @@ def layer_ops(model, parallel, training) -> LayerOps:
                          model.n_shared_experts, model.n_shared_experts]),
     )
     kappa = attention_kappa(model, training)
+    fallback = softmax_fallback(model, parallel, training)
     s_q, s_kv = model.seq_len / parallel.cp, model.seq_len
     heads = parallel.micro_batch * a / t
     attention = Gemms(m=jnp.stack([s_q, s_q]), n=jnp.stack([s_kv, dh]), k=jnp.stack([dh, s_kv]),
@@ -150,16 +151,15 @@ def layer_ops(model, parallel, training) -> LayerOps:
     return LayerOps(
         dense=dense,
         attention=attention,
-        elementwise_bytes=elementwise_bytes(model, parallel, training),
+        elementwise_bytes=elementwise_bytes(model, parallel, training, fallback),
         n_kernels=(4.0 + dense_w + 3.0 * moe_w + _ELEMENTWISE_KERNELS + model.gated_mlp
                    + (1.0 - training.flash_attention) * _UNFUSED_ATTENTION_EXTRA_KERNELS
-                   + softmax_fallback(model, parallel, training)
-                   * softmax_fallback_costs(training)[0]),
+                   + fallback * softmax_fallback_costs(training)[0]),
         vector_flops=vector_flops(model, parallel, training),
     )
 
 
-def elementwise_bytes(model, parallel, training):
+def elementwise_bytes(model, parallel, training, fallback=None):
     """HBM traffic (bytes) of a layer's forward memory-bound ops on one device:
 
         q_a [ T_sp h (2 x 2 norms + 2 x 3 residual adds) + T f' (2 + gated) / t ]
@@ -177,12 +177,14 @@ def elementwise_bytes(model, parallel, training):
     T = tokens_per_device(model, parallel)
     T_sp = T / jnp.where(parallel.sequence_parallel > 0, parallel.tp, 1.0) / hidden_shards(
         parallel)
+    if fallback is None:
+        fallback = softmax_fallback(model, parallel, training)
     dense_w, moe_w = _moe_weights(model)
     f_act = dense_w * model.ffn_hidden + moe_w * (
         model.moe_topk * model.capacity_factor + model.n_shared_experts) * model.moe_ffn_hidden
     scores = score_elements(model, parallel) * (
         (1.0 - training.flash_attention) * 4.0 * q
-        + softmax_fallback(model, parallel, training) * softmax_fallback_costs(training)[1])
+        + fallback * softmax_fallback_costs(training)[1])
     return q * (T_sp * h * 10.0 + T * f_act * (2.0 + model.gated_mlp) / t) + scores
 
 
@@ -205,8 +207,7 @@ def vector_flops(model, parallel, training):
     T = tokens_per_device(model, parallel)
     kappa = attention_kappa(model, training)
     t = head_shards(parallel)
-    scores = parallel.micro_batch * (model.n_heads / t) * (
-        model.seq_len / parallel.cp) * model.seq_len * kappa
+    scores = score_elements(model, parallel) * kappa
     return 5.0 * scores + 10.0 * T * (model.hidden / hidden_shards(parallel)
                                       + model.ffn_hidden / t)
 
