@@ -11,8 +11,7 @@ from diffperf.errors import SpecError
 from diffperf.result import Breakdown, Memory, Result
 from diffperf.specs import Efficiency, Model, Parallel, Recompute, System, Tier, Training, ZeroStage
 from diffperf.specs.batch import stack, unstack
-from diffperf.specs.load import apply_overlay, load_model, load_runs, load_system
-from diffperf.specs.training import training
+from diffperf.load import apply_overlay, load_model, load_runs, load_system, training
 
 __all__ = ["predict", "predict_batch", "best_axonn_grid", "SpecError", "Breakdown", "Memory", "Result",
            "Efficiency", "Model", "Parallel", "Recompute", "System", "Tier", "Training",

@@ -277,7 +277,7 @@ def prediction_interval(jacobian, cov, s2, z=1.96):
 
 
 def run_sets(runs, systems: dict, weight) -> list:
-    """One RunSet per system of `runs` (specs.load.Runs); `systems` maps names (or '*')."""
+    """One RunSet per system of `runs` (load.Runs); `systems` maps names (or '*')."""
     from diffperf.api import _as_float
     from diffperf.specs.batch import anonymous, stack
 

@@ -39,7 +39,7 @@ from diffperf.search import COLUMNS, PLACEMENTS
 from diffperf.sensitivity import (DEFAULT_CANDIDATES, _quick_jit, candidates, hard_best,
                                   leaf_paths, soft_min_and_grad)
 from diffperf.specs.batch import anonymous
-from diffperf.specs.load import _check_keys, _number
+from diffperf.load import _check_keys, _number
 from diffperf.specs.training import Training
 
 OBJECTIVES = ("time_to_train", "cost_per_token")

@@ -12,7 +12,7 @@ def predict_runs(runs, systems: dict, temperature=None):
     """(step time s, peak memory GB, fits) predicted for every run, one vmap per system.
 
     Args:
-        runs: `specs.load.Runs`.
+        runs: `load.Runs`.
         systems: system name (the runs' `system` column, or '*' for all rows) -> System.
     """
     n = len(runs)

@@ -35,7 +35,7 @@ class Config:
         return self.hidden // self.n_heads
 
     def as_diffperf_dict(self) -> dict:
-        """The same model in diffperf's YAML schema (`diffperf.specs.load.model_from_dict`)."""
+        """The same model in diffperf's YAML schema (`diffperf.load.model_from_dict`)."""
         return dict(num_layers=self.n_layers, hidden=self.hidden, ffn_hidden=self.ffn_hidden,
                     num_heads=self.n_heads, num_kv_heads=self.n_kv_heads,
                     head_dim=self.head_dim, vocab=self.vocab, seq_len=self.seq_len,

@@ -1,6 +1,6 @@
 """Every validation rule raises SpecError naming the field, the value and what is allowed.
 
-STYLE.md section 5: validate at the boundary (specs/load.py, specs/validate.py, the CLI) on
+STYLE.md section 5: validate at the boundary (load.py, specs/validate.py, the CLI) on
 concrete values, before anything is traced; `pytest.raises(SpecError, match=re.escape(...))`
 for each rule. Nothing here compiles: errors must come before tracing.
 """
@@ -17,7 +17,7 @@ import yaml
 import diffperf
 from diffperf import Parallel, SpecError, load_model, load_runs, load_system
 from diffperf.specs.batch import stack
-from diffperf.specs.load import apply_overlay
+from diffperf.load import apply_overlay
 from diffperf.specs.validate import check_layout
 
 
@@ -347,7 +347,7 @@ def test_unknown_training_field_suggests():
 # --------------------------------------------------------------------------------------------
 
 def _small(**over):
-    return diffperf.Model.create(**(_model_dict(num_heads=24, hidden=768, num_kv_heads=8,
+    return diffperf.load_model((_model_dict(num_heads=24, hidden=768, num_kv_heads=8,
                                                 ffn_hidden=3072, num_layers=12, seq_len=2048)
                                     | over))
 
@@ -427,7 +427,7 @@ def test_predict_validates_before_tracing():
 
 
 # --------------------------------------------------------------------------------------------
-# Measured-runs CSV (specs/load.py load_runs)
+# Measured-runs CSV (load.py load_runs)
 # --------------------------------------------------------------------------------------------
 
 RUN_COLUMNS = ["id", "system", "num_gpus", "num_layers", "hidden", "num_heads", "vocab",
@@ -650,7 +650,7 @@ def test_hf_json_nested_too_deeply(tmp_path):
 
 
 def test_unknown_names_list_the_shipped_configs():
-    from diffperf.specs.load import model_names, system_names
+    from diffperf.load import model_names, system_names
 
     with _raises(f"unknown model 'gpt3-175'; did you mean 'gpt3-175b'? (shipped: "
                  f"{', '.join(model_names())}; or give a path to a .yaml file)"):
@@ -706,7 +706,7 @@ def test_runs_set_overrides(tmp_path):
 
 
 def test_kernel_table_without_rows(tmp_path):
-    from diffperf.specs.load import load_table
+    from diffperf.load import load_table
 
     p = tmp_path / "gemm.csv"
     p.write_text("m,n,k,time_s\n")
@@ -928,7 +928,7 @@ def test_cli_sensitivity_options(capsys, argv, message):
 
 
 def test_cli_design_options(capsys):
-    from diffperf.specs.load import _configs_dir
+    from diffperf.load import _configs_dir
 
     names = ", ".join(sorted(p.stem for p in (_configs_dir() / "design").glob("*.yaml")))
     assert _cli_error(capsys, "design", "--cost", "zzz") == (
@@ -944,6 +944,8 @@ def test_cli_study_options(capsys, tmp_path):
 
     assert _cli_error(capsys, "study", "zzz") == (
         f"unknown study 'zzz' (studies: {', '.join(STUDIES)})")
+    assert _cli_error(capsys, "study") == (
+        f"study: give a study name (one of: {', '.join(STUDIES)}) or --list")
     assert _cli_error(capsys, "study", "1", "--formats", "gif", "--out", tmp_path) == (
         "--formats='gif' must list png, svg or pdf")
     (tmp_path / "file").write_text("x\n")
@@ -1064,7 +1066,7 @@ def test_stride_of_an_unplaced_dimension_is_a_bug():
 
 
 def test_fused_softmax_max_seq_must_not_be_negative():
-    from diffperf.specs.training import training
+    from diffperf.load import training
 
     with _raises("training.fused_softmax_max_seq=-1 must be >= 0 (2048: Megatron-DeepSpeed's "
                  "fused softmax; 0: no constraint)"):
@@ -1072,7 +1074,7 @@ def test_fused_softmax_max_seq_must_not_be_negative():
 
 
 def test_vocab_pad_to_must_be_a_whole_number():
-    from diffperf.specs.training import training
+    from diffperf.load import training
 
     with _raises("training.vocab_pad_to=1.5 must be a whole number >= 0 (128: Megatron-LM's "
                  "padding; 0: no padding)"):

@@ -45,15 +45,15 @@ import pytest
 import yaml
 
 import diffperf
-import diffperf.specs.load
+import diffperf.load
 from diffperf import (Parallel, SpecError, Training, apply_overlay, load_model, load_runs,
                       load_system)
 from diffperf.cli.main import main
 from diffperf.predict import predict_step
 from diffperf.specs.batch import stack
-from diffperf.specs.load import (_FRACTIONS, _HF_UNSUPPORTED, EFFICIENCY_KEYS, MODEL_KEYS,
-                                 RUN_REQUIRED, SYSTEM_KEYS, TIER_KEYS,
-                                 model_from_dict, system_from_dict)
+from diffperf.load import (_FRACTIONS, _HF_UNSUPPORTED, EFFICIENCY_KEYS, MODEL_KEYS,
+                           RUN_REQUIRED, SYSTEM_KEYS, TIER_KEYS,
+                           model_from_dict, system_from_dict)
 from diffperf.specs.system import Efficiency
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,7 +72,7 @@ MODEL_POSITIVE = ("num_layers", "hidden", "ffn_hidden", "num_heads", "num_kv_hea
 SYSTEM_POSITIVE = ("matmul_TFLOPs", "matmul_fp32_TFLOPs", "vector_TFLOPs",
                    "hbm_bandwidth_GBps", "hbm_capacity_GiB", "power_W")
 TIER_POSITIVE = ("domain_size", "bandwidth_GBps")
-EFF_POSITIVE = tuple(_FRACTIONS) + tuple(getattr(diffperf.specs.load, "_POSITIVE", (
+EFF_POSITIVE = tuple(_FRACTIONS) + tuple(getattr(diffperf.load, "_POSITIVE", (
     "mm_half_dim", "mm_exponent", "floor_pnorm")))
 
 NAN, INF = float("nan"), float("inf")

@@ -453,7 +453,7 @@ def test_gemm_alignment_bytes_and_factor():
 
 def test_vocab_rows_per_rank_padded_or_split():
     """Megatron-LM pads V up to a multiple of 128 t; vTrain's model code splits V // t."""
-    from diffperf.specs.training import training
+    from diffperf.load import training
     from diffperf.workload.flops import vocab_rows_per_rank
 
     gpt = Model(n_layers=96, hidden=12288, ffn_hidden=49152, n_heads=96, n_kv_heads=96,

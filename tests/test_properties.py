@@ -49,10 +49,10 @@ from diffperf import Parallel, load_model
 from diffperf.predict import predict_step
 from diffperf.result import EXPOSED_PARTS, HIDDEN_PARTS, MEMORY_PARTS
 from diffperf.specs.batch import stack
-from diffperf.specs.load import (_FRACTIONS, EFFICIENCY_KEYS, _configs_dir, model_from_dict,
-                                 model_names, system_from_dict, system_names)
+from diffperf.load import (_FRACTIONS, EFFICIENCY_KEYS, _configs_dir, model_from_dict,
+                           model_names, system_from_dict, system_names, training)
 from diffperf.specs.system import Efficiency
-from diffperf.specs.training import PRECISIONS, training
+from diffperf.specs.training import PRECISIONS
 from diffperf.specs.validate import check_layout
 
 N = 96  # configurations per hypothesis example: one shape, hence one compilation

@@ -231,3 +231,18 @@ def test_unknown_study_is_a_one_line_error(capsys):
     assert main(["study", "pati-et-al-2023", "--quick"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown study" in err[0] and "comm-scaling" in err[0]
+
+
+def test_study_list_names_every_study_and_its_aliases(capsys):
+    """`diffperf study --list`: what a user tries before reading the help (issue 14)."""
+    import json
+
+    from diffperf.studies import ALIASES
+
+    assert main(["study", "--list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["studies"]
+    assert [e["name"] for e in listed] == list(STUDIES)
+    assert sorted(a for e in listed for a in e["aliases"]) == sorted(ALIASES)
+    assert all(e["title"] == STUDIES[e["name"]].TITLE for e in listed)
+    assert main(["study", "--list"]) == 0
+    assert "diminishing-returns" in capsys.readouterr().out

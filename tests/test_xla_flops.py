@@ -40,7 +40,7 @@ from jax_transformer import (  # noqa: E402
 
 from diffperf import Parallel, Training  # noqa: E402
 from diffperf.predict import _flops_per_step  # noqa: E402
-from diffperf.specs.load import model_from_dict  # noqa: E402
+from diffperf.load import model_from_dict  # noqa: E402
 from diffperf.workload.flops import attention_kappa, layer_ops  # noqa: E402
 
 # Shapes where the matmuls dominate (h >= 512) and each compile takes a few seconds on 2 cores.

@@ -1,1 +1,1 @@
-"""Command line: the only code that prints (and, with specs/load.py, reads files)."""
+"""Command line: the only code that prints (and, with load.py, reads files)."""

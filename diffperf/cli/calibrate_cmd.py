@@ -41,7 +41,7 @@ def add_parser(sub):
 def benches(paths, system):
     """(Microbench, System) terms from the three kernel CSVs (schema: shared/data/README.md)."""
     from diffperf import calibrate as cal
-    from diffperf.specs.load import load_table
+    from diffperf.load import load_table
 
     g = load_table(paths[0], GEMM_COLUMNS)
     a = load_table(paths[1], ATTENTION_COLUMNS)

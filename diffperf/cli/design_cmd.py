@@ -49,7 +49,7 @@ def add_parser(sub):
 def load_cost(name_or_path):
     """A CostModel from configs/design/NAME.yaml or a YAML path (validated)."""
     from diffperf.design import cost_model_from_dict
-    from diffperf.specs.load import _configs_dir, read_yaml
+    from diffperf.load import _configs_dir, read_yaml
 
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):

@@ -113,7 +113,7 @@ def _search(args) -> int:
 
 
 def _read_csv(path, required) -> list:
-    from diffperf.specs.load import read_text
+    from diffperf.load import read_text
 
     text = read_text(path)
     reader = csv.DictReader(text.splitlines())

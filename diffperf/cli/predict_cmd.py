@@ -50,7 +50,7 @@ def build(args):
     """(model, parallel, system, training) from parsed arguments, validated."""
     from diffperf import Parallel, training
     from diffperf.cli.options import model_and_system
-    from diffperf.specs.load import parse_overrides
+    from diffperf.load import parse_overrides
     from diffperf.specs.parallel import Recompute, placement_index
     from diffperf.specs.validate import check_layout
 

@@ -25,7 +25,9 @@ def add_parser(sub):
     p = sub.add_parser("study", help="run a study of the papers (CSV + figures)", description=(
         f"Run one study and write NAME.csv, NAME.png and NAME.svg into --out. Studies: {lines}. "
         f"Also accepted: {', '.join(ALIASES)}."))
-    p.add_argument("name", help="study name (or its number 1-4, or the paper's first author)")
+    p.add_argument("name", nargs="?", help="study name (or its number 1-4, or the paper's "
+                   "first author); see --list")
+    p.add_argument("--list", action="store_true", help="list the studies and exit")
     p.add_argument("--out", default="studies", help="output folder, created if missing "
                    "(default: ./studies)")
     p.add_argument("--quick", action="store_true", help="a reduced version (fewer models, "
@@ -86,10 +88,33 @@ def _outputs(out: Path, name: str, formats: str, force: bool) -> list:
     return paths
 
 
+def studies_table() -> list[dict]:
+    """One entry per study: name, the other names it answers to, and its title."""
+    from diffperf.studies import ALIASES, STUDIES
+
+    return [dict(name=name, aliases=[a for a, k in ALIASES.items() if k == name],
+                 title=mod.TITLE) for name, mod in STUDIES.items()]
+
+
+def _list(args) -> int:
+    entries = studies_table()
+    if args.json:
+        print_json(dict(studies=entries))
+        return 0
+    rows = [(e["name"], ", ".join(e["aliases"]), e["title"]) for e in entries]
+    console.print(table("studies (diffperf study NAME)", ("name", "also", "question"), rows))
+    return 0
+
+
 def run(args) -> int:
     from diffperf import load_model, load_system
     from diffperf.cli.figures import STUDY_FIGURES, save
 
+    if args.list:
+        return _list(args)
+    if args.name is None:
+        names = ", ".join(e["name"] for e in studies_table())
+        raise SpecError(f"study: give a study name (one of: {names}) or --list")
     study = resolve(args.name)
     out = Path(args.out)
     paths = _outputs(out, study.NAME, args.formats, args.force)

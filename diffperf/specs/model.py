@@ -15,8 +15,9 @@ from flax import struct
 class Model(struct.PyTreeNode):
     """A decoder (causal) or encoder (full attention) Transformer, optionally MoE.
 
-    Build it with `diffperf.load_model` (YAML, Hugging Face config.json) or `Model.create`,
-    which validate; the bare constructor does not (JAX rebuilds pytrees with placeholders).
+    Build it with `diffperf.load_model` (a name, a YAML or Hugging Face config.json path, or a
+    mapping of the YAML keys), which validates; the bare constructor does not (JAX rebuilds
+    pytrees with placeholders).
     """
 
     n_layers: Any          # transformer blocks L
@@ -39,10 +40,3 @@ class Model(struct.PyTreeNode):
     n_shared_experts: Any = 0.0  # always-active experts (DeepSeek-MoE)
     capacity_factor: Any = 1.0   # C_f: tokens per expert padded to C_f x the mean
     name: str = struct.field(pytree_node=False, default="model")
-
-    @classmethod
-    def create(cls, **fields) -> "Model":
-        """Validated constructor from plain Python numbers (see `specs.load.model_from_dict`)."""
-        from diffperf.specs.load import model_from_dict
-
-        return model_from_dict(fields, where="Model")

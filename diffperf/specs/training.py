@@ -60,10 +60,3 @@ PRECISIONS = {
                  activation_bytes=4.0, matmul_fp32=1.0, grad_buffers_persist=0.0,
                  residual_bytes=4.0),
 }
-
-
-def training(precision: str = "bf16", **overrides) -> Training:
-    """A `Training` for a named precision (see PRECISIONS), with optional field overrides."""
-    from diffperf.specs.load import training_from_name
-
-    return training_from_name(precision, **overrides)

@@ -237,7 +237,10 @@ def model_from_hf(cfg: dict, where: str) -> Model:
 
 
 def load_model(name_or_path) -> Model:
-    """A model by name (configs/models/NAME.yaml), YAML path, or Hugging Face config.json."""
+    """A model by name (configs/models/NAME.yaml), YAML path, Hugging Face config.json, or a
+    mapping of the YAML schema's keys (configs/README.md), validated."""
+    if isinstance(name_or_path, dict):
+        return model_from_dict(name_or_path, where="model")
     path = Path(name_or_path)
     if path.suffix == ".json":
         text = read_text(path)
@@ -367,6 +370,11 @@ def apply_overlay(system: System, overlay) -> System:
     _check_keys(d, OVERLAY_KEYS, where)
     eff = efficiency_from_dict(d.get("efficiency") or {}, f"{where}.efficiency", system.eff)
     return system.replace(eff=eff)
+
+
+def training(precision: str = "bf16", **overrides) -> Training:
+    """A `Training` for a named precision (specs.training.PRECISIONS), with field overrides."""
+    return training_from_name(precision, **overrides)
 
 
 def training_from_name(precision: str = "bf16", where: str = "precision",
