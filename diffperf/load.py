@@ -20,12 +20,12 @@ from diffperf.specs.model import Model
 from diffperf.specs.system import Efficiency, System, Tier
 from diffperf.specs.training import PRECISIONS, Training
 
-CONFIGS = Path(__file__).resolve().parent.parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 def _configs_dir() -> Path:
     """configs/ of the checkout, or the copy installed inside the package."""
-    installed = Path(__file__).resolve().parent.parent / "configs"
+    installed = Path(__file__).resolve().parent / "configs"
     return CONFIGS if CONFIGS.is_dir() else installed
 
 
