@@ -283,7 +283,7 @@ def system_names() -> list[str]:
 SYSTEM_KEYS = ("name", "description", "sources", "matmul_TFLOPs", "matmul_fp32_TFLOPs",
                "vector_TFLOPs", "hbm_bandwidth_GBps", "hbm_capacity_GiB", "power_W", "tiers",
                "efficiency")
-TIER_KEYS = ("name", "domain_size", "bandwidth_GBps", "latency_us")
+TIER_KEYS = ("name", "domain_size", "bandwidth_GBps", "latency_us", "oversubscription")
 EFFICIENCY_KEYS = tuple(Efficiency.__dataclass_fields__)
 # Efficiencies that are fractions: must lie in (0, 1].
 # Efficiencies that must be strictly positive (scales and exponents).
@@ -330,7 +330,9 @@ def system_from_dict(d: dict, where: str = "system") -> System:
         tiers.append(Tier(domain_size=_number(t, "domain_size", tw, positive=True),
                           bandwidth_Bps=_number(t, "bandwidth_GBps", tw, positive=True) * 1e9,
                           latency_s=_number(t, "latency_us", tw, minimum=0.0) * 1e-6,
-                          name=str(t.get("name", f"tier{i}"))))
+                          name=str(t.get("name", f"tier{i}")),
+                          oversubscription=_number(t, "oversubscription", tw, minimum=1.0,
+                                                   default=1.0)))
     for i in range(1, len(tiers)):
         if tiers[i].domain_size < tiers[i - 1].domain_size:
             raise SpecError(f"{where}.tiers[{i}].domain_size={tiers[i].domain_size:g} must be "

@@ -10,7 +10,7 @@ from diffperf.cli.options import add_model_system
 
 _LAYOUT = (("tp", 8), ("pp", 8), ("cp", 1), ("ep", 1), ("vp", 1), ("micro_batch", 1),
            ("global_batch", 1536), ("zero_stage", 1), ("cp_ring", 1), ("gx", 1), ("gy", 1),
-           ("gz", 1))
+           ("gz", 1), ("pp_first_layers", 0), ("pp_last_layers", 0))
 # Parallel fields with an option of their own (not settable through --set).
 _OWN_OPTIONS = {k for k, _ in _LAYOUT} | {"dp", "sequence_parallel", "recompute", "dp_overlap",
                                           "placement"}
@@ -108,20 +108,26 @@ def render(result, title) -> None:
 def run(args) -> int:
     from diffperf import predict
 
+    from diffperf.workload.pp import stage_layers
+
     model, parallel, system, train = build(args)
     result = predict(model, parallel, system, train)
+    stages = [float(x) for x in stage_layers(model, parallel)]  # first, largest middle, last
     if args.json:
         print_json(dict(model=model.name, system=system.name, gpus=args.gpus,
                         layout={k: float(getattr(parallel, k)) for k in (
                             "tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch",
                             "sequence_parallel", "zero_stage", "recompute", "cp_ring", "gx",
-                            "gy", "gz")} | {"placement": args.placement},
+                            "gy", "gz", "pp_first_layers", "pp_last_layers")}
+                        | {"placement": args.placement, "stage_layers": stages},
                         result=result_dict(result)))
         return 0
     title = (f"{model.name} on {args.gpus} x {system.name}: tp {args.tp} pp {args.pp} "
              f"dp {args.dp} cp {args.cp} mb {args.micro_batch} gb {args.global_batch}"
              + (f" grid {args.gx}x{args.gy}x{args.gz}" if args.gx * args.gy * args.gz > 1
                 else "")
-             + (f" placement {args.placement}" if args.placement != "tp-cp-dp-pp" else ""))
+             + (f" placement {args.placement}" if args.placement != "tp-cp-dp-pp" else "")
+             + (f" stages {stages[0]:g}/{stages[1]:g}/{stages[2]:g} layers"
+                if args.pp > 2 and len(set(stages)) > 1 else ""))
     render(result, title)
     return 0

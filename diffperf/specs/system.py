@@ -14,15 +14,21 @@ from flax import struct
 class Tier(struct.PyTreeNode):
     """One level of the network: a domain of `domain_size` devices joined at `bandwidth_Bps`.
 
-    Tiers are nested innermost first (NVLink node, then the scale-out fabric); the last tier's
-    domain holds the whole cluster. Bandwidth is per device and per direction (PAPERS.md
-    section 0): NICs per node x NIC rate / devices per node for a scale-out tier.
+    Tiers are nested innermost first (NVLink node, then the levels of the scale-out fabric:
+    rack or rail leaf, pod / spine, core); the last tier's domain holds the whole cluster.
+    Bandwidth is per device and per direction (PAPERS.md section 0): NICs per node x NIC rate
+    / devices per node for a scale-out tier; an oversubscribed level divides it.
     """
 
     domain_size: Any    # devices reachable on this tier (n_i); continuous for co-design
-    bandwidth_Bps: Any  # per device, one direction
+    bandwidth_Bps: Any  # per device, one direction (its NIC share, or link rate)
     latency_s: Any      # per message step (alpha_i)
     name: str = struct.field(pytree_node=False, default="tier")
+    oversubscription: Any = 1.0  # >= 1: devices' injection bandwidth below this tier's
+                                 # switches / its uplink capacity (1 = non-blocking; Meta's
+                                 # Llama 3 cluster: 7 at the aggregation layer). Traffic that
+                                 # crosses this tier gets bandwidth_Bps / oversubscription
+                                 # when every device sends at once (costs.tiers)
 
 
 class Efficiency(struct.PyTreeNode):
