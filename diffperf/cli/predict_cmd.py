@@ -42,7 +42,7 @@ def add_layout_options(p) -> None:
                    help="rank order of the groups, innermost first (default: Megatron-LM's)")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE", help=(
         "framework fact: any other Parallel or Training field (e.g. flash_attention=0, "
-        "tp_overlap=0); repeatable. A calibration overlay lists the ones it was fitted "
+        "tp_overlap=0; checkpoint_interval_s=1800 for the goodput); repeatable. A calibration overlay lists the ones it was fitted "
         "under in fitted_on.set"))
 
 
