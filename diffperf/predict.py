@@ -21,7 +21,9 @@ from diffperf.costs.compute import (gemm_times_s, gemms_time_s, layer_times_s, m
                                     memory_time_s)
 from diffperf.costs.smooth import pnorm_max
 from diffperf.memory.device import device_memory
-from diffperf.result import EXPOSED_PARTS, Breakdown, Result
+from diffperf.result import EXPOSED_PARTS, Breakdown, Goodput, Result
+from diffperf.schedule.goodput import (checkpoint_bytes, checkpoint_write_s, daly_interval_s,
+                                      job_mtbf_s, lost_fracs)
 from diffperf.schedule.overlap import (axonn_exposed_s, dp_step_exposed_s, ring_exposed_s,
                                        split_exposed, zero3_layer_exposed_s)
 from diffperf.schedule.pipeline import (critical_stage, p2p_exposed_s, pipeline_times_s,
@@ -35,7 +37,8 @@ from diffperf.workload.ep import ep_a2a_bytes, ep_a2a_per_layer
 from diffperf.workload.flops import attention_io_bytes, head_ops, layer_ops
 from diffperf.workload.groups import stride
 from diffperf.workload.params import (grid_shards, layer_params_per_device,
-                                      stage_expert_params_per_device, stage_params_per_device)
+                                      stage_expert_params_per_device, stage_params_per_device,
+                                      total_params)
 from diffperf.workload.pp import pp_message_bytes, stage_layers
 from diffperf.workload.tp import (tp_calls_per_all_reduce, tp_collectives_per_layer,
                                   tp_message_bytes)
@@ -366,6 +369,23 @@ def _flops_per_step(model, parallel, training):
     return model_flops, model_flops + extra
 
 
+def _goodput(model, system, training, n_devices, tokens_per_s) -> Goodput:
+    """Goodput of the job (schedule.goodput): checkpoint V = N (q_w + q_master + q_opt),
+    delta = V / B, M = 1 / (n lambda), tau = training.checkpoint_interval_s or, when 0,
+    Daly's optimum; the step time enters only through tokens_per_s."""
+    rel = system.reliability
+    V = checkpoint_bytes(total_params(model), training)
+    delta = checkpoint_write_s(V, rel.storage_write_Bps)
+    M = job_mtbf_s(rel.failure_rate_per_s, n_devices)
+    given = training.checkpoint_interval_s
+    tau = jnp.where(given > 0, given, daly_interval_s(delta, M))
+    kept, ckpt, rework, restart = lost_fracs(tau, delta, M, rel.restart_s)
+    return Goodput(mtbf_s=M, checkpoint_bytes=V, checkpoint_s=delta, checkpoint_interval_s=tau,
+                   restart_s=jnp.asarray(rel.restart_s), goodput_frac=kept, checkpoint_frac=ckpt,
+                   rework_frac=rework, restart_frac=restart,
+                   effective_tokens_per_s=tokens_per_s * kept)
+
+
 def predict_step(model, parallel, system, training, temperature=None,
                  features=FEATURES) -> Result:
     """The whole prediction for one configuration (pure; jit/vmap/grad-safe).
@@ -407,10 +427,11 @@ def predict_step(model, parallel, system, training, temperature=None,
     memory = device_memory(model, parallel, system, training)
     model_flops, hw_flops = _flops_per_step(model, parallel, training)
     n = parallel.n_devices
+    tokens_per_s = parallel.global_batch * model.seq_len / step
     return Result(
         step_time_s=step, breakdown=breakdown, memory=memory,
         fits=memory.total_bytes <= memory.capacity_bytes,
         fit_margin_frac=(memory.capacity_bytes - memory.total_bytes) / memory.capacity_bytes,
         mfu=model_flops / (step * n * matmul_peak(system, training)),
-        tokens_per_s=parallel.global_batch * model.seq_len / step,
-        model_flops=model_flops, hardware_flops=hw_flops, n_devices=n)
+        tokens_per_s=tokens_per_s, model_flops=model_flops, hardware_flops=hw_flops,
+        n_devices=n, goodput=_goodput(model, system, training, n, tokens_per_s))

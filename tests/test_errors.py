@@ -180,6 +180,45 @@ def test_system_efficiency_negative(tmp_path):
         load_system(p)
 
 
+def test_system_reliability_loads_in_si_units(tmp_path):
+    """The `reliability:` keys (configs/README.md): per device-hour -> per device-second,
+    GB/s -> B/s, seconds as they are; an absent mapping keeps the defaults."""
+    from diffperf import Reliability
+
+    rel = {"failure_rate_per_device_hour": 3.6, "storage_write_GBps": 500, "restart_s": 90}
+    s = load_system(_write_yaml(tmp_path, _system_dict() | {"reliability": rel}))
+    assert float(s.reliability.failure_rate_per_s) == pytest.approx(1e-3, rel=1e-12)
+    assert float(s.reliability.storage_write_Bps) == 500e9
+    assert float(s.reliability.restart_s) == 90.0
+    assert load_system(_write_yaml(tmp_path, _system_dict(), "b.yaml")).reliability == (
+        Reliability())
+
+
+@pytest.mark.parametrize("key,value,rule", [
+    ("failure_rate_per_device_hour", 0, "must be > 0"),
+    ("failure_rate_per_device_hour", -2e-5, "must be > 0"),
+    ("storage_write_GBps", 0, "must be > 0"),
+    ("storage_write_GBps", -1, "must be > 0"),
+    ("restart_s", -60, "must be >= 0"),
+])
+def test_system_reliability_values(tmp_path, key, value, rule):
+    """A zero or negative failure rate or storage bandwidth, or a negative restart time, is
+    refused (a restart of 0 s is an ideal, allowed; a rate of 0 has no optimal interval)."""
+    p = _write_yaml(tmp_path, _system_dict() | {"reliability": {key: value}})
+    with _raises(f"{p}.reliability.{key}={float(value):g} {rule}"):
+        load_system(p)
+
+
+def test_system_reliability_unknown_key_and_not_a_mapping(tmp_path):
+    p = _write_yaml(tmp_path, _system_dict() | {"reliability": {"restart_min": 10}})
+    with _raises(f"{p}.reliability: unknown key 'restart_min'; did you mean 'restart_s'? "
+                 "(allowed: failure_rate_per_device_hour, restart_s, storage_write_GBps)"):
+        load_system(p)
+    p = _write_yaml(tmp_path, _system_dict() | {"reliability": [600]}, "c.yaml")
+    with _raises(f"{p}.reliability: expected a mapping of keys to values, got list"):
+        load_system(p)
+
+
 def test_overlay_unknown_key_and_bad_value():
     s = load_system("a100-sxm-80gb")
     with _raises("overlay: unknown key 'efficency'; did you mean 'efficiency'?"):
@@ -962,6 +1001,9 @@ def test_cli_search_options(capsys, argv, message):
     (("--max-candidates", "0"), "--max-candidates=0 must be >= 1"),
     (("--top", "0"), "--top=0 must be >= 1"),
     (("--smooth", "-1"), "--smooth=-1.0 must be >= 0"),
+    (("--goodput", "--optimum"), "--goodput gives the elasticities at one layout; drop "
+     "--optimum (the optimum is searched by step time, and failures cost every layout of a "
+     "job alike)"),
 ])
 def test_cli_sensitivity_options(capsys, argv, message):
     assert _cli_error(capsys, "sensitivity", *argv) == message
