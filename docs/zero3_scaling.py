@@ -2,8 +2,8 @@
 
     python docs/zero3_scaling.py [--out docs/figures/zero3-scaling]
 
-GPT-3 175B on A100 80 GB (8 per node, 8 x 200 Gb/s HDR), pure data parallelism with ZeRO-3,
-full recompute, global batch 2048 sequences of 2048 tokens. At each degree d the largest
+GPT-3 175B on H100 80 GB (8 per node, 8 x 400 Gb/s NDR), pure data parallelism with ZeRO-3,
+full recompute, global batch 1024 sequences of 2048 tokens. At each degree d the largest
 micro-batch that fits is used (fewest micro-batches, so fewest gathers per step). Two
 implementations: PyTorch FSDP (the next layer prefetched whole, the backward's gather serving
 the recomputation) and DeepSpeed ZeRO-3 of 2021 (a 5e7-element prefetch bucket, the
@@ -30,12 +30,12 @@ from diffperf.specs.training import Training
 
 IMPLEMENTATIONS = {"PyTorch FSDP": dict(zero3_regather=0),
                    "DeepSpeed ZeRO-3 (2021)": dict(zero3_regather=1, zero3_prefetch_params=5e7)}
-DEGREES = (64, 128, 256, 512, 1024, 2048)
-BATCH = 2048
+DEGREES = (64, 128, 256, 512, 1024)
+BATCH = 1024
 
 
 def rows():
-    model, system = load_model("gpt3-175b"), load_system("a100-sxm-80gb")
+    model, system = load_model("gpt3-175b"), load_system("h100-sxm-80gb")
     out = []
     for name, facts in IMPLEMENTATIONS.items():
         for d in DEGREES:
@@ -80,7 +80,7 @@ def figure(table, path):
     ax.set_yscale("log")
     ax.set_xlabel("data-parallel degree d (GPUs)")
     ax.set_ylabel("seconds per step")
-    ax.set_title(f"GPT-3 175B, ZeRO-3, global batch {BATCH}, A100 80 GB (8 x HDR per node)",
+    ax.set_title(f"GPT-3 175B, ZeRO-3, global batch {BATCH}, H100 80 GB (8 x 400 Gb/s NDR per node)",
                  fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(True, which="both", alpha=0.3)
