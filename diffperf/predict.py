@@ -45,7 +45,7 @@ from diffperf.workload.tp import (tp_calls_per_all_reduce, tp_collectives_per_la
 
 # Terms that are exactly 0 for most layouts, and that a caller who knows so can leave out of
 # the traced program (`features` of predict_step; `features_of` finds them from concrete specs).
-FEATURES = frozenset({"ep", "cp", "axonn", "experts"})
+FEATURES = frozenset({"ep", "cp", "axonn", "experts", "hsdp"})
 _PARTS = ("compute_s", "recompute_s", "tp_exposed_s", "cp_exposed_s", "ep_exposed_s",
           "axonn_exposed_s", "overhead_s", "overlap_slowdown_s", "tp_hidden_s", "cp_hidden_s",
           "ep_hidden_s", "axonn_hidden_s")
@@ -131,17 +131,20 @@ def features_of(model, parallel) -> frozenset:
 
         ep: an MoE model and some ep > 1 (token all-to-alls)   cp: some cp > 1 (K/V exchange)
         axonn: some gx gy gz > 1 (grid collectives)  experts: some moe_experts > 0
+        hsdp: some zero_shard > 0 (ZeRO shard groups smaller than the DP group, replicas)
     Every feature when a leaf is traced (values unknown). Leaving a feature out when its
     terms are 0 changes no result: each of them is multiplied by a size-1-group factor of
     exactly 0 (collectives.*: `active`), or is a group with no parameters.
     """
-    leaves = (parallel.ep, parallel.cp, parallel.gx, parallel.gy, parallel.gz, model.n_experts)
+    leaves = (parallel.ep, parallel.cp, parallel.gx, parallel.gy, parallel.gz, model.n_experts,
+              parallel.zero_shard)
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
         return FEATURES
     big = lambda x: bool(np.any(np.asarray(x) > 1))  # noqa: E731
     experts = bool(np.any(np.asarray(model.n_experts) > 0))
     on = {"ep": experts and big(parallel.ep), "cp": big(parallel.cp),
-          "axonn": big(parallel.gx) or big(parallel.gy) or big(parallel.gz), "experts": experts}
+          "axonn": big(parallel.gx) or big(parallel.gy) or big(parallel.gz), "experts": experts,
+          "hsdp": bool(np.any(np.asarray(parallel.zero_shard) > 0))}
     return frozenset(k for k, v in on.items() if v)
 
 
@@ -303,9 +306,12 @@ def _dp_times(model, parallel, system, training, features=FEATURES) -> dict:
     for params, lparams, n, s in groups:
         g, w, lw, lg = dp_volumes_bytes(params, lparams, training)
         on = jnp.where(params > 0, 1.0, 0.0)  # no expert group in a dense model
-        (n_s, s_s), (n_r, s_r) = zero_groups(n, s, parallel)
-        whole, shard, repl = (ring_group(n, s, system), ring_group(n_s, s_s, system),
-                              ring_group(n_r, s_r, system))
+        whole = ring_group(n, s, system)
+        if "hsdp" in features:
+            (n_s, s_s), (n_r, s_r) = zero_groups(n, s, parallel)
+            shard, repl = ring_group(n_s, s_s, system), ring_group(n_r, s_r, system)
+        else:  # the shard group is the whole group, no replicas (a call on one rank: 0)
+            n_s, shard, repl = n, whole, whole._replace(active=0.0 * whole.active)
         sharded = ring_phase_s(shard, g, 1.0, 1.0) + ring_phase_s(repl, g / n_s, 2.0, 2.0)
         t["reduce_s"] += on * jnp.where(parallel.zero_stage == 0,
                                         ring_phase_s(whole, g, 2.0, 2.0), sharded)
