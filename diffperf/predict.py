@@ -29,7 +29,7 @@ from diffperf.workload.axonn import axonn_layer_volumes
 from diffperf.workload.cp import cp_kv_bytes, cp_ring_block_bytes, cp_ring_steps
 from diffperf.workload.dp import dp_volumes_bytes, product_group
 from diffperf.workload.ep import ep_a2a_bytes, ep_a2a_per_layer
-from diffperf.workload.flops import attention_io_bytes, head_ops, hidden_shards, layer_ops
+from diffperf.workload.flops import attention_io_bytes, head_ops, layer_ops
 from diffperf.workload.groups import stride
 from diffperf.workload.params import (grid_shards, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device)
@@ -56,29 +56,6 @@ def _tp_collective_s(model, parallel, system, training):
     second call's fixed cost is added by `_layer_parts`)."""
     S = tp_message_bytes(model, parallel, training)
     return all_reduce_s(S, parallel.tp, stride(_placed(parallel), "tp"), system)
-
-
-def _pp_transfer_s(model, parallel, system, training):
-    """One stage-boundary transfer (activation forward or gradient backward) of a micro-batch:
-
-        T = send_recv(S / t) + (1 - sp) all_gather(S, t),    S = b (s/c) h q_a / G_x
-    Megatron's scatter/gather optimisation (Narayanan et al. SC21 Section 4.1; Megatron-LM
-    `p2p_communication`, `gather_split_1d_tensor`): each of the t TP ranks sends its 1/t slice
-    across the boundary (`workload.pp.pp_message_bytes`), then the receiving stage rebuilds
-    the full b s h tensor by an all-gather over its TP group before it can compute on it. With
-    sequence parallelism the tensor is already sharded over the sequence: no gather. The
-    gather is 0 for t = 1 (a group of one rank makes no call).
-    Example: h 8192, s 2048, b 2, fp16, t 8 inside a node (300 GB/s x 0.8, 2.5 us, t0 = 0),
-    pp stride 32 across nodes (12.5 GB/s x 0.8, 5 us): S = 67.1 MB;
-    send 5 us + 8.39 MB / 10 GB/s = 844 us; gather 7 x 2.5 us + 7/8 x 67.1 MB / 240 GB/s =
-    262 us; T = 1.106 ms.
-    """
-    placed = _placed(parallel)
-    send = send_recv_s(pp_message_bytes(model, parallel, training), parallel.pp,
-                       stride(placed, "pp"), system)
-    full = tp_message_bytes(model, parallel, training) / hidden_shards(parallel)
-    no_sp = jnp.where(parallel.sequence_parallel > 0, 0.0, 1.0)
-    return send + no_sp * all_gather_s(full, parallel.tp, stride(placed, "tp"), system)
 
 
 def _ep_parts(model, parallel, system, training, free_f, free_b, temperature):
@@ -374,7 +351,8 @@ def predict_step(model, parallel, system, training, temperature=None,
     w_first, w_last = critical_stage_weights(t_fe, t_le, parallel)
     m = parallel.n_microbatches
     crit = {k: m * (body[k] + w_first * first[k] + w_last * last[k]) for k in _PARTS}
-    send = _pp_transfer_s(model, parallel, system, training)
+    send = send_recv_s(pp_message_bytes(model, parallel, training), parallel.pp,
+                       stride(_placed(parallel), "pp"), system)
     dp_exposed, dp_hidden, _, own = _dp_parts(model, parallel, system, training, free_f,
                                               free_b, temperature, features)
     breakdown = Breakdown(

@@ -23,7 +23,7 @@ from diffperf.costs.collectives import all_gather_s, all_reduce_s, all_to_all_s,
 from diffperf.costs.tiers import p2p_tier_fractions, tier_ranks
 from diffperf.memory.activations import layer_activation_bytes
 from diffperf.memory.weights import gradient_bytes, optimizer_bytes, weight_bytes
-from diffperf.predict import _flops_per_step, _pp_transfer_s
+from diffperf.predict import _flops_per_step
 from diffperf.schedule.pipeline import pipeline_times_s
 from diffperf.workload.params import total_params
 from diffperf.workload.pp import bubble_fraction, pp_message_bytes
@@ -426,35 +426,6 @@ def test_tp_group_inside_a_node_never_touches_the_outer_tier():
     np.testing.assert_allclose(times, [expected] * 3, rtol=1e-6)
     grad = jax.grad(lambda k: all_reduce_s(S, 8.0, 1.0, _two_tier(bw_outer=25e9 * k)))(1.0)
     assert float(grad) == 0.0
-
-
-
-def _gpt_h8192():
-    return diffperf.load_model(dict(name="h8192", num_layers=48, hidden=8192, num_heads=64,
-                                    ffn_hidden=4 * 8192, vocab=50257, seq_len=2048))
-
-
-def test_pp_transfer_scatter_then_gather_docstring_example():
-    # predict._pp_transfer_s docstring (Narayanan et al. SC21 Section 4.1): h 8192, s 2048,
-    # b 2, fp16, t 8 in a node (300 GB/s x 0.8, 2.5 us), stages 32 ranks apart across nodes
-    # (12.5 GB/s x 0.8, 5 us), t0 = 0. S = b s h q_a = 67,108,864 B.
-    sys_ = _system([Tier(domain_size=8.0, bandwidth_Bps=300e9, latency_s=2.5e-6),
-                    Tier(domain_size=2.0**20, bandwidth_Bps=12.5e9, latency_s=5e-6)],
-                   coll_eff_intra=0.8, coll_eff_inter=0.8)
-    par = Parallel(tp=8, dp=4, pp=16, micro_batch=2, global_batch=384)
-    S = 2 * 2048 * 8192 * 2
-    send = 5e-6 + (S / 8) / (12.5e9 * 0.8)           # every boundary crosses nodes: 843.9 us
-    gather = 7 * 2.5e-6 + 7 / 8 * S / (300e9 * 0.8)   # ring all-gather over the 8 TP ranks
-    t = _pp_transfer_s(_gpt_h8192(), par, sys_, Training())
-    np.testing.assert_allclose(float(t), send + gather, rtol=1e-6)
-    np.testing.assert_allclose(float(t), 1.106e-3, rtol=1e-3)
-    # Sequence parallelism: the tensor is already sharded over the sequence, no gather.
-    t_sp = _pp_transfer_s(_gpt_h8192(), par.replace(sequence_parallel=1.0), sys_, Training())
-    np.testing.assert_allclose(float(t_sp), send, rtol=1e-6)
-    # t = 1: the whole tensor is sent, nothing to gather.
-    t1 = _pp_transfer_s(_gpt_h8192(), Parallel(tp=1, dp=32, pp=16, micro_batch=2,
-                                               global_batch=384), sys_, Training())
-    np.testing.assert_allclose(float(t1), 5e-6 + S / (12.5e9 * 0.8), rtol=1e-6)
 
 
 # --------------------------------------------------------------------------------------------
