@@ -23,13 +23,13 @@ import pytest
 from diffperf import Parallel, SpecError, load_model, load_system, predict, training
 from diffperf.api import _as_float
 from diffperf.cli.main import main
-from diffperf.axonn_search import axonn_grids
+from diffperf.search.axonn import axonn_grids
 from diffperf.search import (COLUMNS, axonn_mask, enumerate_layouts, pareto_front, parallel_of,
                              ranked, search, soft_best)
 from diffperf.specs.batch import anonymous
 from diffperf.specs.validate import check_layout
 
-search_module = sys.modules["diffperf.search"]  # by name: a re-export may shadow the module
+from diffperf.search import kernel as search_kernel  # noqa: E402 (the compiled kernels)
 
 MODEL = load_model("gpt-small")
 N_DEVICES, GLOBAL_BATCH = 4, 8
@@ -55,7 +55,7 @@ def _reference():
     check_layout) with the search kernel's XLA:CPU options, which change no result but
     compile ~2x faster: one scalar compile serves every row (placement and grid are leaves)."""
     return jax.jit(lambda *args: predict(*args),
-                   compiler_options=search_module._CPU_COMPILER_OPTIONS)
+                   compiler_options=search_kernel._CPU_COMPILER_OPTIONS)
 
 
 def _predict_rows(rows):
@@ -239,7 +239,7 @@ def test_pareto_front_of_a_search_is_not_dominated(result):
 def _compiled():
     """Entries in the trace caches of the search kernels (`_cache_size`, private in JAX 0.10,
     as tests/test_compile.py uses it)."""
-    return sum(getattr(search_module, k)._cache_size() for k in (
+    return sum(getattr(search_kernel, k)._cache_size() for k in (
         "_grid_predict", "_grid_predict_cpu", "_grid_predict_cpu_quick"))
 
 
@@ -252,7 +252,7 @@ def test_new_hardware_values_do_not_recompile(table, result):
 
 
 def test_optimized_and_quick_kernels_agree(table, result):
-    """The two XLA:CPU optimisation levels (search.py, _CPU_QUICK_OPTIONS) give the same
+    """The two XLA:CPU optimisation levels (search.kernel, _CPU_QUICK_OPTIONS) give the same
     numbers; only compile and run times differ."""
     rows = table[table[:, -1] == 0]
     optimized = search(MODEL, SYSTEM, TRAINING, rows, optimize=True)
