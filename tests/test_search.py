@@ -310,7 +310,8 @@ def test_soft_best_gives_memory_capacity_a_gradient(soft):
 
 
 # --------------------------------------------------------------------------------------------
-# Sharded over devices (a subprocess with 4 host devices, so this process keeps one)
+# Sharded over devices (a subprocess with 4 host devices, so this process keeps one): the
+# layout axis of a search, the hardware points of a sweep
 # --------------------------------------------------------------------------------------------
 
 # Feasibility and the best layout are identical. Times agree to float32 rounding, not bit for
@@ -322,7 +323,7 @@ def test_soft_best_gives_memory_capacity_a_gradient(soft):
 _SHARDED = textwrap.dedent("""
     import jax, numpy as np
     from diffperf import load_model, load_system
-    from diffperf.search import enumerate_layouts, ranked, search, search_sharded
+    from diffperf.search import enumerate_layouts, ranked, search, search_sharded, sweep
     assert len(jax.devices()) == 4, jax.devices()
     model, system = load_model("gpt-small"), load_system("a100-sxm-80gb")
     system = system.replace(hbm_capacity_bytes=3.0 * 2**30)
@@ -339,6 +340,19 @@ _SHARDED = textwrap.dedent("""
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=0)
     b1, b4 = ranked(one, 1)[0], ranked(four, 1)[0]
     assert abs(one.step_time_s[b4] / one.step_time_s[b1] - 1) < 1e-6
+    # A hardware sweep split over the 4 devices (6 points: one call of 2 points per device,
+    # the last device's share padded): each device runs the single-device program on its 2
+    # points (the single device on 6), so the same layouts, counts and memory; times to
+    # float32 rounding (measured: 1 ulp, XLA fuses the two batch sizes differently).
+    axes = {"tiers[0].bandwidth_Bps": [50e9, 300e9, 900e9],
+            "hbm_capacity_bytes": [3.0 * 2**30, 8.0 * 2**30]}
+    s1 = sweep(model, system, None, table, axes, top=2)
+    s4 = sweep(model, system, None, table, axes, top=2, devices=jax.devices())
+    np.testing.assert_array_equal(s1.index, s4.index)
+    np.testing.assert_array_equal(s1.n_fits, s4.n_fits)
+    np.testing.assert_allclose(s1.memory_bytes, s4.memory_bytes, rtol=1e-6, atol=0)
+    np.testing.assert_allclose(s1.step_time_s, s4.step_time_s, rtol=3e-7, atol=0)
+    assert (s1.index >= 0).all()
     print("identical", len(table))
 """)
 

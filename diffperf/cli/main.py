@@ -7,6 +7,7 @@ line and exit code 2; anything else is a bug (traceback, exit 1).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from diffperf.errors import SpecError
@@ -34,9 +35,22 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_device_per_core() -> None:
+    """One XLA host device per CPU core, so that search and its sweeps, which split their work
+    over every local device, use all the cores (benchmarks/README.md); an XLA_FLAGS that sets
+    the count wins. It must be set before JAX creates its CPU backend, so only a program run
+    (main() without arguments) sets it, never an in-process caller such as a test."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags and (os.cpu_count() or 1) > 1:
+        os.environ["XLA_FLAGS"] = (f"{flags} --xla_force_host_platform_device_count="
+                                   f"{os.cpu_count()}").strip()
+
+
 def main(argv=None) -> int:
     from diffperf.cli.output import err_console
 
+    if argv is None:
+        _one_device_per_core()
     try:
         args = _parser().parse_args(argv)
         return args.run(args) or 0

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -26,16 +24,25 @@ def add_parser(sub):
         "recompute, sequence parallelism, placement; with --axonn also the AxoNN 3D tensor "
         "grid gx, gy, gz), predict them all in one jitted batched computation, drop those "
         "that do not fit, and print the fastest ones and the Pareto front of step time vs "
-        "memory. With no options: GPT-3 175B on 1024 A100 80 GB, global batch 1536."))
+        "memory. With --sweep, do so at every point of a grid of hardware values and print "
+        "the best layout at each. The work is split over every local device (on a CPU, one "
+        "per core). With no options: GPT-3 175B on 1024 A100 80 GB, global batch 1536."))
     add_model_system(p)
     p.add_argument("--gpus", type=int, default=1024, help="number of devices (default 1024)")
     p.add_argument("--global-batch", dest="global_batch", type=int, default=1536,
                    help="sequences per optimizer step (default 1536)")
-    p.add_argument("--top", type=int, default=10, help="layouts to list (default 10)")
+    p.add_argument("--top", type=int, default=None, help="layouts to list (default 10; with "
+                   "--sweep, per hardware point, default 1)")
     p.add_argument("--placements", default=None, help="comma-separated rank orders, innermost "
                    "first (default: tp-cp-dp-pp,tp-cp-pp-dp)")
     p.add_argument("--axonn", action="store_true", help="also enumerate the AxoNN 4D layouts "
                    "(3D tensor grid gx x gy x gz x dp, tp = pp = 1; Singh et al. SC24)")
+    p.add_argument("--sweep", action="append", metavar="FIELD=VALUES", help="sweep a "
+                   "hardware number over values: FIELD is a key of the system YAML in its "
+                   "units (hbm_bandwidth_GBps, tiers[1].bandwidth_GBps, tiers[0].domain_size, "
+                   "matmul_TFLOPs, efficiency.mm_max, ...), VALUES is START:STOP:N (evenly "
+                   "spaced), START:STOP:N:log (geometric) or V1,V2,...; repeat for a grid "
+                   "(the outer product)")
     p.add_argument("--chunk", type=int, default=None, help="layouts per batched call")
     p.add_argument("--no-cache", action="store_true", help="do not keep compiled code in "
                    "the persistent cache (~/.cache/diffperf/jax)")
@@ -56,13 +63,29 @@ def _placements(text):
 
 
 def _enable_cache() -> None:
-    """Keep compiled search kernels on disk: a later run skips XLA compilation (JAX's
-    persistent compilation cache; a process-wide setting, so in-process callers such as
-    tests pass --no-cache)."""
+    """JAX's persistent compilation cache (cli.cache); tests pass --no-cache."""
+    from diffperf.cli.cache import enable_compilation_cache
+
+    enable_compilation_cache()
+
+
+def _store(args):
+    """The on-disk store of compiled search kernels (cli.cache), or None with --no-cache."""
+    if args.no_cache:
+        return None
+    from diffperf.cli.cache import KernelStore
+
+    _enable_cache()
+    return KernelStore()
+
+
+def _devices():
+    """Every local device of the default backend, or None when there is one (the
+    single-device program)."""
     import jax
 
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    jax.config.update("jax_compilation_cache_dir", str(base / "diffperf" / "jax"))
+    devices = jax.local_devices()
+    return devices if len(devices) > 1 else None
 
 
 def build(args):
@@ -71,7 +94,7 @@ def build(args):
     from diffperf.cli.options import model_and_system
 
     for name in ("gpus", "global_batch", "top"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SpecError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     if args.chunk is not None and args.chunk < 1:
         raise SpecError(f"--chunk={args.chunk} must be >= 1")
@@ -80,15 +103,18 @@ def build(args):
 
 
 @contextlib.contextmanager
-def _progress(enabled: bool):
+def _progress(enabled: bool, what="searching"):
     """A progress callback; the bar (stderr, transient) appears only after 1 s."""
     if not enabled or not err_console.is_terminal:
         yield None
         return
-    from rich.progress import Progress
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
 
-    bar = Progress(console=err_console, transient=True)
-    task = bar.add_task("searching (compiling first)", total=None)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TimeRemainingColumn(), console=err_console,
+                   transient=True)
+    task = bar.add_task(f"{what} (compiling first)", total=None)
     lock, state = threading.Lock(), {"on": False, "done": False}
 
     def start():
@@ -102,7 +128,7 @@ def _progress(enabled: bool):
     timer.start()
     try:
         yield lambda done, total: bar.update(task, completed=done, total=total,
-                                             description="searching")
+                                             description=what)
     finally:
         timer.cancel()
         with lock:
@@ -200,17 +226,21 @@ def run(args) -> int:
                                  ranked, search)
 
     model, system, train, placements = build(args)
+    if args.sweep:
+        from diffperf.cli.sweep_cmd import run_sweep
+
+        return run_sweep(args, model, system, train, placements)
     start = time.perf_counter()
     layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements,
                                 axonn=args.axonn)
-    if not args.no_cache:
-        _enable_cache()
+    store = _store(args)
     with _progress(not args.json) as progress:
         # Tables from enumerate_layouts are valid by construction (tests/test_search.py).
         result = search(model, system, train, layouts, placements=placements,
-                        chunk=args.chunk or DEFAULT_CHUNK, validate=False, progress=progress)
+                        chunk=args.chunk or DEFAULT_CHUNK, validate=False, progress=progress,
+                        devices=_devices(), store=store)
     seconds = time.perf_counter() - start
-    top = ranked(result, args.top)
+    top = ranked(result, args.top or 10)
     fit = np.flatnonzero(result.fits)
     front = fit[pareto_front(result.step_time_s[fit], result.memory.total_bytes[fit])]
     if args.json:
