@@ -230,3 +230,63 @@ def test_executable_store_round_trip(table):
     third = search(MODEL, SYSTEM, TRAINING, rows, store=store)
     np.testing.assert_array_equal(third.step_time_s, first.step_time_s)
     assert store[key] != b"not an executable"
+
+
+def test_tied_leaves_are_checked(table):
+    with _raises("sweep: tied={'vector_flops_per_s': ('hbm_bandwidth_Bps', 0.5)} must tie a "
+                 "System leaf that is not swept to a swept one (tiers[0].bandwidth_Bps, "
+                 "hbm_capacity_bytes) by a factor > 0"):
+        sweep(MODEL, SYSTEM, TRAINING, table, AXES,
+              tied={"vector_flops_per_s": ("hbm_bandwidth_Bps", 0.5)})
+
+
+# --------------------------------------------------------------------------------------------
+# diffperf design --grid
+# --------------------------------------------------------------------------------------------
+
+def test_grid_design_prices_every_point_and_picks_the_best_within_the_budget(table):
+    """Cost C = base + sum p (theta - theta_min) at each point (here the matrix peak and the
+    InfiniBand bandwidth are priced, the rest at the system's values); time to train =
+    T tokens / (B s) with T the best step of `search` at that point, the fp32 and vector
+    peaks scaled with the 16-bit one; the best point is the argmin within the budget."""
+    from diffperf.design import CostModel, device_cost
+    from diffperf.design_grid import grid_design
+
+    cost = CostModel(unit="USD", base=4000.0, matmul_per_TFLOPs=20.0,
+                     tier_bandwidth_per_GBps=(0.0, 60.0), tier_domain_per_device=(0.0, 0.0),
+                     budget=12000.0)
+    flops, ib = [150e12, 300e12, 600e12], [12.5e9, 50e9]
+    g = grid_design(MODEL, SYSTEM, TRAINING, table, cost,
+                    {"matmul_flops_per_s": flops, "tiers[1].bandwidth_Bps": ib}, tokens=1e9)
+    tokens_per_step = GLOBAL_BATCH * float(MODEL.seq_len)
+    for i, f in enumerate(flops):
+        for j, b in enumerate(ib):
+            r = f / float(SYSTEM.matmul_flops_per_s)
+            s = SYSTEM.replace(matmul_flops_per_s=f,
+                               matmul_fp32_flops_per_s=SYSTEM.matmul_fp32_flops_per_s * r,
+                               vector_flops_per_s=SYSTEM.vector_flops_per_s * r,
+                               tiers=(SYSTEM.tiers[0], SYSTEM.tiers[1].replace(bandwidth_Bps=b)))
+            assert g.cost[i, j] == pytest.approx(device_cost(cost, s), rel=1e-9)
+            res = search(MODEL, s, TRAINING, table)
+            t = res.step_time_s[ranked(res, 1)[0]]
+            assert g.objective[i, j] == pytest.approx(t * 1e9 / tokens_per_step, rel=1e-6)
+            assert g.within[i, j] == (device_cost(cost, s) <= 12000.0)
+    masked = np.where(g.within, g.objective, np.inf)
+    assert g.best == int(np.argmin(masked)) and np.isfinite(masked.reshape(-1)[g.best])
+    assert not g.within.all() and g.within.any()  # the budget leaves the top corner out
+
+
+def test_cli_design_grid_json(capsys):
+    argv = ["design", "--model", "gpt-small", "--gpus", "8", "--global-batch", "16", "--cost",
+            "illustrative-usd", "--grid", "matmul_TFLOPs=150:600:4", "--grid",
+            "tiers[1].bandwidth_GBps=12.5,50", "--top", "3", "--no-cache"]
+    assert main(argv + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["hardware_points"] == 8 and 0 < data["within_budget"] < 8
+    ranked_ = data["ranked"]
+    assert len(ranked_) == 3 and ranked_[0] == data["best"]
+    assert all(p["within_budget"] and p["cost"] <= data["budget"] for p in ranked_)
+    assert [p["objective"] for p in ranked_] == sorted(p["objective"] for p in ranked_)
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "design grid" in out and "hardware points within the budget" in out

@@ -18,9 +18,9 @@ from diffperf.search.evaluate import pareto_front, ranked, search, search_sharde
 from diffperf.search.kernel import (_CPU_COMPILER_OPTIONS, _CPU_QUICK_OPTIONS, DEFAULT_CHUNK,
                                     QUICK_BELOW, executable)
 from diffperf.search.soft import SoftBest, soft_best
-from diffperf.search.sweep import SWEEP_CELLS, Sweep, sweep
+from diffperf.search.sweep import POINTS_PER_CALL, SWEEP_CELLS, Sweep, sweep
 
 __all__ = ["COLUMNS", "INNER", "INNER_GRID", "KEYS", "OUTER", "PLACEMENTS", "DEFAULT_CHUNK",
-           "QUICK_BELOW", "SWEEP_CELLS", "GRID_COLUMNS", "SoftBest", "Sweep", "axonn_comm_s", "axonn_grids",
+           "QUICK_BELOW", "SWEEP_CELLS", "POINTS_PER_CALL", "GRID_COLUMNS", "SoftBest", "Sweep", "axonn_comm_s", "axonn_grids",
            "axonn_mask", "best_axonn_grid", "enumerate_layouts", "executable", "pareto_front",
            "parallel_of", "ranked", "search", "search_sharded", "soft_best", "sweep"]

@@ -114,11 +114,25 @@ def _check_nested(system, axes) -> None:
                             f"nested, innermost first)")
 
 
-def _points(system, axes) -> dict:
-    """{path: values [H]} of every grid point (first axis slowest) in the system's dtype."""
+def _points(system, axes, tied=None) -> dict:
+    """{path: values [H]} of every grid point (first axis slowest) in the system's dtype, the
+    tied leaves included (`tied`: {path: (swept path, factor)}, path = factor x swept)."""
     grids = np.meshgrid(*[v for _, v in axes], indexing="ij")
+    out = {p: g.reshape(-1) for (p, _), g in zip(axes, grids)}
+    out |= {p: factor * out[src] for p, (src, factor) in (tied or {}).items()}
     dtype = jnp.result_type(float)
-    return {p: g.reshape(-1).astype(dtype) for (p, _), g in zip(axes, grids)}
+    return {p: v.astype(dtype) for p, v in out.items()}
+
+
+def _check_tied(system, axes, tied) -> dict:
+    """{path: (swept path, factor)}: System leaves not swept themselves, tied to swept ones."""
+    paths, swept = _leaf_paths(system), [p for p, _ in axes]
+    for path, (src, factor) in (tied or {}).items():
+        if path not in paths or path in swept or src not in swept or not factor > 0:
+            raise SpecError(f"sweep: tied={{{path!r}: ({src!r}, {factor})}} must tie a System "
+                            f"leaf that is not swept to a swept one ({', '.join(swept)}) by a "
+                            f"factor > 0")
+    return dict(tied or {})
 
 
 def _with_leaves(system, leaves: dict):
@@ -222,7 +236,7 @@ def _placed(args, devices, swept):
 
 def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=1,
           temperature=None, devices=None, validate=True, cells=SWEEP_CELLS,
-          points_per_call=POINTS_PER_CALL, progress=None, store=None) -> Sweep:
+          points_per_call=POINTS_PER_CALL, progress=None, store=None, tied=None) -> Sweep:
     """The `top` fastest layouts that fit at every point of a hardware grid.
 
     Args:
@@ -240,12 +254,15 @@ def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=
         points_per_call: hardware points per call and device (a call scans the whole table).
         progress: optional callable(done, total), in layout x hardware points, after a call.
         store: optional executable store, as for `search`.
+        tied: {System leaf path: (swept path, factor)}: leaves that follow a swept one
+            (e.g. the fp32 and vector peaks with the 16-bit matrix peak, one chip).
     Returns:
         `Sweep` with arrays of shape [*grid] (n_fits) and [*grid, top].
     Example: GPT-3 175B on 1024 A100 (466,320 layouts) x 32 InfiniBand bandwidths x 64 HBM
     bandwidths: 955 M points, of which the sweep keeps 2,048 x 4 numbers.
     """
     axes = _check_axes(system, axes)
+    tied = _check_tied(system, axes, tied)
     if int(top) != top or top < 1:
         raise SpecError(f"top={top} must be a whole number >= 1")
     layouts = _check_table(model, layouts, placements) if validate else np.asarray(layouts)
@@ -253,8 +270,8 @@ def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=
     model_, system_, training_ = _as_float((anonymous(model), anonymous(system),
                                            anonymous(training)))
     dtype = jnp.result_type(float)
-    points = _points(system_, axes)
-    paths = tuple(p for p, _ in axes)
+    points = _points(system_, axes, tied)
+    paths = tuple(points)
     n_h = len(points[paths[0]])
     devices = None if devices is None else list(devices)
     n_dev = 1 if devices is None else len(devices)
@@ -296,7 +313,7 @@ def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=
     step_t, cell, mem, n_fits = out
     index = np.where(np.isfinite(step_t) & (cell >= 0), row_of[np.maximum(cell, 0)], -1)
     shape = tuple(len(v) for _, v in axes)
-    return Sweep(paths=paths, values=tuple(v for _, v in axes),
+    return Sweep(paths=tuple(p for p, _ in axes), values=tuple(v for _, v in axes),
                  step_time_s=step_t.reshape(*shape, top), index=index.reshape(*shape, top),
                  memory_bytes=np.where(index >= 0, mem, np.nan).reshape(*shape, top),
                  n_fits=n_fits.reshape(shape), n_layouts=n)
