@@ -8,6 +8,9 @@ Reports, for the full layout table of the job (every placement):
   * kernel: the jitted chunk calls alone (block_until_ready), the steady-state speed of the
     factored evaluation (search.py docstring);
   * search(): the whole library call warm (chunk calls + host-side gather into rows);
+  * one inner vmap: the kernel as it was before the inner axis was factored (one vmap over
+    the 24 (zero, recompute, sp) cells instead of three, 4 x 3 x 2), timed in the same run
+    so that the ratio holds under any load;
   * flat vmap: jax.jit(jax.vmap(predict_step)) over the same layouts, one row per layout,
     for comparison (the unfactored form).
 `--devices N` makes N host devices (XLA_FLAGS=--xla_force_host_platform_device_count=N) and
@@ -49,8 +52,9 @@ def main() -> None:
     from diffperf.specs.batch import anonymous
     from diffperf.specs.training import Training
 
-    S = sys.modules["diffperf.search"] if "diffperf.search" in sys.modules else __import__(
-        "diffperf.search", fromlist=["search"])
+    import diffperf.search as S
+    from diffperf.search import kernel as K
+
     chunk = args.chunk or S.DEFAULT_CHUNK
     devices = jax.devices() if args.devices else None
     model, system = load_model(args.model), load_system(args.system)
@@ -62,13 +66,13 @@ def main() -> None:
           f"{time.perf_counter() - start:.3f} s")
     m, s, t = _as_float((anonymous(model), anonymous(system), anonymous(Training())))
     n_dev = len(devices) if devices else 1
-    keys, cell, per = S._grid(table, S.PLACEMENTS, chunk, n_dev)
-    features = S._table_features(m, keys)
-    kernel = S._kernel(devices, optimize=not args.quick)
+    keys, cell, per = K._grid(table, S.PLACEMENTS, chunk, n_dev)
+    features = K._table_features(m, keys)
+    kernel = K._kernel(devices, optimize=not args.quick)
     print(f"kernel: {'quick (LLVM -O0)' if args.quick else 'optimized (LLVM -O1)'} XLA:CPU "
           f"options")
     dtype = np.float32
-    chunks = [S._chunk_parallel(keys[i:i + per], dtype, features)
+    chunks = [K._chunk_parallel(keys[i:i + per], dtype, features)
               for i in range(0, len(keys), per)]
     start = time.perf_counter()
     jax.block_until_ready(kernel(m, chunks[0], s, t, None, features))
@@ -79,15 +83,17 @@ def main() -> None:
     def run_kernel():
         jax.block_until_ready([kernel(m, c, s, t, None, features) for c in chunks])
 
-    cells = sum(len(c.tp) * 24 for c in chunks)
-    sec = best_of(run_kernel, args.repeat)
+    cells = len(keys) * 24
+    sec = sec_kernel = best_of(run_kernel, args.repeat)
     print(f"kernel: {len(table):,} layouts ({cells:,} grid cells incl. padding) in {sec:.3f} s "
           f"= {len(table) / sec:,.0f} layouts/s  (batch {chunk:,} layouts per call per device, "
           f"{n_dev} device(s))")
     sec = best_of(lambda: S.search(model, system, None, table, chunk=chunk, devices=devices,
                                    validate=False, optimize=not args.quick), args.repeat)
     print(f"search() warm: {sec:.3f} s = {len(table) / sec:,.0f} layouts/s (incl. host-side "
-          f"gather of the 28 result fields into table order)")
+          f"gather of the result fields into table order)")
+    if devices is None:
+        _one_inner_vmap(K, m, s, t, keys, per, features, args, len(table), sec_kernel)
     if args.no_flat:
         return
     flat = jax.jit(jax.vmap(predict_step, in_axes=(None, 0, None, None, None, None)),
@@ -101,6 +107,35 @@ def main() -> None:
     sec = best_of(lambda: jax.block_until_ready(flat(m, par, s, t, None, features)), args.repeat)
     print(f"flat vmap (default XLA options): compile {compile_s:.2f} s; {len(rows):,} layouts "
           f"in {sec:.3f} s = {len(rows) / sec:,.0f} layouts/s")
+
+
+def _one_inner_vmap(K, m, s, t, keys, per, features, args, n_layouts, sec_new):
+    """The kernel before the inner axis was factored: one vmap over the 24 inner cells."""
+    import jax
+    import numpy as np
+
+    from _common import best_of
+    from diffperf.predict import predict_step
+
+    def impl(model, parallel, system, training, temperature, features):
+        f = jax.vmap(predict_step, in_axes=(None, K._axes(K.INNER), None, None, None, None))
+        f = jax.vmap(f, in_axes=(None, K._axes(K._batched(features)), None, None, None, None))
+        return f(model, parallel, system, training, temperature, features)
+
+    opts = K._CPU_QUICK_OPTIONS if args.quick else K._CPU_COMPILER_OPTIONS
+    old = jax.jit(impl, static_argnums=(4, 5), compiler_options=opts)
+    chunks = []
+    for i in range(0, len(keys), per):
+        c = K._chunk_parallel(keys[i:i + per], np.float32, features)
+        chunks.append(c.replace(**{f: np.asarray(K.INNER_GRID[:, j], np.float32)
+                                   for j, f in enumerate(K.INNER)}))
+    start = time.perf_counter()
+    jax.block_until_ready(old(m, chunks[0], s, t, None, features))
+    compile_s = time.perf_counter() - start
+    sec = best_of(lambda: jax.block_until_ready([old(m, c, s, t, None, features)
+                                                 for c in chunks]), args.repeat)
+    print(f"one inner vmap (before): compile {compile_s:.2f} s; kernel {sec:.3f} s = "
+          f"{n_layouts / sec:,.0f} layouts/s; factored / one inner vmap = {sec / sec_new:.2f}x")
 
 
 if __name__ == "__main__":

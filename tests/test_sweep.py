@@ -290,3 +290,20 @@ def test_cli_design_grid_json(capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "design grid" in out and "hardware points within the budget" in out
+
+
+def test_search_fields_computes_only_those(table):
+    """fields=RANK_FIELDS: the same values for those leaves (to float32 rounding: the smaller
+    program is fused differently), None for the others."""
+    from diffperf.search import RANK_FIELDS
+
+    rows = table[table[:, -1] == 0]
+    full = search(MODEL, SYSTEM, TRAINING, rows)
+    part = search(MODEL, SYSTEM, TRAINING, rows, fields=RANK_FIELDS)
+    np.testing.assert_allclose(part.step_time_s, full.step_time_s, rtol=1e-6)
+    np.testing.assert_array_equal(part.fits, full.fits)
+    np.testing.assert_allclose(part.memory.total_bytes, full.memory.total_bytes, rtol=1e-6)
+    np.testing.assert_allclose(part.mfu, full.mfu, rtol=1e-6)
+    assert part.breakdown.compute_s is None and part.memory.weights_bytes is None
+    with _raises("fields='step_time' must name Result fields (allowed: step_time_s, "):
+        search(MODEL, SYSTEM, TRAINING, rows, fields=("step_time",))

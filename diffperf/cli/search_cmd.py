@@ -146,22 +146,26 @@ def layout_dict(row, placements) -> dict:
     return out
 
 
-def _entry(result, i, row, placements, rank=None) -> dict:
+def _entry(result, i, row, placements, rank=None, detail=None) -> dict:
+    """One layout in JSON: from `result` (RANK_FIELDS) by row i; with a rank, its breakdown
+    and memory parts from `detail` (the full Result of the ranked rows) at rank - 1."""
     from diffperf.result import EXPOSED_PARTS, HIDDEN_PARTS, MEMORY_PARTS
 
-    b, m = result.breakdown, result.memory
     out = {} if rank is None else {"rank": rank}
     out |= dict(layout=layout_dict(row, placements),
                 step_time_s=float(result.step_time_s[i]),
-                memory_GiB=float(m.total_bytes[i]) / 2**30, fits=bool(result.fits[i]),
-                mfu=float(result.mfu[i]), tokens_per_s=float(result.tokens_per_s[i]))
+                memory_GiB=float(result.memory.total_bytes[i]) / 2**30,
+                fits=bool(result.fits[i]), mfu=float(result.mfu[i]),
+                tokens_per_s=float(result.tokens_per_s[i]))
     if rank is not None:
-        out["breakdown"] = {k: float(getattr(b, k)[i]) for k in (*EXPOSED_PARTS, *HIDDEN_PARTS)}
-        out["memory_bytes"] = {k: float(getattr(m, k)[i]) for k in MEMORY_PARTS}
+        b, m, j = detail.breakdown, detail.memory, rank - 1
+        out["breakdown"] = {k: float(getattr(b, k)[j]) for k in (*EXPOSED_PARTS, *HIDDEN_PARTS)}
+        out["memory_bytes"] = {k: float(getattr(m, k)[j]) for k in MEMORY_PARTS}
     return out
 
 
-def _rows(result, idx, layouts, placements, parts, moe, grid=False):
+def _rows(result, idx, layouts, placements, parts, moe, grid=False, detail=None):
+    """Table rows of the layouts idx; the breakdown `parts` from `detail` (row k for idx[k])."""
     rows = []
     for rank, i in enumerate(idx, 1):
         lay = layout_dict(layouts[i], placements)
@@ -171,7 +175,7 @@ def _rows(result, idx, layouts, placements, parts, moe, grid=False):
         cells += [lay["gx"], lay["gy"], lay["gz"]] if grid else []
         cells += [lay["vp"], lay["micro_batch"], lay["zero_stage"], lay["recompute"],
                   lay["sequence_parallel"], lay["placement"]]
-        cells += [fmt(getattr(result.breakdown, k)[i]) for k in parts]
+        cells += [fmt(getattr(detail.breakdown, k)[rank - 1]) for k in parts]
         rows.append(cells)
     return rows
 
@@ -189,7 +193,7 @@ def _wide():
     return console if console.is_terminal else Console(width=200)
 
 
-def render(model, system, args, layouts, placements, result, top, front, seconds):
+def render(model, system, args, layouts, placements, result, top, front, seconds, detail):
     from diffperf.result import EXPOSED_PARTS
     from diffperf.search import COLUMNS, axonn_mask
 
@@ -205,11 +209,12 @@ def render(model, system, args, layouts, placements, result, top, front, seconds
         out.print(f"[yellow]no layout fits[/yellow]: {head}; the smallest needs "
                       f"{need:.4g} GiB per device (usable {cap:.4g} GiB)")
     else:
-        mean = {k: float(np.mean(getattr(result.breakdown, k)[top])) for k in EXPOSED_PARTS}
+        mean = {k: float(np.mean(getattr(detail.breakdown, k))) for k in EXPOSED_PARTS}
         parts = sorted(EXPOSED_PARTS, key=lambda k: -mean[k])[:_N_PARTS]
         out.print(table(f"fastest {len(top)} of {feasible:,} layouts that fit: {head}",
                         _columns(parts, moe, n_grid > 0),
-                        _rows(result, top, layouts, placements, parts, moe, n_grid > 0)))
+                        _rows(result, top, layouts, placements, parts, moe, n_grid > 0,
+                              detail)))
         shown = front[np.unique(np.linspace(0, len(front) - 1, _FRONT_ROWS).round().astype(int))]
         note = f" ({len(shown)} of {len(front)} points; --json lists all)" if len(
             shown) < len(front) else ""
@@ -222,8 +227,8 @@ def render(model, system, args, layouts, placements, result, top, front, seconds
 
 
 def run(args) -> int:
-    from diffperf.search import (DEFAULT_CHUNK, axonn_mask, enumerate_layouts, pareto_front,
-                                 ranked, search)
+    from diffperf.search import (DEFAULT_CHUNK, RANK_FIELDS, axonn_mask, enumerate_layouts,
+                                 pareto_front, ranked, search)
 
     model, system, train, placements = build(args)
     if args.sweep:
@@ -233,14 +238,17 @@ def run(args) -> int:
     start = time.perf_counter()
     layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements,
                                 axonn=args.axonn)
-    store = _store(args)
+    store, devices = _store(args), _devices()
     with _progress(not args.json) as progress:
         # Tables from enumerate_layouts are valid by construction (tests/test_search.py).
+        # Every layout with what ranking needs, then the whole Result of the top ones.
         result = search(model, system, train, layouts, placements=placements,
                         chunk=args.chunk or DEFAULT_CHUNK, validate=False, progress=progress,
-                        devices=_devices(), store=store)
+                        devices=devices, store=store, fields=RANK_FIELDS)
+        top = ranked(result, args.top or 10)
+        detail = search(model, system, train, layouts[top], placements=placements,
+                        validate=False, optimize=False, store=store) if len(top) else None
     seconds = time.perf_counter() - start
-    top = ranked(result, args.top or 10)
     fit = np.flatnonzero(result.fits)
     front = fit[pareto_front(result.step_time_s[fit], result.memory.total_bytes[fit])]
     if args.json:
@@ -250,8 +258,9 @@ def run(args) -> int:
             placements=["-".join(p) for p in placements], evaluated=len(layouts),
             axonn=args.axonn, axonn_layouts=int(np.sum(axonn_mask(layouts))),
             feasible=int(len(fit)), seconds=seconds,
-            ranked=[_entry(result, i, layouts[i], placements, r) for r, i in enumerate(top, 1)],
+            ranked=[_entry(result, i, layouts[i], placements, r, detail)
+                    for r, i in enumerate(top, 1)],
             pareto=[_entry(result, i, layouts[i], placements) for i in front]))
         return 0
-    render(model, system, args, layouts, placements, result, top, front, seconds)
+    render(model, system, args, layouts, placements, result, top, front, seconds, detail)
     return 0

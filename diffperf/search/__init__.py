@@ -5,7 +5,7 @@
                 compiled programs kept across processes (`executable`)
     evaluate    `search`: every row of a table, in table order; `ranked`, `pareto_front`
     soft        `soft_best`: the differentiable soft-min over a table
-    sweep       `sweep`: the best layouts at every point of a grid of hardware values
+    sweeps      `sweep`: the best layouts at every point of a grid of hardware values
     axonn       `best_axonn_grid`: AxoNN's 4D grids ranked by modeled communication
 """
 
@@ -16,11 +16,11 @@ from diffperf.search.enumerate import (COLUMNS, INNER, INNER_GRID, KEYS, OUTER, 
                                        axonn_mask, enumerate_layouts, parallel_of)
 from diffperf.search.evaluate import pareto_front, ranked, search, search_sharded
 from diffperf.search.kernel import (_CPU_COMPILER_OPTIONS, _CPU_QUICK_OPTIONS, DEFAULT_CHUNK,
-                                    QUICK_BELOW, executable)
+                                    QUICK_BELOW, RANK_FIELDS, executable)
 from diffperf.search.soft import SoftBest, soft_best
-from diffperf.search.sweep import POINTS_PER_CALL, SWEEP_CELLS, Sweep, sweep
+from diffperf.search.sweeps import POINTS_PER_CALL, SWEEP_CELLS, Sweep, sweep
 
 __all__ = ["COLUMNS", "INNER", "INNER_GRID", "KEYS", "OUTER", "PLACEMENTS", "DEFAULT_CHUNK",
-           "QUICK_BELOW", "SWEEP_CELLS", "POINTS_PER_CALL", "GRID_COLUMNS", "SoftBest", "Sweep", "axonn_comm_s", "axonn_grids",
+           "QUICK_BELOW", "RANK_FIELDS", "SWEEP_CELLS", "POINTS_PER_CALL", "GRID_COLUMNS", "SoftBest", "Sweep", "axonn_comm_s", "axonn_grids",
            "axonn_mask", "best_axonn_grid", "enumerate_layouts", "executable", "pareto_front",
            "parallel_of", "ranked", "search", "search_sharded", "soft_best", "sweep"]

@@ -14,6 +14,7 @@ import numpy as np
 
 from diffperf.api import _as_float
 from diffperf.errors import SpecError
+from diffperf.result import Result
 from diffperf.search.enumerate import COLUMNS, INNER_GRID, PLACEMENTS, _placement_codes
 from diffperf.search.kernel import (DEFAULT_CHUNK, QUICK_BELOW, _chunk_parallel, _grid, _kernel,
                                     _table_features)
@@ -23,7 +24,8 @@ from diffperf.specs.training import Training
 from diffperf.specs.validate import check_layout
 
 
-def _evaluate(args, keys, per, temperature, devices, optimize, progress, store=None) -> list:
+def _evaluate(args, keys, per, temperature, devices, optimize, progress, store=None,
+              fields=None) -> list:
     """Results (device arrays [per, 24]) of the calls over the chunks of the outer keys."""
     model, system, training = args
     features = _table_features(model, keys)
@@ -32,7 +34,7 @@ def _evaluate(args, keys, per, temperature, devices, optimize, progress, store=N
     outs = []
     for i in range(0, len(keys), per):
         parallel = _chunk_parallel(keys[i:i + per], dtype, features)
-        outs.append(fn(model, parallel, system, training, temperature, features))
+        outs.append(fn(model, parallel, system, training, temperature, features, fields))
         if progress is not None:
             jax.block_until_ready(outs[-1])
             progress(per * len(INNER_GRID))
@@ -66,9 +68,22 @@ def _check_table(model, layouts, placements):
     return layouts
 
 
+def _check_fields(fields):
+    """A sorted tuple of Result leaf paths (hashable: a static argument), or None."""
+    if fields is None:
+        return None
+    fields = tuple(sorted(set([fields] if isinstance(fields, str) else fields)))
+    top = Result.__dataclass_fields__
+    bad = [f for f in fields if f.split(".")[0] not in top]
+    if bad or not fields:
+        raise SpecError(f"fields={bad[0] if bad else '()'!r} must name Result fields "
+                        f"(allowed: {', '.join(top)}, and breakdown.X / memory.X)")
+    return fields
+
+
 def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
            chunk=DEFAULT_CHUNK, temperature=None, devices=None, validate=True, optimize=None,
-           progress=None, store=None):
+           progress=None, store=None, fields=None):
     """Predictions of every layout of a table, one entry per row (a `Result` of numpy arrays).
 
     One jitted nested vmap of `predict_step` (search.kernel) for every placement, called on
@@ -91,12 +106,16 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
         store: optional mapping (key -> bytes) that keeps compiled kernels across processes
             (`search.kernel.executable`): a later call with the same shapes skips tracing
             and compiling. The caller keys it by the version of the code.
+        fields: Result leaf paths to compute ('step_time_s', 'memory.total_bytes', ...; e.g.
+            `RANK_FIELDS`, what ranking needs), the others None; None: every field. Fewer
+            outputs make the kernel several times faster.
     Returns:
         `Result` whose leaves are numpy arrays [n_layouts] in table order.
     """
     if layouts is None:
         raise SpecError("search needs a layout table (see enumerate_layouts)")
     layouts = _check_table(model, layouts, placements) if validate else np.asarray(layouts)
+    fields = _check_fields(fields)
     training = Training() if training is None else training
     args = _as_float((anonymous(model), anonymous(system), anonymous(training)))
     devices = None if devices is None else list(devices)
@@ -111,7 +130,8 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
 
     if optimize is None:
         optimize = store is not None or len(layouts) >= QUICK_BELOW
-    outs = _evaluate(args, keys, per, temperature, devices, optimize, progress and tick, store)
+    outs = _evaluate(args, keys, per, temperature, devices, optimize, progress and tick, store,
+                     fields)
     return _gather(cell, outs)
 
 

@@ -51,6 +51,10 @@ _CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False,
                          "xla_backend_optimization_level": 1}
 _CPU_QUICK_OPTIONS = _CPU_COMPILER_OPTIONS | {"xla_backend_optimization_level": 0}
 QUICK_BELOW = 1_500_000
+# What ranking the layouts of a table needs (search's `fields`): time, feasibility, memory
+# (the Pareto front and the "no layout fits" message), MFU and throughput of every row.
+RANK_FIELDS = ("step_time_s", "fits", "memory.total_bytes", "memory.capacity_bytes", "mfu",
+               "tokens_per_s")
 _LOADED_MAX = 8  # executables kept deserialized in the process (one per kernel shape)
 
 
@@ -65,17 +69,35 @@ def _batched(features) -> tuple:
     return KEYS if "axonn" in features else _NO_GRID
 
 
-def _grid_predict_impl(model, parallel, system, training, temperature, features):
-    """predict_step on an [outer, 24] grid: outer fields [n_o], each INNER field its range."""
+def _grid_predict_impl(model, parallel, system, training, temperature, features,
+                       fields=None):
+    """predict_step on an [outer, 4, 3, 2] grid: outer fields [n_o], each INNER field its
+    range. Callers read it as [outer, 24] outside the jitted program: a reshape inside it
+    made XLA:CPU's kernel 4x slower (measured on 2 cores, GPT-3 table). `fields` (Result
+    leaf paths) keeps only those outputs, the others None (`_pruned`)."""
     f = predict_step
     for name in reversed(INNER):  # sequence_parallel innermost, zero_stage outermost
         f = jax.vmap(f, in_axes=(None, _axes((name,)), None, None, None, None))
     f = jax.vmap(f, in_axes=(None, _axes(_batched(features)), None, None, None, None))
-    out = f(model, parallel, system, training, temperature, features)
-    return jax.tree.map(lambda x: x.reshape(x.shape[0], len(INNER_GRID)), out)
+    return _pruned(f(model, parallel, system, training, temperature, features), fields)
 
 
-_STATIC = ("temperature", "features")
+def _path(keys) -> str:
+    return jax.tree_util.keystr(keys).lstrip(".")
+
+
+def _pruned(result, fields):
+    """The result with only the leaves at `fields` (paths such as 'step_time_s',
+    'memory.total_bytes'), the others None; all of them for fields=None. Fewer outputs let
+    XLA fuse the prediction into fewer, cheaper loops: on 2 cores the GPT-3 table ran ~3x
+    faster with the 6 ranking fields (RANK_FIELDS) than with the whole Result."""
+    if fields is None:
+        return result
+    flat, treedef = jax.tree_util.tree_flatten_with_path(result)
+    return jax.tree.unflatten(treedef, [x if _path(p) in fields else None for p, x in flat])
+
+
+_STATIC = ("temperature", "features", "fields")
 _grid_predict = jax.jit(_grid_predict_impl, static_argnames=_STATIC)
 _grid_predict_cpu = jax.jit(_grid_predict_impl, static_argnames=_STATIC,
                             compiler_options=_CPU_COMPILER_OPTIONS)
@@ -165,13 +187,13 @@ def _kernel(devices, optimize=True, store=None):
     """
     fn, name = _kernel_fn(devices, optimize)
 
-    def run(model, parallel, system, training, temperature, features):
+    def run(model, parallel, system, training, temperature, features, fields=None):
         args = (model, parallel, system, training)
         if devices is not None:
             whole, spec = _shardings(devices, _axes(_batched(features)))
             args = (jax.device_put(model, whole), jax.device_put(parallel, spec),
                     jax.device_put(system, whole), jax.device_put(training, whole))
-        static = dict(temperature=temperature, features=features)
+        static = dict(temperature=temperature, features=features, fields=fields)
         if store is None:
             return fn(*args, **static)
         return executable(fn, name, args, static, store)(*args)
@@ -192,23 +214,31 @@ def _leaf_key(x) -> str:
     return f"{np.shape(x)}:{np.result_type(x)}:{spec}"
 
 
+def _devices_of(args) -> list:
+    """The devices the arguments are placed on, by id (the default device when none is)."""
+    found = {d for x in jax.tree.leaves(args) for d in getattr(
+        getattr(x, "sharding", None), "device_set", ())}
+    return sorted(found, key=lambda d: d.id) or jax.devices()[:1]
+
+
 def executable_key(name, args, static) -> str:
     """A hash of everything the compiled program depends on besides the code: the kernel's
-    name (which says its compiler options), JAX's version, the devices, the arguments' tree, shapes, dtypes
-    and shardings, and the static arguments. The code's version is the store owner's (the
-    CLI keeps one store per hash of the package's source)."""
-    devices = {d for x in jax.tree.leaves(args) for d in getattr(
-        getattr(x, "sharding", None), "device_set", ())} or set(jax.devices()[:1])
-    parts = (name, jax.__version__, sorted((d.platform, d.device_kind, d.id) for d in devices), str(jax.tree.structure(args)),
-        [_leaf_key(x) for x in jax.tree.leaves(args)], repr(sorted(
-            (k, sorted(v) if isinstance(v, frozenset) else v) for k, v in static.items())))
+    name (which says its compiler options), JAX's version, the devices, the arguments'
+    tree, shapes, dtypes and shardings, and the static arguments. The code's version is the
+    store owner's (the CLI keeps one store per hash of the package's source)."""
+    parts = (name, jax.__version__, [(d.platform, d.device_kind, d.id) for d in _devices_of(
+        args)], str(jax.tree.structure(args)), [_leaf_key(x) for x in jax.tree.leaves(args)],
+        repr(sorted((k, sorted(v) if isinstance(v, frozenset) else v)
+                    for k, v in static.items())))
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
 
 def executable(fn, name, args, static, store):
     """fn (jitted) compiled for `args` (a `jax.stages.Compiled`, called with `*args`): from
     the process, else from `store` (a mapping key -> bytes), else lowered, compiled and put
-    in the store. A stored program that no longer loads (another jaxlib) is compiled again."""
+    in the store. A stored program that no longer loads (another jaxlib) is compiled again.
+    Loading a program runs its code: a store must be as trusted as the code itself (the
+    CLI's lives in the user's own cache folder, beside JAX's compilation cache)."""
     key = executable_key(name, args, static)
     if key in _LOADED:
         return _LOADED[key]
@@ -216,7 +246,8 @@ def executable(fn, name, args, static, store):
     blob = store.get(key)
     if blob is not None:
         try:
-            compiled = serialize_executable.deserialize_and_load(*pickle.loads(blob))
+            compiled = serialize_executable.deserialize_and_load(
+                *pickle.loads(blob), execution_devices=_devices_of(args))
         except Exception:  # noqa: BLE001 - a stale or foreign entry: compile it again
             compiled = None
     if compiled is None:

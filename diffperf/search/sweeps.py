@@ -31,7 +31,7 @@ from diffperf.api import _as_float
 from diffperf.errors import SpecError, closest
 from diffperf.search.enumerate import KEYS, PLACEMENTS
 from diffperf.search.evaluate import _check_table
-from diffperf.search.kernel import (_CPU_COMPILER_OPTIONS, INNER_GRID, _batched,
+from diffperf.search.kernel import (_CPU_COMPILER_OPTIONS, INNER_GRID, INNER_SIZES, _batched,
                                     _chunk_parallel, _grid, _grid_predict_impl, _mesh, _shardings,
                                     _table_features, executable)
 from diffperf.specs.batch import anonymous
@@ -149,17 +149,34 @@ def _in_axes(system, swept):
                                         else None for p, _ in flat])
 
 
+def _chunk_top(t, mem, ids, top):
+    """(times [top], cells [top], memory [top]) of the `top` smallest times of one point's
+    chunk, ties to the lower cell: `top` rounds of min, then mask it out. No reshape of the
+    [per, 4, 3, 2] grid (a reshape inside the program made XLA:CPU's kernel 2-4x slower)."""
+    big = jnp.iinfo(jnp.int32).max
+    out_t, out_i, out_m = [], [], []
+    for _ in range(top):
+        t_min = jnp.min(t)
+        i = jnp.min(jnp.where(t == t_min, ids, big))
+        out_t.append(t_min)
+        out_i.append(i)
+        out_m.append(jnp.sum(jnp.where(ids == i, mem, 0.0)))
+        t = jnp.where(ids == i, jnp.inf, t)
+    return jnp.stack(out_t), jnp.stack(out_i), jnp.stack(out_m)
+
+
 def _block_best(model, keys, valid, system, training, temperature, features, top, swept):
     """(step [h, top], cell [h, top], memory [h, top], n_fits [h]) of a block of h hardware
     points (the swept leaves [h]) over the table's grid, scanned chunk by chunk.
 
-    keys [c, per, len(KEYS)] outer keys, valid [c, per, 24] (cells that are rows of the
-    table). Each chunk's top-k (lax.top_k keeps the lower index first among equal values) is
-    merged with the running one, which comes first, so ties keep the earlier cell.
+    keys [c, per, len(KEYS)] outer keys, valid [c, per, 4, 3, 2] (cells that are rows of
+    the table). Each chunk's top-k is merged with the running one, which comes first, so
+    ties keep the earlier cell (lax.top_k puts the lower index first among equal values).
     """
     per = keys.shape[1]
     n_h = next(np.shape(x)[0] for x in jax.tree.leaves(system) if np.ndim(x))
     axes = _in_axes(system, swept)
+    ids = jnp.arange(per * len(INNER_GRID), dtype=jnp.int32).reshape(per, *INNER_SIZES)
 
     def one_chunk(carry, xs):
         k, ok, base = xs
@@ -168,19 +185,15 @@ def _block_best(model, keys, valid, system, training, temperature, features, top
 
         def at(sys):
             r = _grid_predict_impl(model, parallel, sys, training, temperature, features)
-            t = jnp.where(r.fits & ok, r.step_time_s, jnp.inf).reshape(-1)
-            return t, r.memory.total_bytes.reshape(-1)
+            t = jnp.where(r.fits & ok, r.step_time_s, jnp.inf)
+            return (*_chunk_top(t, r.memory.total_bytes, ids, top),
+                    jnp.sum(jnp.isfinite(t), dtype=jnp.int32))
 
-        t, mem = jax.vmap(at, in_axes=(axes,))(system)  # [h, per * 24]
-        neg, i = jax.lax.top_k(-t, top)
+        t, i, mem, n = jax.vmap(at, in_axes=(axes,))(system)  # [h, top] (n: [h])
         best_t, best_c, best_m, count = carry
-        all_t = jnp.concatenate([best_t, -neg], axis=1)
-        all_c = jnp.concatenate([best_c, base + i], axis=1)
-        all_m = jnp.concatenate([best_m, jnp.take_along_axis(mem, i, axis=1)], axis=1)
-        neg, j = jax.lax.top_k(-all_t, top)
-        pick = lambda x: jnp.take_along_axis(x, j, axis=1)  # noqa: E731
-        count = count + jnp.sum(jnp.isfinite(t), axis=1, dtype=jnp.int32)
-        return (-neg, pick(all_c), pick(all_m), count), None
+        neg, j = jax.lax.top_k(-jnp.concatenate([best_t, t], axis=1), top)
+        pick = lambda a, b: jnp.take_along_axis(jnp.concatenate([a, b], axis=1), j, axis=1)  # noqa
+        return (-neg, pick(best_c, base + i), pick(best_m, mem), count + n), None
 
     init = (jnp.full((n_h, top), jnp.inf, keys.dtype), jnp.full((n_h, top), -1, jnp.int32),
             jnp.full((n_h, top), jnp.nan, keys.dtype), jnp.zeros((n_h,), jnp.int32))
@@ -212,7 +225,7 @@ _sweep_jit_cpu = jax.jit(_sweep_impl, static_argnames=_SWEEP_STATIC,
 
 
 def _table_grid(layouts, placements, cells, dtype):
-    """(outer keys [c, per, len(KEYS)], valid cells [c, per, 24], table row of each cell
+    """(outer keys [c, per, len(KEYS)], valid cells [c, per, 4, 3, 2], table row of each cell
     (-1: none), features) of a table, in chunks of `cells` grid cells."""
     keys, cell, per = _grid(layouts, placements, cells, 1)
     n_cells = len(keys) * len(INNER_GRID)
@@ -221,7 +234,8 @@ def _table_grid(layouts, placements, cells, dtype):
     row_of = np.full(n_cells, -1, dtype=np.int64)
     row_of[cell] = np.arange(len(cell))
     c = len(keys) // per
-    return (keys.reshape(c, per, len(KEYS)).astype(dtype), valid.reshape(c, per, -1), row_of,
+    return (keys.reshape(c, per, len(KEYS)).astype(dtype), valid.reshape(c, per, *INNER_SIZES),
+            row_of,
             keys)
 
 
