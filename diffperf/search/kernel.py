@@ -1,15 +1,20 @@
 """The search kernel: `predict_step` over a grid of layouts in one jitted, nested vmap.
 
-Factored evaluation: the outer axis runs over the degrees (tp, pp, dp, cp, ep, vp,
-micro_batch, global_batch, the AxoNN grid gx, gy, gz) and the placement; inside it, one vmap
-each over the ZeRO stage (4), the recompute mode (3) and sequence parallelism (2), so that a
-grid cell is one layout ([outer, 4, 3, 2], read as [outer, 24] with code 6 z + 2 r + sp).
-vmap batches an intermediate only along the axes its inputs vary on, so the GEMM and attention
-times (functions of tp, cp, ep and the micro-batch) are computed once per outer row, a layer's
-time and its TP communication (recompute, sequence parallelism) 6 times, and only what depends
-on the ZeRO stage too (memory, the DP collectives, the step) 24 times: the hoisting that XLA
-does for the unbatched model and system. Every layout still gets its own full prediction;
-only shared sub-expressions are shared (benchmarks/README.md: flat vmap vs this).
+Factored evaluation: `predict_step` is vmapped twice, the outer axis over the degrees (tp, pp,
+dp, cp, ep, vp, micro_batch, global_batch, the AxoNN grid gx, gy, gz) and the placement, the
+inner axis over the 24 combinations of ZeRO stage, recompute and sequence parallelism (code
+6 z + 2 r + sp). vmap batches an intermediate only along the axes its inputs vary on, so the
+GEMM and attention times (functions of tp, cp, ep and the micro-batch) are computed once per
+outer row rather than once per layout: the same hoisting that XLA does for the unbatched model
+and system. Every layout still gets its own full prediction; only shared sub-expressions are
+shared (benchmarks/README.md). Splitting the inner axis into three vmaps (4 x 3 x 2) was
+measured and is slower on XLA:CPU (0.6-0.7x: fusion recomputes the smaller intermediates
+inside the larger loops, and the broadcasts cost more than they save).
+
+Outputs: `fields` keeps only some Result leaves. What ranking needs (RANK_FIELDS: step time,
+feasibility, memory, MFU, tokens/s) runs ~3x faster than the whole Result (benchmarks/
+README.md): with fewer outputs XLA fuses the prediction into fewer loops that materialize
+fewer intermediates.
 
 Static features: the kernel traces only the terms that some row of the table needs
 (`predict.features_of` of its outer keys). A table without AxoNN grid rows traces the program
@@ -39,7 +44,6 @@ from diffperf.search.enumerate import COLUMNS, INNER, INNER_GRID, KEYS, OUTER, _
 from diffperf.specs.parallel import GRID, Parallel
 
 _NO_GRID = tuple(k for k in KEYS if k not in GRID)  # batched when no row has the grid
-INNER_SIZES = (4, 3, 2)  # zero_stage, recompute, sequence_parallel: the inner vmaps
 DEFAULT_CHUNK = 1 << 16  # layouts per call: amortises dispatch, ~7 MB out, little padding
 # XLA:CPU options of the search kernel, measured on 2 cores (benchmarks/README.md). The legacy
 # loop emitter at LLVM -O1 compiles the prediction ~1.5-2x faster than XLA's default with the
@@ -71,13 +75,9 @@ def _batched(features) -> tuple:
 
 def _grid_predict_impl(model, parallel, system, training, temperature, features,
                        fields=None):
-    """predict_step on an [outer, 4, 3, 2] grid: outer fields [n_o], each INNER field its
-    range. Callers read it as [outer, 24] outside the jitted program: a reshape inside it
-    made XLA:CPU's kernel 4x slower (measured on 2 cores, GPT-3 table). `fields` (Result
-    leaf paths) keeps only those outputs, the others None (`_pruned`)."""
-    f = predict_step
-    for name in reversed(INNER):  # sequence_parallel innermost, zero_stage outermost
-        f = jax.vmap(f, in_axes=(None, _axes((name,)), None, None, None, None))
+    """predict_step on an [outer, 24] grid: outer fields [n_o], INNER fields [24]; `fields`
+    (Result leaf paths) keeps only those outputs, the others None (`_pruned`)."""
+    f = jax.vmap(predict_step, in_axes=(None, _axes(INNER), None, None, None, None))
     f = jax.vmap(f, in_axes=(None, _axes(_batched(features)), None, None, None, None))
     return _pruned(f(model, parallel, system, training, temperature, features), fields)
 
@@ -88,9 +88,7 @@ def _path(keys) -> str:
 
 def _pruned(result, fields):
     """The result with only the leaves at `fields` (paths such as 'step_time_s',
-    'memory.total_bytes'), the others None; all of them for fields=None. Fewer outputs let
-    XLA fuse the prediction into fewer, cheaper loops: on 2 cores the GPT-3 table ran ~3x
-    faster with the 6 ranking fields (RANK_FIELDS) than with the whole Result."""
+    'memory.total_bytes'), the others None; all of them for fields=None."""
     if fields is None:
         return result
     flat, treedef = jax.tree_util.tree_flatten_with_path(result)
@@ -129,12 +127,12 @@ def _outer_per_chunk(chunk: int, n_outer: int, n_dev: int) -> int:
 
 
 def _chunk_parallel(keys: np.ndarray, dtype, features=frozenset()) -> Parallel:
-    """The outer keys of one call as a Parallel: the `_batched(features)` columns [n], each
-    INNER field its range [4], [3], [2]; the kernel must be called with the same `features`.
-    The other fields keep Parallel's defaults (float leaves)."""
+    """The outer keys of one call as a Parallel: the `_batched(features)` columns [n], the
+    inner grid [24]; the kernel must be called with the same `features`. The other fields
+    keep Parallel's defaults (float leaves), so a new Parallel field needs no edit here."""
     fields = {f: np.asarray(getattr(Parallel(), f), dtype) for f in Parallel.__dataclass_fields__}
     fields |= {c: np.asarray(keys[:, KEYS.index(c)], dtype=dtype) for c in _batched(features)}
-    fields |= {c: np.arange(n, dtype=dtype) for c, n in zip(INNER, INNER_SIZES)}
+    fields |= {c: np.asarray(INNER_GRID[:, i], dtype=dtype) for i, c in enumerate(INNER)}
     return Parallel(**fields)
 
 

@@ -40,7 +40,8 @@ def _soft_scores_impl(model, keys, system, training, tau, smooth, features):
     def one(k):
         parallel = _chunk_parallel(np.zeros((0, len(KEYS))), dtype, features)
         parallel = parallel.replace(**{c: k[:, KEYS.index(c)] for c in _batched(features)})
-        r = _grid_predict_impl(model, parallel, system, training, smooth, features)
+        r = _grid_predict_impl(model, parallel, system, training, smooth, features,
+                               ("step_time_s", "fit_margin_frac"))
         return jnp.log(r.step_time_s) + jax.nn.softplus(-r.fit_margin_frac / tau)
 
     return jax.lax.map(jax.checkpoint(one), keys)

@@ -31,12 +31,13 @@ from diffperf.api import _as_float
 from diffperf.errors import SpecError, closest
 from diffperf.search.enumerate import KEYS, PLACEMENTS
 from diffperf.search.evaluate import _check_table
-from diffperf.search.kernel import (_CPU_COMPILER_OPTIONS, INNER_GRID, INNER_SIZES, _batched,
+from diffperf.search.kernel import (_CPU_COMPILER_OPTIONS, INNER_GRID, _batched,
                                     _chunk_parallel, _grid, _grid_predict_impl, _mesh, _shardings,
                                     _table_features, executable)
 from diffperf.specs.batch import anonymous
 from diffperf.specs.training import Training
 
+_SWEEP_FIELDS = ("step_time_s", "fits", "memory.total_bytes")  # what a point keeps
 SWEEP_CELLS = 1 << 16  # grid cells (layouts x hardware points) per scan step and device
 POINTS_PER_CALL = 8    # hardware points per call and device (most: fewer when H is small)
 # Leaves that must stay > 0 (a rate, a capacity or a domain); every other leaf is >= 0.
@@ -152,7 +153,8 @@ def _in_axes(system, swept):
 def _chunk_top(t, mem, ids, top):
     """(times [top], cells [top], memory [top]) of the `top` smallest times of one point's
     chunk, ties to the lower cell: `top` rounds of min, then mask it out. No reshape of the
-    [per, 4, 3, 2] grid (a reshape inside the program made XLA:CPU's kernel 2-4x slower)."""
+    [per, 24] grid (reshaping the kernel's outputs inside the program made XLA:CPU's kernel
+    2-4x slower)."""
     big = jnp.iinfo(jnp.int32).max
     out_t, out_i, out_m = [], [], []
     for _ in range(top):
@@ -169,14 +171,14 @@ def _block_best(model, keys, valid, system, training, temperature, features, top
     """(step [h, top], cell [h, top], memory [h, top], n_fits [h]) of a block of h hardware
     points (the swept leaves [h]) over the table's grid, scanned chunk by chunk.
 
-    keys [c, per, len(KEYS)] outer keys, valid [c, per, 4, 3, 2] (cells that are rows of
-    the table). Each chunk's top-k is merged with the running one, which comes first, so
+    keys [c, per, len(KEYS)] outer keys, valid [c, per, 24] (cells that are rows of the
+    table). Each chunk's top-k is merged with the running one, which comes first, so
     ties keep the earlier cell (lax.top_k puts the lower index first among equal values).
     """
     per = keys.shape[1]
     n_h = next(np.shape(x)[0] for x in jax.tree.leaves(system) if np.ndim(x))
     axes = _in_axes(system, swept)
-    ids = jnp.arange(per * len(INNER_GRID), dtype=jnp.int32).reshape(per, *INNER_SIZES)
+    ids = jnp.arange(per * len(INNER_GRID), dtype=jnp.int32).reshape(per, -1)
 
     def one_chunk(carry, xs):
         k, ok, base = xs
@@ -184,7 +186,8 @@ def _block_best(model, keys, valid, system, training, temperature, features, top
         parallel = parallel.replace(**{c: k[:, KEYS.index(c)] for c in _batched(features)})
 
         def at(sys):
-            r = _grid_predict_impl(model, parallel, sys, training, temperature, features)
+            r = _grid_predict_impl(model, parallel, sys, training, temperature, features,
+                                   _SWEEP_FIELDS)
             t = jnp.where(r.fits & ok, r.step_time_s, jnp.inf)
             return (*_chunk_top(t, r.memory.total_bytes, ids, top),
                     jnp.sum(jnp.isfinite(t), dtype=jnp.int32))
@@ -225,7 +228,7 @@ _sweep_jit_cpu = jax.jit(_sweep_impl, static_argnames=_SWEEP_STATIC,
 
 
 def _table_grid(layouts, placements, cells, dtype):
-    """(outer keys [c, per, len(KEYS)], valid cells [c, per, 4, 3, 2], table row of each cell
+    """(outer keys [c, per, len(KEYS)], valid cells [c, per, 24], table row of each cell
     (-1: none), features) of a table, in chunks of `cells` grid cells."""
     keys, cell, per = _grid(layouts, placements, cells, 1)
     n_cells = len(keys) * len(INNER_GRID)
@@ -234,8 +237,7 @@ def _table_grid(layouts, placements, cells, dtype):
     row_of = np.full(n_cells, -1, dtype=np.int64)
     row_of[cell] = np.arange(len(cell))
     c = len(keys) // per
-    return (keys.reshape(c, per, len(KEYS)).astype(dtype), valid.reshape(c, per, *INNER_SIZES),
-            row_of,
+    return (keys.reshape(c, per, len(KEYS)).astype(dtype), valid.reshape(c, per, -1), row_of,
             keys)
 
 
