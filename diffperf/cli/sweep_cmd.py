@@ -9,7 +9,7 @@ import numpy as np
 from diffperf.cli.output import fmt, print_json, table
 from diffperf.cli.search_cmd import _devices, _progress, _store, _wide, layout_dict
 
-_MAX_ROWS = 48  # hardware points printed (evenly spaced over the grid; --json has all)
+_MAX_ROWS = 48  # hardware points printed (every k-th of the grid's; --json has all)
 _LAYOUT = ("tp", "pp", "dp", "cp", "ep", "gx", "gy", "gz", "vp", "micro_batch", "zero_stage",
            "recompute", "sequence_parallel", "placement")
 _SHORT = {"micro_batch": "mb", "zero_stage": "zero", "sequence_parallel": "sp"}
@@ -63,8 +63,7 @@ def _render(args, model, system, axes, layouts, placements, result, seconds):
     shown_layout = _layout_columns(layouts)
     points, fits = _points(axes), result.n_fits.reshape(-1)
     top = result.index.shape[-1]
-    shown = np.unique(np.linspace(0, len(points) - 1, min(_MAX_ROWS, len(points)))
-                      .round().astype(int))
+    shown = np.arange(0, len(points), -(-len(points) // _MAX_ROWS))  # every k-th point
     rows = []
     for h in shown:
         for k in range(top):
@@ -78,7 +77,7 @@ def _render(args, model, system, axes, layouts, placements, result, seconds):
             rows.append(cells + [fmt(best["step_time_s"]), fmt(best["tokens_per_s"]),
                                  fmt(best["memory_GiB"])] + [lay[c] for c in shown_layout])
     head = f"{model.name} on {args.gpus} x {system.name}, global batch {args.global_batch}"
-    note = (f" ({len(shown)} of {len(points)} points, evenly spaced; --json lists all)"
+    note = (f" (1 in {shown[1]} of {len(points)} points; --json lists all)"
             if len(shown) < len(points) else "")
     columns = [key for key, *_ in axes] + ["#", "fit", "step_time_s", "tokens_per_s",
                                             "mem_GiB"] + [_SHORT.get(c, c) for c in shown_layout]
