@@ -15,8 +15,9 @@ printing JSON. Settings:
   * with --baseline DIR: the cached and no-cache settings again with PYTHONPATH=DIR (another
     checkout, e.g. the main branch), interleaved with this one's runs, so that the ratio is
     measured under the same load.
-Prints min and median wall time, the search's own `seconds` (enumeration to ranking) and the
-load average before each setting.
+Prints min and median wall time, the least CPU time (user + system) of the process (what the
+wall time would be on an otherwise idle machine, give or take the seconds XLA spends on both
+cores), the search's own `seconds` (enumeration to ranking) and the load average.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,8 +37,7 @@ JOB = ["search", "--model", "gpt3-175b", "--system", "a100-sxm-80gb", "--gpus", 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WARM = """
 import io, sys, time
-from diffperf.cli.main import _one_device_per_core, main
-_one_device_per_core()
+from diffperf.cli.main import main
 out = io.StringIO(); sys.stdout = out
 main({job})
 start = time.perf_counter(); main({job}); wall = time.perf_counter() - start
@@ -45,11 +46,20 @@ print(wall)
 """
 
 
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+CPU = []  # CPU seconds (user + system) of each run, in the order of the runs
+
+
 def _run(extra, env):
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu()
     out = subprocess.run([sys.executable, "-m", "diffperf.cli.main", *JOB, *extra], env=env,
                          capture_output=True, text=True, check=True)
     wall = time.perf_counter() - start
+    CPU.append(_cpu() - cpu)
     return wall, json.loads(out.stdout)
 
 
@@ -59,14 +69,15 @@ def _warm(env):
     return float(out.stdout.strip().splitlines()[-1]), None
 
 
-def _report(name, runs):
+def _report(name, runs, cpu=None):
     walls = [w for w, _ in runs]
     data = next((d for _, d in runs if d), None)
     tail = "" if data is None else (
         f"; search {min(d['seconds'] for _, d in runs):.2f} s; {data['evaluated']:,} layouts, "
         f"{data['feasible']:,} fit; best {data['ranked'][0]['step_time_s']:.4g} s/step")
+    cpu = "" if not cpu else f", CPU min {min(cpu):.2f} s"
     print(f"{name:>26}: wall min {min(walls):.2f} s, median {statistics.median(walls):.2f} s"
-          f"{tail}  (load {os.getloadavg()[0]:.2f})", flush=True)
+          f"{cpu}{tail}  (load {os.getloadavg()[0]:.2f})", flush=True)
     return min(walls)
 
 
@@ -85,22 +96,27 @@ def main() -> None:
     base = dict(env, PYTHONPATH=args.baseline) if args.baseline else None
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as cache_b:
         warm_env = dict(env, XDG_CACHE_HOME=cache)
-        _report("first run (empty cache)", [_run([], warm_env)])
+        _report("first run (empty cache)", [_run([], warm_env)], CPU[-1:])
         if base:
             _run([], dict(base, XDG_CACHE_HOME=cache_b))  # fills the baseline's cache
-        cached, nocache, cached_b, nocache_b = [], [], [], []
+        runs = {k: ([], []) for k in ("cached", "nocache", "cached_b", "nocache_b")}
+
+        def timed(key, extra, e):
+            runs[key][0].append(_run(extra, e))
+            runs[key][1].append(CPU[-1])
+
         for _ in range(args.repeat):  # interleaved: both checkouts see the same load
-            cached.append(_run([], warm_env))
-            nocache.append(_run(["--no-cache"], env))
+            timed("cached", [], warm_env)
+            timed("nocache", ["--no-cache"], env)
             if base:
-                cached_b.append(_run([], dict(base, XDG_CACHE_HOME=cache_b)))
-                nocache_b.append(_run(["--no-cache"], base))
-        a = _report("cached (fresh process)", cached)
-        b = _report("no cache", nocache)
+                timed("cached_b", [], dict(base, XDG_CACHE_HOME=cache_b))
+                timed("nocache_b", ["--no-cache"], base)
+        a = _report("cached (fresh process)", *runs["cached"])
+        b = _report("no cache", *runs["nocache"])
         _report("warm (same process)", [_warm(warm_env) for _ in range(args.repeat)])
         if base:
-            a_b = _report("baseline cached", cached_b)
-            b_b = _report("baseline no cache", nocache_b)
+            a_b = _report("baseline cached", *runs["cached_b"])
+            b_b = _report("baseline no cache", *runs["nocache_b"])
             print(f"ratio this / baseline: cached {a / a_b:.2f}, no cache {b / b_b:.2f}")
 
 

@@ -25,8 +25,9 @@ def add_parser(sub):
         "grid gx, gy, gz), predict them all in one jitted batched computation, drop those "
         "that do not fit, and print the fastest ones and the Pareto front of step time vs "
         "memory. With --sweep, do so at every point of a grid of hardware values and print "
-        "the best layout at each. The work is split over every local device (on a CPU, one "
-        "per core). With no options: GPT-3 175B on 1024 A100 80 GB, global batch 1536."))
+        "the best layout at each. The work is split over every local device (GPUs; on a CPU "
+        "one device already uses every core). With no options: GPT-3 175B on 1024 A100 "
+        "80 GB, global batch 1536."))
     add_model_system(p)
     p.add_argument("--gpus", type=int, default=1024, help="number of devices (default 1024)")
     p.add_argument("--global-batch", dest="global_batch", type=int, default=1536,
@@ -70,12 +71,14 @@ def _enable_cache() -> None:
 
 
 def _store(args):
-    """The on-disk store of compiled search kernels (cli.cache), or None with --no-cache."""
+    """The on-disk store of compiled search kernels (cli.cache), or None with --no-cache.
+    JAX's persistent compilation cache stays off here: a program it gives back cannot be
+    serialized again on the CPU (search.kernel._loads_and_runs), so the store would stay
+    empty."""
     if args.no_cache:
         return None
     from diffperf.cli.cache import KernelStore
 
-    _enable_cache()
     return KernelStore()
 
 

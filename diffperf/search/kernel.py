@@ -231,12 +231,26 @@ def executable_key(name, args, static) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
 
+def _loads_and_runs(blob, args) -> bool:
+    """Whether a serialized executable loads and runs on `args`. XLA:CPU cannot serialize
+    again a program that JAX's persistent compilation cache gave back (its kernels are
+    missing: 'Function ... not found' when it runs), so such a program is not stored."""
+    try:
+        loaded = serialize_executable.deserialize_and_load(*pickle.loads(blob),
+                                                           execution_devices=_devices_of(args))
+        jax.block_until_ready(loaded(*args))
+        return True
+    except Exception:  # noqa: BLE001 - any failure: do not keep it
+        return False
+
+
 def executable(fn, name, args, static, store):
     """fn (jitted) compiled for `args` (a `jax.stages.Compiled`, called with `*args`): from
     the process, else from `store` (a mapping key -> bytes), else lowered, compiled and put
     in the store. A stored program that no longer loads (another jaxlib) is compiled again.
     Loading a program runs its code: a store must be as trusted as the code itself (the
-    CLI's lives in the user's own cache folder, beside JAX's compilation cache)."""
+    CLI's lives in the user's own cache folder, beside JAX's compilation cache). A program
+    is stored only once it has loaded and run from its bytes (`_loads_and_runs`)."""
     key = executable_key(name, args, static)
     if key in _LOADED:
         return _LOADED[key]
@@ -250,7 +264,9 @@ def executable(fn, name, args, static, store):
             compiled = None
     if compiled is None:
         compiled = fn.lower(*args, **static).compile()
-        store[key] = pickle.dumps(serialize_executable.serialize(compiled))
+        blob = pickle.dumps(serialize_executable.serialize(compiled))
+        if _loads_and_runs(blob, args):
+            store[key] = blob
     if len(_LOADED) >= _LOADED_MAX:
         _LOADED.pop(next(iter(_LOADED)))
     _LOADED[key] = compiled
