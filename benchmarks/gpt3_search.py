@@ -57,7 +57,7 @@ CPU = []  # CPU seconds (user + system) of each run, in the order of the runs
 def _run(extra, env):
     start, cpu = time.perf_counter(), _cpu()
     out = subprocess.run([sys.executable, "-m", "diffperf.cli.main", *JOB, *extra], env=env,
-                         capture_output=True, text=True, check=True)
+                         cwd=env["PYTHONPATH"], capture_output=True, text=True, check=True)
     wall = time.perf_counter() - start
     CPU.append(_cpu() - cpu)
     return wall, json.loads(out.stdout)
@@ -65,7 +65,7 @@ def _run(extra, env):
 
 def _warm(env):
     out = subprocess.run([sys.executable, "-c", WARM.format(job=repr(JOB))], env=env,
-                         capture_output=True, text=True, check=True)
+                         cwd=env["PYTHONPATH"], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1]), None
 
 
@@ -84,7 +84,8 @@ def _report(name, runs, cpu=None):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--baseline", help="another checkout to time beside this one")
+    p.add_argument("--baseline", help="another checkout to time beside this one (its root "
+                   "folder; each run starts there, so its modules are the ones imported)")
     args = p.parse_args()
     sys.path.insert(0, os.path.dirname(__file__))
     from _common import machine
@@ -93,7 +94,7 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR",
                                                             "XLA_FLAGS")}
     env["PYTHONPATH"] = REPO
-    base = dict(env, PYTHONPATH=args.baseline) if args.baseline else None
+    base = dict(env, PYTHONPATH=os.path.abspath(args.baseline)) if args.baseline else None
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as cache_b:
         warm_env = dict(env, XDG_CACHE_HOME=cache)
         _report("first run (empty cache)", [_run([], warm_env)], CPU[-1:])

@@ -84,8 +84,8 @@ def _child(n, points, kind, repeat, pin=None):
     code = CHILD.format(bench=os.path.dirname(os.path.abspath(__file__)), n=n, points=points,
                         kind=kind, repeat=repeat)
     pinned = ["taskset", "-c", pin] if pin else []
-    out = subprocess.run([*pinned, sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True)
+    out = subprocess.run([*pinned, sys.executable, "-c", code], env=env, cwd=REPO,
+                         capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(out.stderr[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
