@@ -12,6 +12,9 @@ turns so that a change in the machine's load hits them alike:
   * full Result: the kernel with every field (breakdown and memory parts), as before;
 then search() warm (chunk calls + host-side gather into table order, ranking fields), and
 the flat jax.jit(jax.vmap(predict_step)) over up to 131,072 of the layouts (unfactored).
+Beside each kernel's wall time, the CPU seconds the process used (every thread): unlike the
+wall time it does not depend on what else runs on the machine; on an idle machine with c
+cores the wall time approaches CPU / c (XLA's intra-op pool keeps every core busy).
 `--devices N` makes N host devices (XLA_FLAGS=--xla_force_host_platform_device_count=N) and
 shards each call over them (search_sharded); on a GPU machine, the first N GPUs.
 """
@@ -22,6 +25,14 @@ import argparse
 import os
 import sys
 import time
+
+
+def _cpu() -> float:
+    """CPU seconds (user + system) of this process: every thread, XLA's included."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def main() -> None:
@@ -84,15 +95,19 @@ def main() -> None:
               f"{time.perf_counter() - start:.2f} s", flush=True)
         calls[name] = (call, chunks)
     best = {name: float("inf") for name in calls}
+    cpu = {name: float("inf") for name in calls}
     for _ in range(args.repeat):  # the kernels take turns
         for name, (call, cs) in calls.items():
+            c0 = _cpu()
             best[name] = min(best[name], best_of(
                 lambda call=call, cs=cs: jax.block_until_ready([call(c) for c in cs]), 1))
+            cpu[name] = min(cpu[name], _cpu() - c0)
     base = best["full Result"]
     for name, sec in best.items():
         print(f"kernel, {name}: {len(table):,} layouts in {sec:.3f} s = "
-              f"{len(table) / sec:,.0f} layouts/s ({base / sec:.2f}x the full-Result kernel; "
-              f"load {os.getloadavg()[0]:.2f})")
+              f"{len(table) / sec:,.0f} layouts/s ({base / sec:.2f}x the full-Result kernel); "
+              f"CPU {cpu[name]:.3f} s = {len(table) / cpu[name]:,.0f} layouts per CPU second "
+              f"(load {os.getloadavg()[0]:.2f})")
     sec = best_of(lambda: S.search(model, system, None, table, chunk=chunk, devices=devices,
                                    validate=False, optimize=not args.quick,
                                    fields=S.RANK_FIELDS), args.repeat)

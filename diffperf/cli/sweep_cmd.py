@@ -58,12 +58,25 @@ def _layout_columns(layouts) -> tuple:
     return tuple(c for c in _LAYOUT if c not in drop)
 
 
+def _shown(axes, n_points) -> tuple:
+    """(points to print, note): all of them, or every k-th value of the first (slowest) axis
+    with every value of the others, so that at most _MAX_ROWS rows (or one first-axis value's
+    worth) are printed."""
+    if n_points <= _MAX_ROWS:
+        return np.arange(n_points), ""
+    inner = n_points // len(axes[0][2])
+    k = -(-n_points // max(_MAX_ROWS, inner))
+    shown = np.concatenate([np.arange(i, i + inner) for i in range(0, n_points, k * inner)])
+    return shown, (f" (1 value in {k} of {axes[0][0]}: {len(shown)} of {n_points} points; "
+                   f"--json lists all)")
+
+
 def _render(args, model, system, axes, layouts, placements, result, seconds):
     tokens = args.global_batch * float(model.seq_len)
     shown_layout = _layout_columns(layouts)
     points, fits = _points(axes), result.n_fits.reshape(-1)
     top = result.index.shape[-1]
-    shown = np.arange(0, len(points), -(-len(points) // _MAX_ROWS))  # every k-th point
+    shown, note = _shown(axes, len(points))
     rows = []
     for h in shown:
         for k in range(top):
@@ -77,8 +90,6 @@ def _render(args, model, system, axes, layouts, placements, result, seconds):
             rows.append(cells + [fmt(best["step_time_s"]), fmt(best["tokens_per_s"]),
                                  fmt(best["memory_GiB"])] + [lay[c] for c in shown_layout])
     head = f"{model.name} on {args.gpus} x {system.name}, global batch {args.global_batch}"
-    note = (f" (1 in {shown[1]} of {len(points)} points; --json lists all)"
-            if len(shown) < len(points) else "")
     columns = [key for key, *_ in axes] + ["#", "fit", "step_time_s", "tokens_per_s",
                                             "mem_GiB"] + [_SHORT.get(c, c) for c in shown_layout]
     out = _wide()
