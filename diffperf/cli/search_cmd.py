@@ -226,7 +226,7 @@ def render(model, system, args, layouts, placements, result, top, front, seconds
                         _rows(result, shown, layouts, placements, (), moe, n_grid > 0)))
     grid = f", {n_grid:,} of them on the AxoNN grid" if args.axonn else ""
     out.print(f"evaluated {n:,} layouts{grid} ({feasible:,} fit) in {seconds:.2f} s, "
-                  f"compilation included ({n / seconds:,.0f} layouts/s)")
+                  f"compiling or loading the kernels included ({n / seconds:,.0f} layouts/s)")
 
 
 def run(args) -> int:

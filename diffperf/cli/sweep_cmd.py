@@ -95,7 +95,8 @@ def _render(args, model, system, axes, layouts, placements, result, seconds):
     out = _wide()
     out.print(table(f"best layout at each hardware point{note}: {head}", columns, rows))
     out.print(f"evaluated {result.n_points:,} layout x hardware points ({len(layouts):,} "
-              f"layouts x {len(points):,} points) in {seconds:.2f} s, compilation included "
+              f"layouts x {len(points):,} points) in {seconds:.2f} s, compiling or loading the "
+              f"kernel included "
               f"({result.n_points / seconds:,.0f} points/s)", highlight=False)
 
 
