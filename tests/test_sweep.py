@@ -19,7 +19,7 @@ from diffperf.cli.main import main
 from diffperf.load import (sweep_axes, sweep_fields, system_from_dict, system_names,
                            system_to_dict)
 from diffperf.search import enumerate_layouts, ranked, search, sweep
-from diffperf.search import kernel as search_kernel
+from diffperf.search import executables as search_executables
 
 MODEL = load_model("gpt-small")
 SYSTEM = load_system("a100-sxm-80gb").replace(hbm_capacity_bytes=3.0 * 2**30)
@@ -225,12 +225,12 @@ def test_executable_store_round_trip(table):
     store, quick = Store(), dict(optimize=False)  # LLVM -O0: works alike, compiles faster
     first = search(MODEL, SYSTEM, TRAINING, rows, store=store, **quick)
     assert len(store) == 1 and Store.writes == 1
-    search_kernel._LOADED.clear()
+    search_executables._LOADED.clear()
     again = search(MODEL, SYSTEM, TRAINING, rows, store=store, **quick)
     assert Store.writes == 1  # loaded from the store, not compiled
     np.testing.assert_array_equal(again.step_time_s, first.step_time_s)
     np.testing.assert_array_equal(again.memory.total_bytes, first.memory.total_bytes)
-    search_kernel._LOADED.clear()
+    search_executables._LOADED.clear()
     key = next(iter(store))
     store[key] = b"not an executable"
     third = search(MODEL, SYSTEM, TRAINING, rows, store=store, **quick)

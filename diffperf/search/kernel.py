@@ -24,22 +24,17 @@ Measured on GPT-3 175B / 1024 A100 with the grid (a cold `search` call, 2-core C
 kernel for all 493,920 rows, 4.5 s; a second kernel for the 27,600 grid rows alone, 6.2 s
 (its compilation costs more than the ~10% of run time it saves the Megatron rows).
 
-Compiled programs can be kept across processes in an executable store (`executable`): a
-mapping from a key of everything the program depends on to its serialized executable, which
-the caller owns (the CLI keeps one on disk per version of the code).
+Compiled programs can be kept across processes (`search.executables`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import pickle
-
 import jax
 import numpy as np
-from jax.experimental import serialize_executable
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from diffperf.predict import features_of, predict_step
+from diffperf.search.executables import executable
 from diffperf.search.enumerate import COLUMNS, INNER, INNER_GRID, KEYS, OUTER, _placement_codes
 from diffperf.specs.parallel import GRID, Parallel
 
@@ -59,7 +54,6 @@ QUICK_BELOW = 1_500_000
 # (the Pareto front and the "no layout fits" message), MFU and throughput of every row.
 RANK_FIELDS = ("step_time_s", "fits", "memory.total_bytes", "memory.capacity_bytes", "mfu",
                "tokens_per_s")
-_LOADED_MAX = 8  # executables kept deserialized in the process (one per kernel shape)
 
 
 def _axes(batched) -> Parallel:
@@ -197,77 +191,3 @@ def _kernel(devices, optimize=True, store=None):
         return executable(fn, name, args, static, store)(*args)
 
     return run
-
-
-# ------------------------------------------------------------------------------------------
-# Executables kept across processes
-# ------------------------------------------------------------------------------------------
-
-_LOADED: dict = {}  # key -> deserialized executable, so a warm process loads each once
-
-
-def _leaf_key(x) -> str:
-    sharding = getattr(x, "sharding", None)
-    spec = getattr(sharding, "spec", None)
-    return f"{np.shape(x)}:{np.result_type(x)}:{spec}"
-
-
-def _devices_of(args) -> list:
-    """The devices the arguments are placed on, by id (the default device when none is)."""
-    found = {d for x in jax.tree.leaves(args) for d in getattr(
-        getattr(x, "sharding", None), "device_set", ())}
-    return sorted(found, key=lambda d: d.id) or jax.devices()[:1]
-
-
-def executable_key(name, args, static) -> str:
-    """A hash of everything the compiled program depends on besides the code: the kernel's
-    name (which says its compiler options), JAX's version, the devices, the arguments'
-    tree, shapes, dtypes and shardings, and the static arguments. The code's version is the
-    store owner's (the CLI keeps one store per hash of the package's source)."""
-    parts = (name, jax.__version__, [(d.platform, d.device_kind, d.id) for d in _devices_of(
-        args)], str(jax.tree.structure(args)), [_leaf_key(x) for x in jax.tree.leaves(args)],
-        repr(sorted((k, sorted(v) if isinstance(v, frozenset) else v)
-                    for k, v in static.items())))
-    return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
-
-
-def _loads_and_runs(blob, args) -> bool:
-    """Whether a serialized executable loads and runs on `args`. XLA:CPU cannot serialize
-    again a program that JAX's persistent compilation cache gave back (its kernels are
-    missing: 'Function ... not found' when it runs), so such a program is not stored."""
-    try:
-        loaded = serialize_executable.deserialize_and_load(*pickle.loads(blob),
-                                                           execution_devices=_devices_of(args))
-        jax.block_until_ready(loaded(*args))
-        return True
-    except Exception:  # noqa: BLE001 - any failure: do not keep it
-        return False
-
-
-def executable(fn, name, args, static, store):
-    """fn (jitted) compiled for `args` (a `jax.stages.Compiled`, called with `*args`): from
-    the process, else from `store` (a mapping key -> bytes), else lowered, compiled and put
-    in the store. A stored program that no longer loads (another jaxlib) is compiled again.
-    Loading a program runs its code: a store must be as trusted as the code itself (the
-    CLI's lives in the user's own cache folder, beside JAX's compilation cache). A program
-    is stored only once it has loaded and run from its bytes (`_loads_and_runs`)."""
-    key = executable_key(name, args, static)
-    if key in _LOADED:
-        return _LOADED[key]
-    compiled = None
-    blob = store.get(key)
-    if blob is not None:
-        try:
-            compiled = serialize_executable.deserialize_and_load(
-                *pickle.loads(blob), execution_devices=_devices_of(args))
-        except Exception:  # noqa: BLE001 - a stale or foreign entry: compile it again
-            compiled = None
-    if compiled is None:
-        compiled = fn.lower(*args, **static).compile()
-        blob = pickle.dumps(serialize_executable.serialize(compiled))
-        if _loads_and_runs(blob, args):
-            store[key] = blob
-    if len(_LOADED) >= _LOADED_MAX:
-        _LOADED.pop(next(iter(_LOADED)))
-    _LOADED[key] = compiled
-    return compiled
