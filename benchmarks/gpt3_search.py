@@ -3,7 +3,7 @@
     python benchmarks/gpt3_search.py [--repeat 3] [--baseline /path/to/other/checkout]
 
 Each run is a fresh process, `python -m diffperf.cli.main search --json ...`, timed from
-outside: interpreter start, imports, loading the specs, enumerating every layout (466,320),
+outside: interpreter start, imports, loading the specs, enumerating every layout (474,720),
 getting the search kernel (tracing and compiling it, or loading it), evaluating, ranking and
 printing JSON. Settings:
   * first run: an empty cache folder (XDG_CACHE_HOME): the kernel is traced, compiled at

@@ -3,8 +3,8 @@
     python benchmarks/sweep_scaling.py [--devices 1,2,4] [--cores] [--points 32]
         [--axes flops] [--full] [--repeat 2]
 
-The job: every layout of GPT-3 175B on 1024 A100 80 GB, global batch 1536 (466,320 layouts)
-at each point of a hardware grid. Each setting runs in a fresh process: on the CPU with
+The job: every layout of GPT-3 175B on 1024 A100 80 GB, global batch 1536 (474,720 layouts
+since pipelines may be uneven; 466,320 before) at each point of a hardware grid. Each setting runs in a fresh process: on the CPU with
 XLA_FLAGS=--xla_force_host_platform_device_count=N (N host devices); on a GPU machine the
 first N GPUs. Each process first compiles the sweep kernel (a sweep of one call's points, the
 same shapes), then times the whole sweep (best of --repeat) and reports points/s, the
@@ -111,7 +111,8 @@ def main() -> None:
         if base is None:
             print(r["machine"].replace(" x 1 ", " x N "))
             base = r["rate"]
-        print(f"{name}: {r['points']:,} points ({r['hardware']} hardware x 466,320 layouts, "
+        print(f"{name}: {r['points']:,} points ({r['hardware']} hardware x "
+              f"{r['points'] // r['hardware']:,} layouts, "
               f"--axes {args.axes}) in {r['sweep_s']:.2f} s = {r['rate'] / 1e6:.2f} M points/s,"
               f" x{r['rate'] / base:.2f}; CPU {r['cpu_per_M']:.3f} s per 1e6 points; compile "
               f"{r['compile_s']:.1f} s; peak RSS {r['rss_MB']:.0f} MB; load {r['load']:.2f}",

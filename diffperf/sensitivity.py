@@ -216,8 +216,7 @@ def candidates(model, system, training, layouts, temperature, *, placements=PLAC
     dropped = 0.0
     if any(len(g) > max_candidates for g in groups):
         r = search(model, system, training, layouts, placements=placements,
-                   temperature=smooth, validate=False,
-                   fields=("step_time_s", "fit_margin_frac"))  # all the scores need
+                   temperature=smooth, validate=False)
         s = np.log(r.step_time_s) + np.logaddexp(0.0, -r.fit_margin_frac / temperature)
         w = np.exp(-(s - s.min()) / temperature)
         groups = [g[np.argsort(s[g], kind="stable")[:max_candidates]] for g in groups]

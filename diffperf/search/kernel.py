@@ -11,10 +11,11 @@ shared (benchmarks/README.md). Splitting the inner axis into three vmaps (4 x 3 
 measured and is slower on XLA:CPU (0.6-0.7x: fusion recomputes the smaller intermediates
 inside the larger loops, and the broadcasts cost more than they save).
 
-Outputs: `fields` keeps only some Result leaves. What ranking needs (RANK_FIELDS: step time,
-feasibility, memory, MFU, tokens/s) runs ~3x faster than the whole Result (benchmarks/
-README.md): with fewer outputs XLA fuses the prediction into fewer loops that materialize
-fewer intermediates.
+Outputs: `fields` keeps only some Result leaves (RANK_FIELDS: what ranking needs). Whether
+that is faster depends on how XLA fuses the prediction: measured on 2 cores, 1.9-3.4x the
+layouts/s of the whole Result before the uneven stages, ZeRO-3 and HSDP terms were merged,
+0.6-0.9x after (XLA then fuses expensive intermediates into several loops instead of keeping
+them once: benchmarks/README.md).
 
 Static features: the kernel traces only the terms that some row of the table needs
 (`predict.features_of` of its outer keys). A table without AxoNN grid rows traces the program

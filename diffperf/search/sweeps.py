@@ -190,8 +190,8 @@ def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=
             (e.g. the fp32 and vector peaks with the 16-bit matrix peak, one chip).
     Returns:
         `Sweep` with arrays of shape [*grid] (n_fits) and [*grid, top].
-    Example: GPT-3 175B on 1024 A100 (466,320 layouts) x 32 InfiniBand bandwidths x 64 HBM
-    bandwidths: 955 M points, of which the sweep keeps 2,048 x 4 numbers.
+    Example: GPT-3 175B on 1024 A100 (474,720 layouts) x 32 InfiniBand bandwidths x 64 HBM
+    bandwidths: 972 M points, of which the sweep keeps 2,048 x 4 numbers.
     """
     axes = _check_axes(system, axes)
     tied = _check_tied(system, axes, tied)
