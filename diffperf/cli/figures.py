@@ -69,10 +69,11 @@ def _part_groups(breakdown: dict) -> list:
 # ------------------------------------------------------------------------------------------
 
 def comm_scaling_figure(study):
-    """Exposed and hidden communication (% of step time) vs model size, one line per system."""
+    """Exposed communication, exposed communication + pipeline bubble, and hidden
+    communication (% of step time) vs model size, one line per system."""
     plt = pyplot()
     t = study.table
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharex=True)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), sharex=True)
     for k, system in enumerate(dict.fromkeys(t["system"])):
         sel = t["system"] == system
         projected = bool(t["projected"][sel][0])
@@ -80,21 +81,24 @@ def comm_scaling_figure(study):
                      label=f"{system} (PROJECTION)" if projected else system)
         x = t["params_B"][sel]
         axes[0].plot(x, 100 * t["comm_exposed_frac"][sel], **style)
-        axes[1].plot(x, 100 * t["comm_hidden_frac"][sel], **style)
+        axes[1].plot(x, 100 * (t["comm_exposed_frac"][sel] + t["bubble_frac"][sel]), **style)
+        axes[2].plot(x, 100 * t["comm_hidden_frac"][sel], **style)
     axes[0].set_ylabel("exposed communication, % of step time")
-    axes[0].set_title("exposed (on the critical path)")
-    axes[1].set_ylabel("hidden communication, % of step time")
-    axes[1].set_title("hidden (overlapped with compute)")
+    axes[0].set_title("exposed communication (on the critical path)")
+    axes[1].set_ylabel("exposed communication + bubble, % of step time")
+    axes[1].set_title("parallel overhead (what the search trades)")
+    axes[2].set_ylabel("hidden communication, % of step time")
+    axes[2].set_title("hidden (overlapped with compute)")
     first = t["system"] == t["system"][0]
     ticks = [f"{p:.0f}B\n{g} GPUs" for p, g in zip(t["params_B"][first], t["gpus"][first])]
     for ax in axes:
         ax.set_xscale("log")
         ax.set_xticks(t["params_B"][first], ticks, fontsize=7)
         ax.minorticks_off()
-        ax.set_xlabel("model parameters (Megatron-LM Table 1 GPT family, its GPUs and batch)")
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
-    axes[1].legend(fontsize=8, loc="center right")  # the empty corner of the hidden panel
+    axes[1].set_xlabel("model parameters (Megatron-LM Table 1 GPT family, its GPUs and batch)")
+    axes[2].legend(fontsize=8, loc="center right")  # the empty corner of the hidden panel
     fig.suptitle(study.title + ":\nshare of the step time of the best layout found by "
                  "search for each point")
     fig.tight_layout()

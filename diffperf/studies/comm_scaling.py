@@ -10,8 +10,10 @@ diffperf's version: the GPT family of Narayanan et al. Table 1 (hidden and layer
 on A100 -> H100 -> B200 -> a *projected* next generation (B200 scaled: FLOP/s x2.5, HBM
 bandwidth, HBM capacity, NVLink and network bandwidth x1.5). For each (model, system) the
 whole layout space is searched and the fastest layout that fits is kept; the study reports
-the share of its step time spent in exposed communication, and the hidden communication
-(overlapped with compute) beside it.
+the share of its step time spent in exposed communication, the exposed communication plus
+the pipeline bubble (the parallel overhead the search trades: where communication grows
+dearer the fastest layout may move it into a deeper pipeline, so exposed communication alone
+need not grow while the sum does), and the hidden communication (overlapped with compute).
 """
 
 from __future__ import annotations
@@ -97,6 +99,9 @@ def _summary(t) -> dict:
         sel = t["model"] == m
         shares = ", ".join(f"{100 * x:.1f}" for x in t["comm_exposed_frac"][sel])
         out[f"{m}: exposed comm % by system"] = shares
+        overhead = t["comm_exposed_frac"][sel] + t["bubble_frac"][sel]
+        out[f"{m}: exposed comm + bubble % by system"] = ", ".join(
+            f"{100 * x:.1f}" for x in overhead)
     return out
 
 
