@@ -38,6 +38,9 @@ class Training(struct.PyTreeNode):
     vocab_pad_to: Any = 128.0    # the framework pads the vocabulary to a multiple of this x t
                                  # (Megatron-LM --make-vocab-size-divisible-by, default 128);
                                  # 0: no padding, each rank takes floor(V / t) rows
+    xla_compiled: Any = 0.0      # 1: the whole step is one XLA program (JAX jit): memory is
+                                 # what XLA keeps live (memory/xla.py), kernels are fused and
+                                 # issued back to back; 0: an eager / Megatron framework
     name: str = struct.field(pytree_node=False, default="bf16")
 
 
@@ -53,6 +56,13 @@ PRECISIONS = {
     "amp-bf16": dict(weight_bytes=4.0, grad_bytes=4.0, master_bytes=0.0, optimizer_bytes=8.0,
                      activation_bytes=2.0, matmul_fp32=0.0, cast_weight_bytes=2.0,
                      grad_buffers_persist=0.0, residual_bytes=4.0, loss_bytes_per_logit=40.0),
+    # JAX / XLA with fp32 params and AdamW states, bf16 matmul inputs, bf16 residual stream
+    # (shared/data/README.md, H100 JAX section): memory by XLA's live sets (memory/xla.py),
+    # where the bf16 casts of the weights are stacked scan residuals, not a separate copy.
+    "xla-amp-bf16": dict(weight_bytes=4.0, grad_bytes=4.0, master_bytes=0.0,
+                         optimizer_bytes=8.0, activation_bytes=2.0, matmul_fp32=0.0,
+                         cast_weight_bytes=0.0, grad_buffers_persist=0.0, residual_bytes=2.0,
+                         loss_bytes_per_logit=40.0, xla_compiled=1.0),
     # Pure bf16 (weights, grads and Adam states in bf16: 8 B/param).
     "bf16-pure": dict(weight_bytes=2.0, grad_bytes=2.0, master_bytes=0.0, optimizer_bytes=4.0,
                       activation_bytes=2.0, matmul_fp32=0.0),

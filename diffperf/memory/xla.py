@@ -1,0 +1,178 @@
+"""Peak memory of a training step compiled as one XLA program (JAX `jit`), term by term.
+
+A JAX step is one program: XLA's buffer assignment decides which buffers are live at each
+point, and its peak is what `jax.jit(f).lower(...).compile().memory_analysis()` reports,
+arguments + outputs + temporaries - aliased (the measured `peak_memory_GB` of
+shared/data/h100_jax_single_gpu.csv). The program modelled is the one that file describes:
+layers as one `lax.scan` over stacked fp32 weights, bf16 matmul inputs, cuDNN flash attention,
+AdamW, gradient accumulation as a `lax.scan` over micro-batches, parameters and optimizer state
+donated, `recompute=full` = `jax.checkpoint` around the scanned layer.
+
+Live sets (S = states, the donated fp32 parameters and Adam m, v: outputs alias arguments, so
+they are counted once; G = gradient bytes of the stage; R = stacked residuals):
+    A  loss, start of the backward (last stage):  S + G_acc + R + loss buffers
+    B  backward of the layer scan:                 S + G_acc + G_layers + R + working layer
+    C  optimizer update (in place, donated):       S + G
+    peak = max(A, B, C) + runtime workspace (eff.mem_reserved_bytes)
+G_acc = G when the step accumulates m > 1 micro-batches (the fp32 carry of the micro-batch
+scan; with m = 1 XLA's while-loop simplifier removes the one-trip loop and the add of zeros);
+G_layers = the layer gradients the backward scan stacks as its outputs, allocated when the loop
+starts (the embedding and output-layer gradients are scheduled outside it).
+How this was found: the step of tests/jax_transformer.py (`make_scan_step`), written as the
+data README says, compiled on the CPU at the 25 measured shapes and at small ones while
+varying layers, micro-batch, accumulation, vocabulary and remat. What `lax.scan` stacks is
+fixed by JAX's partial evaluation (the jaxpr), the same on every backend, and the count below
+equals it (tests/test_memory_xla.py); the temporaries around it are backend-specific (the CPU
+compiler fuses less and keeps 10-60 % more than the GPU), so only the structure (which phase,
+which terms) was taken from the CPU, never its numbers. Against the 20 measured H100 peaks the
+formula is within 3.1 % (mean 1.1 %) with no fitted parameter [D].
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from diffperf.memory.activations import layers_in_flight
+from diffperf.memory.weights import gradient_bytes, optimizer_bytes, weight_bytes
+from diffperf.result import MEMORY_PARTS, Memory
+from diffperf.workload.flops import head_shards, hidden_shards, vocab_rows_per_rank
+from diffperf.workload.params import (layer_params_per_device, layer_vector_params,
+                                      stage_expert_params_per_device, stage_params_per_device)
+
+_FP32 = 4.0  # bytes of the fp32 values JAX saves for a norm's backward and for the softmax
+# Tensors of b s f elements one MLP saves for its backward: GELU(tanh) keeps its input (the up
+# projection's output), x^3 term, tanh, 1 - tanh^2 path, the cdf and its output (6); SwiGLU
+# keeps the gate and up outputs, the sigmoid and two products inside silu, and gate x up (6).
+# Counted from the jaxpr of `jax.nn.gelu(approximate=True)` and `jax.nn.silu` (JAX 0.10).
+_MLP_SAVED = 6.0
+
+
+def layer_residual_bytes(model, parallel, training):
+    """Bytes one scanned layer's backward needs, one micro-batch, one device, without remat:
+    what `lax.scan` stacks per layer for the backward (JAX partial evaluation of the body):
+
+        T [ 2 (2 x 4 + q) h_r + 16                     two norms: fp32 input and normalised
+                                                       value, the q-byte output, 2 fp32 stats
+            + q (a + 2 a_kv) d_h / t + 2 q a d_h / t   Q, K, V; attention output and the
+                                                       out-projection's input (a reshape,
+                                                       saved as its own buffer)
+            + 4 a / t                                  cuDNN softmax statistics (fp32)
+            + 6 q f' / t ]                             the MLP's saved tensors (_MLP_SAVED)
+        + q N_mat                                      the bf16 casts of the layer's weights
+    T = b s / c tokens, h_r = h / t_sp (the residual stream's shard: t with sequence
+    parallelism, G_x in the AxoNN grid), q = training.activation_bytes (the matmul dtype),
+    f' = f (dense) or the routed width as in `activations.layer_activation_parts`, N_mat = the
+    layer's matrices on this device. RMSNorm and LayerNorm save the same (x or x - mean, and
+    the normalised value). Source: the scan's stacked outputs in the jaxpr of
+    tests/jax_transformer.py `make_scan_step` [D; equality tested].
+    Example (h 2048, a 16, a_kv 4, d_h 128, f 5376, b 2, s 1024, q 2; N_mat = 43.5 M):
+    T = 2048: 2048 (20 x 2048 + 2 x 2560... ) = see tests: 0.2724 GB + 0.0870 GB = 0.3594 GB.
+    """
+    t, q = head_shards(parallel), training.activation_bytes
+    T = parallel.micro_batch * model.seq_len / parallel.cp
+    t_sp = jnp.where(parallel.sequence_parallel > 0, parallel.tp, 1.0) * hidden_shards(parallel)
+    a, akv, dh = model.n_heads, model.n_kv_heads, model.head_dim
+    ffn = jnp.where(model.n_experts > 0, (model.moe_topk * model.capacity_factor
+                                          + model.n_shared_experts) * model.moe_ffn_hidden,
+                    model.ffn_hidden)
+    norms = 2.0 * (2.0 * _FP32 + q) * model.hidden / t_sp + 4.0 * _FP32
+    attention = (q * (a + 2.0 * akv) * dh + 2.0 * q * a * dh + _FP32 * a) / t
+    mlp = _MLP_SAVED * q * ffn / t
+    casts = q * (layer_params_per_device(model, parallel) - layer_vector_params(model))
+    return T * (norms + attention + mlp) + casts
+
+
+def scan_residual_bytes(model, parallel, training):
+    """Bytes stacked per layer and micro-batch for the backward of the layer scan:
+
+        recompute full (jax.checkpoint around the body): q_r T h_r   the scan carry only
+        otherwise: layer_residual_bytes (no remat policy of XLA's own is modelled)
+    q_r = training.residual_bytes (the dtype of the carry, the residual stream); a checkpointed
+    body keeps its input and rebuilds the rest in the backward; its weights are slices of the
+    scanned stack, so nothing is stacked for them [D: jaxpr].
+    Example (L 24, h 2048, b 1, s 1024, q_r 2): 2 x 1024 x 2048 = 4.19 MB a layer, 0.1007 GB
+    for 24 layers: the measured 21.323 GB of that run less 12 P + 4 P (16 P = 21.22 GB).
+    """
+    t_sp = jnp.where(parallel.sequence_parallel > 0, parallel.tp, 1.0) * hidden_shards(parallel)
+    T = parallel.micro_batch * model.seq_len / parallel.cp
+    carry = training.residual_bytes * T * model.hidden / t_sp
+    return jnp.where(parallel.recompute == 2, carry, layer_residual_bytes(model, parallel,
+                                                                          training))
+
+
+def working_layer_bytes(model, parallel, training):
+    """Extra bytes while one layer's backward runs: under full recompute the layer rebuilt
+    (its `layer_residual_bytes`, weights' casts included); otherwise 0 (the backward reads the
+    stacked residuals and fuses its temporaries)."""
+    return jnp.where(parallel.recompute == 2, layer_residual_bytes(model, parallel, training),
+                     0.0)
+
+
+def loss_buffer_bytes(model, parallel, training):
+    """Buffers of the fp32 cross-entropy at the start of the backward, last stage:
+
+        (4 + q) T V_t
+    the fp32 exp(logits - max) that log-softmax saves for its backward and the q-byte gradient
+    of the logits that the output layer's two backward GEMMs read (the q-byte logits are dead
+    once the fused reductions have read them). V_t = `vocab_rows_per_rank`.
+    Example: T = 32768, V = 128256, q = 2: 6 x 4.203e9 = 25.2 GB (the measured run peaks at
+    33.55 GB = 12 P 6.32 + stacked carry 1.61 + 25.2 + 0.4).
+    """
+    T = parallel.micro_batch * model.seq_len / parallel.cp
+    return (_FP32 + training.activation_bytes) * T * vocab_rows_per_rank(model, parallel,
+                                                                         training)
+
+
+def _stage_phases(params, expert_params, layer_P, resid, loss, working, parallel, training):
+    """(parts at A, B, C) of one stage: dicts of MEMORY_PARTS without the buffers."""
+    no_cast = training.replace(cast_weight_bytes=0.0)  # casts are in the stacked residuals
+    w = weight_bytes(params, parallel, no_cast, expert_params)
+    opt = optimizer_bytes(params, parallel, training, expert_params)
+    grads = gradient_bytes(params, parallel, training, expert_params)
+    acc = jnp.where(parallel.n_microbatches > 1, grads, 0.0)
+    layer_grads = gradient_bytes(layer_P, parallel, training, expert_params)
+    part = lambda g, act: dict(weights_bytes=w, gradients_bytes=g, optimizer_bytes=opt,  # noqa
+                               activations_bytes=act)
+    return (part(acc, resid + loss), part(acc + layer_grads, resid + working),
+            part(grads, jnp.zeros_like(resid)))
+
+
+def xla_device_memory(model, parallel, system, training) -> Memory:
+    """Memory parts of the larger of the first and last stage at the phase of its peak
+    (module docstring: A loss, B layer backward, C optimizer), and the usable capacity.
+
+        R(first) = scan_residual_bytes x layers_in_flight     (min(p, m) micro-batches)
+        R(last)  = scan_residual_bytes x L / p
+        loss buffers on the last stage (on the only stage when p = 1)
+    ZeRO shards the states as in `memory.weights`; the parameters ZeRO-3 gathers and the
+    pipeline's interleaving under XLA are not modelled separately here.
+    """
+    first_P, last_P = stage_params_per_device(model, parallel)
+    expert_P = stage_expert_params_per_device(model, parallel)
+    layers = model.n_layers / parallel.pp
+    layer_P = layers * layer_params_per_device(model, parallel)
+    per_layer = scan_residual_bytes(model, parallel, training)
+    working = working_layer_bytes(model, parallel, training)
+    loss = loss_buffer_bytes(model, parallel, training)
+    single = jnp.where(parallel.pp == 1, 1.0, 0.0)
+    first = _stage_phases(first_P, expert_P, layer_P,
+                          per_layer * layers_in_flight(model, parallel), single * loss,
+                          working, parallel, training)
+    last = _stage_phases(last_P, expert_P, layer_P, per_layer * layers, loss, working,
+                         parallel, training)
+    cands = first + last  # six (stage, phase) live sets
+    keys = MEMORY_PARTS[:-1]
+    totals = jnp.stack([sum(c[k] for k in keys) for c in cands])
+    pick = jnp.argmax(totals)
+    buffers = system.eff.mem_reserved_bytes
+    parts = {k: jnp.stack([c[k] for c in cands])[pick] for k in keys}
+    return Memory(**parts, buffers_bytes=buffers, total_bytes=jnp.max(totals) + buffers,
+                  capacity_bytes=system.hbm_capacity_bytes * system.eff.mem_usable_frac)
+
+
+def select_memory(training, xla: Memory, other: Memory) -> Memory:
+    """`xla` where training.xla_compiled = 1, else `other`, leaf by leaf (jnp.where: with the
+    flag at 0 every leaf is `other`'s, bit for bit)."""
+    on = training.xla_compiled > 0
+    return Memory(**{k: jnp.where(on, getattr(xla, k), getattr(other, k))
+                     for k in Memory.__dataclass_fields__})
