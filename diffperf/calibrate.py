@@ -31,6 +31,9 @@ STEP_FIELDS = ("mm_max", "mm_half_dim", "mm_exponent", "mm_align_exponent", "att
                "host_coll_peer_s", "microbatch_s", "step_s",
                "coll_base_s", "coll_eff_intra", "coll_eff_inter", "floor_pnorm")
 MEMORY_FIELDS = ("mem_reserved_bytes", "act_mem_factor", "mem_usable_frac")
+# Fitted only where some run is one XLA-compiled program (Training.xla_compiled): elsewhere
+# they have no effect, and leaving them out keeps other fits exactly as they were.
+XLA_FIELDS = ("queued_kernel_s",)
 _FLOOR = 1e-7  # smallest starting value of a positive parameter (log of 0 is not a start)
 # Gaussian priors that hold each unconstrained parameter u (logit or log) near its start u0.
 # The loss is the MEAN squared log error over the n fitted runs, plus for each field
@@ -351,6 +354,8 @@ def calibrate_runs(runs, systems: dict, fit_mask, *, benches=(), fields=None, st
     if fields is None:
         has_mem = np.isfinite(runs.peak_memory_GB[fit_mask]).any()
         fields = STEP_FIELDS + (MEMORY_FIELDS if has_mem else ())
+        if any(float(np.max(np.asarray(t.xla_compiled))) > 0 for t in runs.trainings):
+            fields = fields + XLA_FIELDS
     base = sets[0][1].system.eff
     best = best_start = None
     for start in starting_points(base, fields):

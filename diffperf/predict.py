@@ -19,6 +19,7 @@ from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s
 from diffperf.costs.compute import (gemm_times_s, gemms_time_s, layer_times_s, matmul_peak,
                                     memory_time_s)
 from diffperf.costs.smooth import pnorm_max
+from diffperf.costs.xla import kernel_fixed_s
 from diffperf.memory.device import device_memory
 from diffperf.result import EXPOSED_PARTS, Breakdown, Memory, Result
 from diffperf.schedule.overlap import (axonn_exposed_s, dp_exposed_s, ring_exposed_s,
@@ -34,6 +35,8 @@ from diffperf.workload.groups import stride
 from diffperf.workload.params import (grid_shards, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device)
 from diffperf.workload.pp import pp_message_bytes
+from diffperf.workload.xla import (grad_accumulation_bytes, optimizer_bytes_per_param,
+                                   remat_skipped_gemms, stacked_traffic_bytes)
 from diffperf.workload.tp import (tp_calls_per_all_reduce, tp_collectives_per_layer,
                                   tp_message_bytes)
 
@@ -199,12 +202,18 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         temperature) if "axonn" in features else _zeros(dense, 5))
     full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
     selective = jnp.where(parallel.recompute == 1, 1.0, 0.0)
-    recompute = full * (dense + attn + other) + selective * attn
+    # XLA's remat does not re-run the GEMMs that end the layer (costs.xla.remat_skipped_gemms).
+    skipped = jnp.sum(gemm_times_s(ops.dense, system, training, e.mm_max, e.mm_half_dim,
+                                   temperature) * remat_skipped_gemms(training))
+    recompute = full * (dense - skipped + attn + other) + selective * attn
+    # XLA writes the layer scan's residuals in the forward and reads them in the backward.
+    stacked = 0.5 * memory_time_s(stacked_traffic_bytes(model, parallel, training), system)
+    other_f, other_b = other + stacked, 2.0 * other + stacked
     hidden_f = tp_fh + cp_fh + ep_fh + ax_fh
     hidden_b = tp_bh + cp_bh + ep_bh + ax_bh
-    gpu_f = (dense + attn + other + tp_f + cp_f + ep_f + ax_f
+    gpu_f = (dense + attn + other_f + tp_f + cp_f + ep_f + ax_f
              + e.overlap_slowdown * hidden_f)
-    gpu_b = (2.0 * dense + attn_bwd + 2.0 * other + recompute + tp_b + cp_b + ep_b + ax_b
+    gpu_b = (2.0 * dense + attn_bwd + other_b + recompute + tp_b + cp_b + ep_b + ax_b
              + e.overlap_slowdown * hidden_b)
     is_moe = jnp.where(model.n_experts > 0, 1.0, 0.0)
     kernels = (ops.n_kernels + tp_on * calls * n_f
@@ -212,14 +221,17 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
                + 2.0 * parallel.cp_ring * cp_ring_steps(parallel)  # block attention + p2p
                + ax_calls)
     sync_f, sync_b = _tp_host_sync_s(parallel, n_f, n_b, e)
-    host_f = kernels * e.host_kernel_s + e.host_layer_s + sync_f
+    # One XLA program has no host work per layer or kernel (the step is enqueued as a whole).
+    eager = 1.0 - training.xla_compiled
+    host_f = eager * (kernels * e.host_kernel_s + e.host_layer_s + sync_f)
     # Full recompute re-runs the layer's forward inside the backward: one more layer pass on
     # the host, plus the checkpoint's own bookkeeping (RNG state, rebuilding the graph).
-    host_b = (2.0 + full) * kernels * e.host_kernel_s + (1.0 + full) * e.host_layer_s + (
-        full * e.host_recompute_s) + sync_b
+    host_b = eager * ((2.0 + full) * kernels * e.host_kernel_s + (1.0 + full) * e.host_layer_s
+                      + full * e.host_recompute_s + sync_b)
     t_f = pnorm_max(gpu_f, host_f, e.floor_pnorm)
     t_b = pnorm_max(gpu_b, host_b, e.floor_pnorm)
-    parts = dict(compute_s=3.0 * dense + attn + attn_bwd + 3.0 * other, recompute_s=recompute,
+    parts = dict(compute_s=3.0 * dense + attn + attn_bwd + 3.0 * other + 2.0 * stacked,
+                 recompute_s=recompute,
                  tp_exposed_s=tp_f + tp_b, cp_exposed_s=cp_f + cp_b, ep_exposed_s=ep_f + ep_b,
                  axonn_exposed_s=ax_f + ax_b,
                  overhead_s=(t_f - gpu_f) + (t_b - gpu_b),
@@ -236,8 +248,9 @@ def _head_parts(model, parallel, system, training, temperature):
     head = head_ops(model, parallel, training)
     logits = gemms_time_s(head.logits, system, training, system.eff.mm_max,
                           system.eff.mm_half_dim, temperature)
-    loss = memory_time_s(head.loss_bytes, system) + 3.0 * system.eff.kernel_s
-    emb = memory_time_s(head.embedding_bytes, system) + system.eff.kernel_s
+    k_s = kernel_fixed_s(system, training)
+    loss = memory_time_s(head.loss_bytes, system) + 3.0 * k_s
+    emb = memory_time_s(head.embedding_bytes, system) + k_s
     c_tp = _tp_collective_s(model, parallel, system, training)
     zero = jnp.zeros_like(logits)
     first = {k: zero for k in _PARTS} | dict(compute_s=2.0 * emb, tp_exposed_s=c_tp)
@@ -303,12 +316,10 @@ def _optimizer_s(own, system, training):
     (read gradient, master or weights, moments; write them and the 16-bit weights; one more
     gradient read for the norm / clipping). Mixed-precision Adam: (26 + q_g) + q_g per param.
     Psi_own = Psi / N under ZeRO >= 1, N the ranks that hold the same weights (`_dp_groups`).
+    One XLA program fuses the update (`costs.xla.optimizer_bytes_per_param`).
     """
-    q_master = training.master_bytes
-    source = jnp.where(q_master > 0, q_master, training.weight_bytes)
-    per_param = (2.0 * training.grad_bytes + 2.0 * training.optimizer_bytes
-                 + training.weight_bytes + q_master + source)
-    return memory_time_s(own * per_param, system) + 4.0 * system.eff.kernel_s
+    per_param = optimizer_bytes_per_param(training)
+    return memory_time_s(own * per_param, system) + 4.0 * kernel_fixed_s(system, training)
 
 
 def _flops_per_step(model, parallel, training):
@@ -321,6 +332,7 @@ def _flops_per_step(model, parallel, training):
     unit = Parallel(micro_batch=1.0)
     ops = layer_ops(model, unit, training)
     dense = jnp.sum(ops.dense.flops)
+    skipped = jnp.sum(ops.dense.flops * remat_skipped_gemms(training))
     attn = jnp.sum(ops.attention.flops)
     # The model's own vocabulary V: padding rows (Training.vocab_pad_to) are not model work.
     logits = jnp.sum(head_ops(model, unit, training.replace(vocab_pad_to=0.0)).logits.flops)
@@ -329,7 +341,7 @@ def _flops_per_step(model, parallel, training):
     full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
     selective = jnp.where(parallel.recompute == 1, 1.0, 0.0)
     flash_bwd = 0.5 * training.flash_attention * attn  # flash backward recomputes the scores
-    extra = B * L * (flash_bwd + full * (dense + attn) + selective * attn)
+    extra = B * L * (flash_bwd + full * (dense - skipped + attn) + selective * attn)
     return model_flops, model_flops + extra
 
 
@@ -359,7 +371,11 @@ def predict_step(model, parallel, system, training, temperature=None,
         **{k: crit[k] for k in _PARTS}, pp_exposed_s=p2p_exposed_s(send, parallel),
         dp_exposed_s=dp_exposed, dp_hidden_s=dp_hidden, bubble_s=bubble,
         optimizer_s=_optimizer_s(own, system, training))
-    breakdown = breakdown.replace(overhead_s=breakdown.overhead_s + system.eff.step_s)
+    # XLA's micro-batch scan adds each micro-batch's gradients to its carry (costs.xla).
+    accumulate = memory_time_s(grad_accumulation_bytes(
+        jnp.maximum(*stage_params_per_device(model, parallel)), parallel, training), system)
+    breakdown = breakdown.replace(overhead_s=breakdown.overhead_s + system.eff.step_s,
+                                  compute_s=breakdown.compute_s + accumulate)
     step = sum(getattr(breakdown, k) for k in EXPOSED_PARTS)
     memory = device_memory(model, parallel, system, training)
     model_flops, hw_flops = _flops_per_step(model, parallel, training)

@@ -22,9 +22,9 @@ How this was found: the step of tests/jax_transformer.py (`make_scan_step`), wri
 data README says, compiled on the CPU at the 25 measured shapes and at small ones while
 varying layers, micro-batch, accumulation, vocabulary and remat. What `lax.scan` stacks is
 fixed by JAX's partial evaluation (the jaxpr), the same on every backend, and the count below
-equals it (tests/test_memory_xla.py); the temporaries around it are backend-specific (the CPU
-compiler fuses less and keeps 10-60 % more than the GPU), so only the structure (which phase,
-which terms) was taken from the CPU, never its numbers. Against the 20 measured H100 peaks the
+equals it (tests/test_memory_xla.py); the temporaries around it are backend-specific (the
+CPU compiler fuses less and keeps 2-60 % more than the GPU measured), so only the structure
+(which phase, which terms) was taken from the CPU, never its numbers. Against the 20 measured H100 peaks the
 formula is within 3.1 % (mean 1.1 %) with no fitted parameter [D].
 """
 
@@ -35,51 +35,10 @@ import jax.numpy as jnp
 from diffperf.memory.activations import layers_in_flight
 from diffperf.memory.weights import gradient_bytes, optimizer_bytes, weight_bytes
 from diffperf.result import MEMORY_PARTS, Memory
-from diffperf.workload.flops import head_shards, hidden_shards, vocab_rows_per_rank
-from diffperf.workload.params import (layer_params_per_device, layer_vector_params,
-                                      stage_expert_params_per_device, stage_params_per_device)
-
-_FP32 = 4.0  # bytes of the fp32 values JAX saves for a norm's backward and for the softmax
-# Tensors of b s f elements one MLP saves for its backward: GELU(tanh) keeps its input (the up
-# projection's output), x^3 term, tanh, 1 - tanh^2 path, the cdf and its output (6); SwiGLU
-# keeps the gate and up outputs, the sigmoid and two products inside silu, and gate x up (6).
-# Counted from the jaxpr of `jax.nn.gelu(approximate=True)` and `jax.nn.silu` (JAX 0.10).
-_MLP_SAVED = 6.0
-
-
-def layer_residual_bytes(model, parallel, training):
-    """Bytes one scanned layer's backward needs, one micro-batch, one device, without remat:
-    what `lax.scan` stacks per layer for the backward (JAX partial evaluation of the body):
-
-        T [ 2 (2 x 4 + q) h_r + 16                     two norms: fp32 input and normalised
-                                                       value, the q-byte output, 2 fp32 stats
-            + q (a + 2 a_kv) d_h / t + 2 q a d_h / t   Q, K, V; attention output and the
-                                                       out-projection's input (a reshape,
-                                                       saved as its own buffer)
-            + 4 a / t                                  cuDNN softmax statistics (fp32)
-            + 6 q f' / t ]                             the MLP's saved tensors (_MLP_SAVED)
-        + q N_mat                                      the bf16 casts of the layer's weights
-    T = b s / c tokens, h_r = h / t_sp (the residual stream's shard: t with sequence
-    parallelism, G_x in the AxoNN grid), q = training.activation_bytes (the matmul dtype),
-    f' = f (dense) or the routed width as in `activations.layer_activation_parts`, N_mat = the
-    layer's matrices on this device. RMSNorm and LayerNorm save the same (x or x - mean, and
-    the normalised value). Source: the scan's stacked outputs in the jaxpr of
-    tests/jax_transformer.py `make_scan_step` [D; equality tested].
-    Example (h 2048, a 16, a_kv 4, d_h 128, f 5376, b 2, s 1024, q 2; N_mat = 43.5 M):
-    T = 2048: 2048 (20 x 2048 + 2 x 2560... ) = see tests: 0.2724 GB + 0.0870 GB = 0.3594 GB.
-    """
-    t, q = head_shards(parallel), training.activation_bytes
-    T = parallel.micro_batch * model.seq_len / parallel.cp
-    t_sp = jnp.where(parallel.sequence_parallel > 0, parallel.tp, 1.0) * hidden_shards(parallel)
-    a, akv, dh = model.n_heads, model.n_kv_heads, model.head_dim
-    ffn = jnp.where(model.n_experts > 0, (model.moe_topk * model.capacity_factor
-                                          + model.n_shared_experts) * model.moe_ffn_hidden,
-                    model.ffn_hidden)
-    norms = 2.0 * (2.0 * _FP32 + q) * model.hidden / t_sp + 4.0 * _FP32
-    attention = (q * (a + 2.0 * akv) * dh + 2.0 * q * a * dh + _FP32 * a) / t
-    mlp = _MLP_SAVED * q * ffn / t
-    casts = q * (layer_params_per_device(model, parallel) - layer_vector_params(model))
-    return T * (norms + attention + mlp) + casts
+from diffperf.workload.flops import hidden_shards, vocab_rows_per_rank
+from diffperf.workload.params import (layer_params_per_device, stage_expert_params_per_device,
+                                      stage_params_per_device)
+from diffperf.workload.xla import FP32_BYTES, layer_residual_bytes
 
 
 def scan_residual_bytes(model, parallel, training):
@@ -119,7 +78,7 @@ def loss_buffer_bytes(model, parallel, training):
     33.55 GB = 12 P 6.32 + stacked carry 1.61 + 25.2 + 0.4).
     """
     T = parallel.micro_batch * model.seq_len / parallel.cp
-    return (_FP32 + training.activation_bytes) * T * vocab_rows_per_rank(model, parallel,
+    return (FP32_BYTES + training.activation_bytes) * T * vocab_rows_per_rank(model, parallel,
                                                                          training)
 
 

@@ -62,7 +62,7 @@ PRECISIONS = {
     "xla-amp-bf16": dict(weight_bytes=4.0, grad_bytes=4.0, master_bytes=0.0,
                          optimizer_bytes=8.0, activation_bytes=2.0, matmul_fp32=0.0,
                          cast_weight_bytes=0.0, grad_buffers_persist=0.0, residual_bytes=2.0,
-                         loss_bytes_per_logit=40.0, xla_compiled=1.0),
+                         loss_bytes_per_logit=14.0, xla_compiled=1.0),
     # Pure bf16 (weights, grads and Adam states in bf16: 8 B/param).
     "bf16-pure": dict(weight_bytes=2.0, grad_bytes=2.0, master_bytes=0.0, optimizer_bytes=4.0,
                       activation_bytes=2.0, matmul_fp32=0.0),
