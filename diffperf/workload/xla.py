@@ -38,6 +38,7 @@ def layer_residual_bytes(model, parallel, training):
             + 4 a / t                                  cuDNN softmax statistics (fp32)
             + 6 q f' / t ]                             the MLP's saved tensors (_MLP_SAVED)
         + q N_mat                                      the bf16 casts of the layer's weights
+        + 2 x 4 h_r                                    the two norms' scales, broadcast (fp32)
     T = b s / c tokens, h_r = h / t_sp (the residual stream's shard: t with sequence
     parallelism, G_x in the AxoNN grid), q = training.activation_bytes (the matmul dtype),
     f' = f (dense) or the routed width as in `activations.layer_activation_parts`, N_mat = the
@@ -47,7 +48,7 @@ def layer_residual_bytes(model, parallel, training):
     Example (h 2048, a 16, a_kv 4, d_h 128, f 5376 SwiGLU, b 2, s 1024, q 2): per token
     norms 2 (8 + 2) 2048 + 16 = 40976, attention 2 x 24 x 128 + 2 x 2 x 2048 + 64 = 14400,
     MLP 6 x 2 x 5376 = 64512: 119888 B x 2048 tokens = 245.5 MB; casts 2 x 43.5 M = 87.0 MB;
-    0.3326 GB a layer.
+    0.3326 GB a layer (+ 16 kB of broadcast scales).
     """
     t, q = head_shards(parallel), training.activation_bytes
     T = parallel.micro_batch * model.seq_len / parallel.cp
@@ -60,7 +61,8 @@ def layer_residual_bytes(model, parallel, training):
     attention = (q * (a + 2.0 * akv) * dh + 2.0 * q * a * dh + FP32_BYTES * a) / t
     mlp = _MLP_SAVED * q * ffn / t
     casts = q * (layer_params_per_device(model, parallel) - layer_vector_params(model))
-    return T * (norms + attention + mlp) + casts
+    scales = 2.0 * FP32_BYTES * model.hidden / t_sp
+    return T * (norms + attention + mlp) + casts + scales
 
 
 def stacked_traffic_bytes(model, parallel, training):
@@ -131,12 +133,13 @@ def remat_skipped_gemms(training, n_rows=9):
 
         XLA: 1 for the down projections (_LAYER_OUTPUT_GEMMS), else 0;  eager: all 0
     `jax.checkpoint` rebuilds in the backward only the primal values the backward reads (its
-    partial evaluation keeps the residuals' producers; XLA removes the rest as dead code).
+    partial evaluation keeps the residuals' producers and drops the rest as dead code).
     The down projection's output is only added into the layer's output, which no backward op
     reads (dW_down = a^T dy and dx = dy W_down^T need its input), so it is not recomputed;
-    torch.utils.checkpoint re-runs the whole forward function. Source: the optimized HLO of
-    tests/jax_transformer.py `make_scan_step` on the CPU: 6 GEMMs in the forward, 5 of them
-    again in the backward with `jax.checkpoint` (tests/test_memory_xla.py) [D].
+    torch.utils.checkpoint re-runs the whole forward function. Source: the lowered program of
+    tests/jax_transformer.py `make_scan_step` (and its compiled HLO on the CPU): 6 GEMMs in the
+    forward, 5 of them again in the backward with `jax.checkpoint` (tests/test_memory_xla.py)
+    [D].
     Example (MHA, f = 4h): the down projection is 8 of the 24 T h^2 GEMM FLOPs of a layer's
     forward, so XLA's recompute runs 2/3 of the dense forward.
     """
