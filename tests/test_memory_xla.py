@@ -172,9 +172,10 @@ def _dots(cfg, remat):
 
 
 def test_checkpoint_recomputes_all_forward_gemms_but_the_down_projection():
-    """The lowered program (StableHLO, before XLA: JAX's partial evaluation already drops it)
-    has 5 more GEMMs with jax.checkpoint than without, the layer's 6 forward GEMMs (Q, K, V, out, up, down) less the down
-    projection, whose output no backward op reads (`remat_skipped_gemms`: rows 3, 6, 8)."""
+    """The lowered program (StableHLO, before XLA: JAX's partial evaluation already drops
+    it) has 5 more GEMMs with jax.checkpoint than without: the layer's 6 forward GEMMs (Q, K,
+    V, out, up, down) less the down projection, whose output no backward op reads
+    (`remat_skipped_gemms`: rows 3, 6, 8)."""
     cfg = SMALL["mha-gelu"]
     assert _dots(cfg, remat=True) - _dots(cfg, remat=False) == 5
     skipped = np.asarray(work_xla.remat_skipped_gemms(XLA))
