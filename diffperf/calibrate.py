@@ -334,6 +334,17 @@ def _unfitted_to_base(f: Fit, start: Efficiency, base: Efficiency) -> Fit:
     return f._replace(eff=f.eff.replace(**unmoved)) if unmoved else f
 
 
+def default_fields(runs, fit_mask) -> tuple:
+    """The fields a calibration fits: STEP_FIELDS, + MEMORY_FIELDS where a fitted run has a
+    measured peak memory, + XLA_FIELDS where some run is one XLA program."""
+    fields = STEP_FIELDS
+    if np.isfinite(np.asarray(runs.peak_memory_GB)[np.asarray(fit_mask, bool)]).any():
+        fields = fields + MEMORY_FIELDS
+    if any(float(np.max(np.asarray(t.xla_compiled))) > 0 for t in runs.trainings):
+        fields = fields + XLA_FIELDS
+    return fields
+
+
 class Calibration(NamedTuple):
     fit: Fit
     step_time_s: np.ndarray     # predicted, every run
@@ -352,10 +363,7 @@ def calibrate_runs(runs, systems: dict, fit_mask, *, benches=(), fields=None, st
     fit_mask = np.asarray(fit_mask, bool)
     sets = run_sets(runs, systems, fit_mask.astype(float))
     if fields is None:
-        has_mem = np.isfinite(runs.peak_memory_GB[fit_mask]).any()
-        fields = STEP_FIELDS + (MEMORY_FIELDS if has_mem else ())
-        if any(float(np.max(np.asarray(t.xla_compiled))) > 0 for t in runs.trainings):
-            fields = fields + XLA_FIELDS
+        fields = default_fields(runs, fit_mask)
     base = sets[0][1].system.eff
     best = best_start = None
     for start in starting_points(base, fields):
