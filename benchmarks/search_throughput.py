@@ -63,7 +63,7 @@ def main() -> None:
     m, s, t = _as_float((anonymous(model), anonymous(system), anonymous(Training())))
     n_dev = len(devices) if devices else 1
     keys, cell, per = S._grid(table, S.PLACEMENTS, chunk, n_dev)
-    features = S._table_features(m, keys)
+    features = S._table_features(m, keys, t)
     kernel = S._kernel(devices, optimize=not args.quick)
     print(f"kernel: {'quick (LLVM -O0)' if args.quick else 'optimized (LLVM -O1)'} XLA:CPU "
           f"options")

@@ -21,6 +21,7 @@ from diffperf.costs.compute import (gemm_times_s, gemms_time_s, layer_times_s, m
 from diffperf.costs.smooth import pnorm_max
 from diffperf.costs.xla import kernel_fixed_s
 from diffperf.memory.device import device_memory
+from diffperf.memory.xla import select_memory, xla_device_memory
 from diffperf.result import EXPOSED_PARTS, Breakdown, Memory, Result
 from diffperf.schedule.overlap import (axonn_exposed_s, dp_exposed_s, ring_exposed_s,
                                        split_exposed)
@@ -42,7 +43,7 @@ from diffperf.workload.tp import (tp_calls_per_all_reduce, tp_collectives_per_la
 
 # Terms that are exactly 0 for most layouts, and that a caller who knows so can leave out of
 # the traced program (`features` of predict_step; `features_of` finds them from concrete specs).
-FEATURES = frozenset({"ep", "cp", "axonn", "experts"})
+FEATURES = frozenset({"ep", "cp", "axonn", "experts", "xla"})
 _PARTS = ("compute_s", "recompute_s", "tp_exposed_s", "cp_exposed_s", "ep_exposed_s",
           "axonn_exposed_s", "overhead_s", "overlap_slowdown_s", "tp_hidden_s", "cp_hidden_s",
           "ep_hidden_s", "axonn_hidden_s")
@@ -123,22 +124,27 @@ def _axonn_parts(model, parallel, system, training, ops, fwd_window, bwd_window,
     return f, fh, b + full * jnp.sum(fwd_ar), bh, calls
 
 
-def features_of(model, parallel) -> frozenset:
+def features_of(model, parallel, training=None) -> frozenset:
     """The FEATURES whose terms can be non-zero for these specs (batched leaves allowed):
 
         ep: an MoE model and some ep > 1 (token all-to-alls)   cp: some cp > 1 (K/V exchange)
         axonn: some gx gy gz > 1 (grid collectives)  experts: some moe_experts > 0
+        xla: training.xla_compiled = 1 (one XLA program: memory/xla.py, workload/xla.py)
+    training None: the default Training() (xla_compiled = 0).
     Every feature when a leaf is traced (values unknown). Leaving a feature out when its
     terms are 0 changes no result: each of them is multiplied by a size-1-group factor of
     exactly 0 (collectives.*: `active`), or is a group with no parameters.
     """
-    leaves = (parallel.ep, parallel.cp, parallel.gx, parallel.gy, parallel.gz, model.n_experts)
+    xla = 0.0 if training is None else training.xla_compiled
+    leaves = (parallel.ep, parallel.cp, parallel.gx, parallel.gy, parallel.gz, model.n_experts,
+              xla)
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
         return FEATURES
     big = lambda x: bool(np.any(np.asarray(x) > 1))  # noqa: E731
     experts = bool(np.any(np.asarray(model.n_experts) > 0))
     on = {"ep": experts and big(parallel.ep), "cp": big(parallel.cp),
-          "axonn": big(parallel.gx) or big(parallel.gy) or big(parallel.gz), "experts": experts}
+          "axonn": big(parallel.gx) or big(parallel.gy) or big(parallel.gz), "experts": experts,
+          "xla": bool(np.any(np.asarray(xla) > 0))}
     return frozenset(k for k, v in on.items() if v)
 
 
@@ -202,12 +208,14 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         temperature) if "axonn" in features else _zeros(dense, 5))
     full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
     selective = jnp.where(parallel.recompute == 1, 1.0, 0.0)
-    # XLA's remat does not re-run the GEMMs that end the layer (costs.xla.remat_skipped_gemms).
-    skipped = jnp.sum(gemm_times_s(ops.dense, system, training, e.mm_max, e.mm_half_dim,
-                                   temperature) * remat_skipped_gemms(training))
+    skipped = stacked = 0.0
+    if "xla" in features:
+        # XLA's remat does not re-run the GEMMs that end the layer (workload.xla).
+        skipped = jnp.sum(gemm_times_s(ops.dense, system, training, e.mm_max, e.mm_half_dim,
+                                       temperature) * remat_skipped_gemms(training))
+        # XLA writes the layer scan's residuals in the forward and reads them in the backward.
+        stacked = 0.5 * memory_time_s(stacked_traffic_bytes(model, parallel, training), system)
     recompute = full * (dense - skipped + attn + other) + selective * attn
-    # XLA writes the layer scan's residuals in the forward and reads them in the backward.
-    stacked = 0.5 * memory_time_s(stacked_traffic_bytes(model, parallel, training), system)
     other_f, other_b = other + stacked, 2.0 * other + stacked
     hidden_f = tp_fh + cp_fh + ep_fh + ax_fh
     hidden_b = tp_bh + cp_bh + ep_bh + ax_bh
@@ -371,13 +379,17 @@ def predict_step(model, parallel, system, training, temperature=None,
         **{k: crit[k] for k in _PARTS}, pp_exposed_s=p2p_exposed_s(send, parallel),
         dp_exposed_s=dp_exposed, dp_hidden_s=dp_hidden, bubble_s=bubble,
         optimizer_s=_optimizer_s(own, system, training))
-    # XLA's micro-batch scan adds each micro-batch's gradients to its carry (costs.xla).
-    accumulate = memory_time_s(grad_accumulation_bytes(
-        jnp.maximum(*stage_params_per_device(model, parallel)), parallel, training), system)
-    breakdown = breakdown.replace(overhead_s=breakdown.overhead_s + system.eff.step_s,
-                                  compute_s=breakdown.compute_s + accumulate)
-    step = sum(getattr(breakdown, k) for k in EXPOSED_PARTS)
+    breakdown = breakdown.replace(overhead_s=breakdown.overhead_s + system.eff.step_s)
     memory = device_memory(model, parallel, system, training)
+    if "xla" in features:
+        # XLA's micro-batch scan adds each micro-batch's gradients to its carry; XLA's live
+        # sets replace the eager memory model (workload.xla, memory.xla).
+        accumulate = memory_time_s(grad_accumulation_bytes(
+            jnp.maximum(*stage_params_per_device(model, parallel)), parallel, training), system)
+        breakdown = breakdown.replace(compute_s=breakdown.compute_s + accumulate)
+        memory = select_memory(training, xla_device_memory(model, parallel, system, training),
+                               memory)
+    step = sum(getattr(breakdown, k) for k in EXPOSED_PARTS)
     model_flops, hw_flops = _flops_per_step(model, parallel, training)
     n = parallel.n_devices
     return Result(

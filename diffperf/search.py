@@ -358,16 +358,16 @@ def _grid(layouts, placements, chunk, n_dev):
     return np.concatenate([keys, np.repeat(keys[-1:], pad, axis=0)]), cell, per
 
 
-def _table_features(model, keys) -> frozenset:
+def _table_features(model, keys, training=None) -> frozenset:
     """predict.features_of for a table's outer keys (its ep, cp, gx, gy, gz columns)."""
     cols = {c: keys[:, KEYS.index(c)] for c in ("ep", "cp", *GRID)}
-    return features_of(model, Parallel(**cols))
+    return features_of(model, Parallel(**cols), training)
 
 
 def _evaluate(args, keys, per, temperature, devices, optimize, progress) -> list:
     """Results (device arrays [per, 24]) of the calls over the chunks of the outer keys."""
     model, system, training = args
-    features = _table_features(model, keys)
+    features = _table_features(model, keys, training)
     dtype = jnp.result_type(float)
     fn = _kernel(devices, optimize)
     outs = []
@@ -542,7 +542,7 @@ def soft_best(model, system, training, layouts, temperature, *, placements=PLACE
     top = _is_concrete((model, system, training, tau))
     fn = _soft_scores_cpu if top and jax.default_backend() == "cpu" else _soft_scores
     keys, cell, per = _grid(layouts, placements, int(chunk), 1)
-    features = _table_features(model, keys)
+    features = _table_features(model, keys, training)
     grid = fn(model, keys.reshape(-1, per, len(KEYS)).astype(dtype), system, training, tau,
               smooth=smooth, features=features)
     scores = grid.reshape(-1)[cell]

@@ -31,7 +31,6 @@ from diffperf import Parallel, load_system, predict  # noqa: E402
 from diffperf.costs.xla import kernel_fixed_s  # noqa: E402
 from diffperf.load import model_from_dict, training_from_name  # noqa: E402
 from diffperf.memory import xla as mem_xla  # noqa: E402
-from diffperf.memory.device import device_memory  # noqa: E402
 from diffperf.workload import xla as work_xla  # noqa: E402
 from diffperf.workload.params import total_params  # noqa: E402
 
@@ -197,8 +196,8 @@ def _P(cfg):
 def _memory(cfg, **layout):
     system = load_system("h100-sxm-80gb")
     system = system.replace(eff=system.eff.replace(mem_reserved_bytes=0.0))
-    return device_memory(_model(cfg), Parallel(micro_batch=cfg.micro_batch, **layout), system,
-                         XLA)
+    return mem_xla.xla_device_memory(_model(cfg), Parallel(micro_batch=cfg.micro_batch, **layout),
+                                     system, XLA)
 
 
 def test_peak_is_the_layer_backward_with_accumulation():

@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 
 from diffperf.memory import activations as act
-from diffperf.memory import xla
 from diffperf.memory.weights import gradient_bytes, optimizer_bytes, weight_bytes
 from diffperf.result import MEMORY_PARTS, Memory
 from diffperf.workload.params import (layer_matrix_params, layer_params_per_device,
@@ -72,8 +71,5 @@ def device_memory(model, parallel, system, training) -> Memory:
     parts = {k: both[k] if k == "buffers_bytes" else jnp.where(pick_first, both[k][0],
                                                                  both[k][1])
              for k in MEMORY_PARTS}
-    eager = Memory(**parts, total_bytes=jnp.maximum(total[0], total[1]),
-                   capacity_bytes=system.hbm_capacity_bytes * system.eff.mem_usable_frac)
-    # One XLA-compiled step (training.xla_compiled = 1): XLA's live sets instead.
-    return xla.select_memory(training, xla.xla_device_memory(model, parallel, system, training),
-                             eager)
+    return Memory(**parts, total_bytes=jnp.maximum(total[0], total[1]),
+                  capacity_bytes=system.hbm_capacity_bytes * system.eff.mem_usable_frac)
