@@ -8,13 +8,15 @@ from __future__ import annotations
 from diffperf.api import predict, predict_batch
 from diffperf.axonn_search import best_axonn_grid
 from diffperf.errors import SpecError
-from diffperf.result import Breakdown, Memory, Result
-from diffperf.specs import Efficiency, Model, Parallel, Recompute, System, Tier, Training, ZeroStage
+from diffperf.result import Breakdown, Goodput, Memory, Result
+from diffperf.specs import (Efficiency, Model, Parallel, Recompute, Reliability, System, Tier,
+                            Training, ZeroStage)
 from diffperf.specs.batch import stack, unstack
 from diffperf.load import apply_overlay, load_model, load_runs, load_system, training
 
-__all__ = ["predict", "predict_batch", "best_axonn_grid", "SpecError", "Breakdown", "Memory", "Result",
-           "Efficiency", "Model", "Parallel", "Recompute", "System", "Tier", "Training",
-           "ZeroStage", "stack", "unstack", "apply_overlay", "load_model", "load_runs",
+__all__ = ["predict", "predict_batch", "best_axonn_grid", "SpecError", "Breakdown", "Goodput",
+           "Memory", "Result",
+           "Efficiency", "Model", "Parallel", "Recompute", "Reliability", "System", "Tier",
+           "Training", "ZeroStage", "stack", "unstack", "apply_overlay", "load_model", "load_runs",
            "load_system", "training"]
 __version__ = "0.1.0"

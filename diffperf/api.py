@@ -64,7 +64,7 @@ def _predict_vmap(model, parallel, system, training, temperature, features):
 
 
 def predict(model, parallel, system, training=None, *, temperature=None) -> Result:
-    """Step time, breakdown, memory, MFU and tokens/s of one configuration.
+    """Step time, breakdown, memory, MFU, tokens/s and goodput of one configuration.
 
     Args:
         model: a `Model` (see `load_model`).
@@ -74,8 +74,10 @@ def predict(model, parallel, system, training=None, *, temperature=None) -> Resu
         temperature: None for the exact (hard max) model; > 0 for the smooth variant used by
             calibration and the differentiable search.
     Returns:
-        A `Result` pytree. Works under jit, vmap and grad (inputs that are tracers skip the
-        validation, which needs concrete values).
+        A `Result` pytree (step time, breakdown, memory, MFU, tokens/s, and `goodput`: the
+        effective tokens/s under failures, checkpoints and restarts, from
+        `system.reliability` and `training.checkpoint_interval_s`). Works under jit, vmap
+        and grad (inputs that are tracers skip the validation, which needs concrete values).
     """
     training = Training() if training is None else training
     parallel = _normalize(parallel)

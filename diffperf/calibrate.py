@@ -19,6 +19,7 @@ import optax
 from flax import struct
 
 from diffperf.costs.compute import attention_time_s, gemms_time_s, memory_time_s
+from diffperf.intervals import residual_var
 from diffperf.predict import predict_step
 from diffperf.specs.system import Efficiency
 from diffperf.workload.ops import Gemms
@@ -274,7 +275,9 @@ def laplace_covariance(jacobian_fit, residuals_fit, fields=None):
 
 
 def prediction_interval(jacobian, cov, s2, z=1.96):
-    """Half-width in log space of the 95 % prediction interval: z sqrt(j Sigma j^T + s^2)."""
+    """Half-width in log space of the 95 % prediction interval: z sqrt(j Sigma j^T + s^2),
+    s^2 the residual variance (`calibrate_runs` passes `intervals.residual_var`, from the
+    leave-one-out residuals of the fitted rows)."""
     var = np.einsum("ij,jk,ik->i", jacobian, cov, jacobian) + s2
     return z * np.sqrt(var)
 
@@ -386,7 +389,11 @@ def calibrate_runs(runs, systems: dict, fit_mask, *, benches=(), fields=None, st
         ok = fit_mask[idx] & np.isfinite(runs.step_time_s[idx])
         jac_fit.append(jac[ok])
         resid_fit.append(np.log(step[idx][ok]) - np.log(runs.step_time_s[idx][ok]))
-    cov, s2 = laplace_covariance(np.concatenate(jac_fit), np.concatenate(resid_fit), fields)
+    J, r = np.concatenate(jac_fit), np.concatenate(resid_fit)
+    cov, _ = laplace_covariance(J, r, fields)
+    # Residual term from held-out (leave-one-out) residuals, not the in-sample s^2
+    # (intervals.py: the model's errors are heavier-tailed than Gaussian).
+    s2_heldout = residual_var(J, r, list(prior_strengths(fields, len(r)).values()))
     for idx, jac in jac_all.items():
-        hw[list(idx)] = prediction_interval(jac, cov, s2)
+        hw[list(idx)] = prediction_interval(jac, cov, s2_heldout)
     return Calibration(best, step, mem, fits_, hw)

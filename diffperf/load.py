@@ -17,7 +17,7 @@ import yaml
 
 from diffperf.errors import SpecError, closest
 from diffperf.specs.model import Model
-from diffperf.specs.system import Efficiency, System, Tier
+from diffperf.specs.system import Efficiency, Reliability, System, Tier
 from diffperf.specs.training import PRECISIONS, Training
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -282,8 +282,9 @@ def system_names() -> list[str]:
 
 SYSTEM_KEYS = ("name", "description", "sources", "matmul_TFLOPs", "matmul_fp32_TFLOPs",
                "vector_TFLOPs", "hbm_bandwidth_GBps", "hbm_capacity_GiB", "power_W", "tiers",
-               "efficiency")
-TIER_KEYS = ("name", "domain_size", "bandwidth_GBps", "latency_us")
+               "efficiency", "reliability")
+TIER_KEYS = ("name", "domain_size", "bandwidth_GBps", "latency_us", "oversubscription")
+RELIABILITY_KEYS = ("failure_rate_per_device_hour", "storage_write_GBps", "restart_s")
 EFFICIENCY_KEYS = tuple(Efficiency.__dataclass_fields__)
 # Efficiencies that are fractions: must lie in (0, 1].
 # Efficiencies that must be strictly positive (scales and exponents).
@@ -316,6 +317,19 @@ def efficiency_from_dict(d: dict, where: str, base: Efficiency | None = None) ->
     return base.replace(**values)
 
 
+def reliability_from_dict(d: dict, where: str) -> Reliability:
+    """Failure rate, checkpoint storage and restart time (configs/README.md, "Reliability"),
+    human units -> SI; an absent key keeps its default (`specs.system.Reliability`)."""
+    _check_keys(d, RELIABILITY_KEYS, where)
+    base = Reliability()
+    n = lambda k, si, **kw: _number(d, k, where, default=si, **kw)  # noqa: E731
+    # A zero rate (M = infinity) or bandwidth has no optimal checkpoint interval: refused.
+    rate = n("failure_rate_per_device_hour", base.failure_rate_per_s * 3600.0, positive=True)
+    write = n("storage_write_GBps", base.storage_write_Bps / 1e9, positive=True)
+    return Reliability(failure_rate_per_s=rate / 3600.0, storage_write_Bps=write * 1e9,
+                       restart_s=n("restart_s", base.restart_s, minimum=0.0))
+
+
 def system_from_dict(d: dict, where: str = "system") -> System:
     """A validated System from the YAML schema of configs/README.md (human units -> SI)."""
     _check_keys(d, SYSTEM_KEYS, where)
@@ -330,7 +344,9 @@ def system_from_dict(d: dict, where: str = "system") -> System:
         tiers.append(Tier(domain_size=_number(t, "domain_size", tw, positive=True),
                           bandwidth_Bps=_number(t, "bandwidth_GBps", tw, positive=True) * 1e9,
                           latency_s=_number(t, "latency_us", tw, minimum=0.0) * 1e-6,
-                          name=str(t.get("name", f"tier{i}"))))
+                          name=str(t.get("name", f"tier{i}")),
+                          oversubscription=_number(t, "oversubscription", tw, minimum=1.0,
+                                                   default=1.0)))
     for i in range(1, len(tiers)):
         if tiers[i].domain_size < tiers[i - 1].domain_size:
             raise SpecError(f"{where}.tiers[{i}].domain_size={tiers[i].domain_size:g} must be "
@@ -347,6 +363,7 @@ def system_from_dict(d: dict, where: str = "system") -> System:
         tiers=tuple(tiers),
         eff=efficiency_from_dict(d.get("efficiency") or {}, f"{where}.efficiency"),
         power_W=n("power_W", default=700.0),
+        reliability=reliability_from_dict(d.get("reliability") or {}, f"{where}.reliability"),
         name=str(d.get("name", where)))
 
 

@@ -3,7 +3,8 @@
 Assembly after PAPERS.md section 5.11:
     t_f, t_b  = per layer: op times + exposed TP / CP / EP / AxoNN collectives (+ recompute
                 in t_b), each combined with the host launch floor by a smooth max
-    T_pipe    = m t_max + (sum_i t_i - t_max)/v  + exposed p2p
+    T_pipe    = m t_max + (sum_i t_i - t_max)/v  + exposed p2p     (stages of uneven layer
+                counts: workload.pp.stage_layers; the slowest sets the pace)
     T_step    = T_pipe + exposed DP / ZeRO + optimizer step + per-step overhead
 """
 
@@ -22,28 +23,33 @@ from diffperf.costs.smooth import pnorm_max
 from diffperf.costs.xla import kernel_fixed_s
 from diffperf.memory.device import device_memory
 from diffperf.memory.xla import select_memory, xla_device_memory
-from diffperf.result import EXPOSED_PARTS, Breakdown, Memory, Result
-from diffperf.schedule.overlap import (axonn_exposed_s, dp_exposed_s, ring_exposed_s,
-                                       split_exposed)
-from diffperf.schedule.pipeline import critical_stage_weights, p2p_exposed_s, pipeline_times_s
-from diffperf.specs import Parallel, Training
+from diffperf.result import EXPOSED_PARTS, Breakdown, Goodput, Result
+from diffperf.schedule.goodput import (checkpoint_bytes, checkpoint_write_s, daly_interval_s,
+                                      job_mtbf_s, lost_fracs)
+from diffperf.schedule.overlap import (axonn_exposed_s, dp_step_exposed_s, ring_exposed_s,
+                                       split_exposed, zero3_layer_exposed_s)
+from diffperf.schedule.pipeline import (critical_stage, p2p_exposed_s, pipeline_times_s,
+                                        stage_times_s)
+from diffperf.specs import Parallel
 from diffperf.workload.axonn import axonn_layer_volumes
 from diffperf.workload.cp import cp_kv_bytes, cp_ring_block_bytes, cp_ring_steps
-from diffperf.workload.dp import dp_volumes_bytes, product_group
+from diffperf.workload.dp import (dp_volumes_bytes, product_group, zero3_prefetch_frac,
+                                  zero_groups)
 from diffperf.workload.ep import ep_a2a_bytes, ep_a2a_per_layer
 from diffperf.workload.flops import attention_io_bytes, head_ops, layer_ops
 from diffperf.workload.groups import stride
 from diffperf.workload.params import (grid_shards, layer_params_per_device,
-                                      stage_expert_params_per_device, stage_params_per_device)
-from diffperf.workload.pp import pp_message_bytes
-from diffperf.workload.xla import (grad_accumulation_bytes, optimizer_bytes_per_param,
-                                   remat_skipped_gemms, stacked_traffic_bytes)
+                                      stage_expert_params_per_device, stage_params_per_device,
+                                      total_params)
+from diffperf.workload.pp import pp_message_bytes, stage_layers
 from diffperf.workload.tp import (tp_calls_per_all_reduce, tp_collectives_per_layer,
                                   tp_message_bytes)
+from diffperf.workload.xla import (grad_accumulation_bytes, optimizer_bytes_per_param,
+                                   remat_skipped_gemms, stacked_traffic_bytes)
 
 # Terms that are exactly 0 for most layouts, and that a caller who knows so can leave out of
 # the traced program (`features` of predict_step; `features_of` finds them from concrete specs).
-FEATURES = frozenset({"ep", "cp", "axonn", "experts", "xla"})
+FEATURES = frozenset({"ep", "cp", "axonn", "experts", "hsdp", "xla"})
 _PARTS = ("compute_s", "recompute_s", "tp_exposed_s", "cp_exposed_s", "ep_exposed_s",
           "axonn_exposed_s", "overhead_s", "overlap_slowdown_s", "tp_hidden_s", "cp_hidden_s",
           "ep_hidden_s", "axonn_hidden_s")
@@ -129,6 +135,7 @@ def features_of(model, parallel, training=None) -> frozenset:
 
         ep: an MoE model and some ep > 1 (token all-to-alls)   cp: some cp > 1 (K/V exchange)
         axonn: some gx gy gz > 1 (grid collectives)  experts: some moe_experts > 0
+        hsdp: some zero_shard > 0 (ZeRO shard groups smaller than the DP group, replicas)
         xla: training.xla_compiled = 1 (one XLA program: memory/xla.py, workload/xla.py)
     training None: the default Training() (xla_compiled = 0).
     Every feature when a leaf is traced (values unknown). Leaving a feature out when its
@@ -137,13 +144,14 @@ def features_of(model, parallel, training=None) -> frozenset:
     """
     xla = 0.0 if training is None else training.xla_compiled
     leaves = (parallel.ep, parallel.cp, parallel.gx, parallel.gy, parallel.gz, model.n_experts,
-              xla)
+              parallel.zero_shard, xla)
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
         return FEATURES
     big = lambda x: bool(np.any(np.asarray(x) > 1))  # noqa: E731
     experts = bool(np.any(np.asarray(model.n_experts) > 0))
     on = {"ep": experts and big(parallel.ep), "cp": big(parallel.cp),
           "axonn": big(parallel.gx) or big(parallel.gy) or big(parallel.gz), "experts": experts,
+          "hsdp": bool(np.any(np.asarray(parallel.zero_shard) > 0)),
           "xla": bool(np.any(np.asarray(xla) > 0))}
     return frozenset(k for k, v in on.items() if v)
 
@@ -275,46 +283,79 @@ def _dp_groups(model, parallel, features=FEATURES):
     """[(stage params, layer params, group size, stride)] of the weights reduced together:
     dense weights over the d x c ranks that hold them (PAPERS.md section 3.5: CP ranks hold
     the same weights), routed experts over the d c / e expert-data-parallel ranks (section 5.8;
-    ep is the innermost part of dp, so their dp members are e dp-strides apart)."""
-    first, last = stage_params_per_device(model, parallel)
-    P = jnp.maximum(first, last)
-    P_e = stage_expert_params_per_device(model, parallel)
-    layers = model.n_layers / parallel.pp
+    ep is the innermost part of dp, so their dp members are e dp-strides apart). The stage
+    is the pipeline stage with the most parameters (`workload.pp.stage_layers`)."""
+    layers = stage_layers(model, parallel)
+    P = jnp.max(stage_params_per_device(model, parallel, layers), axis=0)
+    P_e = stage_expert_params_per_device(model, parallel, jnp.maximum(
+        jnp.maximum(layers[0], layers[1]), layers[2]))
     layer_P = layer_params_per_device(model, parallel)
+    layer_P_e = stage_expert_params_per_device(model, parallel, 1.0)
     placed = _placed(parallel)
     s_dp, s_cp = stride(placed, "dp"), stride(placed, "cp")
     n_d, s_d = product_group(parallel.dp, s_dp, parallel.cp, s_cp)
     n_e, s_e = product_group(parallel.dp / parallel.ep, s_dp * parallel.ep, parallel.cp, s_cp)
-    groups = [(P - P_e, layer_P - P_e / layers, n_d, s_d), (P_e, P_e / layers, n_e, s_e)]
+    groups = [(P - P_e, layer_P - layer_P_e, n_d, s_d), (P_e, layer_P_e, n_e, s_e)]
     return P, groups if "experts" in features else groups[:1]
 
 
-def _dp_parts(model, parallel, system, training, free_f, free_b, temperature,
-              features=FEATURES):
-    """(exposed, hidden, params of the larger stage, params that the optimizer step of this
-    rank updates) of the DP gradient reduction / ZeRO, summed over `_dp_groups`; free_f,
-    free_b: the layer's forward and backward time not already hiding its own collectives
-    (`_layer_parts`), the windows the DP collectives can hide behind."""
+def _calls_phase_s(group, S, steps, factor, calls):
+    """`ring_phase_s` split into `calls` collectives of S / calls each: every call pays the
+    fixed cost t0 and the ring's latency, the bytes are paid once:
+        calls (t0 + steps A) + factor S B."""
+    return ring_phase_s(group, S, steps, factor) + (calls - 1.0) * group.active * (
+        group.base_s + steps * group.latency_s)
+
+
+def _dp_times(model, parallel, system, training, features=FEATURES) -> dict:
+    """Seconds of the data-parallel collectives of one device, summed over `_dp_groups`:
+
+        reduce_s   gradients of the stage: AR over the d c ranks (ZeRO 0), or RS over the
+                   ZeRO shard group + AR of the 1/g shard across its replicas (ZeRO >= 1)
+        gather_s   parameters of the stage: AG over the shard group (after a ZeRO-1/2 step)
+        layer_gather_s, layer_reduce_s   one layer's ZeRO-3 AG of its weights and RS of its
+                   gradients (+ the replicas' AR under HSDP), in zero3_calls_per_layer calls
+        prefetch   `workload.dp.zero3_prefetch_frac` of the dense layer
+        P, own     parameters of the largest stage; those whose optimizer state this rank
+                   holds (sharded over the shard group under ZeRO >= 1)
+    Groups and volumes: PAPERS.md section 5.5; shard and replica groups `workload.dp.zero_groups`.
+    """
     P, groups = _dp_groups(model, parallel, features)
-    reduce_s = gather_s = layer_s = first_s = own = 0.0
-    sharded = parallel.zero_stage >= 1
+    t = dict(reduce_s=0.0, gather_s=0.0, layer_gather_s=0.0, layer_reduce_s=0.0, own=0.0)
+    k = parallel.zero3_calls_per_layer
     for params, lparams, n, s in groups:
         g, w, lw, lg = dp_volumes_bytes(params, lparams, training)
         on = jnp.where(params > 0, 1.0, 0.0)  # no expert group in a dense model
-        ring = ring_group(n, s, system)  # every collective below runs on this group
-        # all-reduce (2 phases) under ZeRO 0, reduce-scatter (1 phase) under ZeRO >= 1
-        phases = jnp.where(parallel.zero_stage == 0, 2.0, 1.0)
-        reduce_s += on * ring_phase_s(ring, g, phases, phases)
-        gather_s += on * ring_phase_s(ring, w, 1.0, 1.0)  # all-gather of the weights
-        # ZeRO-3 per layer pass: 2 all-gathers of the layer's weights, 1 reduce-scatter
-        layer_s += on * (2.0 * ring_phase_s(ring, lw, 1.0, 1.0) + ring_phase_s(ring, lg, 1.0, 1.0))
-        first_s += on * ring_phase_s(ring, lw, 1.0, 1.0)
-        own += params / jnp.where(sharded, n, 1.0)
-    layers = model.n_layers / parallel.pp
-    exposed, hidden = dp_exposed_s(reduce_s, gather_s, layer_s, first_s,
-                                   layers * free_b, free_f + free_b,
-                                   parallel.n_microbatches * layers, parallel, temperature)
-    return exposed, hidden, P, own
+        whole = ring_group(n, s, system)
+        if "hsdp" in features:
+            (n_s, s_s), (n_r, s_r) = zero_groups(n, s, parallel)
+            shard, repl = ring_group(n_s, s_s, system), ring_group(n_r, s_r, system)
+        else:  # the shard group is the whole group, no replicas (a call on one rank: 0)
+            n_s, shard, repl = n, whole, whole._replace(active=0.0 * whole.active)
+        sharded = ring_phase_s(shard, g, 1.0, 1.0) + ring_phase_s(repl, g / n_s, 2.0, 2.0)
+        t["reduce_s"] += on * jnp.where(parallel.zero_stage == 0,
+                                        ring_phase_s(whole, g, 2.0, 2.0), sharded)
+        t["gather_s"] += on * ring_phase_s(shard, w, 1.0, 1.0)
+        t["layer_gather_s"] += on * _calls_phase_s(shard, lw, 1.0, 1.0, k)
+        t["layer_reduce_s"] += on * (_calls_phase_s(shard, lg, 1.0, 1.0, k)
+                                     + _calls_phase_s(repl, lg / n_s, 2.0, 2.0, k))
+        t["own"] += params / jnp.where(parallel.zero_stage >= 1, n_s, 1.0)
+    t["prefetch"] = zero3_prefetch_frac(parallel, groups[0][1])
+    t["P"] = P
+    return t
+
+
+def _zero3_layer_parts(dp, parallel, free_f, free_b, temperature):
+    """(forward exposed, forward hidden, backward exposed, backward hidden) ZeRO-3 seconds
+    of one layer, one micro-batch (`schedule.overlap.zero3_layer_exposed_s`; 0 unless
+    zero_stage = 3): 1 gather forward, 1 backward (+1 when full recompute re-gathers,
+    `zero3_regather`), 1 reduce-scatter; windows free_f, free_b from `_layer_parts`."""
+    full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
+    parts = zero3_layer_exposed_s(dp["layer_gather_s"], dp["layer_reduce_s"], free_f, free_b,
+                                  dp["prefetch"], 1.0 + full * parallel.zero3_regather,
+                                  parallel.dp_overlap, temperature)
+    z3 = jnp.where(parallel.zero_stage == 3, 1.0, 0.0)
+    return tuple(z3 * x for x in parts)
 
 
 def _optimizer_s(own, system, training):
@@ -353,6 +394,23 @@ def _flops_per_step(model, parallel, training):
     return model_flops, model_flops + extra
 
 
+def _goodput(model, system, training, n_devices, tokens_per_s) -> Goodput:
+    """Goodput of the job (schedule.goodput): checkpoint V = N (q_w + q_master + q_opt),
+    delta = V / B, M = 1 / (n lambda), tau = training.checkpoint_interval_s or, when 0,
+    Daly's optimum; the step time enters only through tokens_per_s."""
+    rel = system.reliability
+    V = checkpoint_bytes(total_params(model), training)
+    delta = checkpoint_write_s(V, rel.storage_write_Bps)
+    M = job_mtbf_s(rel.failure_rate_per_s, n_devices)
+    given = training.checkpoint_interval_s
+    tau = jnp.where(given > 0, given, daly_interval_s(delta, M))
+    kept, ckpt, rework, restart = lost_fracs(tau, delta, M, rel.restart_s)
+    return Goodput(mtbf_s=M, checkpoint_bytes=V, checkpoint_s=delta, checkpoint_interval_s=tau,
+                   restart_s=jnp.asarray(rel.restart_s), goodput_frac=kept, checkpoint_frac=ckpt,
+                   rework_frac=rework, restart_frac=restart,
+                   effective_tokens_per_s=tokens_per_s * kept)
+
+
 def predict_step(model, parallel, system, training, temperature=None,
                  features=FEATURES) -> Result:
     """The whole prediction for one configuration (pure; jit/vmap/grad-safe).
@@ -363,39 +421,50 @@ def predict_step(model, parallel, system, training, temperature=None,
     layer, free_f, free_b = _layer_parts(model, parallel, system, training, temperature,
                                          features)
     first, last = _head_parts(model, parallel, system, training, temperature)
-    layers = model.n_layers / parallel.pp
-    body = {k: layers * v for k, v in layer.items()}
-    body["overhead_s"] = body["overhead_s"] + system.eff.microbatch_s
+    layers = stage_layers(model, parallel)
+    mb = system.eff.microbatch_s  # fixed time per micro-batch on every stage
+    dp = _dp_times(model, parallel, system, training, features)
+    z3_f, z3_fh, z3_b, z3_bh = _zero3_layer_parts(dp, parallel, free_f, free_b, temperature)
     t_fe, t_le = _exposed_sum(first), _exposed_sum(last)
-    _, bubble = pipeline_times_s(_exposed_sum(body), t_fe, t_le, parallel)
-    w_first, w_last = critical_stage_weights(t_fe, t_le, parallel)
+    times, t_sum = stage_times_s(_exposed_sum(layer) + z3_f + z3_b, layers, model.n_layers,
+                                 t_fe, t_le, parallel)
+    _, bubble = pipeline_times_s(times + mb, t_sum + parallel.pp * mb, parallel)
+    n_crit, w_first, w_last = critical_stage(times, layers, parallel)
     m = parallel.n_microbatches
-    crit = {k: m * (body[k] + w_first * first[k] + w_last * last[k]) for k in _PARTS}
+    crit = {k: m * (n_crit * layer[k] + w_first * first[k] + w_last * last[k]) for k in _PARTS}
+    crit["overhead_s"] = crit["overhead_s"] + m * mb
     send = send_recv_s(pp_message_bytes(model, parallel, training), parallel.pp,
                        stride(_placed(parallel), "pp"), system)
-    dp_exposed, dp_hidden, _, own = _dp_parts(model, parallel, system, training, free_f,
-                                              free_b, temperature, features)
+    step_exposed, step_hidden = dp_step_exposed_s(dp["reduce_s"], dp["gather_s"],
+                                                  n_crit * free_b, parallel, temperature)
+    # ZeRO-3: the first gather and the last reduce-scatter of each micro-batch have no compute
+    # to hide behind (the next micro-batch waits for the reduce-scatters: FSDP's
+    # end-of-backward wait): move what the layer model hid of them to exposed.
+    edge = z3_fh + jnp.minimum(dp["layer_reduce_s"], z3_bh)
+    dp_exposed = m * (n_crit * (z3_f + z3_b) + edge) + step_exposed
+    dp_hidden = m * (n_crit * (z3_fh + z3_bh) - edge) + step_hidden
     breakdown = Breakdown(
         **{k: crit[k] for k in _PARTS}, pp_exposed_s=p2p_exposed_s(send, parallel),
         dp_exposed_s=dp_exposed, dp_hidden_s=dp_hidden, bubble_s=bubble,
-        optimizer_s=_optimizer_s(own, system, training))
+        optimizer_s=_optimizer_s(dp["own"], system, training))
     breakdown = breakdown.replace(overhead_s=breakdown.overhead_s + system.eff.step_s)
     memory = device_memory(model, parallel, system, training)
     if "xla" in features:
         # XLA's micro-batch scan adds each micro-batch's gradients to its carry; XLA's live
         # sets replace the eager memory model (workload.xla, memory.xla).
-        accumulate = memory_time_s(grad_accumulation_bytes(
-            jnp.maximum(*stage_params_per_device(model, parallel)), parallel, training), system)
+        P = jnp.max(stage_params_per_device(model, parallel, layers), axis=0)
+        accumulate = memory_time_s(grad_accumulation_bytes(P, parallel, training), system)
         breakdown = breakdown.replace(compute_s=breakdown.compute_s + accumulate)
         memory = select_memory(training, xla_device_memory(model, parallel, system, training),
                                memory)
     step = sum(getattr(breakdown, k) for k in EXPOSED_PARTS)
     model_flops, hw_flops = _flops_per_step(model, parallel, training)
     n = parallel.n_devices
+    tokens_per_s = parallel.global_batch * model.seq_len / step
     return Result(
         step_time_s=step, breakdown=breakdown, memory=memory,
         fits=memory.total_bytes <= memory.capacity_bytes,
         fit_margin_frac=(memory.capacity_bytes - memory.total_bytes) / memory.capacity_bytes,
         mfu=model_flops / (step * n * matmul_peak(system, training)),
-        tokens_per_s=parallel.global_batch * model.seq_len / step,
-        model_flops=model_flops, hardware_flops=hw_flops, n_devices=n)
+        tokens_per_s=tokens_per_s, model_flops=model_flops, hardware_flops=hw_flops,
+        n_devices=n, goodput=_goodput(model, system, training, n, tokens_per_s))

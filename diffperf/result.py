@@ -52,6 +52,25 @@ MEMORY_PARTS = ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activati
                 "buffers_bytes")
 
 
+class Goodput(struct.PyTreeNode):
+    """Training kept per second of wall time, given failures, checkpoints and restarts
+    (schedule.goodput, after Daly 2006). The four fractions sum to 1."""
+
+    mtbf_s: Any               # M = 1 / (devices x failure rate): mean time between failures
+    checkpoint_bytes: Any     # V: one copy of the weights, master weights and optimizer state
+    checkpoint_s: Any         # delta = V / storage write bandwidth: the job stalls this long
+    checkpoint_interval_s: Any  # tau: training between checkpoints (Daly's optimum or given)
+    restart_s: Any            # R: from a failure to training again (System.reliability)
+    goodput_frac: Any         # tau / E(tau): the wall time whose training is kept
+    checkpoint_frac: Any      # wall time spent writing checkpoints
+    rework_frac: Any          # wall time redoing the work lost since the last checkpoint
+    restart_frac: Any         # wall time restarting after failures
+    effective_tokens_per_s: Any  # tokens_per_s x goodput_frac
+
+
+GOODPUT_FRACS = ("goodput_frac", "checkpoint_frac", "rework_frac", "restart_frac")
+
+
 class Result(struct.PyTreeNode):
     """What `predict` returns; works under jit, vmap and grad."""
 
@@ -65,3 +84,4 @@ class Result(struct.PyTreeNode):
     model_flops: Any          # per step, without recompute (3 x forward)
     hardware_flops: Any       # per step, executed (recompute and flash backward included)
     n_devices: Any
+    goodput: Goodput          # effective throughput under failures and checkpoints

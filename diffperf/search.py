@@ -41,7 +41,7 @@ from diffperf.predict import features_of, predict_step
 from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import GRID, PLACED, Parallel, placement_index
 from diffperf.specs.training import Training
-from diffperf.specs.validate import check_layout
+from diffperf.specs.validate import check_layout, stage_counts, stages_hold
 
 # The placement stays the last column (callers select rows by `layouts[:, -1]`).
 COLUMNS = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch", "gx", "gy", "gz",
@@ -122,17 +122,25 @@ def _degrees(M: dict, n: int, B: int) -> dict:
     tp_ok = (M["n_heads"] % d == 0) & (M["ffn_hidden"] % d == 0) & (
         (kv % d == 0) | (d % kv == 0))
     rows = {"tp": d[tp_ok]}
-    rows = _expand(rows, "pp", d[M["n_layers"] % d == 0], lambda r: n % (r["tp"] * r["pp"]) == 0)
+    # Every pp up to the layers: stages need not be equal (workload.pp.stage_layers).
+    rows = _expand(rows, "pp", d[d <= M["n_layers"]], lambda r: n % (r["tp"] * r["pp"]) == 0)
     rows = _expand(rows, "cp", d[M["seq_len"] % d == 0],
                    lambda r: n % (r["tp"] * r["pp"] * r["cp"]) == 0)
     rows["dp"] = n // (rows["tp"] * rows["pp"] * rows["cp"])
     rows = _expand(rows, "micro_batch", _divisors(B),
                    lambda r: B % (r["micro_batch"] * r["dp"]) == 0)
 
-    def vp_ok(r):  # pp x vp divides the layers; interleaving needs pp > 1 and pp | m
+    def vp_ok(r):
+        """Interleaving needs pp > 1 and pp | m; enumerated: vp dividing the largest stage's
+        layers (whole chunks there; the first and last stage, a layer short when the stages
+        are uneven, fill one chunk less), and check_layout's stage sizes."""
         m = B // (r["micro_batch"] * r["dp"])
-        return (M["n_layers"] % (r["pp"] * r["vp"]) == 0) & (
-            (r["vp"] == 1) | ((r["pp"] > 1) & (m % r["pp"] == 0)))
+        zero = np.zeros_like(r["pp"])
+        P = dict(pp=r["pp"], vp=r["vp"], pp_first_layers=zero, pp_last_layers=zero)
+        first, _, mid_max, last = stage_counts(P, {"n_layers": M["n_layers"]})
+        largest = np.maximum(np.maximum(first, last), np.where(r["pp"] > 2, mid_max, 0))
+        return (r["vp"] == 1) | ((r["pp"] > 1) & (m % r["pp"] == 0) & (largest % r["vp"] == 0)
+                                 & stages_hold(P, {"n_layers": M["n_layers"]}))
 
     rows = _expand(rows, "vp", _divisors(M["n_layers"]), vp_ok)
     experts = _divisors(M["n_experts"]) if M["n_experts"] > 0 else np.array([1])
@@ -213,7 +221,9 @@ def enumerate_layouts(model, n_devices, global_batch, *, placements=PLACEMENTS,
     """Every structurally valid layout of `n_devices` for the model, as an int32 table.
 
     Rules (those of `specs.validate.check_layout`): tp x pp x cp x dp = n_devices; tp divides
-    num_heads and ffn_hidden, and num_kv_heads or the reverse; pp x vp divides num_layers; cp
+    num_heads and ffn_hidden, and num_kv_heads or the reverse; pp <= num_layers (stages
+    balanced automatically, uneven when pp does not divide them), vp divides the largest
+    stage's layers (`_degrees`) and every stage holds enough of them (check_layout); cp
     divides seq_len; micro_batch x dp divides global_batch; vp > 1 needs pp > 1 and the
     micro-batches m a multiple of pp; ep divides dp and moe_experts (MoE models only);
     sequence parallelism only with tp > 1. Placement `j` is `placements[j]`; an order that
@@ -243,7 +253,7 @@ def enumerate_layouts(model, n_devices, global_batch, *, placements=PLACEMENTS,
     if not len(table):
         raise SpecError(
             f"no valid layout of n_devices={n} with global_batch={B}: tp x pp x cp x dp must "
-            f"equal n_devices with tp dividing num_heads={M['n_heads']}, pp dividing "
+            f"equal n_devices with tp dividing num_heads={M['n_heads']}, pp at most "
             f"num_layers={M['n_layers']}, cp dividing seq_len={M['seq_len']} and "
             f"micro_batch x dp dividing global_batch")
     return table

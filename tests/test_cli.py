@@ -75,6 +75,33 @@ def test_predict_json_breakdown_sums_to_step_time(capsys):
     assert isinstance(res["fits"], bool)
 
 
+def test_predict_reports_goodput(capsys):
+    """predict prints the goodput table and --json reports Result.goodput: the four fractions
+    of wall time sum to 1, effective tokens/s = tokens/s x goodput, and --set
+    checkpoint_interval_s replaces Daly's optimal interval (issue 14: `predict --json`
+    reports goodput)."""
+    from diffperf.result import GOODPUT_FRACS, Goodput
+
+    code, out, err = _run(capsys, "predict")
+    assert code == 0, err
+    assert "goodput" in out and "training kept %" in out and "Daly optimum" in out
+    code, out, err = _run(capsys, "predict", "--json")
+    assert code == 0, err
+    res = json.loads(out)["result"]
+    g = res["goodput"]
+    assert set(g) == set(Goodput.__dataclass_fields__)
+    assert sum(g[k] for k in GOODPUT_FRACS) == pytest.approx(1.0, abs=1e-5)
+    assert 0 < g["goodput_frac"] < 1 and g["mtbf_s"] > 0 and g["checkpoint_s"] > 0
+    assert g["effective_tokens_per_s"] == pytest.approx(res["tokens_per_s"] * g["goodput_frac"],
+                                                        rel=1e-6)
+    code, out, err = _run(capsys, "predict", "--json", "--set", "checkpoint_interval_s=7200")
+    assert code == 0, err
+    given = json.loads(out)["result"]
+    assert given["goodput"]["checkpoint_interval_s"] == 7200.0
+    assert given["goodput"]["goodput_frac"] < g["goodput_frac"]  # Daly's interval is better
+    assert given["step_time_s"] == res["step_time_s"]
+
+
 def test_predict_options_change_the_layout(capsys):
     code, out, err = _run(capsys, "predict", "--json", "--tp", "4", "--pp", "16",
                           "--recompute", "full")

@@ -133,8 +133,8 @@ def test_new_layout_does_not_compile():
 
 
 def test_new_hardware_values_do_not_compile():
-    """New values of any System leaf (peaks, HBM, tiers, efficiencies) and every shipped
-    two-tier system file reuse the compiled predict."""
+    """New values of any System leaf (peaks, HBM, tiers, efficiencies, reliability) and every
+    shipped two-tier system file reuse the compiled predict."""
     _warm()
     before = _cache_size(_predict_jit)
     model, parallel, base = _model(BASE_MODEL), Parallel(**BASE_LAYOUT), _system(BASE_SYSTEM)
@@ -143,6 +143,8 @@ def test_new_hardware_values_do_not_compile():
         base.replace(tiers=(base.tiers[0].replace(bandwidth_Bps=450e9, domain_size=16.0),
                             base.tiers[1].replace(latency_s=1e-5))),
         base.replace(eff=base.eff.replace(mm_max=0.7, host_layer_s=3e-3, coll_eff_inter=0.6)),
+        base.replace(reliability=base.reliability.replace(restart_s=60.0, storage_write_Bps=7e12,
+                                                          failure_rate_per_s=1e-8)),
         *(_system(name) for name in ("h100-sxm-80gb", "gb200-nvl72", "a100-4nic",
                                      "a100-sxm-40gb", "b200-sxm-180gb", "mi300x", "tpu-v5p")),
     ]
@@ -167,6 +169,8 @@ def test_new_model_of_same_kind_does_not_compile():
         results = [predict(_model(name), parallel, system) for name in models]
         results += [predict(_model(BASE_MODEL), parallel, system, training(precision))
                     for precision in ("fp32", "bf16-pure", "amp-bf16", "xla-amp-bf16")]
+        results.append(predict(_model(BASE_MODEL), parallel, system,
+                               training("bf16", checkpoint_interval_s=1800.0)))
     _assert_nothing_compiled(log, "another model or precision")
     assert _cache_size(_predict_jit) == before
     assert all(np.isfinite(float(r.step_time_s)) for r in results)

@@ -122,6 +122,17 @@ def test_system_value_not_finite(tmp_path):
         load_system(p)
 
 
+def test_tier_oversubscription_at_least_one(tmp_path):
+    from diffperf.load import _configs_dir
+
+    d = yaml.safe_load((_configs_dir() / "systems" / "meta-h100-24k.yaml").read_text())
+    d["tiers"][3]["oversubscription"] = 0.5
+    path = tmp_path / "sys.yaml"
+    path.write_text(yaml.safe_dump(d))
+    with _raises(f"{path}.tiers[3].oversubscription=0.5 must be >= 1"):
+        diffperf.load_system(path)
+
+
 @pytest.mark.parametrize("tiers", [None, []])
 def test_system_needs_tiers(tmp_path, tiers):
     d = _system_dict()
@@ -131,7 +142,7 @@ def test_system_needs_tiers(tmp_path, tiers):
         d["tiers"] = tiers
     p = _write_yaml(tmp_path, d)
     with _raises(f"{p}.tiers must be a non-empty list of network tiers "
-                 "(keys: name, domain_size, bandwidth_GBps, latency_us)"):
+                 "(keys: name, domain_size, bandwidth_GBps, latency_us, oversubscription)"):
         load_system(p)
 
 
@@ -166,6 +177,45 @@ def test_system_efficiency_ranges(tmp_path, key, value, rule):
 def test_system_efficiency_negative(tmp_path):
     p = _write_yaml(tmp_path, _system_dict() | {"efficiency": {"kernel_s": -1}})
     with _raises(f"{p}.efficiency.kernel_s=-1 must be >= 0"):
+        load_system(p)
+
+
+def test_system_reliability_loads_in_si_units(tmp_path):
+    """The `reliability:` keys (configs/README.md): per device-hour -> per device-second,
+    GB/s -> B/s, seconds as they are; an absent mapping keeps the defaults."""
+    from diffperf import Reliability
+
+    rel = {"failure_rate_per_device_hour": 3.6, "storage_write_GBps": 500, "restart_s": 90}
+    s = load_system(_write_yaml(tmp_path, _system_dict() | {"reliability": rel}))
+    assert float(s.reliability.failure_rate_per_s) == pytest.approx(1e-3, rel=1e-12)
+    assert float(s.reliability.storage_write_Bps) == 500e9
+    assert float(s.reliability.restart_s) == 90.0
+    assert load_system(_write_yaml(tmp_path, _system_dict(), "b.yaml")).reliability == (
+        Reliability())
+
+
+@pytest.mark.parametrize("key,value,rule", [
+    ("failure_rate_per_device_hour", 0, "must be > 0"),
+    ("failure_rate_per_device_hour", -2e-5, "must be > 0"),
+    ("storage_write_GBps", 0, "must be > 0"),
+    ("storage_write_GBps", -1, "must be > 0"),
+    ("restart_s", -60, "must be >= 0"),
+])
+def test_system_reliability_values(tmp_path, key, value, rule):
+    """A zero or negative failure rate or storage bandwidth, or a negative restart time, is
+    refused (a restart of 0 s is an ideal, allowed; a rate of 0 has no optimal interval)."""
+    p = _write_yaml(tmp_path, _system_dict() | {"reliability": {key: value}})
+    with _raises(f"{p}.reliability.{key}={float(value):g} {rule}"):
+        load_system(p)
+
+
+def test_system_reliability_unknown_key_and_not_a_mapping(tmp_path):
+    p = _write_yaml(tmp_path, _system_dict() | {"reliability": {"restart_min": 10}})
+    with _raises(f"{p}.reliability: unknown key 'restart_min'; did you mean 'restart_s'? "
+                 "(allowed: failure_rate_per_device_hour, restart_s, storage_write_GBps)"):
+        load_system(p)
+    p = _write_yaml(tmp_path, _system_dict() | {"reliability": [600]}, "c.yaml")
+    with _raises(f"{p}.reliability: expected a mapping of keys to values, got list"):
         load_system(p)
 
 
@@ -366,9 +416,38 @@ LAYOUT_RULES = [
                        "1, 2, 3, 4, 6, 8, 12, 24"),
     (dict(tp=3), None, "tp=3 and model.num_kv_heads=8: one must divide the other (KV heads are "
                        "split, or replicated, across TP ranks)"),
-    (dict(pp=5), None, "pp x vp=5 must divide model.num_layers=12; allowed: 1, 2, 3, 4, 6, 12"),
-    (dict(pp=4, vp=2, global_batch=8), None,
-     "pp x vp=8 must divide model.num_layers=12; allowed: 1, 2, 3, 4, 6, 12"),
+    (dict(pp=13), None, "pp=13, vp=1: every middle pipeline stage must hold at least vp "
+                        "layers, the first and last at least max(vp - 1, 1); model.num_layers=12 "
+                        "gives the first, middle and last stages 1, 1-1 and 0"),
+    (dict(pp=4, vp=4, global_batch=8), None,
+     "pp=4, vp=4: every middle pipeline stage must hold at least vp layers, the first and last "
+     "at least max(vp - 1, 1); model.num_layers=12 gives the first, middle and last stages 3, "
+     "3-3 and 3"),
+    (dict(pp=4, pp_first_layers=5, pp_last_layers=6), None,
+     "pp=4, vp=1: every middle pipeline stage must hold at least vp layers, the first and last "
+     "at least max(vp - 1, 1); model.num_layers=12 gives the first, middle and last stages 5, "
+     "0-1 and 6"),
+    (dict(zero_shard=2, dp=4, global_batch=8), None,
+     "zero_shard=2 needs zero_stage >= 1 (got zero_stage=0: nothing is sharded)"),
+    (dict(zero_shard=3, dp=4, zero_stage=3, global_batch=8), None,
+     "zero_shard=3 must divide dp x cp=4 (the ranks that hold the same weights); allowed: "
+     "1, 2, 4"),
+    (dict(zero_shard=1.5, dp=4, zero_stage=3, global_batch=8), None,
+     "zero_shard=1.5 must be a whole number >= 0 (0: shard over all dp x cp ranks)"),
+    (dict(zero3_prefetch_params=-1), None,
+     "zero3_prefetch_params=-1 must be >= 0 (0: the next layer whole, as PyTorch FSDP; "
+     "DeepSpeed's stage3_prefetch_bucket_size is 5e7)"),
+    (dict(zero3_calls_per_layer=0), None, "zero3_calls_per_layer=0 must be a whole number >= 1"),
+    (dict(zero3_regather=2), None, "zero3_regather=2 is not allowed (allowed: 0, 1)"),
+    (dict(pp=4, pp_first_layers=2), None,
+     "pp_first_layers=2 and pp_last_layers=0: give both (> 0) or neither (0: stages balanced "
+     "automatically)"),
+    (dict(pp_first_layers=-1, pp_last_layers=2), None,
+     "pp_first_layers=-1 must be a whole number >= 0 (0: balanced automatically)"),
+    (dict(pp_first_layers=6, pp_last_layers=6), None,
+     "pp_first_layers=6 needs pp > 1 (one stage holds every layer)"),
+    (dict(pp=2, pp_first_layers=5, pp_last_layers=5), None,
+     "pp=2: pp_first_layers + pp_last_layers=10 must equal model.num_layers=12"),
     (dict(cp=3), None, "cp=3 must divide model.seq_len=2048"),
     (dict(ep=2, dp=2, global_batch=2), None,
      "ep=2 needs an MoE model (model.moe_experts=0); allowed ep: 1"),
@@ -803,10 +882,10 @@ def test_enumerate_layouts_arguments():
         enumerate_layouts(m, 0, 8)
     with _raises("zero_stages=(4,) must be a non-empty subset of 0..3"):
         enumerate_layouts(m, 8, 8, zero_stages=(4,))
-    with _raises("no valid layout of n_devices=7 with global_batch=8: tp x pp x cp x dp must "
-                 "equal n_devices with tp dividing num_heads=24, pp dividing num_layers=12, cp "
+    with _raises("no valid layout of n_devices=13 with global_batch=8: tp x pp x cp x dp must "
+                 "equal n_devices with tp dividing num_heads=24, pp at most num_layers=12, cp "
                  "dividing seq_len=2048 and micro_batch x dp dividing global_batch"):
-        enumerate_layouts(m, 7, 8)
+        enumerate_layouts(m, 13, 8)
 
 
 # --------------------------------------------------------------------------------------------
@@ -922,6 +1001,9 @@ def test_cli_search_options(capsys, argv, message):
     (("--max-candidates", "0"), "--max-candidates=0 must be >= 1"),
     (("--top", "0"), "--top=0 must be >= 1"),
     (("--smooth", "-1"), "--smooth=-1.0 must be >= 0"),
+    (("--goodput", "--optimum"), "--goodput gives the elasticities at one layout; drop "
+     "--optimum (the optimum is searched by step time, and failures cost every layout of a "
+     "job alike)"),
 ])
 def test_cli_sensitivity_options(capsys, argv, message):
     assert _cli_error(capsys, "sensitivity", *argv) == message

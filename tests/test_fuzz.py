@@ -660,7 +660,8 @@ def _csv_mutations(header, rows, rng):
     # Layouts that do not divide.
     for label, change, fragment in (
             ("tp does not divide heads", dict(tp="3", num_gpus="3"), "must divide"),
-            ("pp does not divide layers", dict(pp="5", num_gpus="5"), "must divide"),
+            ("pp beyond the layers", dict(pp="1000", num_gpus="1000"),
+             "every middle pipeline stage must hold at least vp layers"),
             ("global batch not divisible", dict(global_batch="3", micro_batch="2"),
              "must be a multiple of micro_batch x dp"),
             ("devices do not add up", dict(num_gpus="3"), "must equal num_gpus="),

@@ -24,9 +24,10 @@ from diffperf.costs.tiers import p2p_tier_fractions, tier_ranks
 from diffperf.memory.activations import layer_activation_bytes
 from diffperf.memory.weights import gradient_bytes, optimizer_bytes, weight_bytes
 from diffperf.predict import _flops_per_step
-from diffperf.schedule.pipeline import pipeline_times_s
+from diffperf.memory.activations import layers_in_flight
+from diffperf.schedule.pipeline import critical_stage, pipeline_times_s, stage_times_s
 from diffperf.workload.params import total_params
-from diffperf.workload.pp import bubble_fraction, pp_message_bytes
+from diffperf.workload.pp import bubble_fraction, pp_message_bytes, stage_layers
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 NCCL_A100 = SHARED_DATA / "kernels" / "a100_nccl_allreduce.csv"
@@ -484,7 +485,7 @@ def test_bubble_fraction_p8_m64(v):
     expected = (8 - 1) / (v * 64)  # (p - 1)/(v m): 7/64, interleaved v = 2: 7/128
     np.testing.assert_allclose(float(bubble_fraction(par)), expected, rtol=1e-6)
     t = 0.25  # seconds of forward + backward of one micro-batch on one stage
-    busy, bubble = pipeline_times_s(jnp.asarray(t), 0.0, 0.0, par)
+    busy, bubble = pipeline_times_s(jnp.full(3, t), 8 * t, par)
     np.testing.assert_allclose(float(busy), 64 * t, rtol=1e-6)          # m t
     np.testing.assert_allclose(float(bubble), (8 - 1) / v * t, rtol=1e-6)  # (p - 1)/v t
     np.testing.assert_allclose(float(bubble / busy), expected, rtol=1e-6)
@@ -496,17 +497,77 @@ def test_interleaving_halves_the_bubble():
     np.testing.assert_allclose(b2, b1 / 2, rtol=1e-6)
 
 
+def _stages(L, p, t, e_first, e_last, m=8, v=1, **given):
+    """(busy, bubble) of a pipeline of L layers of t seconds each on p stages."""
+    par = Parallel(pp=p, dp=1, micro_batch=1, global_batch=m, vp=v, **given)
+    model = Model(n_layers=L, hidden=64, ffn_hidden=256, n_heads=4, n_kv_heads=4, head_dim=16,
+                  vocab=100, seq_len=8)
+    layers = stage_layers(model, par)
+    times, t_sum = stage_times_s(jnp.asarray(t), layers, float(L), e_first, e_last, par)
+    return [float(x) for x in pipeline_times_s(times, t_sum, par)], layers, times, par
+
+
 def test_pipeline_times_docstring_and_unequal_stages():
-    # Docstring: p = 4, m = 8, v = 1, t = 1 s: 8 s busy + 3 s bubble.
-    busy, bubble = pipeline_times_s(jnp.asarray(1.0), 0.0, 0.0, _pipe(4, 8, 1))
-    assert (float(busy), float(bubble)) == (8.0, 3.0)
+    # Docstring: p = 4, m = 8, v = 1, t = 1 s per stage: 8 s busy + 3 s bubble.
+    (busy, bubble), *_ = _stages(4, 4, 1.0, 0.0, 0.0)
+    assert (busy, bubble) == (8.0, 3.0)
     # Unequal stages (embedding 0.5 s on the first, output layer 0.2 s on the last):
     # T = m t_max + (sum_i t_i - t_max)/v with t_max = 1.5, sum = 4 x 1 + 0.5 + 0.2.
-    busy, bubble = pipeline_times_s(jnp.asarray(1.0), 0.5, 0.2, _pipe(4, 8, 1))
-    np.testing.assert_allclose([float(busy), float(bubble)], [8 * 1.5, 4.7 - 1.5], rtol=1e-6)
+    (busy, bubble), *_ = _stages(4, 4, 1.0, 0.5, 0.2)
+    np.testing.assert_allclose([busy, bubble], [8 * 1.5, 4.7 - 1.5], rtol=1e-6)
     # One stage holds everything and has no bubble.
-    busy, bubble = pipeline_times_s(jnp.asarray(1.0), 0.5, 0.2, _pipe(1, 8, 1))
-    np.testing.assert_allclose([float(busy), float(bubble)], [8 * 1.7, 0.0], atol=1e-6)
+    (busy, bubble), *_ = _stages(4, 1, 1.0, 0.5, 0.2)
+    np.testing.assert_allclose([busy, bubble], [8 * 4.7, 0.0], atol=1e-6)
+
+
+def test_uneven_stages_llama3_405b():
+    """Llama 3 405B (Dubey et al. 2024, 3.3.2): 126 layers on 16 stages, one layer fewer on
+    the first and the last stage. Auto-balanced: c = ceil(126/16) = 8, D = 16 x 8 - 126 = 2
+    -> (7, 8, 7). Stage docstring example: t = 1 s, e_f = 0.1 s, e_l = 0.7 s."""
+    (busy, bubble), layers, times, par = _stages(126, 16, 1.0, 0.1, 0.7, m=32)
+    assert [float(x) for x in layers] == [7.0, 8.0, 7.0]
+    np.testing.assert_allclose([float(x) for x in times], [7.1, 8.0, 7.7], rtol=1e-6)
+    # The slowest stage (a middle one, 8 layers) sets the pace: m t_max = 32 x 8 s; the
+    # bubble is the rest of one pass through every stage: 126.8 - 8 s.
+    np.testing.assert_allclose([busy, bubble], [32 * 8.0, 126.8 - 8.0], rtol=1e-6)
+    n, w_first, w_last = critical_stage(times, layers, par)
+    assert (float(n), float(w_first), float(w_last)) == (8.0, 0.0, 0.0)
+    # A heavy output layer (e_l = 1.5 s) makes the last stage the slowest: 7 + 1.5 > 8.
+    _, layers, times, par = _stages(126, 16, 1.0, 0.1, 1.5, m=32)
+    n, w_first, w_last = critical_stage(times, layers, par)
+    assert (float(n), float(w_first), float(w_last)) == (7.0, 0.0, 1.0)
+
+
+def test_uneven_stages_given_and_auto():
+    # Given counts: 10 layers as 2 + (3, 3) + 2 on 4 stages; the middle is the slowest.
+    (busy, bubble), layers, _, _ = _stages(10, 4, 1.0, 0.0, 0.0, pp_first_layers=2,
+                                           pp_last_layers=2)
+    assert [float(x) for x in layers] == [2.0, 3.0, 2.0]
+    np.testing.assert_allclose([busy, bubble], [8 * 3.0, 10.0 - 3.0], rtol=1e-6)
+    # Middle layers that do not split evenly: 11 = 2 + (4, 3) + 2: the slowest middle has 4.
+    _, layers, _, _ = _stages(11, 4, 1.0, 0.0, 0.0, pp_first_layers=2, pp_last_layers=2)
+    assert float(layers[1]) == 4.0
+    # Auto: D = 3 stages one short (the last, the first, then a middle one): 10 on 4 -> c = 3,
+    # D = 2 -> (2, 3, 2); 96 on 8 -> even (12, 12, 12); 97 on 8 -> c = 13, D = 7 -> (12, 13, 12).
+    for L, p, want in ((10, 4, [2, 3, 2]), (96, 8, [12, 12, 12]), (97, 8, [12, 13, 12]),
+                       (5, 2, [3, 0, 2])):
+        _, layers, _, _ = _stages(L, p, 1.0, 0.0, 0.0)
+        assert [float(x) for x in layers] == want, (L, p)
+
+
+def test_layers_in_flight_per_stage():
+    """1F1B keeps p - i micro-batches on stage i; interleaving v chunks keeps
+    2 (p - i - 1) + (v - 1) p + 1 chunks of n / v layers (Megatron's warm-up + 1)."""
+    par = Parallel(pp=8, dp=1, micro_batch=1, global_batch=64)
+    assert float(layers_in_flight(12.0, 0.0, par)) == 12 * 8   # docstring: 96
+    assert float(layers_in_flight(12.0, 7.0, par)) == 12 * 1
+    inter = par.replace(vp=2)
+    # stage 0: 6 x (2 x 7 + 8 + 1) = 138 = 12 x 8 x (1 + 7/16), Megatron's interleave factor
+    assert float(layers_in_flight(12.0, 0.0, inter)) == 6 * 23 == 12 * 8 * (1 + 7 / 16)
+    assert float(layers_in_flight(12.0, 7.0, inter)) == 6 * (0 + 8 + 1)
+    # Fewer micro-batches than stages: all of them in flight (m = 4 < p = 8).
+    few = par.replace(global_batch=4)
+    assert float(layers_in_flight(12.0, 0.0, few)) == 12 * 4
 
 
 # --------------------------------------------------------------------------------------------

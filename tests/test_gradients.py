@@ -42,8 +42,8 @@ RATE_LEAVES = HARDWARE_RATES + ("eff.mm_max", "eff.attn_max", "eff.mem_eff",
                                 "eff.coll_eff_intra", "eff.coll_eff_inter")
 # Costs: raising one never makes a step faster (d step / d leaf >= 0). Latencies, fixed times
 # and the sizes at which an efficiency halves (those of them the System has).
-COST_LEAVES = ("tiers[*].latency_s", "eff.kernel_s", "eff.queued_kernel_s",
-               "eff.host_kernel_s", "eff.host_layer_s",
+COST_LEAVES = ("tiers[*].latency_s", "tiers[*].oversubscription", "eff.kernel_s",
+               "eff.queued_kernel_s", "eff.host_kernel_s", "eff.host_layer_s",
                "eff.host_recompute_s", "eff.host_coll_peer_s", "eff.microbatch_s", "eff.step_s",
                "eff.coll_base_s",
                "eff.overlap_slowdown", "eff.mm_half_dim",
@@ -241,6 +241,12 @@ CHECK_GRAD_CASES = {
     "multi-node-llama3-8b-h100": ("llama3-8b", "h100-sxm-80gb", dict(
         tp=4, pp=2, dp=4, micro_batch=1, global_batch=64, zero_stage=3, recompute=2,
         sequence_parallel=1, tp_overlap=0.5), {}),
+    # 6144 GPUs on Meta's 4-tier fabric: TP 4 inside the node, DP of 1536 (2 per node, 4 per
+    # rack, 768 per pod) across two pods through the 1:7 oversubscribed aggregation layer:
+    # every tier's leaves, the oversubscription included, move the step
+    "multi-pod-llama3-8b-meta": ("llama3-8b", "meta-h100-24k", dict(
+        tp=4, pp=1, dp=1536, micro_batch=1, global_batch=3072, zero_stage=1, recompute=1,
+        sequence_parallel=1), {}),
     # 1024 GPUs: DP of 16 with 9 ranks per NVL72 domain, 8 pipeline stages across racks
     "multi-node-gpt3-gb200": ("gpt3-175b", "gb200-nvl72", dict(
         tp=8, pp=8, dp=16, micro_batch=1, global_batch=512, zero_stage=1, recompute=2,

@@ -411,7 +411,13 @@ def _xfail(*values, reason):
                                                          reason=reason))
 
 
-@pytest.mark.parametrize("n_gpus", (16, 32, 64))
+@pytest.mark.parametrize("n_gpus", (_xfail(16, reason=(
+    "ZeRO-2 reduce-scatters every micro-batch (DeepSpeed stage 2, FSDP SHARD_GRAD_OP: the "
+    "gradients are kept sharded, so they cannot accumulate unreduced); the grid that won "
+    "before (gy 2, gz 2, dp 4, ZeRO-2, 8 micro-batches: 5.10 s) pays 8 reduce-scatters "
+    "(5.51 s), and Z over 8 GPUs across two 4-GPU nodes with ZeRO-3 (5.39 s) beats the "
+    "grids that keep Z on NVLink by 0.7 %: in 40 GB at 16 GPUs memory, not bandwidth, "
+    "decides, as in the strict xfail of the communication-minimising grid below")), 32, 64))
 def test_searched_best_axonn_grid_puts_the_largest_volume_on_nvlink(n_gpus):
     """The best AxoNN layout of `search` (every grid, micro-batch, ZeRO stage and recompute
     mode; one kernel shape for the three GPU counts). At 32 and 64 GPUs this holds only

@@ -77,7 +77,10 @@ def _system_dict(name):
 
 
 MODEL_NAMES = tuple(model_names())
-SYSTEM_NAMES = tuple(system_names())
+# A batch stacks its systems into one pytree, so they share one tier count: the shipped
+# two-tier systems (the multi-tier fabrics have their own tests: test_fabric.py, and a
+# check_grads case in test_gradients.py).
+SYSTEM_NAMES = tuple(n for n in system_names() if len(_system_dict(n)["tiers"]) == 2)
 
 
 def _divisors(n, limit):
@@ -161,6 +164,8 @@ def random_system(rng):
             tier["latency_us"] *= factor()
             if i < len(d["tiers"]) - 1:
                 tier["domain_size"] *= factor()
+                if i > 0:  # nested: no smaller than the tier inside it
+                    tier["domain_size"] = max(tier["domain_size"], d["tiers"][i - 1]["domain_size"])
         eff = {k: min(v * factor(), 1.0) if k in _FRACTIONS else v * factor()
                for k, v in eff.items()}
         eff["floor_pnorm"] = max(eff["floor_pnorm"], 1.0)  # a p-norm max needs p >= 1

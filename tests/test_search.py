@@ -28,6 +28,7 @@ from diffperf.search import (COLUMNS, axonn_mask, enumerate_layouts, pareto_fron
                              ranked, search, soft_best)
 from diffperf.specs.batch import anonymous
 from diffperf.specs.validate import check_layout
+from diffperf.workload.pp import stage_layers
 
 search_module = sys.modules["diffperf.search"]  # by name: a re-export may shadow the module
 
@@ -104,7 +105,9 @@ def test_every_enumerated_layout_passes_check_layout():
 
 
 def test_enumeration_equals_brute_force(table):
-    """Every (tp, pp, cp, micro_batch, vp) that check_layout accepts, found by trying them all."""
+    """Every (tp, pp, cp, micro_batch, vp) that check_layout accepts, found by trying them all,
+    with vp dividing the largest pipeline stage's layers (the enumeration's choice of chunk
+    sizes: `search._degrees`; check_layout also accepts uneven chunks)."""
     L = int(MODEL.n_layers)
     expected = set()
     for tp, pp, cp in itertools.product(range(1, N_DEVICES + 1), repeat=3):
@@ -117,6 +120,8 @@ def test_enumeration_equals_brute_force(table):
             try:
                 check_layout(MODEL, p, N_DEVICES)
             except SpecError:
+                continue
+            if max(float(x) for x in stage_layers(MODEL, p)) % vp:
                 continue
             for z, r, sp in itertools.product(range(4), range(3), range(2 if tp > 1 else 1)):
                 expected.add((tp, pp, dp, cp, 1, vp, mb, GLOBAL_BATCH, 1, 1, 1, z, r, sp))
@@ -171,8 +176,9 @@ def test_dropped_placements_predict_the_same(table, result):
 
 
 def test_no_valid_layout_is_an_error():
-    with pytest.raises(SpecError, match="no valid layout of n_devices=7"):
-        enumerate_layouts(MODEL, 7, GLOBAL_BATCH)  # dp = 7 cannot divide a batch of 8
+    with pytest.raises(SpecError, match="no valid layout of n_devices=13"):
+        # dp = 13 cannot divide a batch of 8, 13 heads or stages of 12 layers do not exist
+        enumerate_layouts(MODEL, 13, GLOBAL_BATCH)
     with pytest.raises(SpecError, match="must order each of tp, cp, dp, pp once"):
         enumerate_layouts(MODEL, 4, 8, placements=(("tp", "dp", "pp"),))
 
@@ -407,7 +413,7 @@ def test_cli_search_table_and_errors(capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "step_time_s" in out and "mem_GiB" in out and "Pareto front" in out
-    code = main(["search", "--model", "gpt-small", "--gpus", "7", "--global-batch", "8",
+    code = main(["search", "--model", "gpt-small", "--gpus", "13", "--global-batch", "8",
                  "--no-cache"])
     out, err = capsys.readouterr()
     assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1

@@ -274,6 +274,23 @@ def test_cli_sensitivity_json(capsys):
     assert rows["hbm_capacity_bytes"]["optimum_reoptimized"] == 0
 
 
+def test_cli_sensitivity_goodput_json(capsys):
+    """--goodput: elasticities of the effective throughput; the reliability leaves have an
+    effect, with the physical sign, in their human units (the default layout)."""
+    code, out, err = _run(capsys, "sensitivity", "--goodput", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["objective"] == "effective_tokens_per_s" and data["effective_tokens_per_s"] > 0
+    rows = {r["leaf"]: r for r in data["elasticities"]}
+    rate, write = rows["reliability.failure_rate_per_s"], rows["reliability.storage_write_Bps"]
+    assert rate["elasticity"] < 0 < write["elasticity"]
+    assert rows["reliability.restart_s"]["elasticity"] < 0
+    assert rate["unit"] == "per device-hour" and rate["value_human"] == pytest.approx(
+        419 / (54 * 24 * 16384))  # Llama 3's rate (configs/README.md)
+    assert write["plus_10pct_effective_frac"] == pytest.approx(1.1 ** write["elasticity"] - 1)
+    assert rows["matmul_flops_per_s"]["elasticity"] > 0.1  # faster: more tokens/s
+
+
 def test_cli_design_json_and_errors(capsys):
     args = ("design", "--model", "gpt-small", "--gpus", str(GPUS), "--global-batch",
             str(BATCH), "--cost", "illustrative-usd", "--steps", "5", "--placements",

@@ -10,7 +10,7 @@ from diffperf.cli.options import add_model_system
 
 _LAYOUT = (("tp", 8), ("pp", 8), ("cp", 1), ("ep", 1), ("vp", 1), ("micro_batch", 1),
            ("global_batch", 1536), ("zero_stage", 1), ("cp_ring", 1), ("gx", 1), ("gy", 1),
-           ("gz", 1))
+           ("gz", 1), ("pp_first_layers", 0), ("pp_last_layers", 0))
 # Parallel fields with an option of their own (not settable through --set).
 _OWN_OPTIONS = {k for k, _ in _LAYOUT} | {"dp", "sequence_parallel", "recompute", "dp_overlap",
                                           "placement"}
@@ -42,7 +42,7 @@ def add_layout_options(p) -> None:
                    help="rank order of the groups, innermost first (default: Megatron-LM's)")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE", help=(
         "framework fact: any other Parallel or Training field (e.g. flash_attention=0, "
-        "tp_overlap=0); repeatable. A calibration overlay lists the ones it was fitted "
+        "tp_overlap=0; checkpoint_interval_s=1800 for the goodput); repeatable. A calibration overlay lists the ones it was fitted "
         "under in fitted_on.set"))
 
 
@@ -88,7 +88,24 @@ def result_dict(result) -> dict:
     return out
 
 
-def render(result, title) -> None:
+def _goodput_rows(result, given: bool) -> list:
+    """(quantity, value) rows of Result.goodput, in human units; `given`: the checkpoint
+    interval is the user's (Training.checkpoint_interval_s), not Daly's optimum."""
+    g, T = result.goodput, float(result.step_time_s)
+    tau = float(g.checkpoint_interval_s)
+    rows = [("job_mtbf_h", fmt(float(g.mtbf_s) / 3600)),
+            ("checkpoint_GB", fmt(float(g.checkpoint_bytes) / 1e9)),
+            ("checkpoint_write_s", fmt(g.checkpoint_s)),
+            ("checkpoint_interval_s (" + ("given" if given else "Daly optimum") + ")",
+             f"{fmt(tau)} = {fmt(tau / T, 3)} steps"),
+            ("restart_s", fmt(g.restart_s))]
+    names = {"goodput_frac": "training kept %", "checkpoint_frac": "writing checkpoints %",
+             "rework_frac": "redoing lost work %", "restart_frac": "restarting %"}
+    rows += [(label, f"{100 * float(getattr(g, k)):.3g}") for k, label in names.items()]
+    return rows + [("effective tokens/s", fmt(g.effective_tokens_per_s))]
+
+
+def render(result, title, training=None) -> None:
     from diffperf.result import EXPOSED_PARTS, HIDDEN_PARTS, MEMORY_PARTS
 
     b, m, T = result.breakdown, result.memory, float(result.step_time_s)
@@ -101,6 +118,9 @@ def render(result, title) -> None:
     mrows += [("total", fmt(float(m.total_bytes) / 2**30)),
               ("usable capacity", fmt(float(m.capacity_bytes) / 2**30))]
     console.print(table("memory per device (largest stage)", ("part", "GiB"), mrows))
+    given = training is not None and float(training.checkpoint_interval_s) > 0
+    console.print(table("goodput: failures, checkpoints, restarts", ("quantity", "value"),
+                        _goodput_rows(result, given)))
     console.print(f"fits: {bool(result.fits)}   MFU: {100 * float(result.mfu):.1f} %   "
                   f"tokens/s: {fmt(result.tokens_per_s)}   step_time_s: {fmt(T)}")
 
@@ -108,20 +128,26 @@ def render(result, title) -> None:
 def run(args) -> int:
     from diffperf import predict
 
+    from diffperf.workload.pp import stage_layers
+
     model, parallel, system, train = build(args)
     result = predict(model, parallel, system, train)
+    stages = [float(x) for x in stage_layers(model, parallel)]  # first, largest middle, last
     if args.json:
         print_json(dict(model=model.name, system=system.name, gpus=args.gpus,
                         layout={k: float(getattr(parallel, k)) for k in (
                             "tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch",
                             "sequence_parallel", "zero_stage", "recompute", "cp_ring", "gx",
-                            "gy", "gz")} | {"placement": args.placement},
+                            "gy", "gz", "pp_first_layers", "pp_last_layers")}
+                        | {"placement": args.placement, "stage_layers": stages},
                         result=result_dict(result)))
         return 0
     title = (f"{model.name} on {args.gpus} x {system.name}: tp {args.tp} pp {args.pp} "
              f"dp {args.dp} cp {args.cp} mb {args.micro_batch} gb {args.global_batch}"
              + (f" grid {args.gx}x{args.gy}x{args.gz}" if args.gx * args.gy * args.gz > 1
                 else "")
-             + (f" placement {args.placement}" if args.placement != "tp-cp-dp-pp" else ""))
-    render(result, title)
+             + (f" placement {args.placement}" if args.placement != "tp-cp-dp-pp" else "")
+             + (f" stages {stages[0]:g}/{stages[1]:g}/{stages[2]:g} layers"
+                if args.pp > 2 and len(set(stages)) > 1 else ""))
+    render(result, title, train)
     return 0

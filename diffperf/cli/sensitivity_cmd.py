@@ -1,4 +1,5 @@
-"""`diffperf sensitivity`: elasticities of the step time to every hardware leaf, ranked."""
+"""`diffperf sensitivity`: elasticities of the step time (or, with --goodput, of the effective
+throughput under failures and checkpoints) to every hardware leaf, ranked."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from diffperf.cli.options import add_model_system
 
 # Human units of a leaf, by the suffix of its name: (suffix, unit, SI value per unit).
 _UNITS = (("_flops_per_s", "TFLOP/s", 1e12), ("_Bps", "GB/s", 1e9), ("_bytes", "GiB", 2.0**30),
-          ("domain_size", "devices", 1.0), ("_W", "W", 1.0))
+          ("domain_size", "devices", 1.0), ("_W", "W", 1.0),
+          ("failure_rate_per_s", "per device-hour", 1.0 / 3600.0))
 _ZERO = 1e-7  # |elasticity| below this: listed as "no effect" under the table
 
 
@@ -41,6 +43,10 @@ def add_parser(sub):
     p.add_argument("--reoptimize-all", action="store_true", help="with --optimum, re-search "
                    "the best layout at +-10 %% of every leaf, efficiencies included (default: "
                    "the hardware and memory leaves)")
+    p.add_argument("--goodput", action="store_true", help="elasticities of the effective "
+                   "throughput (tokens/s x goodput fraction, under failures, checkpoints and "
+                   "restarts) instead of the step time: what a better MTBF, faster storage or "
+                   "a faster restart is worth (System.reliability leaves); one layout")
     p.add_argument("--top", type=int, default=None, help="rows to list (default: every leaf "
                    "with an effect)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -54,6 +60,8 @@ def human(path: str, value: float) -> tuple[float, str]:
         if path.endswith(suffix):
             return value / si, unit
     if path.endswith("_s"):
+        if abs(value) >= 1.0:
+            return value, "s"
         return (value * 1e6, "us") if abs(value) < 1e-3 else (value * 1e3, "ms")
     return value, ""
 
@@ -66,6 +74,7 @@ def _value_cell(path, value) -> str:
 def _pct(e) -> str:
     from diffperf.sensitivity import step_change_frac
 
+    # (1 + 10 %)^e - 1: the relative change of the step time, or of the effective throughput
     return "-" if e is None or not math.isfinite(e) else f"{100 * float(step_change_frac(e)):+.3g}"
 
 
@@ -92,6 +101,10 @@ def _check(args):
         raise SpecError(f"--top={args.top} must be >= 1")
     if args.smooth is not None and not args.smooth >= 0:
         raise SpecError(f"--smooth={args.smooth} must be >= 0")
+    if args.goodput and args.optimum:
+        raise SpecError("--goodput gives the elasticities at one layout; drop --optimum (the "
+                        "optimum is searched by step time, and failures cost every layout of "
+                        "a job alike)")
 
 
 def _finite(x):
@@ -105,9 +118,9 @@ def _json(model, system, args, parallel, step, elast, values, opt, layouts, plac
     rows = []
     for path, e in elast.items():
         v, unit = human(path, values[path])
+        change = "plus_10pct_effective_frac" if args.goodput else "plus_10pct_step_frac"
         row = dict(leaf=path, label=leaf_label(path, system), value=values[path],
-                   value_human=v, unit=unit, elasticity=e,
-                   plus_10pct_step_frac=float(step_change_frac(e)))
+                   value_human=v, unit=unit, elasticity=e, **{change: float(step_change_frac(e))})
         if opt is not None:
             row |= dict(optimum_soft=opt.soft[path], optimum_reoptimized=_finite(
                 opt.hard[path]), optimum_at_best_layout=opt.at_best[path])
@@ -116,7 +129,9 @@ def _json(model, system, args, parallel, step, elast, values, opt, layouts, plac
                layout={k: float(getattr(parallel, k)) for k in (
                    "tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch",
                    "sequence_parallel", "zero_stage", "recompute")},
-               step_time_s=step, elasticities=rows)
+               objective="effective_tokens_per_s" if args.goodput else "step_time_s",
+               elasticities=rows)
+    out["effective_tokens_per_s" if args.goodput else "step_time_s"] = step
     if opt is not None:
         out["optimum"] = dict(
             layout=layout_dict(layouts[opt.best_index], placements),
@@ -137,8 +152,9 @@ def _render(model, system, args, step, elast, values, opt, layouts, placements):
     shown = [p for p in ranked if big(p)][:args.top]
     head = (f"{model.name} on {args.gpus} x {system.name}: tp {args.tp} pp {args.pp} "
             f"dp {args.dp} cp {args.cp} mb {args.micro_batch} gb {args.global_batch}")
+    what = "effective tokens/s" if args.goodput else "step time"
     if opt is None:
-        cols = ("leaf", "value", "elasticity", "+10% gives step time %")
+        cols = ("leaf", "value", "elasticity", f"+10% gives {what} %")
         rows = [(leaf_label(p, system), _value_cell(p, values[p]), _num(elast[p]),
                  _pct(elast[p])) for p in shown]
     else:
@@ -148,11 +164,14 @@ def _render(model, system, args, step, elast, values, opt, layouts, placements):
                  _pct(elast[p]), _num(opt.soft[p]), _num(opt.hard[p]), _pct(opt.soft[p]))
                 for p in shown]
     out = _wide()
-    out.print(table(f"elasticities d ln T / d ln theta, {head}", cols, rows))
+    quantity = ("d ln X / d ln theta (X = effective tokens/s under failures, checkpoints "
+                "and restarts)" if args.goodput else "d ln T / d ln theta")
+    out.print(table(f"elasticities {quantity}, {head}", cols, rows))
     none = [p for p in ranked if not big(p)]
     if none:
-        out.print(f"no effect on the step time: {', '.join(none)}", highlight=False)
-    out.print(f"step_time_s at the layout: {fmt(step)}")
+        out.print(f"no effect on the {what}: {', '.join(none)}", highlight=False)
+    out.print(f"effective tokens/s at the layout: {fmt(step)}" if args.goodput
+              else f"step_time_s at the layout: {fmt(step)}")
     if opt is not None:
         lay = layout_dict(layouts[opt.best_index], placements)
         desc = " ".join(f"{k} {v}" for k, v in lay.items() if k != "global_batch")
@@ -168,7 +187,8 @@ def run(args) -> int:
     from diffperf.cli.predict_cmd import build
     from diffperf.cli.search_cmd import _placements
     from diffperf.search import enumerate_layouts
-    from diffperf.sensitivity import (MEMORY_LEAVES, elasticities_at_optimum, leaf_values,
+    from diffperf.sensitivity import (MEMORY_LEAVES, elasticities_at_optimum,
+                                      goodput_elasticities, leaf_values,
                                       step_time_and_elasticities)
 
     _check(args)
@@ -176,7 +196,9 @@ def run(args) -> int:
     placements = _placements(args.placements)
     layouts, opt = None, None
     with status(not args.json, "differentiating (compiling first)"):
-        step, elast = step_time_and_elasticities(model, parallel, system, train, args.smooth)
+        # `step`: the step time, or with --goodput the effective tokens/s, at the layout
+        of_layout = goodput_elasticities if args.goodput else step_time_and_elasticities
+        step, elast = of_layout(model, parallel, system, train, args.smooth)
         if args.optimum:
             layouts = enumerate_layouts(model, args.gpus, args.global_batch,
                                         placements=placements)

@@ -6,10 +6,20 @@ import jax.numpy as jnp
 
 
 def tier_bandwidths_Bps(system):
-    """Achieved bandwidth per device on each tier: BW_i x eta_i (eta_intra for the innermost
-    tier, eta_inter for the others; NCCL bus-bandwidth convention, PAPERS.md section 5.9)."""
+    """Achieved bandwidth per device on each tier:
+
+        BW_i eta_i / o_i
+    eta_i = eta_intra for the innermost tier, eta_inter for the others (NCCL bus-bandwidth
+    convention, PAPERS.md section 5.9); o_i = the tier's oversubscription (>= 1): a level of
+    a fat tree whose uplinks carry 1/o_i of the injection bandwidth below it gives each device
+    BW_i / o_i when every device's traffic crosses it at once, as every group of a layout
+    does when they all reduce or exchange together (Leiserson 1985, fat trees; Meta's Llama 3
+    RoCE cluster: 1:7 between pods, Dubey et al. 2024, 3.3.1). Continuous in o_i, so the
+    oversubscription has a gradient (it never speeds a step up).
+    Example: 400 Gb/s NIC (50 GB/s), eta 0.8, o = 7: 5.71 GB/s per device across pods.
+    """
     effs = [system.eff.coll_eff_intra] + [system.eff.coll_eff_inter] * (len(system.tiers) - 1)
-    return [t.bandwidth_Bps * e for t, e in zip(system.tiers, effs)]
+    return [t.bandwidth_Bps * e / t.oversubscription for t, e in zip(system.tiers, effs)]
 
 
 def tier_ranks(n, stride, system):

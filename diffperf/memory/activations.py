@@ -61,18 +61,24 @@ def layer_activation_bytes(model, parallel, training):
     return layer_activation_parts(model, parallel, training)[0]
 
 
-def layers_in_flight(model, parallel):
-    """Layer activations the first pipeline stage holds at its peak, in units of one layer:
+def layers_in_flight(layers, stage, parallel):
+    """Layer activations a pipeline stage holds at its peak, in units of one layer:
 
-        (L / p) x min(p, m) x (1 + (p - 1)/(p v))   (interleaving factor only when v > 1)
-    1F1B keeps min(p, m) micro-batches in flight on stage 0 (Narayanan et al. SC21 2.2.1;
-    PAPERS.md section 5.4; Megatron-LM `theoretical_memory_usage.py`).
-    Example: L = 96, p = 8, m = 64, v = 1 -> 12 x 8 = 96 layers.
+        1F1B (v = 1):         n_i min(p - i, m)
+        interleaved (v > 1):  (n_i / v) min(2 (p - i - 1) + (v - 1) p + 1, v m)
+    for stage i (0 = first) holding n_i layers in v chunks of n_i / v: 1F1B keeps p - i
+    micro-batches in flight on stage i (Narayanan et al. SC21 2.2.1; PAPERS.md section 5.4);
+    the interleaved schedule's warm-up runs 2 (p - i - 1) + (v - 1) p chunks before the
+    first backward (Megatron-LM `get_forward_backward_func`, interleaved warm-up count), one
+    more is live, so stage 0 keeps n_0 (1 + (p - 1)/(p v)) p, the factor of
+    `theoretical_memory_usage.py` [C], and the last stage n (v - 1) p / v + n / v.
+    Examples: n = 12, p = 8, m = 64, v = 1: stage 0 -> 96, stage 7 -> 12; v = 2, stage 0 ->
+    6 x (14 + 8 + 1) = 138 = 12 x 8 x (1 + 7/16).
     """
-    p, v = parallel.pp, parallel.vp
-    m = parallel.n_microbatches
-    interleave = jnp.where(v > 1, 1.0 + (p - 1.0) / (p * v), 1.0)
-    return model.n_layers / p * jnp.minimum(p, m) * interleave
+    p, v, m = parallel.pp, parallel.vp, parallel.n_microbatches
+    one_f_one_b = layers * jnp.minimum(p - stage, m)
+    chunks = jnp.minimum(2.0 * (p - stage - 1.0) + (v - 1.0) * p + 1.0, v * m)
+    return jnp.where(v > 1, layers / v * chunks, one_f_one_b)
 
 
 def working_layer_bytes(model, parallel, training):

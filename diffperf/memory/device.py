@@ -1,12 +1,12 @@
-"""Memory of the device with the largest footprint: the first or the last pipeline stage.
+"""Memory of the device with the largest footprint: the first, a middle or the last stage.
 
-The first stage holds min(p, m) micro-batches of activations (1F1B) and the embedding; the last
-holds one micro-batch, the output layer and the logits (PAPERS.md sections 5.4-5.6).
+The first stage holds min(p, m) micro-batches of activations (1F1B) and the embedding; a
+middle stage one micro-batch fewer but possibly more layers (uneven stages); the last holds one
+micro-batch, the output layer and the logits (PAPERS.md sections 5.4-5.6).
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from diffperf.memory import activations as act
@@ -14,6 +14,8 @@ from diffperf.memory.weights import gradient_bytes, optimizer_bytes, weight_byte
 from diffperf.result import MEMORY_PARTS, Memory
 from diffperf.workload.params import (layer_matrix_params, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device)
+from diffperf.workload.dp import zero3_prefetch_frac
+from diffperf.workload.pp import stage_layers
 
 
 def _gradients_at_peak(grads, activations, parallel, training):
@@ -35,41 +37,65 @@ def _stage_memory(params, expert_params, activations, buffers, parallel, trainin
                 activations_bytes=activations, buffers_bytes=buffers)
 
 
-def device_memory(model, parallel, system, training) -> Memory:
-    """Memory parts of the larger of the first and last stage at its peak, and the usable
-    capacity.
+def zero3_buffer_bytes(layer_params, parallel, training):
+    """ZeRO-3 / FSDP working buffers at the backward's peak, on one device:
 
-        total = weights + gradients (live at the peak) + optimizer + activations + buffers
-        activations(first) = A_layer x layers_in_flight + working (+ logits if p = 1)
-        activations(last)  = A_layer x (L/p) x interleave + working + logits
-        working = the layer rebuilt under full recompute + CP's K/V buffers
-        buffers = 2 gathered layers under ZeRO-3 (prefetch) + 2 layers' weights gathered over
-                  the AxoNN depth G_z (N_layer / (t G_x G_y)) + runtime workspace
+        (1 + f) N_l q_w + N_l q_g
+    the layer whose parameters are gathered for its backward, the fraction f of the next
+    one prefetched (`workload.dp.zero3_prefetch_frac`: FSDP's next unit whole, f = 1;
+    DeepSpeed's prefetch bucket), and the layer's full gradient before it is reduce-scattered.
+    N_l = one layer's parameters on the device (its TP shard). Source: Zhao et al. VLDB 2023
+    (FSDP: unsharded flat parameter of the current and the prefetched unit, the unsharded
+    gradient until its reduce-scatter); Rajbhandari et al. SC20 (ZeRO-3) [D].
+    Example: N_l = 1.81e9 / 8 (GPT-3 layer, tp 8), q_w = q_g = 2, f = 1: 3 x 0.45 GB = 1.36 GB.
     """
-    first_P, last_P = stage_params_per_device(model, parallel)
-    expert_P = stage_expert_params_per_device(model, parallel)
+    f = zero3_prefetch_frac(parallel, layer_params)
+    return layer_params * ((1.0 + f) * training.weight_bytes + training.grad_bytes)
+
+
+def device_memory(model, parallel, system, training) -> Memory:
+    """Memory parts of the pipeline stage with the largest footprint at its peak, and the
+    usable capacity. Three stages are candidates (`workload.pp.stage_layers`): the first
+    (embedding, the most micro-batches in flight), the largest middle one (most layers,
+    one micro-batch fewer in flight) and the last (output layer, logits):
+
+        total_i = weights + gradients (live at the peak) + optimizer + activations + buffers
+        activations_i = A_layer x layers_in_flight(n_i, i) + working (+ logits, last stage)
+        working = the layer rebuilt under full recompute + CP's K/V buffers
+        buffers = ZeRO-3: the gathered layer in use, the part (f) of the next one prefetched
+                  and the layer's unsharded gradient before its reduce-scatter,
+                  (1 + f) N_layer q_w + N_layer q_g (`zero3_buffer_bytes`)
+                  + 2 layers' weights gathered over the AxoNN depth G_z (N_layer / (t G_x G_y))
+                  + runtime workspace
+    Example: Llama 3 405B on 16 stages (7, 8, ..., 8, 7 layers) with 1F1B: the second stage
+    (8 layers x 15 micro-batches) holds more activations than the first (7 x 16).
+    """
+    layers = jnp.stack(jnp.broadcast_arrays(*stage_layers(model, parallel)))
+    stage = jnp.stack(jnp.broadcast_arrays(0.0, 1.0, parallel.pp - 1.0))
+    params = stage_params_per_device(model, parallel, tuple(layers))
+    expert_P = stage_expert_params_per_device(model, parallel, layers)
     k = system.eff.act_mem_factor
     kept, rebuilt = act.layer_activation_parts(model, parallel, training)
-    a_layer = k * kept
     working = k * (rebuilt + act.cp_kv_buffer_bytes(model, parallel, training))
     logits = act.logits_bytes(model, parallel, training)
-    single = jnp.where(parallel.pp == 1, 1.0, 0.0)
-    first_act = a_layer * act.layers_in_flight(model, parallel) + working + single * logits
-    last_act = a_layer * model.n_layers / parallel.pp + working + logits
+    is_last = jnp.stack(jnp.broadcast_arrays(jnp.where(parallel.pp <= 1, 1.0, 0.0),
+                                             jnp.where(parallel.pp == 2, 1.0, 0.0), 1.0))
+    activations = (k * kept * act.layers_in_flight(layers, jnp.minimum(stage, parallel.pp - 1.0),
+                                                   parallel)
+                   + working + is_last * logits)
     z3 = jnp.where(parallel.zero_stage == 3, 1.0, 0.0)
     depth = jnp.where(parallel.gz > 1, 1.0, 0.0)
     gathered = layer_matrix_params(model)[0] / (parallel.tp * parallel.gx * parallel.gy)
-    buffers = (z3 * 2.0 * layer_params_per_device(model, parallel) * training.weight_bytes
+    buffers = (z3 * zero3_buffer_bytes(layer_params_per_device(model, parallel), parallel,
+                                       training)
                + depth * 2.0 * gathered * training.weight_bytes
                + system.eff.mem_reserved_bytes)
-    # Both stages at once: a leading axis of 2 (first, last).
-    both = _stage_memory(jnp.stack(jnp.broadcast_arrays(first_P, last_P)), expert_P,
-                         jnp.stack(jnp.broadcast_arrays(first_act, last_act)), buffers,
-                         parallel, training)
-    total = sum(both[k] for k in MEMORY_PARTS)  # every part but the buffers has the axis
-    pick_first = total[0] >= total[1]
-    parts = {k: both[k] if k == "buffers_bytes" else jnp.where(pick_first, both[k][0],
-                                                                 both[k][1])
-             for k in MEMORY_PARTS}
-    return Memory(**parts, total_bytes=jnp.maximum(total[0], total[1]),
+    # The three stages at once: a leading axis of 3 (first, middle, last).
+    parts = _stage_memory(params, expert_P, activations, buffers, parallel, training)
+    total = sum(parts[k] for k in MEMORY_PARTS)  # every part but the buffers has the axis
+    # The stage axis is the leading one, also for batched leaves evaluated eagerly.
+    peak = jnp.argmax(total, axis=0)[None]
+    parts = {k: parts[k] if k == "buffers_bytes" else jnp.take_along_axis(
+        jnp.broadcast_to(parts[k], total.shape), peak, axis=0)[0] for k in MEMORY_PARTS}
+    return Memory(**parts, total_bytes=jnp.max(total, axis=0),
                   capacity_bytes=system.hbm_capacity_bytes * system.eff.mem_usable_frac)

@@ -7,7 +7,8 @@ Example: Psi = 7.5e9, N_d = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.875 GB.
 
 The ranks that hold the same weights are the data-parallel ranks times the context-parallel
 ranks, N_d = d c (PAPERS.md section 3.5: states sharded over d x c); routed experts are
-replicated only over N_e = d c / e (workload.ep.expert_dp_degree). `expert_params` is the part
+replicated only over N_e = d c / e (workload.ep.expert_dp_degree). Under HSDP (zero_shard =
+g > 0) the states are sharded over g of them and replicated across the rest. `expert_params` is the part
 of `params` that is routed experts (0 for a dense model).
 """
 
@@ -15,15 +16,18 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from diffperf.workload.dp import zero_groups
 from diffperf.workload.ep import expert_dp_degree
 
 
 def _sharded(params, expert_params, parallel, from_stage):
     """(Psi - Psi_e) / N_d + Psi_e / N_e when the ZeRO stage shards this state
-    (stage >= from_stage), else Psi."""
+    (stage >= from_stage), else Psi; N_d, N_e = the ZeRO shard groups of the d c dense and
+    the expert-data-parallel ranks (`workload.dp.zero_groups`: all of them, or zero_shard
+    under HSDP)."""
     on = parallel.zero_stage >= from_stage
-    n_d = jnp.where(on, parallel.dp * parallel.cp, 1.0)
-    n_e = jnp.where(on, expert_dp_degree(parallel), 1.0)
+    n_d = jnp.where(on, zero_groups(parallel.dp * parallel.cp, 1.0, parallel)[0][0], 1.0)
+    n_e = jnp.where(on, zero_groups(expert_dp_degree(parallel), 1.0, parallel)[0][0], 1.0)
     return (params - expert_params) / n_d + expert_params / n_e
 
 

@@ -38,6 +38,7 @@ from diffperf.result import MEMORY_PARTS, Memory
 from diffperf.workload.flops import hidden_shards, vocab_rows_per_rank
 from diffperf.workload.params import (layer_params_per_device, stage_expert_params_per_device,
                                       stage_params_per_device)
+from diffperf.workload.pp import stage_layers
 from diffperf.workload.xla import FP32_BYTES, layer_residual_bytes
 
 
@@ -97,35 +98,40 @@ def _stage_phases(params, expert_params, layer_P, resid, loss, working, parallel
 
 
 def xla_device_memory(model, parallel, system, training) -> Memory:
-    """Memory parts of the larger of the first and last stage at the phase of its peak
-    (module docstring: A loss, B layer backward, C optimizer), and the usable capacity.
+    """Memory parts of the pipeline stage and phase with the largest footprint (module
+    docstring: A loss, B layer backward, C optimizer), and the usable capacity. The stages are
+    memory.device's three candidates (`workload.pp.stage_layers`: first, largest middle,
+    last), each holding n_i layers:
 
-        R(first) = scan_residual_bytes x layers_in_flight     (min(p, m) micro-batches)
-        R(last)  = scan_residual_bytes x L / p
+        R_i = scan_residual_bytes x layers_in_flight(n_i, i)   (1F1B: min(p - i, m) micro-
+                                                                batches on stage i)
         loss buffers on the last stage (on the only stage when p = 1)
-    ZeRO shards the states as in `memory.weights`; the parameters ZeRO-3 gathers and the
-    pipeline's interleaving under XLA are not modelled separately here.
+    ZeRO shards the states as in `memory.weights`; the parameters ZeRO-3 gathers under XLA
+    are not modelled separately here. Example: p = 1 -> n_i = L, one micro-batch of stacked
+    residuals: the single-GPU runs of h100_jax_single_gpu.csv.
     """
-    first_P, last_P = stage_params_per_device(model, parallel)
-    expert_P = stage_expert_params_per_device(model, parallel)
-    layers = model.n_layers / parallel.pp
+    layers = jnp.stack(jnp.broadcast_arrays(*stage_layers(model, parallel)))
+    stage = jnp.stack(jnp.broadcast_arrays(0.0, 1.0, parallel.pp - 1.0))
+    params = stage_params_per_device(model, parallel, tuple(layers))
+    expert_P = stage_expert_params_per_device(model, parallel, layers)
     layer_P = layers * layer_params_per_device(model, parallel)
-    per_layer = scan_residual_bytes(model, parallel, training)
+    in_flight = layers_in_flight(layers, jnp.minimum(stage, parallel.pp - 1.0), parallel)
+    resid = scan_residual_bytes(model, parallel, training) * in_flight
+    is_last = jnp.stack(jnp.broadcast_arrays(jnp.where(parallel.pp <= 1, 1.0, 0.0),
+                                             jnp.where(parallel.pp == 2, 1.0, 0.0), 1.0))
+    loss = is_last * loss_buffer_bytes(model, parallel, training)
     working = working_layer_bytes(model, parallel, training)
-    loss = loss_buffer_bytes(model, parallel, training)
-    single = jnp.where(parallel.pp == 1, 1.0, 0.0)
-    first = _stage_phases(first_P, expert_P, layer_P,
-                          per_layer * layers_in_flight(model, parallel), single * loss,
-                          working, parallel, training)
-    last = _stage_phases(last_P, expert_P, layer_P, per_layer * layers, loss, working,
-                         parallel, training)
-    cands = first + last  # six (stage, phase) live sets
+    phases = _stage_phases(params, expert_P, layer_P, resid, loss, working, parallel, training)
     keys = MEMORY_PARTS[:-1]
-    totals = jnp.stack([sum(c[k] for k in keys) for c in cands])
-    pick = jnp.argmax(totals)
+    # (phase, stage) flattened into one leading axis of 9 candidates; batched leaves follow.
+    shape = jnp.broadcast_shapes(*(jnp.shape(c[k]) for c in phases for k in keys))
+    flat = lambda x: jnp.broadcast_to(x, shape).reshape((-1,) + shape[1:])  # noqa: E731
+    parts = {k: jnp.concatenate([flat(c[k]) for c in phases]) for k in keys}
+    total = sum(parts[k] for k in keys)
+    peak = jnp.argmax(total, axis=0)[None]
+    picked = {k: jnp.take_along_axis(parts[k], peak, axis=0)[0] for k in keys}
     buffers = system.eff.mem_reserved_bytes
-    parts = {k: jnp.stack([c[k] for c in cands])[pick] for k in keys}
-    return Memory(**parts, buffers_bytes=buffers, total_bytes=jnp.max(totals) + buffers,
+    return Memory(**picked, buffers_bytes=buffers, total_bytes=jnp.max(total, axis=0) + buffers,
                   capacity_bytes=system.hbm_capacity_bytes * system.eff.mem_usable_frac)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from diffperf.costs.smooth import exposed
+from diffperf.costs.smooth import exposed, smax
 
 
 def split_exposed(comm_s, window_s, temperature=None):
@@ -16,27 +16,57 @@ def split_exposed(comm_s, window_s, temperature=None):
     return e, comm_s - e
 
 
-def dp_exposed_s(reduce_s, gather_s, zero3_layer_s, zero3_first_s, bwd_window_s,
-                 layer_window_s, n_layer_passes, parallel, temperature=None):
-    """(exposed, hidden) DP communication of one step, by ZeRO stage:
+def zero3_layer_exposed_s(gather_s, reduce_s, fwd_window_s, bwd_window_s, prefetch_frac,
+                          gathers_bwd, overlap, temperature=None):
+    """(forward exposed, forward hidden, backward exposed, backward hidden) of one layer's
+    ZeRO-3 / FSDP collectives in one micro-batch:
 
-        ZeRO 0:    AR(grads) overlapped with the last micro-batch's backward (bucketed DDP;
-                   Li et al. VLDB 2020): exposed = max(0, T_AR - T_bwd)
-        ZeRO 1-2:  RS(grads) overlapped likewise; AG(params) after the step, exposed
-        ZeRO 3:    per layer pass, AG fwd + AG bwd + RS grads prefetched behind that layer's
-                   compute: m (L/p) max(0, C_l - K_l), plus the first layer's gather
-    Source: PAPERS.md sections 5.5 and 2.1 (FSDP) [D]. `dp_overlap` = 0 makes all exposed.
+        forward:  C_f = AG                      exposed_f = max(C_f - o K_f, (1 - f) C_f)
+        backward: C_b = g_b AG + RS             exposed_b = max(C_b - o K_b, (1 - f) g_b AG)
+    AG = the layer's parameter all-gather, RS = its gradient reduce-scatter (+ the replicas'
+    all-reduce under HSDP), g_b = gathers in the backward (1, or 2 when full recompute
+    gathers again for the recomputed forward), K_f, K_b = the layer's forward and backward
+    (+ recompute) time not hiding its own collectives, f = the prefetch fraction
+    (`workload.dp.zero3_prefetch_frac`: the part of each gather issued ahead of use; the rest
+    waits on the critical path whatever the compute), o = dp_overlap. The gathers of a layer
+    prefetch behind the layer before it and its reduce-scatter runs behind the layer after
+    it (one layer window each way); the first gather and the last reduce-scatter of each
+    micro-batch have none (`predict.predict_step` moves them to exposed).
+    Source: Rajbhandari et al. SC20 (ZeRO-3 volumes), Zhao et al. VLDB 2023 (FSDP prefetch),
+    PAPERS.md sections 5.5 and 2.1 [D].
+    Example: AG = 30 ms, RS = 30 ms, K_f = 20 ms, K_b = 60 ms, f = 1, g_b = 2: forward 10 ms
+    exposed, backward 30 ms; with f = 0.25: forward max(10, 22.5) = 22.5 ms, backward
+    max(30, 45) = 45 ms.
     """
-    ov = parallel.dp_overlap
+    c_f = gather_s
+    c_b = gathers_bwd * gather_s + reduce_s
+    wait = 1.0 - prefetch_frac
+    e_f = jnp.minimum(smax(exposed(c_f, overlap * fwd_window_s, temperature), wait * c_f,
+                           temperature), c_f)
+    e_b = jnp.minimum(smax(exposed(c_b, overlap * bwd_window_s, temperature),
+                           wait * gathers_bwd * gather_s, temperature), c_b)
+    return e_f, c_f - e_f, e_b, c_b - e_b
+
+
+def dp_step_exposed_s(reduce_s, gather_s, bwd_window_s, parallel, temperature=None):
+    """(exposed, hidden) data-parallel communication of one step outside ZeRO-3's per-layer
+    collectives (`zero3_layer_exposed_s`), by ZeRO stage:
+
+        ZeRO 0, 1: gradient AR (ZeRO-1: RS) once per step, behind the last micro-batch's
+                   backward (bucketed DDP; Li et al. VLDB 2020): max(0, T_red - o K_bwd)
+        ZeRO 2:    gradient RS every micro-batch, behind that micro-batch's backward (the
+                   gradients are kept sharded, so they cannot accumulate unreduced:
+                   DeepSpeed stage 2, FSDP SHARD_GRAD_OP): m max(0, T_red - o K_bwd)
+        ZeRO 1, 2: parameter AG after the optimizer step, exposed
+        ZeRO 3:    0 here
+    K_bwd = the stage's backward time not hiding its own collectives, o = dp_overlap.
+    Source: PAPERS.md section 5.5 (Rajbhandari et al. SC20) [D].
+    """
     z = parallel.zero_stage
-    e_red, h_red = split_exposed(reduce_s, ov * bwd_window_s, temperature)
-    e_l, h_l = split_exposed(zero3_layer_s, ov * layer_window_s, temperature)
-    z3_exposed = n_layer_passes * e_l + zero3_first_s
-    z3_hidden = n_layer_passes * h_l
-    gather_exposed = jnp.where((z >= 1) & (z <= 2), gather_s, 0.0)
-    exposed_s = jnp.where(z == 3, z3_exposed, e_red + gather_exposed)
-    hidden_s = jnp.where(z == 3, z3_hidden, h_red)
-    return exposed_s, hidden_s
+    e, h = split_exposed(reduce_s, parallel.dp_overlap * bwd_window_s, temperature)
+    times = jnp.where(z == 2, parallel.n_microbatches, 1.0)
+    gather = jnp.where((z >= 1) & (z <= 2), gather_s, 0.0)
+    return jnp.where(z == 3, 0.0, times * e + gather), jnp.where(z == 3, 0.0, times * h)
 
 
 def ring_exposed_s(step_s, n_steps, block_window_s, temperature=None):

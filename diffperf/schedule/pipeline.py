@@ -1,4 +1,5 @@
-"""Pipeline schedule: 1F1B and interleaved 1F1B with unequal first and last stages.
+"""Pipeline schedule: 1F1B and interleaved 1F1B with unequal stages (uneven layer counts,
+the embedding on the first stage and the output layer on the last).
 
 Source: Narayanan et al. SC21 Sections 2.2 (1F1B) and 2.2.2 (interleaved); PAPERS.md 5.4, 5.11.
 """
@@ -8,33 +9,55 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 
-def pipeline_times_s(t_body, t_first_extra, t_last_extra, parallel):
-    """(busy time of the critical stage, bubble) of one step.
+def stage_times_s(t_layer, layers, n_layers, t_first_extra, t_last_extra, parallel):
+    """(times [3] of the first, largest middle and last stage, sum over all p stages) of one
+    micro-batch (forward + backward):
+
+        t_first = n_first t + e_f,   t_mid = n_mid t,   t_last = n_last t + e_l
+        sum_i t_i = L t + e_f + e_l
+    t = one layer's time, (n_first, n_mid, n_last) = `workload.pp.stage_layers`, e_f the
+    embedding on the first stage, e_l the output layer and loss on the last. One stage
+    (p = 1) holds everything: all three are L t + e_f + e_l. With p = 2 there is no middle
+    stage (n_mid = 0).
+    Example: L = 126, p = 16, (7, 8, 7), t = 1 s, e_f = 0.1 s, e_l = 0.7 s:
+    (7.1, 8, 7.7) and sum 126.8 s.
+    """
+    first, mid, last = layers
+    single = jnp.where(parallel.pp <= 1, 1.0, 0.0)
+    times = jnp.stack(jnp.broadcast_arrays(first * t_layer + t_first_extra + single * t_last_extra,
+                                           mid * t_layer + single * (t_first_extra + t_last_extra),
+                                           last * t_layer + t_last_extra + single * t_first_extra))
+    return times, n_layers * t_layer + t_first_extra + t_last_extra
+
+
+def pipeline_times_s(stage_times, t_sum, parallel):
+    """(busy time of the slowest stage, bubble) of one step with 1F1B / interleaved 1F1B:
 
         T_pipe = m t_max + (sum_i t_i - t_max) / v
-    with t_i the time of one micro-batch (forward + backward) on stage i: t_body on every
-    stage, plus the embedding on the first and the output layer on the last. For equal stages
-    this is (m + (p - 1)/v) t, the 1F1B / interleaved form of PAPERS.md section 5.4.
+    t_i = stage i's time per micro-batch (`stage_times_s`): the first micro-batch crosses
+    every stage once, the slowest stage then sets the pace of the other m - 1 (fill and drain
+    of a pipeline with unequal stages); interleaving v chunks per device shortens fill and
+    drain by v. For equal stages this is (m + (p - 1)/v) t, PAPERS.md section 5.4
+    (Narayanan et al. SC21 2.2); the slowest stage setting the step is what uneven stages
+    are for (Llama 3 405B: first and last stage one layer short) [D].
     Example: p = 4, m = 8, v = 1, t = 1 s each: 8 s busy + 3 s bubble.
     """
-    t_first = t_body + t_first_extra
-    t_last = t_body + t_last_extra
-    single = parallel.pp == 1
-    t_max = jnp.where(single, t_body + t_first_extra + t_last_extra,
-                      jnp.maximum(t_first, t_last))
-    t_sum = parallel.pp * t_body + t_first_extra + t_last_extra
-    bubble = (t_sum - t_max) / parallel.vp
+    t_max = jnp.max(stage_times, axis=0)
+    # One stage (p = 1) has no fill or drain: exactly 0, not the rounding of t_sum - t_max.
+    bubble = jnp.where(parallel.pp > 1, (t_sum - t_max) / parallel.vp, 0.0)
     return parallel.n_microbatches * t_max, bubble
 
 
-def critical_stage_weights(t_first_extra, t_last_extra, parallel):
-    """(weight of the first-stage extra, weight of the last-stage extra) in the critical stage:
-    both 1 when p = 1; else the larger one's weight is 1."""
-    single = parallel.pp == 1
-    first_is_max = t_first_extra >= t_last_extra
-    w_first = jnp.where(single | first_is_max, 1.0, 0.0)
-    w_last = jnp.where(single | ~first_is_max, 1.0, 0.0)
-    return w_first, w_last
+def critical_stage(stage_times, layers, parallel):
+    """(layers, weight of the first-stage extra, weight of the last-stage extra) of the
+    slowest stage (the first of equals, in the order first, last, middle); one stage (p = 1)
+    holds all layers and both extras."""
+    t_first, t_mid, t_last = stage_times[0], stage_times[1], stage_times[2]
+    single = parallel.pp <= 1
+    is_first = single | ((t_first >= t_last) & (t_first >= t_mid))
+    is_last = ~is_first & (t_last >= t_mid)
+    n = jnp.where(is_first, layers[0], jnp.where(is_last, layers[2], layers[1]))
+    return n, jnp.where(is_first, 1.0, 0.0), jnp.where(is_last | single, 1.0, 0.0)
 
 
 def p2p_exposed_s(send_s, parallel):

@@ -3,6 +3,7 @@
 from diffperf.specs.model import Model
 from diffperf.specs.parallel import Parallel, Recompute, ZeroStage
 from diffperf.specs.training import Training
-from diffperf.specs.system import Efficiency, System, Tier
+from diffperf.specs.system import Efficiency, Reliability, System, Tier
 
-__all__ = ["Model", "Parallel", "Recompute", "ZeroStage", "Training", "Efficiency", "System", "Tier"]
+__all__ = ["Model", "Parallel", "Recompute", "ZeroStage", "Training", "Efficiency", "Reliability",
+           "System", "Tier"]

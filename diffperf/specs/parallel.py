@@ -68,6 +68,22 @@ class Parallel(struct.PyTreeNode):
     gz: Any = 1                 # AxoNN G_z ("depth": weights sharded FSDP-like, batch split)
     axonn_overlap: Any = 1      # 1: AxoNN's overlapped collectives (PAPERS.md 4.3); 0: none
     placement: Any = 0          # index into ORDERS (0: Megatron tp-cp-dp-pp; 1: tp-cp-pp-dp)
+    zero_shard: Any = 0         # ZeRO shard group: states sharded over this many of the d x c
+                                # ranks that hold the same weights, replicated across the rest
+                                # (HSDP / MiCS); 0: all of them (plain ZeRO, FSDP FULL_SHARD)
+    zero3_prefetch_params: Any = 0  # ZeRO-3 parameters gathered ahead of use (DeepSpeed's
+                                # stage3_prefetch_bucket_size, default 5e7); 0: the next layer
+                                # whole (PyTorch FSDP BACKWARD_PRE); workload.dp
+    zero3_regather: Any = 1     # 1: full recompute gathers a layer's parameters again for the
+                                # recomputed forward (DeepSpeed ZeRO-3 activation checkpointing:
+                                # 3 gathers per layer); 0: the backward's gather serves it
+                                # (PyTorch FSDP, checkpoint inside the unit: 2)
+    zero3_calls_per_layer: Any = 1  # gather / reduce-scatter calls per layer pass (FSDP: one
+                                # flat parameter per layer; DeepSpeed: one per sub-module)
+    pp_first_layers: Any = 0    # layers on the first pipeline stage, and
+    pp_last_layers: Any = 0     # on the last (both > 0, or both 0: balanced automatically,
+                                # the first and last stage giving up layers first; see
+                                # workload.pp.stage_layers); pp need not divide the layers
 
 
     @property

@@ -14,15 +14,21 @@ from flax import struct
 class Tier(struct.PyTreeNode):
     """One level of the network: a domain of `domain_size` devices joined at `bandwidth_Bps`.
 
-    Tiers are nested innermost first (NVLink node, then the scale-out fabric); the last tier's
-    domain holds the whole cluster. Bandwidth is per device and per direction (PAPERS.md
-    section 0): NICs per node x NIC rate / devices per node for a scale-out tier.
+    Tiers are nested innermost first (NVLink node, then the levels of the scale-out fabric:
+    rack or rail leaf, pod / spine, core); the last tier's domain holds the whole cluster.
+    Bandwidth is per device and per direction (PAPERS.md section 0): NICs per node x NIC rate
+    / devices per node for a scale-out tier; an oversubscribed level divides it.
     """
 
     domain_size: Any    # devices reachable on this tier (n_i); continuous for co-design
-    bandwidth_Bps: Any  # per device, one direction
+    bandwidth_Bps: Any  # per device, one direction (its NIC share, or link rate)
     latency_s: Any      # per message step (alpha_i)
     name: str = struct.field(pytree_node=False, default="tier")
+    oversubscription: Any = 1.0  # >= 1: devices' injection bandwidth below this tier's
+                                 # switches / its uplink capacity (1 = non-blocking; Meta's
+                                 # Llama 3 cluster: 7 at the aggregation layer). Traffic that
+                                 # crosses this tier gets bandwidth_Bps / oversubscription
+                                 # when every device sends at once (costs.tiers)
 
 
 class Efficiency(struct.PyTreeNode):
@@ -61,6 +67,36 @@ class Efficiency(struct.PyTreeNode):
     act_mem_factor: Any = 1.0     # framework's saved activations / the Korthikanti count
 
 
+# Llama 3 405B pre-training (Dubey et al. 2024, "The Llama 3 Herd of Models", arXiv:2407.21783,
+# section 3.3.4): 419 unexpected job interruptions in a 54-day snapshot on 16,384 H100 GPUs.
+# Spread over the GPU-hours of that snapshot (all 16,384 GPUs for all 54 days, an upper bound
+# on the GPU-hours, so a lower bound on the rate): 419 / (54 x 24 x 16,384) per GPU-hour.
+LLAMA3_FAILURES_PER_DEVICE_HOUR = 419.0 / (54.0 * 24.0 * 16384.0)  # 1.973e-5
+
+
+class Reliability(struct.PyTreeNode):
+    """What failures cost a job: how often one device interrupts it, how fast its state is
+    saved, how long it takes to train again (schedule.goodput; defaults: configs/README.md).
+
+    Every field is a leaf, so `jax.grad` of the goodput gives what a better MTBF, faster
+    storage or a faster restart is worth.
+    """
+
+    failure_rate_per_s: Any = LLAMA3_FAILURES_PER_DEVICE_HOUR / 3600.0
+    # lambda: job-interrupting failures per device per second, all causes (GPU, HBM, host,
+    # network, software) normalised per device, so a job of n devices fails at n lambda.
+    # Default: Llama 3's 419 unexpected interruptions (above); the 47 planned ones (firmware
+    # upgrades, operator changes) are announced and lose no work.
+    storage_write_Bps: Any = 2e12
+    # B: checkpoint write bandwidth of the storage, for the whole job (not per device).
+    # Default: Llama 3's Tectonic file system, 2 TB/s sustained (7 TB/s peak), section 3.3.1.
+    restart_s: Any = 600.0
+    # R: from a failure to training again (detect, reschedule, relaunch, load the checkpoint).
+    # ESTIMATE: 10 min, the restart time of Daly's (2006) worked examples; optimized
+    # recovery systems report 20 s (TrainMover, 1024 GPUs) to 150 s (FlashRecovery, 4,800
+    # devices), a relaunch by the scheduler takes minutes (configs/README.md).
+
+
 class System(struct.PyTreeNode):
     """A cluster of identical accelerators (all leaves in SI units)."""
 
@@ -72,4 +108,5 @@ class System(struct.PyTreeNode):
     tiers: tuple                  # Tier, innermost first (their number is static structure)
     eff: Efficiency = Efficiency()
     power_W: Any = 700.0          # board power, for energy per token
+    reliability: Reliability = Reliability()  # failures, checkpoints, restarts (goodput)
     name: str = struct.field(pytree_node=False, default="system")

@@ -8,7 +8,7 @@ from flax import struct
 
 
 class Training(struct.PyTreeNode):
-    """Bytes per element of each kind of state (all leaves).
+    """Bytes per element of each kind of state, and the run's checkpoint interval (all leaves).
 
     Mixed precision after Micikevicius et al. 2018 and Rajbhandari et al. 2020 (Section 3.1):
     16-bit weights and gradients, fp32 master weights and Adam moments, K = 12 bytes.
@@ -38,6 +38,8 @@ class Training(struct.PyTreeNode):
     vocab_pad_to: Any = 128.0    # the framework pads the vocabulary to a multiple of this x t
                                  # (Megatron-LM --make-vocab-size-divisible-by, default 128);
                                  # 0: no padding, each rank takes floor(V / t) rows
+    checkpoint_interval_s: Any = 0.0  # run choice: training seconds between checkpoints
+                                 # (tau); 0: the optimum of Daly (2006), schedule.goodput
     xla_compiled: Any = 0.0      # 1: the whole step is one XLA program (JAX jit): memory is
                                  # what XLA keeps live (memory/xla.py), kernels are fused and
                                  # issued back to back; 0: an eager / Megatron framework

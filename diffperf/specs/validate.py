@@ -43,8 +43,8 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     """Raise SpecError unless the layout is structurally valid for the model.
 
     Rules: degrees are whole numbers >= 1; tp divides num_heads and ffn_hidden, and
-    num_kv_heads or the reverse (KV heads replicated); pp x vp divides num_layers; cp divides
-    seq_len; ep divides dp and moe_experts (ep > 1 needs an MoE model); micro_batch x dp
+    num_kv_heads or the reverse (KV heads replicated); every pipeline stage holds at least vp
+    layers (`_check_stages`; pp need not divide num_layers); cp divides seq_len; ep divides dp and moe_experts (ep > 1 needs an MoE model); micro_batch x dp
     divides global_batch; interleaving needs pp > 1 and micro-batches a multiple of pp;
     zero_stage in 0..3; recompute in 0..2; cp_ring and axonn_overlap in {0, 1}; placement
     indexes ORDERS; tp_overlap and ep_overlap in [0, 1]; the AxoNN grid rules (`_check_grid`);
@@ -53,7 +53,8 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     P = {f: np.atleast_1d(_arr(getattr(parallel, f))) for f in (
         *DIMENSIONS, *GRID, "vp", "micro_batch", "global_batch", "zero_stage", "recompute",
         "sequence_parallel", "dp_overlap", "tp_overlap", "ep_overlap", "cp_ring",
-        "axonn_overlap", "placement")}
+        "axonn_overlap", "placement", "pp_first_layers", "pp_last_layers", "zero_shard",
+        "zero3_prefetch_params", "zero3_regather", "zero3_calls_per_layer")}
     M = {f: np.atleast_1d(_arr(getattr(model, f))) for f in (
         "n_heads", "n_kv_heads", "ffn_hidden", "n_layers", "seq_len", "n_experts", "hidden",
         "head_dim")}
@@ -63,7 +64,7 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         _fail((v < 1) | (v != np.round(v)), where,
               lambda i, f=f: f"{f}={pick(P[f], i):g} must be a whole number >= 1")
     for f, hi in (("zero_stage", 3), ("recompute", 2), ("sequence_parallel", 1),
-                  ("dp_overlap", 1), ("cp_ring", 1), ("axonn_overlap", 1)):
+                  ("dp_overlap", 1), ("cp_ring", 1), ("axonn_overlap", 1), ("zero3_regather", 1)):
         v = P[f]
         _fail((v < 0) | (v > hi) | (v != np.round(v)), where,
               lambda i, f=f, hi=hi: f"{f}={pick(P[f], i):g} is not allowed (allowed: "
@@ -76,6 +77,7 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         _fail((P[f] < 0) | (P[f] > 1), where,
               lambda i, f=f: f"{f}={pick(P[f], i):g} must be in [0, 1]")
     _check_grid(P, M, where, pick)
+    _check_zero(P, where, pick)
     tp, heads = P["tp"], M["n_heads"]
     _fail(~_divides(tp, heads), where, lambda i: (
         f"tp={pick(tp, i):g} must divide model.num_heads={pick(heads, i):g}; "
@@ -86,10 +88,7 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         f"other (KV heads are split, or replicated, across TP ranks)"))
     _fail(~_divides(tp, M["ffn_hidden"]), where, lambda i: (
         f"tp={pick(tp, i):g} must divide model.ffn_hidden={pick(M['ffn_hidden'], i):g}"))
-    stages = P["pp"] * P["vp"]
-    _fail(~_divides(stages, M["n_layers"]), where, lambda i: (
-        f"pp x vp={pick(stages, i):g} must divide model.num_layers={pick(M['n_layers'], i):g}; "
-        f"allowed: {_divisors(pick(M['n_layers'], i))}"))
+    _check_stages(P, M, where, pick)
     _fail(~_divides(P["cp"], M["seq_len"]), where, lambda i: (
         f"cp={pick(P['cp'], i):g} must divide model.seq_len={pick(M['seq_len'], i):g}"))
     ep = P["ep"]
@@ -158,3 +157,79 @@ def _check_grid(P, M, where, pick) -> None:
     _fail((gz > 1) & ~_divides(per_step, P["global_batch"]), where, lambda i: (
         f"global_batch={pick(P['global_batch'], i):g} must be a multiple of micro_batch x dp "
         f"x gz={pick(P['micro_batch'], i):g} x {pick(P['dp'], i):g} x {pick(gz, i):g}"))
+
+
+def stage_counts(P, M):
+    """(first, smallest middle, largest middle, last) layers per stage, the numpy twin of
+    `workload.pp.stage_layers` (auto: the last, then the first stage give up a layer)."""
+    L, p = M["n_layers"], P["pp"]
+    c = np.ceil(L / np.maximum(p, 1))
+    D = p * c - L
+    auto = (P["pp_first_layers"] <= 0) & (P["pp_last_layers"] <= 0)
+    first = np.where(auto, c - (D >= 2), P["pp_first_layers"])
+    last = np.where(auto, c - (D >= 1), P["pp_last_layers"])
+    rest, middles = L - first - last, np.maximum(p - 2, 1)
+    return first, np.floor(rest / middles), np.ceil(rest / middles), last
+
+
+def stages_hold(P, M):
+    """True where every middle stage holds at least vp layers and the first and the last at
+    least max(vp - 1, 1): their first / last chunk may hold only the embedding / the output
+    layer and the loss (Llama 3 405B, Dubey et al. 2024, 3.3.2)."""
+    first, mid_min, _, last = stage_counts(P, M)
+    pp, vp = P["pp"], P["vp"]
+    edge = np.maximum(vp - 1, 1)
+    short = np.where(pp > 2, (np.minimum(first, last) < edge) | (mid_min < vp),
+                     np.where(pp == 2, np.minimum(first, last) < edge, M["n_layers"] < vp))
+    return ~short
+
+
+def _check_stages(P, M, where, pick) -> None:
+    """Pipeline stages (workload.pp.stage_layers): pp_first_layers and pp_last_layers are
+    whole numbers >= 0, both given (> 0) or both 0 (balanced automatically), given only when
+    pp > 1; with pp = 2 they add up to num_layers; every middle stage holds at least vp
+    layers (one per virtual chunk) and the first and last at least max(vp - 1, 1): their
+    first / last chunk may hold only the embedding / the output layer (Llama 3 405B). Chunks
+    of a stage need not hold equal layer counts."""
+    f, l, pp, vp, L = (P["pp_first_layers"], P["pp_last_layers"], P["pp"], P["vp"],
+                       M["n_layers"])
+    for name, v in (("pp_first_layers", f), ("pp_last_layers", l)):
+        _fail((v < 0) | (v != np.round(v)), where, lambda i, name=name, v=v: (
+            f"{name}={pick(v, i):g} must be a whole number >= 0 (0: balanced automatically)"))
+    _fail((f > 0) != (l > 0), where, lambda i: (
+        f"pp_first_layers={pick(f, i):g} and pp_last_layers={pick(l, i):g}: give both "
+        f"(> 0) or neither (0: stages balanced automatically)"))
+    _fail((f > 0) & (pp <= 1), where, lambda i: (
+        f"pp_first_layers={pick(f, i):g} needs pp > 1 (one stage holds every layer)"))
+    _fail((f > 0) & (pp == 2) & (f + l != L), where, lambda i: (
+        f"pp=2: pp_first_layers + pp_last_layers={pick(f + l, i):g} must equal "
+        f"model.num_layers={pick(L, i):g}"))
+    first, mid_min, mid_max, last = stage_counts(P, M)
+    _fail(~stages_hold(P, M), where, lambda i: (
+        f"pp={pick(pp, i):g}, vp={pick(vp, i):g}: every middle pipeline stage must hold at "
+        f"least vp layers, the first and last at least max(vp - 1, 1); "
+        f"model.num_layers={pick(L, i):g} gives the first, middle and last stages "
+        f"{pick(first, i):g}, {pick(mid_min, i):g}-{pick(mid_max, i):g} and {pick(last, i):g}"))
+
+
+def _check_zero(P, where, pick) -> None:
+    """ZeRO implementation facts: zero_shard a whole number >= 0 dividing dp x cp (the ranks
+    that hold the same weights), > 0 only with zero_stage >= 1; zero3_prefetch_params >= 0;
+    zero3_calls_per_layer a whole number >= 1."""
+    g, n = P["zero_shard"], P["dp"] * P["cp"]
+    _fail((g < 0) | (g != np.round(g)), where, lambda i: (
+        f"zero_shard={pick(g, i):g} must be a whole number >= 0 (0: shard over all dp x cp "
+        f"ranks)"))
+    _fail((g > 0) & (P["zero_stage"] < 1), where, lambda i: (
+        f"zero_shard={pick(g, i):g} needs zero_stage >= 1 (got zero_stage="
+        f"{pick(P['zero_stage'], i):g}: nothing is sharded)"))
+    _fail((g > 0) & ~_divides(g, n), where, lambda i: (
+        f"zero_shard={pick(g, i):g} must divide dp x cp={pick(n, i):g} (the ranks that hold "
+        f"the same weights); allowed: {_divisors(pick(n, i))}"))
+    w = P["zero3_prefetch_params"]
+    _fail(w < 0, where, lambda i: (
+        f"zero3_prefetch_params={pick(w, i):g} must be >= 0 (0: the next layer whole, as "
+        f"PyTorch FSDP; DeepSpeed's stage3_prefetch_bucket_size is 5e7)"))
+    k = P["zero3_calls_per_layer"]
+    _fail((k < 1) | (k != np.round(k)), where, lambda i: (
+        f"zero3_calls_per_layer={pick(k, i):g} must be a whole number >= 1"))

@@ -83,30 +83,34 @@ def layer_params_per_device(model, parallel):
             + experts / (parallel.tp * parallel.ep) + layer_vector_params(model))
 
 
-def stage_expert_params_per_device(model, parallel):
-    """Routed-expert parameters of one stage on one device: (L / p) x E (2 + gated) h f_e / (t e).
+def stage_expert_params_per_device(model, parallel, layers):
+    """Routed-expert parameters of a stage of `layers` layers on one device:
+    layers x E (2 + gated) h f_e / (t e).
 
     They are replicated over the expert-data-parallel ranks (`workload.ep.expert_dp_degree`),
     not over the whole data-parallel group. 0 for a dense model.
     """
     _, experts = layer_matrix_params(model)
-    return model.n_layers / parallel.pp * experts / (parallel.tp * parallel.ep)
+    return layers * experts / (parallel.tp * parallel.ep)
 
 
-def stage_params_per_device(model, parallel):
-    """(first-stage, last-stage) parameters on one device:
+def stage_params_per_device(model, parallel, layers):
+    """Parameters on one device of the first, the largest middle and the last pipeline
+    stage, for `layers` = their layer counts (`workload.pp.stage_layers`):
 
-        (L / p) x layer params per device  +  embedding / (t G) (first stage)
-                                           +  V h / (t G) (last stage; also when tied and p > 1,
-                                              Megatron keeps a copy of the shared embedding)
-    With p = 1 both are the single stage, holding both. G = AxoNN grid size (1 without it).
+        n_i x layer params per device  +  embedding / (t G) (first stage)
+                                       +  V h / (t G) (last stage; also when tied and p > 1,
+                                          Megatron keeps a copy of the shared embedding)
+    With p = 1 the one stage holds both. G = AxoNN grid size (1 without it).
+    Returns an array [3] (first, middle, last).
     """
-    body = model.n_layers / parallel.pp * layer_params_per_device(model, parallel)
+    first, mid, last = layers
+    per_layer = layer_params_per_device(model, parallel)
     shards = parallel.tp * grid_shards(parallel)
     emb = embedding_params(model) / shards
     single = jnp.where(parallel.pp > 1, 0.0, 1.0)
     out = jnp.where((model.tied_embeddings > 0) & (parallel.pp == 1), 0.0,
                     model.vocab * model.hidden) / shards
-    first = body + emb + single * out
-    last = body + out + single * emb
-    return first, last
+    return jnp.stack(jnp.broadcast_arrays(first * per_layer + emb + single * out,
+                                          mid * per_layer + single * (emb + out),
+                                          last * per_layer + out + single * emb))

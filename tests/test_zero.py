@@ -1,0 +1,167 @@
+"""ZeRO-3 / FSDP at scale and HSDP (issue 13 part 1, issue 14 item 1): per-micro-batch gathers
+and reduce-scatters per pass, the recompute pass, prefetch windows, shard and replica groups,
+buffers, and the communication floor that data parallelism cannot scale past."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from diffperf import Parallel, Training, load_model, load_system, predict
+from diffperf.costs.collectives import ring_group, ring_phase_s
+from diffperf.memory.device import zero3_buffer_bytes
+from diffperf.predict import _dp_times
+from diffperf.schedule.overlap import dp_step_exposed_s, zero3_layer_exposed_s
+from diffperf.workload.dp import zero3_prefetch_frac, zero_groups
+from diffperf.workload.params import layer_params_per_device
+
+BF16 = Training()
+GPT3 = load_model("gpt3-175b")
+A100 = load_system("a100-sxm-80gb")
+
+
+def _floats(xs):
+    return [float(x) for x in xs]
+
+
+def test_zero3_layer_exposure_docstring():
+    # AG 30 ms, RS 30 ms, K_f 20 ms, K_b 60 ms, two gathers in the backward (recompute):
+    # forward max(30 - 20, 0) = 10 ms; backward C_b = 2 x 30 + 30 = 90 ms, 90 - 60 = 30 ms.
+    e_f, h_f, e_b, h_b = _floats(zero3_layer_exposed_s(0.030, 0.030, 0.020, 0.060, 1.0, 2.0, 1.0))
+    np.testing.assert_allclose([e_f, h_f, e_b, h_b], [0.010, 0.020, 0.030, 0.060], rtol=1e-6)
+    # Prefetch f = 0.25: 75 % of each gather waits on the critical path: forward
+    # max(10, 0.75 x 30) = 22.5 ms, backward max(30, 0.75 x 60) = 45 ms.
+    e_f, _, e_b, _ = _floats(zero3_layer_exposed_s(0.030, 0.030, 0.020, 0.060, 0.25, 2.0, 1.0))
+    np.testing.assert_allclose([e_f, e_b], [0.0225, 0.045], rtol=1e-6)
+    # dp_overlap = 0: everything exposed.
+    e_f, h_f, e_b, h_b = _floats(zero3_layer_exposed_s(0.030, 0.030, 0.020, 0.060, 1.0, 2.0, 0.0))
+    np.testing.assert_allclose([e_f, h_f, e_b, h_b], [0.030, 0.0, 0.090, 0.0], rtol=1e-6)
+
+
+def test_prefetch_fraction_shard_groups_and_buffers_docstrings():
+    # workload.dp.zero3_prefetch_frac: W = 5e7 (DeepSpeed's default bucket), GPT-3 layer / 8
+    layer = 1.81e9 / 8
+    f = float(zero3_prefetch_frac(Parallel(zero3_prefetch_params=5e7), layer))
+    np.testing.assert_allclose(f, 5e7 / layer, rtol=1e-6)                    # 0.22
+    assert float(zero3_prefetch_frac(Parallel(), layer)) == 1.0                # FSDP: whole layer
+    # workload.dp.zero_groups: 64 ranks 8 apart, shard groups of 8 -> (8, 8) and (8, 64)
+    (g, s_g), (r, s_r) = zero_groups(64.0, 8.0, Parallel(zero_shard=8))
+    assert _floats((g, s_g, r, s_r)) == [8.0, 8.0, 8.0, 64.0]
+    (g, _), (r, _) = zero_groups(64.0, 8.0, Parallel())                        # 0: all of them
+    assert _floats((g, r)) == [64.0, 1.0]
+    # memory.device.zero3_buffer_bytes: (1 + f) N q_w + N q_g = 3 x 0.226 GB x 2 B
+    np.testing.assert_allclose(float(zero3_buffer_bytes(layer, Parallel(), BF16)),
+                               layer * (2 * 2 + 2), rtol=1e-6)
+
+
+def test_zero3_per_layer_collectives_by_hand():
+    """One layer's gather and reduce-scatter: ring phases (PAPERS.md 5.5, 5.9) of the layer's
+    parameters (q_w = 2) and gradients (q_g = 2) over the d ranks, one call each (FSDP)."""
+    par = Parallel(dp=256, micro_batch=4, global_batch=1024, zero_stage=3, recompute=2)
+    dp = _dp_times(GPT3, par, A100, BF16)
+    ring = ring_group(256.0, 1.0, A100)
+    layer = float(layer_params_per_device(GPT3, par))
+    np.testing.assert_allclose(float(dp["layer_gather_s"]),
+                               float(ring_phase_s(ring, layer * 2.0, 1.0, 1.0)), rtol=1e-6)
+    np.testing.assert_allclose(float(dp["layer_reduce_s"]),
+                               float(ring_phase_s(ring, layer * 2.0, 1.0, 1.0)), rtol=1e-6)
+    # DeepSpeed-style sub-module calls: 4 calls pay 4 fixed costs and latencies, bytes once.
+    four = _dp_times(GPT3, par.replace(zero3_calls_per_layer=4), A100, BF16)
+    extra = 3 * (float(ring.base_s) + float(ring.latency_s))
+    np.testing.assert_allclose(float(four["layer_gather_s"]) - float(dp["layer_gather_s"]),
+                               extra, rtol=1e-5)
+
+
+def _fsdp(d, B=1024, **facts):
+    par = Parallel(dp=d, micro_batch=B // d, global_batch=B, zero_stage=3, recompute=2, **facts)
+    return predict(GPT3, par, A100)
+
+
+def test_zero3_data_parallel_floor_at_fixed_batch():
+    """Issue 13: GPT-3 175B, FSDP over d ranks only, global batch fixed at 1024 sequences, one
+    micro-batch per rank per step (m = 1, b = 1024 / d). Per step every rank gathers each
+    layer's weights in the forward, twice in the backward (full recompute re-gathers) and
+    reduce-scatters its gradients: 96 x (3 AG + RS) of the whole 3.6 GB layer, whatever d. The
+    compute halves with d, that volume does not: doubling d from 512 to 1024 must not halve
+    the step, and the step never undercuts its communication (the scaling-book bound)."""
+    r512, r1024 = _fsdp(512), _fsdp(1024)
+    dp = _dp_times(GPT3, Parallel(dp=1024, micro_batch=1, global_batch=1024, zero_stage=3,
+                                  recompute=2), A100, BF16)
+    floor = 96 * (3 * float(dp["layer_gather_s"]) + float(dp["layer_reduce_s"]))
+    t512, t1024 = float(r512.step_time_s), float(r1024.step_time_s)
+    assert t1024 > 0.55 * t512, (t512, t1024)
+    assert t1024 >= floor
+    comm = float(r1024.breakdown.dp_exposed_s + r1024.breakdown.dp_hidden_s)
+    np.testing.assert_allclose(comm, floor, rtol=1e-4)  # all of it, hidden or not, per step
+    # Far from the floor (d = 128, 8 sequences per rank) the same doubling nearly halves it.
+    t128, t256 = float(_fsdp(128).step_time_s), float(_fsdp(256).step_time_s)
+    assert t256 < 0.53 * t128
+
+
+def test_deepspeed_prefetch_and_regather_cost_time():
+    """DeepSpeed ZeRO-3 (2021) vs PyTorch FSDP, framework facts: a 5e7-element prefetch bucket
+    leaves most of a 1.8e9-parameter layer's gathers on the critical path, and full recompute
+    gathering the layer again adds a gather; both only slow a step, and the exposed part of
+    each gather is at least (1 - f) of it."""
+    fsdp = _fsdp(256, zero3_regather=0)
+    regather = _fsdp(256, zero3_regather=1)
+    deepspeed = _fsdp(256, zero3_regather=1, zero3_prefetch_params=5e7)
+    t = [float(r.step_time_s) for r in (fsdp, regather, deepspeed)]
+    assert t[0] <= t[1] < t[2], t  # 4 sequences per rank: compute hides the third gather
+    # At one sequence per rank the communication is exposed: the third gather costs time.
+    assert float(_fsdp(1024, zero3_regather=0).step_time_s) < float(_fsdp(1024).step_time_s)
+    par = Parallel(dp=256, micro_batch=4, global_batch=1024, zero_stage=3, recompute=2,
+                   zero3_prefetch_params=5e7)
+    dp = _dp_times(GPT3, par, A100, BF16)
+    f = float(dp["prefetch"])
+    wait = 96 * (1 - f) * 3 * float(dp["layer_gather_s"])  # 3 gathers per layer, m = 1
+    assert float(deepspeed.breakdown.dp_exposed_s) >= wait
+
+
+def test_hsdp_shards_inside_the_node_and_replicates_across():
+    """HSDP (zero_shard = 8, the 8 GPUs of a node): weights are gathered over NVLink only,
+    so the per-layer collectives are far cheaper than FSDP over all 256 ranks, at the price
+    of 32x more model-state memory (sharded over 8 instead of 256) and an all-reduce of the
+    1/8 gradient shard across the 32 replicas."""
+    full = Parallel(dp=256, micro_batch=4, global_batch=1024, zero_stage=3, recompute=2)
+    hsdp = full.replace(zero_shard=8)
+    t_full, t_hsdp = _dp_times(GPT3, full, A100, BF16), _dp_times(GPT3, hsdp, A100, BF16)
+    assert float(t_hsdp["layer_gather_s"]) < 0.5 * float(t_full["layer_gather_s"])
+    m_full, m_hsdp = predict(GPT3, full, A100).memory, predict(GPT3, hsdp, A100).memory
+    np.testing.assert_allclose(float(m_hsdp.optimizer_bytes), 32 * float(m_full.optimizer_bytes),
+                               rtol=1e-5)
+    # The replicas' all-reduce of the 1/8 shard (2 phases over 32 ranks 8 apart) is in the
+    # per-layer reduce: the difference from RS alone over the node.
+    layer = float(layer_params_per_device(GPT3, hsdp))
+    node, repl = ring_group(8.0, 1.0, A100), ring_group(32.0, 8.0, A100)
+    want = float(ring_phase_s(node, layer * 2, 1.0, 1.0)) + float(
+        ring_phase_s(repl, layer * 2 / 8, 2.0, 2.0))
+    np.testing.assert_allclose(float(t_hsdp["layer_reduce_s"]), want, rtol=1e-5)
+
+
+def test_zero2_reduces_every_micro_batch():
+    """ZeRO-2 keeps gradients sharded, so each micro-batch's backward reduce-scatters them
+    (DeepSpeed stage 2, FSDP SHARD_GRAD_OP); ZeRO-1 reduces once per step. With nothing
+    hidden (dp_overlap = 0) the exposed reduction is m times the per-step one."""
+    for z, times in ((1, 1.0), (2, 8.0)):
+        par = Parallel(dp=8, micro_batch=1, global_batch=64, zero_stage=z, dp_overlap=0)
+        e, h = dp_step_exposed_s(0.5, 0.1, 1.0, par)
+        np.testing.assert_allclose([float(e), float(h)], [times * 0.5 + 0.1, 0.0], atol=1e-9)
+
+
+@pytest.mark.parametrize("d", [64, 512])
+def test_zero3_breakdown_accounts_for_every_collective(d):
+    """Exposed + hidden DP time = m L (3 AG + RS) (every collective once, the first gather and
+    last reduce-scatter of each micro-batch exposed, not counted twice); parts sum to the step."""
+    from diffperf.result import EXPOSED_PARTS
+
+    r = _fsdp(d)
+    b = r.breakdown
+    m = 1024 / d / (1024 // d)  # one micro-batch per rank per step
+    par = Parallel(dp=d, micro_batch=1024 // d, global_batch=1024, zero_stage=3, recompute=2)
+    dp = _dp_times(GPT3, par, A100, BF16)
+    want = m * 96 * (3 * float(dp["layer_gather_s"]) + float(dp["layer_reduce_s"]))
+    np.testing.assert_allclose(float(b.dp_exposed_s + b.dp_hidden_s), want, rtol=1e-5)
+    total = sum(float(getattr(b, k)) for k in EXPOSED_PARTS)
+    np.testing.assert_allclose(total, float(r.step_time_s), rtol=1e-5)
+    assert float(b.dp_exposed_s) > 0 and float(b.dp_hidden_s) >= 0
