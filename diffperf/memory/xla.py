@@ -24,9 +24,9 @@ varying layers, micro-batch, accumulation, vocabulary and remat. What `lax.scan`
 fixed by JAX's partial evaluation (the jaxpr), the same on every backend, and the count below
 equals it (tests/test_memory_xla.py); the temporaries around it are backend-specific (the
 CPU compiler fuses less and keeps 2-60 % more than the GPU measured), so only the structure
-(which phase, which terms) was taken from the CPU, never its numbers. Against the 20 measured H100 peaks the
-formula (without eff.mem_reserved_bytes) is within 3.1 % (mean 1.1 %) with no fitted
-parameter, and puts the 5 runs that ran out of memory at 81-161 GB against 76.7 GB for the
+(which phase, which terms) was taken from the CPU, never its numbers. Against the 20
+measured H100 peaks the formula (without eff.mem_reserved_bytes) is within 3.1 % (mean
+1.1 %) with no fitted parameter, and puts the 5 runs that ran out of memory at 81-161 GB against 76.7 GB for the
 largest that ran [D].
 """
 
