@@ -26,8 +26,8 @@ equals it (tests/test_memory_xla.py); the temporaries around it are backend-spec
 CPU compiler fuses less and keeps 2-60 % more than the GPU measured), so only the structure
 (which phase, which terms) was taken from the CPU, never its numbers. Against the 20
 measured H100 peaks the formula (without eff.mem_reserved_bytes) is within 3.1 % (mean
-1.1 %) with no fitted parameter, and puts the 5 runs that ran out of memory at 81-161 GB against 76.7 GB for the
-largest that ran [D].
+1.1 %) with no fitted parameter, and puts the 5 runs that ran out of memory at 81-161 GB
+against 76.7 GB for the largest that ran [D].
 """
 
 from __future__ import annotations
