@@ -6,7 +6,7 @@ Public interface (DESIGN.md): load_model, load_system, Parallel, Training, predi
 from __future__ import annotations
 
 from diffperf.api import predict, predict_batch
-from diffperf.axonn_search import best_axonn_grid
+from diffperf.search.axonn import best_axonn_grid
 from diffperf.errors import SpecError
 from diffperf.result import Breakdown, Goodput, Memory, Result
 from diffperf.specs import (Efficiency, Model, Parallel, Recompute, Reliability, System, Tier,

@@ -377,6 +377,101 @@ def load_system(name_or_path, calibration=None) -> System:
     return apply_overlay(system, calibration) if calibration else system
 
 
+# Keys of a system YAML (human units) and the System leaf each one sets, with its SI factor.
+SYSTEM_UNITS = {"matmul_TFLOPs": ("matmul_flops_per_s", 1e12),
+                "matmul_fp32_TFLOPs": ("matmul_fp32_flops_per_s", 1e12),
+                "vector_TFLOPs": ("vector_flops_per_s", 1e12),
+                "hbm_bandwidth_GBps": ("hbm_bandwidth_Bps", 1e9),
+                "hbm_capacity_GiB": ("hbm_capacity_bytes", 2.0**30), "power_W": ("power_W", 1.0)}
+TIER_UNITS = {"domain_size": ("domain_size", 1.0), "bandwidth_GBps": ("bandwidth_Bps", 1e9),
+              "latency_us": ("latency_s", 1e-6), "oversubscription": ("oversubscription", 1.0)}
+RELIABILITY_UNITS = {"failure_rate_per_device_hour": ("failure_rate_per_s", 1.0 / 3600.0),
+                     "storage_write_GBps": ("storage_write_Bps", 1e9),
+                     "restart_s": ("restart_s", 1.0)}
+
+
+def system_to_dict(system: System) -> dict:
+    """The YAML mapping (human units) of a System: `system_from_dict` reads it back."""
+    d = {k: float(getattr(system, leaf)) / f for k, (leaf, f) in SYSTEM_UNITS.items()}
+    d["tiers"] = [{k: float(getattr(t, leaf)) / f for k, (leaf, f) in TIER_UNITS.items()}
+                  | {"name": t.name} for t in system.tiers]
+    d["efficiency"] = {k: float(getattr(system.eff, k)) for k in EFFICIENCY_KEYS}
+    d["reliability"] = {k: float(getattr(system.reliability, leaf)) / f
+                        for k, (leaf, f) in RELIABILITY_UNITS.items()}
+    return d | {"name": system.name}
+
+
+def sweep_fields(system: System) -> dict:
+    """{YAML key: (System leaf path, SI per unit)} of every number a sweep can vary:
+    'hbm_bandwidth_GBps', 'tiers[1].bandwidth_GBps', 'efficiency.mm_max', ..."""
+    out = {k: v for k, v in SYSTEM_UNITS.items()}
+    for i in range(len(system.tiers)):
+        out |= {f"tiers[{i}].{k}": (f"tiers[{i}].{leaf}", f) for k, (leaf, f) in TIER_UNITS.items()}
+    out |= {f"reliability.{k}": (f"reliability.{leaf}", f)
+            for k, (leaf, f) in RELIABILITY_UNITS.items()}
+    return out | {f"efficiency.{k}": (f"eff.{k}", 1.0) for k in EFFICIENCY_KEYS}
+
+
+def _sweep_values(key: str, spec: str) -> np.ndarray:
+    """START:STOP:N (evenly spaced, ends included), START:STOP:N:log (geometric) or V1,V2,..."""
+    where = "--sweep"
+    parts = spec.split(":")
+    if len(parts) == 1:
+        return np.array([_number({key: v}, key, where) for v in spec.split(",")])
+    if len(parts) not in (3, 4):
+        raise SpecError(f"--sweep {key}={spec!r} must be START:STOP:N, START:STOP:N:log or "
+                        f"V1,V2,...")
+    a, b = (_number({key: v}, key, where) for v in parts[:2])
+    n = _number({f"{key} N": parts[2]}, f"{key} N", where, integer=True, positive=True)
+    spacing = parts[3] if len(parts) == 4 else "lin"
+    if spacing not in ("lin", "log"):
+        raise SpecError(f"--sweep {key}: spacing {spacing!r} is not allowed (allowed: lin, log)")
+    if spacing == "log" and not (a > 0 and b > 0):
+        raise SpecError(f"--sweep {key}={spec}: a log grid needs START > 0 and STOP > 0")
+    return np.geomspace(a, b, n) if spacing == "log" else np.linspace(a, b, n)
+
+
+def _set_field(d: dict, key: str, value: float) -> dict:
+    """A copy of a system mapping with one (dotted, indexed) key set."""
+    d = dict(d, tiers=[dict(t) for t in d["tiers"]], efficiency=dict(d["efficiency"]),
+             reliability=dict(d["reliability"]))
+    if key.startswith("tiers["):
+        i, field = int(key[6:key.index("]")]), key.split(".", 1)[1]
+        d["tiers"][i][field] = value
+    elif "." in key:  # efficiency.X, reliability.X
+        section, field = key.split(".", 1)
+        d[section][field] = value
+    else:
+        d[key] = value
+    return d
+
+
+def sweep_axes(system: System, items) -> list[tuple]:
+    """`FIELD=VALUES` strings (a system YAML key in its units) -> [(field, System leaf path,
+    values in the YAML's units, values in SI)], each value checked by the rules of
+    `system_from_dict` (a bandwidth > 0, an efficiency in range, ...)."""
+    fields = sweep_fields(system)
+    base = system_to_dict(system)
+    out, seen = [], set()
+    for item in items or ():
+        if "=" not in item:
+            raise SpecError(f"--sweep {item!r} must look like FIELD=START:STOP:N, "
+                            f"FIELD=START:STOP:N:log or FIELD=V1,V2,...")
+        key, spec = (x.strip() for x in item.split("=", 1))
+        if key not in fields:
+            raise SpecError(f"--sweep: unknown field '{key}'{closest(key, fields)} "
+                            f"(allowed: {', '.join(fields)})")
+        if key in seen:
+            raise SpecError(f"--sweep {key} is given twice; give each field once")
+        seen.add(key)
+        values = _sweep_values(key, spec)
+        for v in np.unique(values):
+            system_from_dict(_set_field(base, key, float(v)), "--sweep")
+        leaf, factor = fields[key]
+        out.append((key, leaf, values, values * factor))
+    return out
+
+
 OVERLAY_KEYS = ("efficiency", "fitted_on", "heldout", "description", "created_by")
 
 

@@ -40,6 +40,9 @@ CORE_LITERAL = 20  # literal characters of a message's core, at least
 ALLOWED = {
     ("diffperf/specs/validate.py", "{}{}: {}"):
         "_fail's wrapper ('where[i]: rule'); every rule's own message is audited as a _fail site",
+    ("diffperf/cli/cache.py", "{}"):
+        "KernelStore.__getitem__'s KeyError(key) is the Mapping protocol (get() turns a missing "
+        "entry into None), not a message to a user",
 }
 
 

@@ -824,7 +824,7 @@ def test_axonn_grid_needs_a_dense_model():
 
 
 def test_no_axonn_grid_fits():
-    from diffperf.axonn_search import axonn_grids
+    from diffperf.search.axonn import axonn_grids
 
     # 7 devices: 7 divides neither hidden=768, num_heads=24, the weight shards nor the batch.
     with _raises("no AxoNN grid of n_gpus=7 shards model 'm' evenly with global_batch=1, "

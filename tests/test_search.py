@@ -23,14 +23,14 @@ import pytest
 from diffperf import Parallel, SpecError, load_model, load_system, predict, training
 from diffperf.api import _as_float
 from diffperf.cli.main import main
-from diffperf.axonn_search import axonn_grids
+from diffperf.search.axonn import axonn_grids
 from diffperf.search import (COLUMNS, axonn_mask, enumerate_layouts, pareto_front, parallel_of,
                              ranked, search, soft_best)
 from diffperf.specs.batch import anonymous
 from diffperf.specs.validate import check_layout
 from diffperf.workload.pp import stage_layers
 
-search_module = sys.modules["diffperf.search"]  # by name: a re-export may shadow the module
+from diffperf.search import kernel as search_kernel  # noqa: E402 (the compiled kernels)
 
 MODEL = load_model("gpt-small")
 N_DEVICES, GLOBAL_BATCH = 4, 8
@@ -56,7 +56,7 @@ def _reference():
     check_layout) with the search kernel's XLA:CPU options, which change no result but
     compile ~2x faster: one scalar compile serves every row (placement and grid are leaves)."""
     return jax.jit(lambda *args: predict(*args),
-                   compiler_options=search_module._CPU_COMPILER_OPTIONS)
+                   compiler_options=search_kernel._CPU_COMPILER_OPTIONS)
 
 
 def _predict_rows(rows):
@@ -245,7 +245,7 @@ def test_pareto_front_of_a_search_is_not_dominated(result):
 def _compiled():
     """Entries in the trace caches of the search kernels (`_cache_size`, private in JAX 0.10,
     as tests/test_compile.py uses it)."""
-    return sum(getattr(search_module, k)._cache_size() for k in (
+    return sum(getattr(search_kernel, k)._cache_size() for k in (
         "_grid_predict", "_grid_predict_cpu", "_grid_predict_cpu_quick"))
 
 
@@ -258,7 +258,7 @@ def test_new_hardware_values_do_not_recompile(table, result):
 
 
 def test_optimized_and_quick_kernels_agree(table, result):
-    """The two XLA:CPU optimisation levels (search.py, _CPU_QUICK_OPTIONS) give the same
+    """The two XLA:CPU optimisation levels (search.kernel, _CPU_QUICK_OPTIONS) give the same
     numbers; only compile and run times differ."""
     rows = table[table[:, -1] == 0]
     optimized = search(MODEL, SYSTEM, TRAINING, rows, optimize=True)
@@ -316,7 +316,8 @@ def test_soft_best_gives_memory_capacity_a_gradient(soft):
 
 
 # --------------------------------------------------------------------------------------------
-# Sharded over devices (a subprocess with 4 host devices, so this process keeps one)
+# Sharded over devices (a subprocess with 4 host devices, so this process keeps one): the
+# layout axis of a search, the hardware points of a sweep
 # --------------------------------------------------------------------------------------------
 
 # Feasibility and the best layout are identical. Times agree to float32 rounding, not bit for
@@ -328,7 +329,7 @@ def test_soft_best_gives_memory_capacity_a_gradient(soft):
 _SHARDED = textwrap.dedent("""
     import jax, numpy as np
     from diffperf import load_model, load_system
-    from diffperf.search import enumerate_layouts, ranked, search, search_sharded
+    from diffperf.search import enumerate_layouts, ranked, search, search_sharded, sweep
     assert len(jax.devices()) == 4, jax.devices()
     model, system = load_model("gpt-small"), load_system("a100-sxm-80gb")
     system = system.replace(hbm_capacity_bytes=3.0 * 2**30)
@@ -345,6 +346,19 @@ _SHARDED = textwrap.dedent("""
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=0)
     b1, b4 = ranked(one, 1)[0], ranked(four, 1)[0]
     assert abs(one.step_time_s[b4] / one.step_time_s[b1] - 1) < 1e-6
+    # A hardware sweep split over the 4 devices (6 points: one call of 2 points per device,
+    # the last device's share padded): each device runs the single-device program on its 2
+    # points (the single device on 6), so the same layouts, counts and memory; times to
+    # float32 rounding (measured: 1 ulp, XLA fuses the two batch sizes differently).
+    axes = {"tiers[0].bandwidth_Bps": [50e9, 300e9, 900e9],
+            "hbm_capacity_bytes": [3.0 * 2**30, 8.0 * 2**30]}
+    s1 = sweep(model, system, None, table, axes, top=2)
+    s4 = sweep(model, system, None, table, axes, top=2, devices=jax.devices())
+    np.testing.assert_array_equal(s1.index, s4.index)
+    np.testing.assert_array_equal(s1.n_fits, s4.n_fits)
+    np.testing.assert_allclose(s1.memory_bytes, s4.memory_bytes, rtol=1e-6, atol=0)
+    np.testing.assert_allclose(s1.step_time_s, s4.step_time_s, rtol=3e-7, atol=0)
+    assert (s1.index >= 0).all()
     print("identical", len(table))
 """)
 

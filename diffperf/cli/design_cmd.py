@@ -41,6 +41,14 @@ def add_parser(sub):
                    "innermost first (default: tp-cp-dp-pp,tp-cp-pp-dp)")
     p.add_argument("--max-candidates", type=int, default=1024, help="layouts per placement "
                    "order in the soft-min (default 1024)")
+    p.add_argument("--grid", action="append", metavar="FIELD=VALUES", help="instead of the "
+                   "gradient, evaluate every point of a grid of hardware values (as search "
+                   "--sweep: FIELD=START:STOP:N, START:STOP:N:log or V1,V2,...; repeat for "
+                   "more axes), price each, and print the best points within the budget")
+    p.add_argument("--top", type=int, default=10, help="grid points to list with --grid "
+                   "(default 10)")
+    p.add_argument("--no-cache", action="store_true", help="with --grid, do not keep "
+                   "compiled code on disk (~/.cache/diffperf)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=run)
     return p
@@ -120,7 +128,8 @@ def _build(args):
     from diffperf import training
     from diffperf.cli.options import model_and_system
 
-    for name, low in (("gpus", 1), ("global_batch", 1), ("steps", 0), ("max_candidates", 1)):
+    for name, low in (("gpus", 1), ("global_batch", 1), ("steps", 0), ("max_candidates", 1),
+                      ("top", 1)):
         if getattr(args, name) < low:
             raise SpecError(f"--{name.replace('_', '-')}={getattr(args, name)} must be "
                             f">= {low}")
@@ -136,6 +145,10 @@ def run(args) -> int:
     model, system, train = _build(args)
     cost = load_cost(args.cost)
     placements = _placements(args.placements)
+    if args.grid:
+        from diffperf.cli.design_grid_cmd import run_grid
+
+        return run_grid(args, model, system, train, cost, placements)
     layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements)
     with status(not args.json, "optimizing the hardware (compiling first)"):
         design = optimize_design(model, system, train, layouts, cost, args.objective,

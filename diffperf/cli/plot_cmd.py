@@ -87,6 +87,9 @@ def _search(args) -> int:
     from diffperf.cli.search_cmd import _enable_cache, build, layout_dict
     from diffperf.search import DEFAULT_CHUNK, enumerate_layouts, pareto_front, ranked, search
 
+    if args.sweep:
+        raise SpecError("--sweep is for diffperf search (plot search draws the layouts of one "
+                        "system)")
     _check_out(args)
     model, system, train, placements = build(args)
     layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements)

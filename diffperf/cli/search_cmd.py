@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -26,16 +24,26 @@ def add_parser(sub):
         "recompute, sequence parallelism, placement; with --axonn also the AxoNN 3D tensor "
         "grid gx, gy, gz), predict them all in one jitted batched computation, drop those "
         "that do not fit, and print the fastest ones and the Pareto front of step time vs "
-        "memory. With no options: GPT-3 175B on 1024 A100 80 GB, global batch 1536."))
+        "memory. With --sweep, do so at every point of a grid of hardware values and print "
+        "the best layout at each. The work is split over every local device (GPUs; on a CPU "
+        "one device already uses every core). With no options: GPT-3 175B on 1024 A100 "
+        "80 GB, global batch 1536."))
     add_model_system(p)
     p.add_argument("--gpus", type=int, default=1024, help="number of devices (default 1024)")
     p.add_argument("--global-batch", dest="global_batch", type=int, default=1536,
                    help="sequences per optimizer step (default 1536)")
-    p.add_argument("--top", type=int, default=10, help="layouts to list (default 10)")
+    p.add_argument("--top", type=int, default=None, help="layouts to list (default 10; with "
+                   "--sweep, per hardware point, default 1)")
     p.add_argument("--placements", default=None, help="comma-separated rank orders, innermost "
                    "first (default: tp-cp-dp-pp,tp-cp-pp-dp)")
     p.add_argument("--axonn", action="store_true", help="also enumerate the AxoNN 4D layouts "
                    "(3D tensor grid gx x gy x gz x dp, tp = pp = 1; Singh et al. SC24)")
+    p.add_argument("--sweep", action="append", metavar="FIELD=VALUES", help="sweep a "
+                   "hardware number over values: FIELD is a key of the system YAML in its "
+                   "units (hbm_bandwidth_GBps, tiers[1].bandwidth_GBps, tiers[0].domain_size, "
+                   "matmul_TFLOPs, efficiency.mm_max, ...), VALUES is START:STOP:N (evenly "
+                   "spaced), START:STOP:N:log (geometric) or V1,V2,...; repeat for a grid "
+                   "(the outer product)")
     p.add_argument("--chunk", type=int, default=None, help="layouts per batched call")
     p.add_argument("--no-cache", action="store_true", help="do not keep compiled code in "
                    "the persistent cache (~/.cache/diffperf/jax)")
@@ -56,13 +64,31 @@ def _placements(text):
 
 
 def _enable_cache() -> None:
-    """Keep compiled search kernels on disk: a later run skips XLA compilation (JAX's
-    persistent compilation cache; a process-wide setting, so in-process callers such as
-    tests pass --no-cache)."""
+    """JAX's persistent compilation cache (cli.cache); tests pass --no-cache."""
+    from diffperf.cli.cache import enable_compilation_cache
+
+    enable_compilation_cache()
+
+
+def _store(args):
+    """The on-disk store of compiled search kernels (cli.cache), or None with --no-cache.
+    JAX's persistent compilation cache stays off here: a program it gives back cannot be
+    serialized again on the CPU (search.kernel._loads_and_runs), so the store would stay
+    empty."""
+    if args.no_cache:
+        return None
+    from diffperf.cli.cache import KernelStore
+
+    return KernelStore()
+
+
+def _devices():
+    """Every local device of the default backend, or None when there is one (the
+    single-device program)."""
     import jax
 
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    jax.config.update("jax_compilation_cache_dir", str(base / "diffperf" / "jax"))
+    devices = jax.local_devices()
+    return devices if len(devices) > 1 else None
 
 
 def build(args):
@@ -71,7 +97,7 @@ def build(args):
     from diffperf.cli.options import model_and_system
 
     for name in ("gpus", "global_batch", "top"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SpecError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     if args.chunk is not None and args.chunk < 1:
         raise SpecError(f"--chunk={args.chunk} must be >= 1")
@@ -80,15 +106,18 @@ def build(args):
 
 
 @contextlib.contextmanager
-def _progress(enabled: bool):
+def _progress(enabled: bool, what="searching"):
     """A progress callback; the bar (stderr, transient) appears only after 1 s."""
     if not enabled or not err_console.is_terminal:
         yield None
         return
-    from rich.progress import Progress
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
 
-    bar = Progress(console=err_console, transient=True)
-    task = bar.add_task("searching (compiling first)", total=None)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TimeRemainingColumn(), console=err_console,
+                   transient=True)
+    task = bar.add_task(f"{what} (compiling first)", total=None)
     lock, state = threading.Lock(), {"on": False, "done": False}
 
     def start():
@@ -102,7 +131,7 @@ def _progress(enabled: bool):
     timer.start()
     try:
         yield lambda done, total: bar.update(task, completed=done, total=total,
-                                             description="searching")
+                                             description=what)
     finally:
         timer.cancel()
         with lock:
@@ -120,22 +149,26 @@ def layout_dict(row, placements) -> dict:
     return out
 
 
-def _entry(result, i, row, placements, rank=None) -> dict:
+def _entry(result, i, row, placements, rank=None, detail=None) -> dict:
+    """One layout in JSON: from `result` (RANK_FIELDS) by row i; with a rank, its breakdown
+    and memory parts from `detail` (the full Result of the ranked rows) at rank - 1."""
     from diffperf.result import EXPOSED_PARTS, HIDDEN_PARTS, MEMORY_PARTS
 
-    b, m = result.breakdown, result.memory
     out = {} if rank is None else {"rank": rank}
     out |= dict(layout=layout_dict(row, placements),
                 step_time_s=float(result.step_time_s[i]),
-                memory_GiB=float(m.total_bytes[i]) / 2**30, fits=bool(result.fits[i]),
-                mfu=float(result.mfu[i]), tokens_per_s=float(result.tokens_per_s[i]))
+                memory_GiB=float(result.memory.total_bytes[i]) / 2**30,
+                fits=bool(result.fits[i]), mfu=float(result.mfu[i]),
+                tokens_per_s=float(result.tokens_per_s[i]))
     if rank is not None:
-        out["breakdown"] = {k: float(getattr(b, k)[i]) for k in (*EXPOSED_PARTS, *HIDDEN_PARTS)}
-        out["memory_bytes"] = {k: float(getattr(m, k)[i]) for k in MEMORY_PARTS}
+        b, m, j = detail.breakdown, detail.memory, rank - 1
+        out["breakdown"] = {k: float(getattr(b, k)[j]) for k in (*EXPOSED_PARTS, *HIDDEN_PARTS)}
+        out["memory_bytes"] = {k: float(getattr(m, k)[j]) for k in MEMORY_PARTS}
     return out
 
 
-def _rows(result, idx, layouts, placements, parts, moe, grid=False):
+def _rows(result, idx, layouts, placements, parts, moe, grid=False, detail=None):
+    """Table rows of the layouts idx; the breakdown `parts` from `detail` (row k for idx[k])."""
     rows = []
     for rank, i in enumerate(idx, 1):
         lay = layout_dict(layouts[i], placements)
@@ -145,7 +178,7 @@ def _rows(result, idx, layouts, placements, parts, moe, grid=False):
         cells += [lay["gx"], lay["gy"], lay["gz"]] if grid else []
         cells += [lay["vp"], lay["micro_batch"], lay["zero_stage"], lay["recompute"],
                   lay["sequence_parallel"], lay["placement"]]
-        cells += [fmt(getattr(result.breakdown, k)[i]) for k in parts]
+        cells += [fmt(getattr(detail.breakdown, k)[rank - 1]) for k in parts]
         rows.append(cells)
     return rows
 
@@ -163,7 +196,7 @@ def _wide():
     return console if console.is_terminal else Console(width=200)
 
 
-def render(model, system, args, layouts, placements, result, top, front, seconds):
+def render(model, system, args, layouts, placements, result, top, front, seconds, detail):
     from diffperf.result import EXPOSED_PARTS
     from diffperf.search import COLUMNS, axonn_mask
 
@@ -179,11 +212,12 @@ def render(model, system, args, layouts, placements, result, top, front, seconds
         out.print(f"[yellow]no layout fits[/yellow]: {head}; the smallest needs "
                       f"{need:.4g} GiB per device (usable {cap:.4g} GiB)")
     else:
-        mean = {k: float(np.mean(getattr(result.breakdown, k)[top])) for k in EXPOSED_PARTS}
+        mean = {k: float(np.mean(getattr(detail.breakdown, k))) for k in EXPOSED_PARTS}
         parts = sorted(EXPOSED_PARTS, key=lambda k: -mean[k])[:_N_PARTS]
         out.print(table(f"fastest {len(top)} of {feasible:,} layouts that fit: {head}",
                         _columns(parts, moe, n_grid > 0),
-                        _rows(result, top, layouts, placements, parts, moe, n_grid > 0)))
+                        _rows(result, top, layouts, placements, parts, moe, n_grid > 0,
+                              detail)))
         shown = front[np.unique(np.linspace(0, len(front) - 1, _FRONT_ROWS).round().astype(int))]
         note = f" ({len(shown)} of {len(front)} points; --json lists all)" if len(
             shown) < len(front) else ""
@@ -192,25 +226,32 @@ def render(model, system, args, layouts, placements, result, top, front, seconds
                         _rows(result, shown, layouts, placements, (), moe, n_grid > 0)))
     grid = f", {n_grid:,} of them on the AxoNN grid" if args.axonn else ""
     out.print(f"evaluated {n:,} layouts{grid} ({feasible:,} fit) in {seconds:.2f} s, "
-                  f"compilation included ({n / seconds:,.0f} layouts/s)")
+                  f"compiling or loading the kernels included ({n / seconds:,.0f} layouts/s)")
 
 
 def run(args) -> int:
-    from diffperf.search import (DEFAULT_CHUNK, axonn_mask, enumerate_layouts, pareto_front,
-                                 ranked, search)
+    from diffperf.search import (DEFAULT_CHUNK, RANK_FIELDS, axonn_mask, enumerate_layouts,
+                                 pareto_front, ranked, search)
 
     model, system, train, placements = build(args)
+    if args.sweep:
+        from diffperf.cli.sweep_cmd import run_sweep
+
+        return run_sweep(args, model, system, train, placements)
     start = time.perf_counter()
     layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements,
                                 axonn=args.axonn)
-    if not args.no_cache:
-        _enable_cache()
+    store, devices = _store(args), _devices()
     with _progress(not args.json) as progress:
         # Tables from enumerate_layouts are valid by construction (tests/test_search.py).
+        # Every layout with what ranking needs, then the whole Result of the top ones.
         result = search(model, system, train, layouts, placements=placements,
-                        chunk=args.chunk or DEFAULT_CHUNK, validate=False, progress=progress)
+                        chunk=args.chunk or DEFAULT_CHUNK, validate=False, progress=progress,
+                        devices=devices, store=store, fields=RANK_FIELDS)
+        top = ranked(result, args.top or 10)
+        detail = search(model, system, train, layouts[top], placements=placements,
+                        validate=False, optimize=False, store=store) if len(top) else None
     seconds = time.perf_counter() - start
-    top = ranked(result, args.top)
     fit = np.flatnonzero(result.fits)
     front = fit[pareto_front(result.step_time_s[fit], result.memory.total_bytes[fit])]
     if args.json:
@@ -220,8 +261,9 @@ def run(args) -> int:
             placements=["-".join(p) for p in placements], evaluated=len(layouts),
             axonn=args.axonn, axonn_layouts=int(np.sum(axonn_mask(layouts))),
             feasible=int(len(fit)), seconds=seconds,
-            ranked=[_entry(result, i, layouts[i], placements, r) for r, i in enumerate(top, 1)],
+            ranked=[_entry(result, i, layouts[i], placements, r, detail)
+                    for r, i in enumerate(top, 1)],
             pareto=[_entry(result, i, layouts[i], placements) for i in front]))
         return 0
-    render(model, system, args, layouts, placements, result, top, front, seconds)
+    render(model, system, args, layouts, placements, result, top, front, seconds, detail)
     return 0

@@ -70,7 +70,7 @@ def scaled_system(system, *, flops=1.0, hbm_bw=1.0, hbm_capacity=1.0, fast_bw=1.
 
 def search_layouts(model, system, n_devices, global_batch, training=None, *,
                    placements=PLACEMENTS):
-    """(layout table, Result of numpy arrays) of every valid layout (search.py)."""
+    """(layout table, Result of numpy arrays) of every valid layout (diffperf.search)."""
     layouts = enumerate_layouts(model, n_devices, global_batch, placements=placements)
     result = search(model, system, training, layouts, placements=placements,
                     chunk=STUDY_CHUNK, validate=False, optimize=True)
@@ -122,7 +122,7 @@ def quick_jit(fn):
 
     The studies call these kernels a handful of times, so compilation dominates: at LLVM -O0
     the gradient of a prediction compiles ~5x faster than with XLA's defaults on 2 cores
-    (search.py, _CPU_QUICK_OPTIONS; results are unchanged). Other backends keep defaults.
+    (diffperf.search, _CPU_QUICK_OPTIONS; results are unchanged). Other backends keep defaults.
     """
     cpu = jax.jit(fn, compiler_options=_CPU_QUICK_OPTIONS)
     other = jax.jit(fn)

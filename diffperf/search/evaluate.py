@@ -1,0 +1,167 @@
+"""Evaluation: the predictions of every layout of a table, and their ranking.
+
+A layout table (`search.enumerate`) is factored into outer keys and evaluated by the grid
+kernel (`search.kernel`) in fixed-size chunks (one compile per chunk shape: the placement is a
+numeric leaf of `Parallel`), then put back in table order and ranked by step time among the
+layouts that fit in memory.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from diffperf.api import _as_float
+from diffperf.errors import SpecError
+from diffperf.result import Result
+from diffperf.search.enumerate import COLUMNS, INNER_GRID, PLACEMENTS, _placement_codes
+from diffperf.search.kernel import (DEFAULT_CHUNK, QUICK_BELOW, _chunk_parallel, _grid, _kernel,
+                                    _table_features)
+from diffperf.specs.batch import anonymous
+from diffperf.specs.parallel import Parallel
+from diffperf.specs.training import Training
+from diffperf.specs.validate import check_layout
+
+
+def _evaluate(args, keys, per, temperature, devices, optimize, progress, store=None,
+              fields=None) -> list:
+    """Results (device arrays [per, 24]) of the calls over the chunks of the outer keys."""
+    model, system, training = args
+    features = _table_features(model, keys, training)
+    dtype = jnp.result_type(float)
+    fn = _kernel(devices, optimize, store)
+    outs = []
+    for i in range(0, len(keys), per):
+        parallel = _chunk_parallel(keys[i:i + per], dtype, features)
+        outs.append(fn(model, parallel, system, training, temperature, features, fields))
+        if progress is not None:
+            jax.block_until_ready(outs[-1])
+            progress(per * len(INNER_GRID))
+    return outs
+
+
+def _gather(cell, outs):
+    """The grid results put back in table order: a Result of numpy [n]."""
+    treedef = jax.tree.structure(outs[0])
+    columns = []
+    for j in range(treedef.num_leaves):
+        grid = [np.asarray(jax.tree.leaves(c)[j]).reshape(-1) for c in outs]
+        grid = grid[0] if len(grid) == 1 else np.concatenate(grid)
+        columns.append(np.take(grid, cell))
+    return jax.tree.unflatten(treedef, columns)
+
+
+def _check_table(model, layouts, placements):
+    layouts = np.asarray(layouts)
+    if layouts.ndim != 2 or layouts.shape[1] != len(COLUMNS) or not len(layouts):
+        raise SpecError(f"layouts must be a non-empty table [n, {len(COLUMNS)}] with columns "
+                        f"{', '.join(COLUMNS)}, got shape {layouts.shape}")
+    place = layouts[:, -1]
+    bad = np.flatnonzero((place < 0) | (place >= len(placements)))
+    if len(bad):
+        raise SpecError(f"layouts[{bad[0]}].placement={place[bad[0]]} must index placements "
+                        f"(allowed: 0..{len(placements) - 1})")
+    _placement_codes(placements)
+    fields = {c: layouts[:, i].astype(np.float64) for i, c in enumerate(COLUMNS[:-1])}
+    check_layout(model, Parallel(**fields), where="layouts")
+    return layouts
+
+
+def _check_fields(fields):
+    """A sorted tuple of Result leaf paths (hashable: a static argument), or None."""
+    if fields is None:
+        return None
+    fields = tuple(sorted(set([fields] if isinstance(fields, str) else fields)))
+    top = Result.__dataclass_fields__
+    bad = [f for f in fields if f.split(".")[0] not in top]
+    if bad or not fields:
+        raise SpecError(f"fields={bad[0] if bad else '()'!r} must name Result fields "
+                        f"(allowed: {', '.join(top)}, and breakdown.X / memory.X)")
+    return fields
+
+
+def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
+           chunk=DEFAULT_CHUNK, temperature=None, devices=None, validate=True, optimize=None,
+           progress=None, store=None, fields=None):
+    """Predictions of every layout of a table, one entry per row (a `Result` of numpy arrays).
+
+    One jitted nested vmap of `predict_step` (search.kernel) for every placement, called on
+    fixed-size chunks (the last one padded) so that every call has the same shapes.
+    Args:
+        model, system, training: specs (training defaults to `Training()`); never batched.
+        layouts: a table [n, len(COLUMNS)] of integers, e.g. from `enumerate_layouts`.
+        chunk: layouts per call (bounds memory: about 120 bytes of output per layout).
+        temperature: None for the exact model, > 0 for its smooth variant.
+        devices: None for the default device; a list of devices shards each chunk's outer
+            axis over a 1-D mesh of them (`jax.sharding.NamedSharding`). Same feasibility
+            and ranking; times equal to 2 float32 ulps (XLA's multi-device pipeline
+            reassociates a few products), tests/test_search.py.
+        validate: check every row with `check_layout` (tables from `enumerate_layouts` are
+            valid by construction).
+        optimize: XLA:CPU code optimization of the kernel; None: with a `store`, or for
+            tables of QUICK_BELOW layouts or more (smaller ones finish sooner with quick
+            compilation when the program is not kept).
+        progress: optional callable(done, total), in grid cells, after each chunk.
+        store: optional mapping (key -> bytes) that keeps compiled kernels across processes
+            (`search.kernel.executable`): a later call with the same shapes skips tracing
+            and compiling. The caller keys it by the version of the code.
+        fields: Result leaf paths to compute ('step_time_s', 'memory.total_bytes', ...; e.g.
+            `RANK_FIELDS`, what ranking needs), the others None; None: every field. Fewer
+            outputs make the kernel several times faster.
+    Returns:
+        `Result` whose leaves are numpy arrays [n_layouts] in table order.
+    """
+    if layouts is None:
+        raise SpecError("search needs a layout table (see enumerate_layouts)")
+    layouts = _check_table(model, layouts, placements) if validate else np.asarray(layouts)
+    fields = _check_fields(fields)
+    training = Training() if training is None else training
+    args = _as_float((anonymous(model), anonymous(system), anonymous(training)))
+    devices = None if devices is None else list(devices)
+    keys, cell, per = _grid(layouts, placements, int(chunk),
+                            1 if devices is None else len(devices))
+    total = len(keys) * len(INNER_GRID)
+    done = [0]
+
+    def tick(n):
+        done[0] += n
+        progress(done[0], total)
+
+    if optimize is None:
+        optimize = store is not None or len(layouts) >= QUICK_BELOW
+    outs = _evaluate(args, keys, per, temperature, devices, optimize, progress and tick, store,
+                     fields)
+    return _gather(cell, outs)
+
+
+def search_sharded(model, system, training=None, layouts=None, *, devices=None, **kwargs):
+    """`search` with the layout axis sharded over `devices` (default: all of `jax.devices()`).
+
+    On one host with `XLA_FLAGS=--xla_force_host_platform_device_count=N` each CPU device is
+    a thread, so this also spreads one search over the cores; across hosts, after
+    `jax.distributed.initialize()`, `jax.devices()` spans them all. Results equal `search`'s
+    (times to 2 float32 ulps).
+    """
+    return search(model, system, training, layouts, devices=devices or jax.devices(), **kwargs)
+
+
+def ranked(result, k=None) -> np.ndarray:
+    """Indices of the layouts that fit, fastest first (ties keep the table order)."""
+    step = np.where(np.asarray(result.fits), np.asarray(result.step_time_s), np.inf)
+    order = np.argsort(step, kind="stable")
+    order = order[np.isfinite(step[order])]
+    return order if k is None else order[:k]
+
+
+def pareto_front(step_s, mem_bytes) -> np.ndarray:
+    """Indices of the points no other point beats in both step time and memory, by step time.
+
+    Sort by (step, memory); a point is on the front when its memory is below that of every
+    faster point (ties in step time keep the smaller memory only).
+    """
+    step_s, mem_bytes = np.asarray(step_s), np.asarray(mem_bytes)
+    order = np.lexsort((mem_bytes, step_s))
+    mem = mem_bytes[order]
+    best_before = np.minimum.accumulate(np.concatenate([[np.inf], mem[:-1]]))
+    return order[mem < best_before]
