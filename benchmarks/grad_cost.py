@@ -52,7 +52,7 @@ def main() -> None:
 
     # The terms that are 0 for every layout here (no MoE, CP or AxoNN grid) are left out of the
     # program, as the library's own callers do (predict.features_of).
-    features = features_of(m, batch)
+    features = features_of(m, batch, t)
 
     def step(system, parallel):
         return predict_step(m, parallel, system, t, None, features).step_time_s

@@ -76,7 +76,7 @@ def main() -> None:
     m, s, t = _as_float((anonymous(model), anonymous(system), anonymous(Training())))
     n_dev = len(devices) if devices else 1
     keys, cell, per = K._grid(table, S.PLACEMENTS, chunk, n_dev)
-    features = K._table_features(m, keys)
+    features = K._table_features(m, keys, t)
     opts = K._CPU_QUICK_OPTIONS if args.quick else K._CPU_COMPILER_OPTIONS
     print(f"XLA:CPU options (on CPU) {opts}; {len(keys):,} outer rows x 24 grid cells, calls of "
           f"{per * 24:,} cells ({chunk:,} per device), {n_dev} device(s); features "

@@ -10,7 +10,10 @@
 #     parallel all-reduce after the backward, not overlapped with it (dp_overlap=0). The
 #     vocabulary keeps Megatron's padding to a multiple of 128 t (the default vocab_pad_to=128;
 #     shared/data/README.md caveat 1).
-#   H100 runs (PyTorch autocast / JAX): fp32 weights and Adam with bf16 matmuls (amp-bf16).
+#   H100 runs (PyTorch autocast / JAX): fp32 weights and Adam with bf16 matmuls (amp-bf16);
+#     the JAX runs are one XLA-compiled step (xla-amp-bf16: the same precisions, plus
+#     Training.xla_compiled = 1: XLA's live sets for memory, memory/xla.py; kernels issued
+#     back to back and fused as XLA runs them, costs/xla.py and workload/xla.py).
 set -euo pipefail
 DATA=${DATA:-../shared/data}
 K=$DATA/kernels
@@ -35,7 +38,7 @@ diffperf calibrate $DATA/h100_single_gpu.csv --precision amp-bf16 --folds 5 --st
     --out calibration/fitted/torch-h100.yaml --force
 
 echo "== H100 JAX/XLA: 5-fold CV with the kernel microbenchmarks -> jax-h100.yaml"
-diffperf calibrate $DATA/h100_jax_single_gpu.csv --precision amp-bf16 --folds 5 --steps 200 \
+diffperf calibrate $DATA/h100_jax_single_gpu.csv --precision xla-amp-bf16 --folds 5 --steps 200 \
     --microbench $K/h100_gemm.csv $K/h100_attention.csv $K/h100_memory_bw.csv \
     --out calibration/fitted/jax-h100.yaml --force
 

@@ -10,6 +10,7 @@ The smooth model (temperature > 0) is used while fitting.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -20,7 +21,7 @@ from flax import struct
 
 from diffperf.costs.compute import attention_time_s, gemms_time_s, memory_time_s
 from diffperf.intervals import residual_var
-from diffperf.predict import predict_step
+from diffperf.predict import FEATURES, predict_step
 from diffperf.specs.system import Efficiency
 from diffperf.workload.ops import Gemms
 
@@ -32,6 +33,9 @@ STEP_FIELDS = ("mm_max", "mm_half_dim", "mm_exponent", "mm_align_exponent", "att
                "host_coll_peer_s", "microbatch_s", "step_s",
                "coll_base_s", "coll_eff_intra", "coll_eff_inter", "floor_pnorm")
 MEMORY_FIELDS = ("mem_reserved_bytes", "act_mem_factor", "mem_usable_frac")
+# Fitted only where some run is one XLA-compiled program (Training.xla_compiled): elsewhere
+# they have no effect, and leaving them out keeps other fits exactly as they were.
+XLA_FIELDS = ("queued_kernel_s",)
 _FLOOR = 1e-7  # smallest starting value of a positive parameter (log of 0 is not a start)
 # Gaussian priors that hold each unconstrained parameter u (logit or log) near its start u0.
 # The loss is the MEAN squared log error over the n fitted runs, plus for each field
@@ -104,10 +108,19 @@ def _masked_sq(pred_log, meas_log, weight):
     return jnp.sum(weight * diff**2), jnp.sum(jnp.where(ok, weight, 0.0))
 
 
-def run_predictions(eff, rs: RunSet, temperature, with_margin=False):
+def set_features(sets) -> frozenset:
+    """predict.FEATURES, less 'xla' when no run of the RunSets is one XLA program: its terms
+    are then 0 and left out of the traced program, so fits of other frameworks run exactly
+    the program they ran before the XLA terms existed."""
+    xla = any(float(np.max(np.asarray(rs.trainings.xla_compiled))) > 0 for rs in sets)
+    return FEATURES if xla else FEATURES - {"xla"}
+
+
+def run_predictions(eff, rs: RunSet, temperature, with_margin=False, features=FEATURES):
     """(step time, memory total[, fit margin]) of every run of a RunSet with `eff`."""
     system = rs.system.replace(eff=eff)
-    res = jax.vmap(predict_step, in_axes=(0, 0, None, 0, None))(
+    res = jax.vmap(functools.partial(predict_step, features=features),
+                   in_axes=(0, 0, None, 0, None))(
         rs.models, rs.parallels, system, rs.trainings, temperature)
     if with_margin:
         return res.step_time_s, res.memory.total_bytes, res.fit_margin_frac
@@ -121,14 +134,15 @@ def _feasibility_sq(margin, oom, weight, gap=0.02):
     return jnp.sum(weight * wrong**2)
 
 
-def loss_fn(u, base, sets, benches, prior, temperature, mem_weight):
+def loss_fn(u, base, sets, benches, prior, temperature, mem_weight, features=FEATURES):
     """Mean squared log error of step time over the fitted runs, + mem_weight x the same for
     peak memory, + the mean of each microbenchmark's mean squared log error (each data kind
     weighs as a whole, not by its row count), + the prior."""
     eff = from_unconstrained(base, u)
     step_num, step_den, mem_num, mem_den, feas = 0.0, 0.0, 0.0, 0.0, 0.0
     for rs in sets:
-        step, mem, margin = run_predictions(eff, rs, temperature, with_margin=True)
+        step, mem, margin = run_predictions(eff, rs, temperature, with_margin=True,
+                                            features=features)
         n1, d1 = _masked_sq(jnp.log(step), rs.log_step, rs.weight)
         n2, d2 = _masked_sq(jnp.log(mem), rs.log_mem, rs.weight)
         step_num, step_den = step_num + n1, step_den + d1
@@ -146,7 +160,7 @@ def loss_fn(u, base, sets, benches, prior, temperature, mem_weight):
 
 
 _value_and_grad = jax.jit(jax.value_and_grad(loss_fn),
-                          static_argnames=("temperature", "mem_weight"))
+                          static_argnames=("temperature", "mem_weight", "features"))
 
 
 class Fit(NamedTuple):
@@ -178,10 +192,12 @@ def fit(base: Efficiency, sets, fields=STEP_FIELDS, benches=(), *, steps=600,
                           for f, v in prior_strengths(fields, fitted_runs(sets)).items()}}
     opt = optax.adam(optax.cosine_decay_schedule(learning_rate, steps, alpha=0.05))
     state = opt.init(u)
+    features = set_features(sets)
     history = []
     for i in range(steps):
         loss, g = _value_and_grad(u, base, tuple(sets), tuple(benches), prior,
-                                  temperature=temperature, mem_weight=mem_weight)
+                                  temperature=temperature, mem_weight=mem_weight,
+                                  features=features)
         g = jax.tree.map(lambda x: jnp.where(jnp.isfinite(x), x, 0.0), g)
         updates, state = opt.update(g, state, u)
         u = optax.apply_updates(u, updates)
@@ -242,12 +258,13 @@ def bench_time_s(mb: Microbench, system):
     return memory_time_s(nbytes, system) + eff.kernel_s
 
 
-def log_jacobian(eff: Efficiency, fields, rs: RunSet, temperature):
+def log_jacobian(eff: Efficiency, fields, rs: RunSet, temperature, features=FEATURES):
     """d log(step time) / d u for every run (u = unconstrained fitted parameters)."""
     u = to_unconstrained(eff, fields)
 
     def f(u):
-        step, _ = run_predictions(from_unconstrained(eff, u), rs, temperature)
+        step, _ = run_predictions(from_unconstrained(eff, u), rs, temperature,
+                                  features=features)
         return jnp.log(step)
 
     jac = jax.jacrev(f)(u)
@@ -334,6 +351,17 @@ def _unfitted_to_base(f: Fit, start: Efficiency, base: Efficiency) -> Fit:
     return f._replace(eff=f.eff.replace(**unmoved)) if unmoved else f
 
 
+def default_fields(runs, fit_mask) -> tuple:
+    """The fields a calibration fits: STEP_FIELDS, + MEMORY_FIELDS where a fitted run has a
+    measured peak memory, + XLA_FIELDS where some run is one XLA program."""
+    fields = STEP_FIELDS
+    if np.isfinite(np.asarray(runs.peak_memory_GB)[np.asarray(fit_mask, bool)]).any():
+        fields = fields + MEMORY_FIELDS
+    if any(float(np.max(np.asarray(t.xla_compiled))) > 0 for t in runs.trainings):
+        fields = fields + XLA_FIELDS
+    return fields
+
+
 class Calibration(NamedTuple):
     fit: Fit
     step_time_s: np.ndarray     # predicted, every run
@@ -352,8 +380,7 @@ def calibrate_runs(runs, systems: dict, fit_mask, *, benches=(), fields=None, st
     fit_mask = np.asarray(fit_mask, bool)
     sets = run_sets(runs, systems, fit_mask.astype(float))
     if fields is None:
-        has_mem = np.isfinite(runs.peak_memory_GB[fit_mask]).any()
-        fields = STEP_FIELDS + (MEMORY_FIELDS if has_mem else ())
+        fields = default_fields(runs, fit_mask)
     base = sets[0][1].system.eff
     best = best_start = None
     for start in starting_points(base, fields):
@@ -366,12 +393,13 @@ def calibrate_runs(runs, systems: dict, fit_mask, *, benches=(), fields=None, st
     step, mem, fits_, hw = (np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, bool),
                             np.full(n, np.nan))
     jac_all, resid_fit, jac_fit = {}, [], []
+    features = set_features([rs for _, rs in sets])
     for idx, rs in sets:
-        s, m = run_predictions(best.eff, rs, None)
+        s, m = run_predictions(best.eff, rs, None, features=features)
         step[idx], mem[idx] = np.asarray(s), np.asarray(m) / 1e9
         cap = rs.system.hbm_capacity_bytes * best.eff.mem_usable_frac
         fits_[idx] = np.asarray(m) <= np.asarray(cap)
-        jac = log_jacobian(best.eff, fields, rs, temperature)
+        jac = log_jacobian(best.eff, fields, rs, temperature, features)
         jac_all[tuple(idx)] = jac
         ok = fit_mask[idx] & np.isfinite(runs.step_time_s[idx])
         jac_fit.append(jac[ok])

@@ -509,6 +509,10 @@ def training_from_name(precision: str = "bf16", where: str = "precision",
     if not float(seq) >= 0:
         raise SpecError(f"training.fused_softmax_max_seq={seq} must be >= 0 (2048: "
                         f"Megatron-DeepSpeed's fused softmax; 0: no constraint)")
+    xla = fields.get("xla_compiled", 0.0)
+    if float(xla) not in (0.0, 1.0):
+        raise SpecError(f"training.xla_compiled={xla} must be 0 or 1 (1: the step is one XLA "
+                        f"program, JAX jit; 0: an eager or Megatron framework)")
     return Training(**{k: float(v) for k, v in fields.items()}, name=precision)
 
 

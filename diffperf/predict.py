@@ -20,7 +20,9 @@ from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s
 from diffperf.costs.compute import (gemm_times_s, gemms_time_s, layer_times_s, matmul_peak,
                                     memory_time_s)
 from diffperf.costs.smooth import pnorm_max
+from diffperf.costs.xla import kernel_fixed_s
 from diffperf.memory.device import device_memory
+from diffperf.memory.xla import select_memory, xla_device_memory
 from diffperf.result import EXPOSED_PARTS, Breakdown, Goodput, Result
 from diffperf.schedule.goodput import (checkpoint_bytes, checkpoint_write_s, daly_interval_s,
                                       job_mtbf_s, lost_fracs)
@@ -42,10 +44,12 @@ from diffperf.workload.params import (grid_shards, layer_params_per_device,
 from diffperf.workload.pp import pp_message_bytes, stage_layers
 from diffperf.workload.tp import (tp_calls_per_all_reduce, tp_collectives_per_layer,
                                   tp_message_bytes)
+from diffperf.workload.xla import (grad_accumulation_bytes, optimizer_bytes_per_param,
+                                   remat_skipped_gemms, stacked_traffic_bytes)
 
 # Terms that are exactly 0 for most layouts, and that a caller who knows so can leave out of
 # the traced program (`features` of predict_step; `features_of` finds them from concrete specs).
-FEATURES = frozenset({"ep", "cp", "axonn", "experts", "hsdp"})
+FEATURES = frozenset({"ep", "cp", "axonn", "experts", "hsdp", "xla"})
 _PARTS = ("compute_s", "recompute_s", "tp_exposed_s", "cp_exposed_s", "ep_exposed_s",
           "axonn_exposed_s", "overhead_s", "overlap_slowdown_s", "tp_hidden_s", "cp_hidden_s",
           "ep_hidden_s", "axonn_hidden_s")
@@ -126,25 +130,29 @@ def _axonn_parts(model, parallel, system, training, ops, fwd_window, bwd_window,
     return f, fh, b + full * jnp.sum(fwd_ar), bh, calls
 
 
-def features_of(model, parallel) -> frozenset:
+def features_of(model, parallel, training=None) -> frozenset:
     """The FEATURES whose terms can be non-zero for these specs (batched leaves allowed):
 
         ep: an MoE model and some ep > 1 (token all-to-alls)   cp: some cp > 1 (K/V exchange)
         axonn: some gx gy gz > 1 (grid collectives)  experts: some moe_experts > 0
         hsdp: some zero_shard > 0 (ZeRO shard groups smaller than the DP group, replicas)
+        xla: training.xla_compiled = 1 (one XLA program: memory/xla.py, workload/xla.py)
+    training None: the default Training() (xla_compiled = 0).
     Every feature when a leaf is traced (values unknown). Leaving a feature out when its
     terms are 0 changes no result: each of them is multiplied by a size-1-group factor of
     exactly 0 (collectives.*: `active`), or is a group with no parameters.
     """
+    xla = 0.0 if training is None else training.xla_compiled
     leaves = (parallel.ep, parallel.cp, parallel.gx, parallel.gy, parallel.gz, model.n_experts,
-              parallel.zero_shard)
+              parallel.zero_shard, xla)
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
         return FEATURES
     big = lambda x: bool(np.any(np.asarray(x) > 1))  # noqa: E731
     experts = bool(np.any(np.asarray(model.n_experts) > 0))
     on = {"ep": experts and big(parallel.ep), "cp": big(parallel.cp),
           "axonn": big(parallel.gx) or big(parallel.gy) or big(parallel.gz), "experts": experts,
-          "hsdp": bool(np.any(np.asarray(parallel.zero_shard) > 0))}
+          "hsdp": bool(np.any(np.asarray(parallel.zero_shard) > 0)),
+          "xla": bool(np.any(np.asarray(xla) > 0))}
     return frozenset(k for k, v in on.items() if v)
 
 
@@ -208,12 +216,20 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         temperature) if "axonn" in features else _zeros(dense, 5))
     full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
     selective = jnp.where(parallel.recompute == 1, 1.0, 0.0)
-    recompute = full * (dense + attn + other) + selective * attn
+    skipped = stacked = 0.0
+    if "xla" in features:
+        # XLA's remat does not re-run the GEMMs that end the layer (workload.xla).
+        skipped = jnp.sum(gemm_times_s(ops.dense, system, training, e.mm_max, e.mm_half_dim,
+                                       temperature) * remat_skipped_gemms(training))
+        # XLA writes the layer scan's residuals in the forward and reads them in the backward.
+        stacked = 0.5 * memory_time_s(stacked_traffic_bytes(model, parallel, training), system)
+    recompute = full * (dense - skipped + attn + other) + selective * attn
+    other_f, other_b = other + stacked, 2.0 * other + stacked
     hidden_f = tp_fh + cp_fh + ep_fh + ax_fh
     hidden_b = tp_bh + cp_bh + ep_bh + ax_bh
-    gpu_f = (dense + attn + other + tp_f + cp_f + ep_f + ax_f
+    gpu_f = (dense + attn + other_f + tp_f + cp_f + ep_f + ax_f
              + e.overlap_slowdown * hidden_f)
-    gpu_b = (2.0 * dense + attn_bwd + 2.0 * other + recompute + tp_b + cp_b + ep_b + ax_b
+    gpu_b = (2.0 * dense + attn_bwd + other_b + recompute + tp_b + cp_b + ep_b + ax_b
              + e.overlap_slowdown * hidden_b)
     is_moe = jnp.where(model.n_experts > 0, 1.0, 0.0)
     kernels = (ops.n_kernels + tp_on * calls * n_f
@@ -221,14 +237,17 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
                + 2.0 * parallel.cp_ring * cp_ring_steps(parallel)  # block attention + p2p
                + ax_calls)
     sync_f, sync_b = _tp_host_sync_s(parallel, n_f, n_b, e)
-    host_f = kernels * e.host_kernel_s + e.host_layer_s + sync_f
+    # One XLA program has no host work per layer or kernel (the step is enqueued as a whole).
+    eager = 1.0 - training.xla_compiled
+    host_f = eager * (kernels * e.host_kernel_s + e.host_layer_s + sync_f)
     # Full recompute re-runs the layer's forward inside the backward: one more layer pass on
     # the host, plus the checkpoint's own bookkeeping (RNG state, rebuilding the graph).
-    host_b = (2.0 + full) * kernels * e.host_kernel_s + (1.0 + full) * e.host_layer_s + (
-        full * e.host_recompute_s) + sync_b
+    host_b = eager * ((2.0 + full) * kernels * e.host_kernel_s + (1.0 + full) * e.host_layer_s
+                      + full * e.host_recompute_s + sync_b)
     t_f = pnorm_max(gpu_f, host_f, e.floor_pnorm)
     t_b = pnorm_max(gpu_b, host_b, e.floor_pnorm)
-    parts = dict(compute_s=3.0 * dense + attn + attn_bwd + 3.0 * other, recompute_s=recompute,
+    parts = dict(compute_s=3.0 * dense + attn + attn_bwd + 3.0 * other + 2.0 * stacked,
+                 recompute_s=recompute,
                  tp_exposed_s=tp_f + tp_b, cp_exposed_s=cp_f + cp_b, ep_exposed_s=ep_f + ep_b,
                  axonn_exposed_s=ax_f + ax_b,
                  overhead_s=(t_f - gpu_f) + (t_b - gpu_b),
@@ -245,8 +264,9 @@ def _head_parts(model, parallel, system, training, temperature):
     head = head_ops(model, parallel, training)
     logits = gemms_time_s(head.logits, system, training, system.eff.mm_max,
                           system.eff.mm_half_dim, temperature)
-    loss = memory_time_s(head.loss_bytes, system) + 3.0 * system.eff.kernel_s
-    emb = memory_time_s(head.embedding_bytes, system) + system.eff.kernel_s
+    k_s = kernel_fixed_s(system, training)
+    loss = memory_time_s(head.loss_bytes, system) + 3.0 * k_s
+    emb = memory_time_s(head.embedding_bytes, system) + k_s
     c_tp = _tp_collective_s(model, parallel, system, training)
     zero = jnp.zeros_like(logits)
     first = {k: zero for k in _PARTS} | dict(compute_s=2.0 * emb, tp_exposed_s=c_tp)
@@ -345,12 +365,10 @@ def _optimizer_s(own, system, training):
     (read gradient, master or weights, moments; write them and the 16-bit weights; one more
     gradient read for the norm / clipping). Mixed-precision Adam: (26 + q_g) + q_g per param.
     Psi_own = Psi / N under ZeRO >= 1, N the ranks that hold the same weights (`_dp_groups`).
+    One XLA program fuses the update (`costs.xla.optimizer_bytes_per_param`).
     """
-    q_master = training.master_bytes
-    source = jnp.where(q_master > 0, q_master, training.weight_bytes)
-    per_param = (2.0 * training.grad_bytes + 2.0 * training.optimizer_bytes
-                 + training.weight_bytes + q_master + source)
-    return memory_time_s(own * per_param, system) + 4.0 * system.eff.kernel_s
+    per_param = optimizer_bytes_per_param(training)
+    return memory_time_s(own * per_param, system) + 4.0 * kernel_fixed_s(system, training)
 
 
 def _flops_per_step(model, parallel, training):
@@ -363,6 +381,7 @@ def _flops_per_step(model, parallel, training):
     unit = Parallel(micro_batch=1.0)
     ops = layer_ops(model, unit, training)
     dense = jnp.sum(ops.dense.flops)
+    skipped = jnp.sum(ops.dense.flops * remat_skipped_gemms(training))
     attn = jnp.sum(ops.attention.flops)
     # The model's own vocabulary V: padding rows (Training.vocab_pad_to) are not model work.
     logits = jnp.sum(head_ops(model, unit, training.replace(vocab_pad_to=0.0)).logits.flops)
@@ -371,7 +390,7 @@ def _flops_per_step(model, parallel, training):
     full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
     selective = jnp.where(parallel.recompute == 1, 1.0, 0.0)
     flash_bwd = 0.5 * training.flash_attention * attn  # flash backward recomputes the scores
-    extra = B * L * (flash_bwd + full * (dense + attn) + selective * attn)
+    extra = B * L * (flash_bwd + full * (dense - skipped + attn) + selective * attn)
     return model_flops, model_flops + extra
 
 
@@ -429,8 +448,16 @@ def predict_step(model, parallel, system, training, temperature=None,
         dp_exposed_s=dp_exposed, dp_hidden_s=dp_hidden, bubble_s=bubble,
         optimizer_s=_optimizer_s(dp["own"], system, training))
     breakdown = breakdown.replace(overhead_s=breakdown.overhead_s + system.eff.step_s)
-    step = sum(getattr(breakdown, k) for k in EXPOSED_PARTS)
     memory = device_memory(model, parallel, system, training)
+    if "xla" in features:
+        # XLA's micro-batch scan adds each micro-batch's gradients to its carry; XLA's live
+        # sets replace the eager memory model (workload.xla, memory.xla).
+        P = jnp.max(stage_params_per_device(model, parallel, layers), axis=0)
+        accumulate = memory_time_s(grad_accumulation_bytes(P, parallel, training), system)
+        breakdown = breakdown.replace(compute_s=breakdown.compute_s + accumulate)
+        memory = select_memory(training, xla_device_memory(model, parallel, system, training),
+                               memory)
+    step = sum(getattr(breakdown, k) for k in EXPOSED_PARTS)
     model_flops, hw_flops = _flops_per_step(model, parallel, training)
     n = parallel.n_devices
     tokens_per_s = parallel.global_batch * model.seq_len / step

@@ -243,7 +243,7 @@ def soft_min_and_grad(model, system, training, cands: Candidates, temperature, s
                                          anonymous(training)))
     (j, aux), grad = _SOFT_GRAD(system, model, cands.batch, cands.mask, training,
                                 jnp.asarray(temperature, jnp.result_type(float)), smooth=smooth,
-                                features=features_of(model, cands.batch))
+                                features=features_of(model, cands.batch, training))
     real = np.asarray(cands.mask) > 0
     return j, grad, tuple(np.asarray(a)[real] for a in aux)
 

@@ -10,6 +10,7 @@ XLA's `cost_analysis()` sees every layer: it counts a scan body only once.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import jax
@@ -157,3 +158,120 @@ def xla_flops(compiled) -> float:
 def n_params(cfg: Config) -> int:
     params = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
     return int(sum(x.size for x in jax.tree_util.tree_leaves(params)))
+
+
+# ------------------------------------------------------------------ the scanned XLA program
+# The H100 JAX runs' program as shared/data/README.md describes it (the reference of
+# diffperf/memory/xla.py and diffperf/workload/xla.py): fp32 parameters with the layers
+# stacked and run as one `lax.scan`, bf16 matmul inputs and residual stream, RMSNorm in fp32,
+# flash attention (here a stand-in with the cuDNN rule's residuals and no s x s buffer, so
+# that it runs on the CPU), gradient accumulation as a `lax.scan` over micro-batches,
+# `jax.checkpoint` around the layer for full recompute, AdamW with donated buffers.
+
+BF16 = jnp.bfloat16
+
+
+def stacked_param_shapes(cfg: Config):
+    """Abstract fp32 parameters with the layers stacked on a leading axis of n_layers."""
+    L, h, dh, f = cfg.n_layers, cfg.hidden, cfg.head_dim, cfg.ffn_hidden
+    layers = dict(norm1=(L, h), wq=(L, h, cfg.n_heads * dh), wk=(L, h, cfg.n_kv_heads * dh),
+                  wv=(L, h, cfg.n_kv_heads * dh), wo=(L, cfg.n_heads * dh, h), norm2=(L, h),
+                  w_up=(L, h, f), w_down=(L, f, h))
+    if cfg.gated_mlp:
+        layers["w_gate"] = (L, h, f)
+    shapes = dict(embed=(cfg.vocab, h), layers=layers, final_norm=(h,), w_out=(h, cfg.vocab))
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32), shapes,
+                        is_leaf=lambda x: isinstance(x, tuple))
+
+
+def _rms_fp32(x, scale, eps=1e-6):
+    x32 = x.astype(jnp.float32)
+    return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps) * scale
+
+
+@jax.custom_vjp
+def flash_standin(q, k, v):
+    """[b, s, a, d] attention output with cuDNN flash attention's memory behaviour: O(b s a d)
+    work, no s x s buffer, and the residuals of JAX's cuDNN rule (q, k, v, the output and the
+    fp32 softmax statistics [b, a, s]). Its values are not attention's."""
+    return _flash_fwd(q, k, v)[0]
+
+
+def _flash_fwd(q, k, v):
+    group = q.shape[2] // k.shape[2]
+    kv = jnp.repeat(k.astype(jnp.float32) + v.astype(jnp.float32), group, axis=2)
+    out = (q.astype(jnp.float32) * jnp.cumsum(kv, axis=1)).astype(q.dtype)
+    stats = jnp.swapaxes(jnp.sum(q.astype(jnp.float32), -1), 1, 2)
+    return out, (q, k, v, out, stats)
+
+
+def _flash_bwd(res, d_out):
+    q, k, v, out, stats = res
+    group = q.shape[2] // k.shape[2]
+    d32 = d_out.astype(jnp.float32) * (1.0 + jnp.swapaxes(stats, 1, 2)[..., None])
+    dq = (d32 * out.astype(jnp.float32)).astype(q.dtype)
+    t = (d32 * q.astype(jnp.float32)).reshape(*k.shape[:3], group, k.shape[3]).sum(3)
+    return dq, (t * k.astype(jnp.float32)).astype(k.dtype), (t * v.astype(jnp.float32)).astype(
+        v.dtype)
+
+
+flash_standin.defvjp(_flash_fwd, _flash_bwd)
+
+
+def scan_layer(cfg: Config, x, w):
+    """One pre-RMSNorm layer on the bf16 residual stream x; w: this layer's fp32 weights."""
+    b, s, h = x.shape
+    a, akv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    cast = {k: v.astype(BF16) for k, v in w.items() if v.ndim == 2}
+    n = _rms_fp32(x, w["norm1"]).astype(BF16)
+    q = (n @ cast["wq"]).reshape(b, s, a, dh)
+    k = (n @ cast["wk"]).reshape(b, s, akv, dh)
+    v = (n @ cast["wv"]).reshape(b, s, akv, dh)
+    x = x + flash_standin(q, k, v).reshape(b, s, a * dh) @ cast["wo"]
+    n = _rms_fp32(x, w["norm2"]).astype(BF16)
+    if cfg.gated_mlp:
+        u = jax.nn.silu(n @ cast["w_gate"]) * (n @ cast["w_up"])
+    else:
+        u = jax.nn.gelu(n @ cast["w_up"], approximate=True)
+    return x + u @ cast["w_down"], None
+
+
+def scan_loss(cfg: Config, params, tokens, targets, remat: bool):
+    body = functools.partial(scan_layer, cfg)
+    x = jnp.take(params["embed"], tokens, axis=0).astype(BF16)
+    x, _ = jax.lax.scan(jax.checkpoint(body) if remat else body, x, params["layers"])
+    logits = _rms_fp32(x, params["final_norm"]).astype(BF16) @ params["w_out"].astype(BF16)
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits.astype(jnp.float32), targets).mean()
+
+
+def make_scan_step(cfg: Config, optimizer, remat: bool = False):
+    """step(params, opt_state, tokens [m, b, s], targets): m micro-batches accumulated by a
+    `lax.scan` (one micro-batch: no scan), then the optimizer update."""
+    grad_fn = jax.value_and_grad(functools.partial(scan_loss, cfg, remat=remat))
+
+    def step(params, opt_state, tokens, targets):
+        m = tokens.shape[0]
+        if m == 1:
+            loss, grads = grad_fn(params, tokens[0], targets[0])
+        else:
+            def accumulate(carry, batch):
+                g_sum, l_sum = carry
+                loss, g = grad_fn(params, *batch)
+                return (jax.tree.map(jnp.add, g_sum, g), l_sum + loss), None
+
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            (grads, loss), _ = jax.lax.scan(accumulate, (zeros, 0.0), (tokens, targets))
+            grads, loss = jax.tree.map(lambda g: g / m, grads), loss / m
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+def scan_step_args(cfg: Config, n_microbatches: int = 1):
+    """(optimizer, abstract params, abstract optimizer state, abstract tokens) of the step."""
+    optimizer = optax.adamw(1e-4, weight_decay=0.1)
+    params = stacked_param_shapes(cfg)
+    tokens = jax.ShapeDtypeStruct((n_microbatches, cfg.micro_batch, cfg.seq_len), jnp.int32)
+    return optimizer, params, jax.eval_shape(optimizer.init, params), tokens

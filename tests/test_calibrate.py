@@ -123,3 +123,25 @@ def test_starting_points_put_the_host_floor_on_layers_and_on_kernels():
     two = cal.starting_points(eff, ("mm_max", "host_layer_s"))
     assert len(two) == 2 and float(two[1].host_kernel_s) == float(eff.host_kernel_s)
     assert cal.starting_points(eff, ("mm_max",)) == [eff]
+
+
+def test_xla_and_memory_fields_are_fitted_only_where_runs_need_them():
+    """queued_kernel_s is fitted only when some run is one XLA program (elsewhere it has no
+    gradient, and leaving it out keeps the other fits exactly as they were); the memory
+    fields only when a fitted run has a measured peak."""
+    from types import SimpleNamespace
+
+    from diffperf.load import training_from_name
+
+    def runs(precision, mem):
+        return SimpleNamespace(peak_memory_GB=np.array([mem, np.nan]),
+                               trainings=[training_from_name(precision)] * 2)
+
+    fit = np.array([True, False])
+    assert cal.default_fields(runs("amp-bf16", np.nan), fit) == cal.STEP_FIELDS
+    assert cal.default_fields(runs("amp-bf16", 9.0), fit) == (cal.STEP_FIELDS
+                                                              + cal.MEMORY_FIELDS)
+    assert cal.default_fields(runs("xla-amp-bf16", 9.0), fit) == (
+        cal.STEP_FIELDS + cal.MEMORY_FIELDS + cal.XLA_FIELDS)
+    assert cal.default_fields(runs("xla-amp-bf16", 9.0), ~fit) == (cal.STEP_FIELDS
+                                                                   + cal.XLA_FIELDS)

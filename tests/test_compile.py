@@ -168,7 +168,7 @@ def test_new_model_of_same_kind_does_not_compile():
     with count_compiles() as log:
         results = [predict(_model(name), parallel, system) for name in models]
         results += [predict(_model(BASE_MODEL), parallel, system, training(precision))
-                    for precision in ("fp32", "bf16-pure", "amp-bf16")]
+                    for precision in ("fp32", "bf16-pure", "amp-bf16", "xla-amp-bf16")]
         results.append(predict(_model(BASE_MODEL), parallel, system,
                                training("bf16", checkpoint_interval_s=1800.0)))
     _assert_nothing_compiled(log, "another model or precision")

@@ -383,7 +383,7 @@ def test_hf_invalid_values_are_checked_like_yaml(tmp_path):
 
 def test_unknown_precision_suggests():
     with _raises("precision='bf61' is not allowed; did you mean 'bf16'? "
-                 "(allowed: bf16, fp16, amp-bf16, bf16-pure, fp32)"):
+                 "(allowed: bf16, fp16, amp-bf16, xla-amp-bf16, bf16-pure, fp32)"):
         diffperf.training("bf61")
 
 
@@ -1161,6 +1161,15 @@ def test_vocab_pad_to_must_be_a_whole_number():
     with _raises("training.vocab_pad_to=1.5 must be a whole number >= 0 (128: Megatron-LM's "
                  "padding; 0: no padding)"):
         training("bf16", vocab_pad_to=1.5)
+
+
+def test_xla_compiled_must_be_zero_or_one():
+    from diffperf.load import training
+
+    with _raises("training.xla_compiled=0.5 must be 0 or 1 (1: the step is one XLA program, "
+                 "JAX jit; 0: an eager or Megatron framework)"):
+        training("amp-bf16", xla_compiled=0.5)
+    assert float(training("amp-bf16", xla_compiled=1).xla_compiled) == 1.0
 
 
 def test_predict_set_refuses_fields_with_their_own_option(capsys):

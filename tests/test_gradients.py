@@ -42,7 +42,8 @@ RATE_LEAVES = HARDWARE_RATES + ("eff.mm_max", "eff.attn_max", "eff.mem_eff",
                                 "eff.coll_eff_intra", "eff.coll_eff_inter")
 # Costs: raising one never makes a step faster (d step / d leaf >= 0). Latencies, fixed times
 # and the sizes at which an efficiency halves (those of them the System has).
-COST_LEAVES = ("tiers[*].latency_s", "tiers[*].oversubscription", "eff.kernel_s", "eff.host_kernel_s", "eff.host_layer_s",
+COST_LEAVES = ("tiers[*].latency_s", "tiers[*].oversubscription", "eff.kernel_s",
+               "eff.queued_kernel_s", "eff.host_kernel_s", "eff.host_layer_s",
                "eff.host_recompute_s", "eff.host_coll_peer_s", "eff.microbatch_s", "eff.step_s",
                "eff.coll_base_s",
                "eff.overlap_slowdown", "eff.mm_half_dim",
@@ -268,6 +269,46 @@ def test_check_grads_in_log_coordinates(x64, case, temperature):
     assert log_scale.dtype == jnp.float64
     assert np.isfinite(f(log_scale))
     check_grads(f, (log_scale,), order=1, modes=["rev"])
+
+
+# One XLA-compiled step (the H100 JAX runs' program, Training.xla_compiled = 1): its own
+# terms (queued kernels, stacked residual traffic, remat without the down projection,
+# gradient accumulation, fused optimizer) under the same contract. Single GPU, away from kinks.
+XLA_CASES = {
+    "xla-remat-accumulate": ("llama3-8b", "h100-sxm-80gb", dict(
+        micro_batch=1, global_batch=2, recompute=2)),
+    "xla-no-remat": ("megatron-1.7b", "h100-sxm-80gb", dict(micro_batch=2, global_batch=4)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(XLA_CASES))
+def test_check_grads_xla_program(x64, case):
+    """d ln T / d ln(every System leaf) of an XLA step matches finite differences (float64),
+    and the queued-kernel time has an elasticity (it is used)."""
+    from diffperf.load import training_from_name
+
+    model_name, system_name, layout = XLA_CASES[case]
+    model, parallel = _floats(_model(model_name)), _floats(Parallel(**layout))
+    system, training = _floats(_system(system_name)), _floats(training_from_name("xla-amp-bf16"))
+    f = _log_step_time(model, parallel, system, training, None)
+    log_scale = jnp.zeros(len(jax.tree.leaves(system)))
+    check_grads(f, (log_scale,), order=1, modes=["rev"])
+    grad = _system_grad(model, parallel, system, training, None)
+    assert float(grad.eff.queued_kernel_s) > 0
+
+
+def test_xla_program_uses_queued_kernels_not_kernel_s():
+    """Under xla_compiled = 1 the fixed time per kernel is eff.queued_kernel_s (d step > 0)
+    and eff.kernel_s and the host floor have no effect (d step = 0); under 0 the converse."""
+    from diffperf.load import training_from_name
+
+    model, system = _model("megatron-1.7b"), _system("h100-sxm-80gb")
+    parallel = Parallel(micro_batch=1, global_batch=2)
+    xla = _system_grad(model, parallel, system, training_from_name("xla-amp-bf16"), None)
+    eager = _system_grad(model, parallel, system, training_from_name("amp-bf16"), None)
+    assert float(xla.eff.queued_kernel_s) > 0 and float(xla.eff.kernel_s) == 0
+    assert float(xla.eff.host_kernel_s) == 0 and float(xla.eff.host_layer_s) == 0
+    assert float(eager.eff.queued_kernel_s) == 0 and float(eager.eff.kernel_s) > 0
 
 
 # ------------------------------------------------------------------------ physical sign

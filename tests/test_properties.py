@@ -468,13 +468,13 @@ def test_smooth_converges_to_hard_over_a_batch():
 def test_leaving_out_zero_features_changes_no_result():
     """predict_step(features=features_of(...)) equals the full program for every configuration
     of the fixed batch, exact and smooth (t = 0.1): the terms a search leaves out of its
-    program (EP all-to-alls, CP exchange, AxoNN grid, expert DP group) are exactly 0 when
+    program (EP all-to-alls, CP exchange, AxoNN grid, expert DP group, XLA's) are exactly 0 when
     features_of says so. Configurations grouped by their feature set; eager (no compile)."""
     from diffperf.predict import FEATURES, features_of
 
     batch = _fixed_batch()
     args = _floats((batch.model, batch.parallel, batch.system, batch.training))
-    keys = [features_of(c.model, c.parallel) for c in batch.cfgs]
+    keys = [features_of(c.model, c.parallel, c.training) for c in batch.cfgs]
     assert len(set(keys)) >= 3 and any(k != FEATURES for k in keys), set(keys)
     assert all("axonn" not in k for k in keys)  # no grid in random_layout
     with jax.disable_jit():
@@ -499,6 +499,8 @@ def test_features_of_names_each_feature():
     assert features_of(dense, Parallel(gy=2.0)) == {"axonn"}
     assert features_of(moe, Parallel(dp=8.0)) == {"experts"}
     assert features_of(moe, Parallel(dp=8.0, ep=np.array([1.0, 8.0]))) == {"experts", "ep"}
+    assert features_of(dense, Parallel(), training("xla-amp-bf16")) == {"xla"}
+    assert features_of(dense, Parallel(), training("amp-bf16")) == frozenset()
     seen = []  # a traced leaf: values unknown, so every feature stays in the program
     jax.make_jaxpr(lambda cp: seen.append(features_of(dense, Parallel(cp=cp))) or cp)(1.0)
     assert seen == [FEATURES]

@@ -13,7 +13,8 @@ def add_model_system(p, system_help="name under configs/systems or a YAML") -> N
                    help=f"{system_help} (default: a100-sxm-80gb)")
     p.add_argument("--calibration", help="efficiency overlay YAML (from diffperf calibrate)")
     p.add_argument("--seq-len", type=int, help="override the model's sequence length")
-    p.add_argument("--precision", default="bf16", help="bf16, fp16, amp-bf16, bf16-pure, fp32")
+    p.add_argument("--precision", default="bf16",
+                   help="bf16, fp16, amp-bf16, xla-amp-bf16, bf16-pure, fp32")
 
 
 def model_and_system(args):

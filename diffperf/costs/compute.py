@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from diffperf.costs.xla import kernel_fixed_s
 from diffperf.costs.roofline import (alignment_factor, gemm_size, roofline_time_s,
                                      saturating_efficiency)
 
@@ -89,5 +90,5 @@ def layer_times_s(ops, system, training, attn_io_bytes, temperature=None):
     attn = attention_time_s(ops.attention, system, training, attn_io_bytes, temperature)
     other = (memory_time_s(ops.elementwise_bytes, system)
              + ops.vector_flops / system.vector_flops_per_s
-             + ops.n_kernels * e.kernel_s)
+             + ops.n_kernels * kernel_fixed_s(system, training))
     return dense, attn, other

@@ -139,10 +139,11 @@ def _grid(layouts, placements, chunk, n_dev):
     return np.concatenate([keys, np.repeat(keys[-1:], pad, axis=0)]), cell, per
 
 
-def _table_features(model, keys) -> frozenset:
-    """predict.features_of for a table's outer keys (its ep, cp, gx, gy, gz columns)."""
+def _table_features(model, keys, training=None) -> frozenset:
+    """predict.features_of for a table's outer keys (its ep, cp, gx, gy, gz columns) and the
+    training (None: Training(), no XLA terms)."""
     cols = {c: keys[:, KEYS.index(c)] for c in ("ep", "cp", *GRID)}
-    return features_of(model, Parallel(**cols))
+    return features_of(model, Parallel(**cols), training)
 
 
 def _kernel_fn(devices, optimize=True):

@@ -81,7 +81,7 @@ def soft_best(model, system, training, layouts, temperature, *, placements=PLACE
     top = _is_concrete((model, system, training, tau))
     fn = _soft_scores_cpu if top and jax.default_backend() == "cpu" else _soft_scores
     keys, cell, per = _grid(layouts, placements, int(chunk), 1)
-    features = _table_features(model, keys)
+    features = _table_features(model, keys, training)
     grid = fn(model, keys.reshape(-1, per, len(KEYS)).astype(dtype), system, training, tau,
               smooth=smooth, features=features)
     scores = grid.reshape(-1)[cell]

@@ -211,7 +211,7 @@ def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=
     h_call = h_dev * n_dev
     keys, valid, row_of, flat_keys = _table_grid(layouts, placements,
                                                  max(len(INNER_GRID), int(cells) // h_dev), dtype)
-    features = _table_features(model_, flat_keys)
+    features = _table_features(model_, flat_keys, training_)
     cpu = (jax.default_backend() if devices is None else devices[0].platform) == "cpu"
     fn = _sweep_jit_cpu if cpu else _sweep_jit
     mesh = None if devices is None else _mesh(devices, "points")

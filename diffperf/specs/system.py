@@ -48,6 +48,9 @@ class Efficiency(struct.PyTreeNode):
     attn_half_head_dim: Any = 40.0  # head_dim penalty: eta ~ 1 / (1 + d_half / d_h)
     mem_eff: Any = 0.85         # achieved / peak HBM bandwidth of memory-bound kernels
     kernel_s: Any = 4e-6        # GPU-side fixed time per kernel (launch, tail, sync)
+    queued_kernel_s: Any = 3e-6  # the same for a kernel of one compiled program (XLA) whose
+                                 # queue runs ahead of the GPU: dependent-kernel gap and tail
+                                 # (costs.xla.kernel_fixed_s)
     host_kernel_s: Any = 5e-6   # host-side dispatch time per kernel (eager frameworks: ~10 us)
     host_layer_s: Any = 5e-5    # host-side time per layer pass (framework hooks, checkpointing)
     host_recompute_s: Any = 5e-5  # host time of re-entering a checkpointed layer (RNG, graph)

@@ -40,6 +40,9 @@ class Training(struct.PyTreeNode):
                                  # 0: no padding, each rank takes floor(V / t) rows
     checkpoint_interval_s: Any = 0.0  # run choice: training seconds between checkpoints
                                  # (tau); 0: the optimum of Daly (2006), schedule.goodput
+    xla_compiled: Any = 0.0      # 1: the whole step is one XLA program (JAX jit): memory is
+                                 # what XLA keeps live (memory/xla.py), kernels are fused and
+                                 # issued back to back; 0: an eager / Megatron framework
     name: str = struct.field(pytree_node=False, default="bf16")
 
 
@@ -55,6 +58,15 @@ PRECISIONS = {
     "amp-bf16": dict(weight_bytes=4.0, grad_bytes=4.0, master_bytes=0.0, optimizer_bytes=8.0,
                      activation_bytes=2.0, matmul_fp32=0.0, cast_weight_bytes=2.0,
                      grad_buffers_persist=0.0, residual_bytes=4.0, loss_bytes_per_logit=40.0),
+    # One XLA-compiled JAX step with fp32 params and AdamW states and bf16 matmul inputs
+    # (shared/data/README.md, H100 JAX section): memory by XLA's live sets (memory/xla.py),
+    # where the bf16 casts of the weights are stacked scan residuals, not a separate copy;
+    # bf16 residual stream (the carry that jax.checkpoint stacks is 2 B per element in the
+    # measured peaks); the cross-entropy fused (14 B per logit, flops.head_ops).
+    "xla-amp-bf16": dict(weight_bytes=4.0, grad_bytes=4.0, master_bytes=0.0,
+                         optimizer_bytes=8.0, activation_bytes=2.0, matmul_fp32=0.0,
+                         cast_weight_bytes=0.0, grad_buffers_persist=0.0, residual_bytes=2.0,
+                         loss_bytes_per_logit=14.0, xla_compiled=1.0),
     # Pure bf16 (weights, grads and Adam states in bf16: 8 B/param).
     "bf16-pure": dict(weight_bytes=2.0, grad_bytes=2.0, master_bytes=0.0, optimizer_bytes=4.0,
                       activation_bytes=2.0, matmul_fp32=0.0),

@@ -230,7 +230,10 @@ def head_ops(model, parallel, training) -> HeadOps:
                 back to 16 bits (r4 w2) = 14 B. PyTorch's F.cross_entropy (the amp-bf16
                 preset, q_ce = 40): upcast (r2 w4), log_softmax (r4 r4 w4), nll backward's
                 zero-filled gradient (w4), log_softmax backward (r4 r4 w4), downcast
-                (r4 w2).
+                (r4 w2). One XLA program (the xla-amp-bf16 preset, q_ce = 14) fuses the
+                chain: max (r2), exp-sum writing the fp32 exp(x - max) that the backward
+                keeps (r2 w4), and the backward's softmax - one-hot cast to 16 bits
+                (r4 w2) [D].
         embed   2 x q_a T h bytes       (gather rows, write activations)
     """
     T = tokens_per_device(model, parallel)

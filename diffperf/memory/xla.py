@@ -1,0 +1,149 @@
+"""Peak memory of a training step compiled as one XLA program (JAX `jit`), term by term.
+
+A JAX step is one program: XLA's buffer assignment decides which buffers are live at each
+point, and its peak is what `jax.jit(f).lower(...).compile().memory_analysis()` reports,
+arguments + outputs + temporaries - aliased (the measured `peak_memory_GB` of
+shared/data/h100_jax_single_gpu.csv). The program modelled is the one that file describes:
+layers as one `lax.scan` over stacked fp32 weights, bf16 matmul inputs, cuDNN flash attention,
+AdamW, gradient accumulation as a `lax.scan` over micro-batches, parameters and optimizer state
+donated, `recompute=full` = `jax.checkpoint` around the scanned layer.
+
+Live sets (S = states, the donated fp32 parameters and Adam m, v: outputs alias arguments, so
+they are counted once; G = gradient bytes of the stage; R = stacked residuals):
+    A  loss, start of the backward (last stage):  S + G_acc + R + loss buffers
+    B  backward of the layer scan:                 S + G_acc + G_layers + R + working layer
+    C  optimizer update (in place, donated):       S + G
+    peak = max(A, B, C) + runtime workspace (eff.mem_reserved_bytes)
+G_acc = G when the step accumulates m > 1 micro-batches (the fp32 carry of the micro-batch
+scan; with m = 1 XLA's while-loop simplifier removes the one-trip loop and the add of zeros);
+G_layers = the layer gradients the backward scan stacks as its outputs, allocated when the loop
+starts (the embedding and output-layer gradients are scheduled outside it).
+How this was found: the step of tests/jax_transformer.py (`make_scan_step`), written as the
+data README says, compiled on the CPU at the 25 measured shapes and at small ones while
+varying layers, micro-batch, accumulation, vocabulary and remat. What `lax.scan` stacks is
+fixed by JAX's partial evaluation (the jaxpr), the same on every backend, and the count below
+equals it (tests/test_memory_xla.py); the temporaries around it are backend-specific (the
+CPU compiler fuses less and keeps 2-60 % more than the GPU measured), so only the structure
+(which phase, which terms) was taken from the CPU, never its numbers. Against the 20
+measured H100 peaks the formula (without eff.mem_reserved_bytes) is within 3.1 % (mean
+1.1 %) with no fitted parameter, and puts the 5 runs that ran out of memory at 81-161 GB
+against 76.7 GB for the largest that ran [D].
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from diffperf.memory.activations import layers_in_flight
+from diffperf.memory.weights import gradient_bytes, optimizer_bytes, weight_bytes
+from diffperf.result import MEMORY_PARTS, Memory
+from diffperf.workload.flops import hidden_shards, vocab_rows_per_rank
+from diffperf.workload.params import (layer_params_per_device, stage_expert_params_per_device,
+                                      stage_params_per_device)
+from diffperf.workload.pp import stage_layers
+from diffperf.workload.xla import FP32_BYTES, layer_residual_bytes
+
+
+def scan_residual_bytes(model, parallel, training):
+    """Bytes stacked per layer and micro-batch for the backward of the layer scan:
+
+        recompute full (jax.checkpoint around the body): q_r T h_r   the scan carry only
+        none or selective: layer_residual_bytes   (with flash attention there are no scores
+                                                   to drop; a jax.checkpoint policy that
+                                                   saves some values is not modelled, nor
+                                                   XLA's own rematerialisation near the
+                                                   memory limit)
+    q_r = training.residual_bytes (the dtype of the carry, the residual stream); a checkpointed
+    body keeps its input and rebuilds the rest in the backward; its weights are slices of the
+    scanned stack, so nothing is stacked for them [D: jaxpr].
+    Example (L 24, h 2048, b 1, s 1024, q_r 2): 2 x 1024 x 2048 = 4.19 MB a layer, 0.1007 GB
+    for 24 layers: the measured 21.323 GB of that run less 12 P + 4 P (16 P = 21.22 GB).
+    """
+    t_sp = jnp.where(parallel.sequence_parallel > 0, parallel.tp, 1.0) * hidden_shards(parallel)
+    T = parallel.micro_batch * model.seq_len / parallel.cp
+    carry = training.residual_bytes * T * model.hidden / t_sp
+    return jnp.where(parallel.recompute == 2, carry, layer_residual_bytes(model, parallel,
+                                                                          training))
+
+
+def working_layer_bytes(model, parallel, training):
+    """Extra bytes while one layer's backward runs: under full recompute the layer rebuilt
+    (its `layer_residual_bytes`, weights' casts included); otherwise 0 (the backward reads the
+    stacked residuals and fuses its temporaries)."""
+    return jnp.where(parallel.recompute == 2, layer_residual_bytes(model, parallel, training),
+                     0.0)
+
+
+def loss_buffer_bytes(model, parallel, training):
+    """Buffers of the fp32 cross-entropy at the start of the backward, last stage:
+
+        (4 + q) T V_t
+    the fp32 exp(logits - max) that log-softmax saves for its backward and the q-byte gradient
+    of the logits that the output layer's two backward GEMMs read (the q-byte logits are dead
+    once the fused reductions have read them). V_t = `vocab_rows_per_rank`.
+    Example: T = 32768, V = 128256, q = 2: 6 x 4.203e9 = 25.2 GB (the measured run peaks at
+    33.55 GB = 12 P 6.32 + stacked carry 1.61 + 25.2 + 0.4).
+    """
+    T = parallel.micro_batch * model.seq_len / parallel.cp
+    return (FP32_BYTES + training.activation_bytes) * T * vocab_rows_per_rank(model, parallel,
+                                                                         training)
+
+
+def _stage_phases(params, expert_params, layer_P, resid, loss, working, parallel, training):
+    """(parts at A, B, C) of one stage: dicts of MEMORY_PARTS without the buffers."""
+    no_cast = training.replace(cast_weight_bytes=0.0)  # casts are in the stacked residuals
+    w = weight_bytes(params, parallel, no_cast, expert_params)
+    opt = optimizer_bytes(params, parallel, training, expert_params)
+    grads = gradient_bytes(params, parallel, training, expert_params)
+    acc = jnp.where(parallel.n_microbatches > 1, grads, 0.0)
+    layer_grads = gradient_bytes(layer_P, parallel, training, expert_params)
+    part = lambda g, act: dict(weights_bytes=w, gradients_bytes=g, optimizer_bytes=opt,  # noqa
+                               activations_bytes=act)
+    return (part(acc, resid + loss), part(acc + layer_grads, resid + working),
+            part(grads, jnp.zeros_like(resid)))
+
+
+def xla_device_memory(model, parallel, system, training) -> Memory:
+    """Memory parts of the pipeline stage and phase with the largest footprint (module
+    docstring: A loss, B layer backward, C optimizer), and the usable capacity. The stages are
+    memory.device's three candidates (`workload.pp.stage_layers`: first, largest middle,
+    last), each holding n_i layers:
+
+        R_i = scan_residual_bytes x layers_in_flight(n_i, i)   (1F1B: min(p - i, m) micro-
+                                                                batches on stage i)
+        loss buffers on the last stage (on the only stage when p = 1)
+    ZeRO shards the states as in `memory.weights`; the parameters ZeRO-3 gathers under XLA
+    are not modelled separately here. Example: p = 1 -> n_i = L, one micro-batch of stacked
+    residuals: the single-GPU runs of h100_jax_single_gpu.csv.
+    """
+    layers = jnp.stack(jnp.broadcast_arrays(*stage_layers(model, parallel)))
+    stage = jnp.stack(jnp.broadcast_arrays(0.0, 1.0, parallel.pp - 1.0))
+    params = stage_params_per_device(model, parallel, tuple(layers))
+    expert_P = stage_expert_params_per_device(model, parallel, layers)
+    layer_P = layers * layer_params_per_device(model, parallel)
+    in_flight = layers_in_flight(layers, jnp.minimum(stage, parallel.pp - 1.0), parallel)
+    resid = scan_residual_bytes(model, parallel, training) * in_flight
+    is_last = jnp.stack(jnp.broadcast_arrays(jnp.where(parallel.pp <= 1, 1.0, 0.0),
+                                             jnp.where(parallel.pp == 2, 1.0, 0.0), 1.0))
+    loss = is_last * loss_buffer_bytes(model, parallel, training)
+    working = working_layer_bytes(model, parallel, training)
+    phases = _stage_phases(params, expert_P, layer_P, resid, loss, working, parallel, training)
+    keys = MEMORY_PARTS[:-1]
+    # (phase, stage) flattened into one leading axis of 9 candidates; batched leaves follow.
+    shape = jnp.broadcast_shapes(*(jnp.shape(c[k]) for c in phases for k in keys))
+    flat = lambda x: jnp.broadcast_to(x, shape).reshape((-1,) + shape[1:])  # noqa: E731
+    parts = {k: jnp.concatenate([flat(c[k]) for c in phases]) for k in keys}
+    total = sum(parts[k] for k in keys)
+    peak = jnp.argmax(total, axis=0)[None]
+    picked = {k: jnp.take_along_axis(parts[k], peak, axis=0)[0] for k in keys}
+    buffers = system.eff.mem_reserved_bytes
+    return Memory(**picked, buffers_bytes=buffers, total_bytes=jnp.max(total, axis=0) + buffers,
+                  capacity_bytes=system.hbm_capacity_bytes * system.eff.mem_usable_frac)
+
+
+def select_memory(training, xla: Memory, other: Memory) -> Memory:
+    """`xla` where training.xla_compiled = 1, else `other`, leaf by leaf (jnp.where: with the
+    flag at 0 every leaf is `other`'s, bit for bit)."""
+    on = training.xla_compiled > 0
+    return Memory(**{k: jnp.where(on, getattr(xla, k), getattr(other, k))
+                     for k in Memory.__dataclass_fields__})
