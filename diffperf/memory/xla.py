@@ -114,7 +114,7 @@ def xla_device_memory(model, parallel, system, training) -> Memory:
         loss buffers on the last stage (on the only stage when p = 1)
     ZeRO shards the states as in `memory.weights`; the parameters ZeRO-3 gathers under XLA
     are not modelled separately here. Example: p = 1 -> n_i = L, one micro-batch of stacked
-    residuals: the single-GPU runs of h100_jax_single_gpu.csv.
+    residuals: the single-GPU runs of the h100_jax_single_gpu runs file (shared/data).
     """
     layers = jnp.stack(jnp.broadcast_arrays(*stage_layers(model, parallel)))
     stage = jnp.stack(jnp.broadcast_arrays(0.0, 1.0, parallel.pp - 1.0))
