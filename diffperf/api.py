@@ -63,7 +63,8 @@ def _predict_vmap(model, parallel, system, training, temperature, features):
         model, parallel, system, training, temperature, features)
 
 
-def predict(model, parallel, system, training=None, *, temperature=None) -> Result:
+def predict(model, parallel, system, training=None, *, temperature=None,
+            store=None) -> Result:
     """Step time, breakdown, memory, MFU, tokens/s and goodput of one configuration.
 
     Args:
@@ -73,6 +74,9 @@ def predict(model, parallel, system, training=None, *, temperature=None) -> Resu
         training: a `Training` (default: bf16 mixed precision with fp32 master weights and Adam).
         temperature: None for the exact (hard max) model; > 0 for the smooth variant used by
             calibration and the differentiable search.
+        store: None, or a mapping key -> bytes of serialized executables (the CLI's on-disk
+            `KernelStore`): a later process loads the compiled program from it instead of
+            tracing and compiling it (~3.5 s on 2 CPU cores; search.executables).
     Returns:
         A `Result` pytree (step time, breakdown, memory, MFU, tokens/s, and `goodput`: the
         effective tokens/s under failures, checkpoints and restarts, from
@@ -89,7 +93,12 @@ def predict(model, parallel, system, training=None, *, temperature=None) -> Resu
         return predict_step(model, parallel, system, training, temperature)
     args = _as_float((anonymous(model), anonymous(parallel), anonymous(system),
                       anonymous(training)))
-    return _predict_jit(*args, temperature=temperature or None, features=FEATURES)
+    static = dict(temperature=temperature or None, features=FEATURES)
+    if store is None:
+        return _predict_jit(*args, **static)
+    from diffperf.search.executables import executable
+
+    return executable(_predict_jit, "predict", args, static, store)(*args)
 
 
 def predict_batch(models, parallels, system, trainings, *, temperature=None) -> Result:

@@ -275,3 +275,41 @@ def test_validate_missing_file(capsys, tmp_path):
     p = tmp_path / "none.csv"
     code, _, err = _run(capsys, "validate", str(p))
     _assert_one_line_error(code, err, f"{p}: cannot read")
+
+
+def test_predict_loads_its_compiled_program_from_the_store():
+    """predict(store=...) puts the compiled program in the store once and a later process
+    (here: the in-process table of loaded programs emptied) loads it from there: the same
+    result as without a store, and no new entry."""
+    from diffperf import load_model, load_system, predict
+    from diffperf.search import executables
+    from diffperf.specs.parallel import Parallel
+
+    model, system = load_model("gpt3-175b"), load_system("a100-sxm-80gb")
+    par = Parallel(tp=8.0, pp=8.0, dp=4.0, micro_batch=1.0, global_batch=64.0)
+    store = {}
+    first = predict(model, par, system, store=store)
+    assert len(store) == 1
+    executables._LOADED.clear()
+    again = predict(model, par.replace(dp=8.0, global_batch=128.0), system, store=store)
+    assert len(store) == 1
+    plain = predict(model, par.replace(dp=8.0, global_batch=128.0), system)
+    assert float(again.step_time_s) == pytest.approx(float(plain.step_time_s), rel=1e-6)
+    assert float(first.step_time_s) != float(again.step_time_s)
+
+
+def test_predict_cli_keeps_its_program_on_disk(tmp_path, monkeypatch, capsys):
+    """`diffperf predict` writes the program to the cache folder (a fresh process: the
+    in-process table of loaded programs emptied); --no-cache writes nothing."""
+    from diffperf.search import executables
+
+    executables._LOADED.clear()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "on"))
+    assert main(["predict", "--gpus", "128", "--tp", "8", "--pp", "8", "--global-batch",
+                 "64"]) == 0
+    assert list((tmp_path / "on").rglob("*.bin"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "off"))
+    assert main(["predict", "--gpus", "128", "--tp", "8", "--pp", "8", "--global-batch",
+                 "64", "--no-cache"]) == 0
+    assert not (tmp_path / "off").exists()
+    capsys.readouterr()

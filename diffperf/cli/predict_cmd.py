@@ -23,6 +23,8 @@ def add_parser(sub):
     add_model_system(p)
     add_layout_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--no-cache", action="store_true", help="do not keep the compiled program "
+                   "in ~/.cache/diffperf (a later run then compiles it again, ~3 s)")
     p.set_defaults(run=run)
     return p
 
@@ -125,14 +127,34 @@ def render(result, title, training=None) -> None:
                   f"tokens/s: {fmt(result.tokens_per_s)}   step_time_s: {fmt(T)}")
 
 
+def _store(args):
+    """The on-disk store of compiled programs (cli.cache), or None with --no-cache: every
+    layout, model and system of a kind share one program, so after the first run a
+    prediction loads it (under a second in all, at any GPU count) instead of compiling."""
+    if getattr(args, "no_cache", False):
+        return None
+    from diffperf.cli.cache import KernelStore
+
+    return KernelStore()
+
+
 def run(args) -> int:
     from diffperf import predict
 
-    from diffperf.workload.pp import stage_layers
+    import numpy as np
+
+    from diffperf.specs.validate import stage_counts
 
     model, parallel, system, train = build(args)
-    result = predict(model, parallel, system, train)
-    stages = [float(x) for x in stage_layers(model, parallel)]  # first, largest middle, last
+    result = predict(model, parallel, system, train, store=_store(args))
+    # first, largest middle, last (the numpy twin of workload.pp.stage_layers: no JAX ops to
+    # compile; a one-stage pipeline holds every layer, a two-stage one no middle)
+    P = {k: np.float64(getattr(parallel, k)) for k in ("pp", "pp_first_layers",
+                                                          "pp_last_layers")}
+    L = float(model.n_layers)
+    first, _, mid, last = (float(x) for x in stage_counts(P, dict(n_layers=L)))
+    pp = float(parallel.pp)
+    stages = [L, L, L] if pp <= 1 else [first, mid if pp > 2 else 0.0, last]
     if args.json:
         print_json(dict(model=model.name, system=system.name, gpus=args.gpus,
                         layout={k: float(getattr(parallel, k)) for k in (

@@ -1,0 +1,12 @@
+"""Session-wide test settings."""
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """The CLI keeps compiled programs under $XDG_CACHE_HOME/diffperf (cli.cache): tests get
+    a folder of their own, so they neither read a user's store nor write into it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield
