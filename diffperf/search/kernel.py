@@ -41,15 +41,18 @@ from diffperf.specs.parallel import GRID, Parallel
 
 _NO_GRID = tuple(k for k in KEYS if k not in GRID)  # batched when no row has the grid
 DEFAULT_CHUNK = 1 << 16  # layouts per call: amortises dispatch, ~7 MB out, little padding
-# XLA:CPU options of the search kernel, measured on 2 cores (benchmarks/README.md). The legacy
-# loop emitter at LLVM -O1 compiles the prediction ~1.5-2x faster than XLA's default with the
-# same steady-state speed; at -O0 it compiles ~2x faster again but runs ~8x slower, which
-# pays off for searches below QUICK_BELOW layouts (compile time saved > run time lost) when
-# the compiled program is not kept (`executable`). Other backends keep their defaults. None
-# of these changes a result (tests/test_search.py).
-_CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False,
+# XLA:CPU options of the search kernel, measured on 2 cores (benchmarks/README.md). XLA's
+# fusion emitters at LLVM -O1 run the prediction 1.5x faster than the legacy loop emitter
+# (GPT-3 table, idle machine, in turns: 10.6 against 7.0 M layouts/s; -O2 gives the same) and
+# compile ~0.6 s slower (2.2 against 1.6 s), which the executable store pays once. The quick
+# kernel (LLVM -O0, legacy emitter: it compiles ~2x faster again but runs ~8x slower) pays
+# off for searches below QUICK_BELOW layouts (compile time saved > run time lost) when the
+# compiled program is not kept (`executable`). Other backends keep their defaults. None of
+# these changes a result (tests/test_search.py).
+_CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": True,
                          "xla_backend_optimization_level": 1}
-_CPU_QUICK_OPTIONS = _CPU_COMPILER_OPTIONS | {"xla_backend_optimization_level": 0}
+_CPU_QUICK_OPTIONS = {"xla_cpu_use_fusion_emitters": False,
+                      "xla_backend_optimization_level": 0}
 QUICK_BELOW = 1_500_000
 # What ranking the layouts of a table needs (search's `fields`): time, feasibility, memory
 # (the Pareto front and the "no layout fits" message), MFU and throughput of every row.
