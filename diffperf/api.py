@@ -76,7 +76,7 @@ def predict(model, parallel, system, training=None, *, temperature=None,
             calibration and the differentiable search.
         store: None, or a mapping key -> bytes of serialized executables (the CLI's on-disk
             `KernelStore`): a later process loads the compiled program from it instead of
-            tracing and compiling it (~3.5 s on 2 CPU cores; search.executables).
+            tracing and compiling it (~3.5 s on 2 CPU cores; diffperf.executables).
     Returns:
         A `Result` pytree (step time, breakdown, memory, MFU, tokens/s, and `goodput`: the
         effective tokens/s under failures, checkpoints and restarts, from
@@ -96,7 +96,10 @@ def predict(model, parallel, system, training=None, *, temperature=None,
     static = dict(temperature=temperature or None, features=FEATURES)
     if store is None:
         return _predict_jit(*args, **static)
-    from diffperf.search.executables import executable
+    if not all(callable(getattr(store, m, None)) for m in ("get", "__setitem__")):
+        raise SpecError(f"store={store!r} must be None or a mapping key -> bytes (a dict, "
+                        "cli.cache.KernelStore)")
+    from diffperf.executables import executable
 
     return executable(_predict_jit, "predict", args, static, store)(*args)
 

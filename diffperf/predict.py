@@ -365,7 +365,7 @@ def _optimizer_s(own, system, training):
     (read gradient, master or weights, moments; write them and the 16-bit weights; one more
     gradient read for the norm / clipping). Mixed-precision Adam: (26 + q_g) + q_g per param.
     Psi_own = Psi / N under ZeRO >= 1, N the ranks that hold the same weights (`_dp_groups`).
-    One XLA program fuses the update (`costs.xla.optimizer_bytes_per_param`).
+    One XLA program fuses the update (`workload.xla.optimizer_bytes_per_param`).
     """
     per_param = optimizer_bytes_per_param(training)
     return memory_time_s(own * per_param, system) + 4.0 * kernel_fixed_s(system, training)

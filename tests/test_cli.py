@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from diffperf import Parallel
 from diffperf.cli.main import main
 from diffperf.result import EXPOSED_PARTS
 
@@ -277,31 +279,46 @@ def test_validate_missing_file(capsys, tmp_path):
     _assert_one_line_error(code, err, f"{p}: cannot read")
 
 
-def test_predict_loads_its_compiled_program_from_the_store():
-    """predict(store=...) puts the compiled program in the store once and a later process
-    (here: the in-process table of loaded programs emptied) loads it from there: the same
-    result as without a store, and no new entry."""
-    from diffperf import load_model, load_system, predict
-    from diffperf.search import executables
-    from diffperf.specs.parallel import Parallel
+def test_predict_loads_its_compiled_program_from_the_store(monkeypatch):
+    """predict(store=...) puts the compiled program in the store once; a later process (here:
+    the in-process table of loaded programs emptied, and compiling made impossible) loads it
+    from there and gives the result of the uncached path; a new store gets the program the
+    process has loaded; a store that is not a mapping is a SpecError."""
+    from diffperf import api, executables, load_model, load_system, predict
+    from diffperf.errors import SpecError
 
     model, system = load_model("gpt3-175b"), load_system("a100-sxm-80gb")
     par = Parallel(tp=8.0, pp=8.0, dp=4.0, micro_batch=1.0, global_batch=64.0)
+    other = par.replace(dp=8.0, global_batch=128.0)
+    executables._LOADED.clear()
     store = {}
     first = predict(model, par, system, store=store)
     assert len(store) == 1
+    plain = predict(model, other, system)
     executables._LOADED.clear()
-    again = predict(model, par.replace(dp=8.0, global_batch=128.0), system, store=store)
+
+    class NoCompile:
+        def lower(self, *args, **kwargs):
+            raise AssertionError("compiled again instead of loading from the store")
+
+    monkeypatch.setattr(api, "_predict_jit", NoCompile())
+    again = predict(model, other, system, store=store)
     assert len(store) == 1
-    plain = predict(model, par.replace(dp=8.0, global_batch=128.0), system)
     assert float(again.step_time_s) == pytest.approx(float(plain.step_time_s), rel=1e-6)
     assert float(first.step_time_s) != float(again.step_time_s)
+    fresh = {}
+    predict(model, par, system, store=fresh)  # loaded in the process: no compile, stored
+    assert fresh == store
+    with pytest.raises(SpecError, match=re.escape(
+            "store='~/.cache' must be None or a mapping key -> bytes (a dict, "
+            "cli.cache.KernelStore)")):
+        predict(model, par, system, store="~/.cache")
 
 
 def test_predict_cli_keeps_its_program_on_disk(tmp_path, monkeypatch, capsys):
     """`diffperf predict` writes the program to the cache folder (a fresh process: the
     in-process table of loaded programs emptied); --no-cache writes nothing."""
-    from diffperf.search import executables
+    from diffperf import executables
 
     executables._LOADED.clear()
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "on"))

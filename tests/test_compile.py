@@ -13,16 +13,15 @@ jitted core (`_cache_size`, a private JAX method present in JAX 0.10) is checked
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import re
 
 import jax
 import numpy as np
 
-from diffperf import (Parallel, Tier, ZeroStage, load_model, load_system, predict, stack,
-                      training)
+from diffperf import Parallel, Tier, ZeroStage, predict, stack, training
 from diffperf.api import _predict_jit
+from shipped import model as _model, system as _system
 
 BASE_MODEL = "megatron-1.7b"
 BASE_SYSTEM = "a100-sxm-80gb"
@@ -70,15 +69,6 @@ def _cache_size(jitted):
     size = getattr(jitted, "_cache_size", None)
     return size() if callable(size) else None
 
-
-@functools.lru_cache(maxsize=None)
-def _model(name):
-    return load_model(name)
-
-
-@functools.lru_cache(maxsize=None)
-def _system(name):
-    return load_system(name)
 
 
 def _warm():

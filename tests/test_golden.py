@@ -33,11 +33,6 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 NCCL_A100 = SHARED_DATA / "kernels" / "a100_nccl_allreduce.csv"
 
 
-@pytest.fixture
-def x64():
-    """float64 for one test, then back to the library's float32 default (STYLE.md section 4)."""
-    with jax.enable_x64(True):
-        yield
 
 
 # GPT-3 175B (Brown et al. 2020, Table 2.1), the model of PAPERS.md sections 5.6 and 6.

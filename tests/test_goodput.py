@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from diffperf import Parallel, Training, load_model, load_system, predict, training
+from diffperf import Parallel, Training, predict, training
 from diffperf.predict import _goodput
 from diffperf.result import GOODPUT_FRACS
 from diffperf.schedule.goodput import (checkpoint_bytes, checkpoint_write_s, daly_interval_s,
@@ -34,30 +34,13 @@ from diffperf.schedule.goodput import (checkpoint_bytes, checkpoint_write_s, dal
 from diffperf.sensitivity import goodput_elasticities
 from diffperf.specs.system import LLAMA3_FAILURES_PER_DEVICE_HOUR
 from diffperf.workload.params import total_params
+from shipped import model as _model, system as _system
 
 REPO = Path(__file__).resolve().parents[1]
 MIN, HOUR = 60.0, 3600.0
 
 
-@pytest.fixture
-def x64():
-    """float64 for the duration of one test (the library never turns it on itself)."""
-    previous = jax.config.read("jax_enable_x64")
-    jax.config.update("jax_enable_x64", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", previous)
 
-
-@functools.lru_cache(maxsize=None)
-def _model(name):
-    return load_model(name)
-
-
-@functools.lru_cache(maxsize=None)
-def _system(name):
-    return load_system(name)
 
 
 # ------------------------------------------------------------------------------ golden cases
@@ -265,9 +248,10 @@ def test_goodput_elasticities_of_the_reliability_leaves():
 
 def test_readme_goodput_example():
     """The README's `sensitivity --goodput` excerpt shows the reliability leaves' elasticities
-    of Llama 3 405B on 14,336 H100 (tp 8, pp 14, full recompute): they depend only on the
-    devices, the model's state and System.reliability, not on the step time; the printed
-    values are what the library computes (3 significant digits)."""
+    of Llama 3 405B's 16K-GPU layout on meta-h100-24k (tp 8, pp 16 on 126 layers, vp 8, ZeRO-2,
+    no recompute): they depend only on the devices, the model's state and System.reliability,
+    not on the step time; the printed values are what the library computes (3 significant
+    digits)."""
     text = (REPO / "README.md").read_text()
     assert "sensitivity --goodput --model llama3-405b" in text
     # rows "leaf   value   elasticity   +10 %": columns are 2+ spaces apart
@@ -275,8 +259,8 @@ def test_readme_goodput_example():
                            text, flags=re.M))
     assert set(rows) == {"reliability.failure_rate_per_s", "reliability.restart_s",
                          "reliability.storage_write_Bps"}, rows
-    par = Parallel(tp=8, pp=14, dp=128, micro_batch=1, global_batch=2048, sequence_parallel=1,
-                   recompute=2, zero_stage=1)
-    _, e = goodput_elasticities(_model("llama3-405b"), par, _system("h100-sxm-80gb"))
+    par = Parallel(tp=8, pp=16, vp=8, dp=128, micro_batch=1, global_batch=2048,
+                   sequence_parallel=1, recompute=0, zero_stage=2)
+    _, e = goodput_elasticities(_model("llama3-405b"), par, _system("meta-h100-24k"))
     for leaf, shown in rows.items():
         assert float(f"{e[leaf]:.3g}") == float(shown), (leaf, e[leaf], shown)

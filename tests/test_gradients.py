@@ -25,10 +25,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from jax.test_util import check_grads
 
-from diffperf import Parallel, Training, load_model, load_system, predict
+from diffperf import Parallel, Training, predict
 from diffperf.errors import SpecError
 from diffperf.specs.batch import anonymous
 from diffperf.specs.validate import check_layout
+from shipped import model as _model, system as _system
 
 MODELS = ("gpt-small", "megatron-1.7b", "llama3-8b", "gpt3-175b")
 SYSTEMS = ("a100-sxm-80gb", "h100-sxm-80gb", "gb200-nvl72", "a100-4nic")
@@ -54,15 +55,6 @@ HYPOTHESIS = dict(derandomize=True, database=None, deadline=None,
 
 
 # --------------------------------------------------------------------------------- helpers
-
-@functools.lru_cache(maxsize=None)
-def _model(name):
-    return load_model(name)
-
-
-@functools.lru_cache(maxsize=None)
-def _system(name):
-    return load_system(name)
 
 
 def _floats(spec):
@@ -151,15 +143,6 @@ def _describe(model, parallel, system):
             f"dp_overlap={parallel.dp_overlap} tp_overlap={parallel.tp_overlap}")
 
 
-@pytest.fixture
-def x64():
-    """float64 for the duration of one test, restored afterwards (the library never sets it)."""
-    previous = jax.config.read("jax_enable_x64")
-    jax.config.update("jax_enable_x64", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", previous)
 
 
 # --------------------------------------------------------------------------- finiteness

@@ -302,3 +302,34 @@ def test_xla_preset_changes_the_prediction():
     a, b = predict(model, par, system, EAGER), predict(model, par, system, XLA)
     assert float(a.step_time_s) != float(b.step_time_s)
     assert float(a.memory.total_bytes) != float(b.memory.total_bytes)
+
+
+def test_sharded_xla_program_holds_the_gathered_parameters_and_cp_buffers(monkeypatch):
+    """A ZeRO-3 layout under XLA holds the layer's gathered parameters, as under eager
+    (memory.device.gathered_buffer_bytes; zero3_prefetch_params = 0 is FSDP's whole next
+    layer prefetched, f = 1: N_layer (2 q_w + q_g)), and a CP layout holds its K/V buffers
+    during the layer's backward: leaving them out would make a search under xla-amp-bf16
+    favour exactly those layouts."""
+    from diffperf.load import load_model
+    from diffperf.memory.activations import cp_kv_buffer_bytes
+    from diffperf.workload.params import layer_params_per_device
+
+    model, system = load_model("llama3-8b"), load_system("h100-sxm-80gb")
+    z3 = Parallel(tp=1, pp=1, dp=64, micro_batch=1, global_batch=64, zero_stage=3,
+                  recompute=2, zero3_prefetch_params=0)
+    reserved = float(system.eff.mem_reserved_bytes)
+    n_layer = float(layer_params_per_device(model, z3))
+    for training in (XLA, EAGER):
+        gathered = n_layer * (2.0 * float(training.weight_bytes) + float(training.grad_bytes))
+        buffers = float(predict(model, z3, system, training).memory.buffers_bytes) - reserved
+        assert buffers == pytest.approx(gathered, rel=1e-5), training.name
+    # gpt3-175b (a small vocabulary for its layers): the layer backward is the peak.
+    model = load_model("gpt3-175b")
+    cp = Parallel(tp=8, pp=1, dp=2, cp=4, micro_batch=1, global_batch=2, recompute=2)
+    kv = float(cp_kv_buffer_bytes(model, cp, XLA))
+    with_kv = mem_xla.xla_device_memory(model, cp, system, XLA)
+    monkeypatch.setattr(mem_xla, "cp_kv_buffer_bytes", lambda *a: 0.0)
+    without = mem_xla.xla_device_memory(model, cp, system, XLA)
+    assert kv > 0
+    # The layer backward (phase B) is this step's peak: the K/V buffers add to it in full.
+    assert float(with_kv.total_bytes - without.total_bytes) == pytest.approx(kv, rel=1e-4)

@@ -11,7 +11,6 @@ compilation (same pytree structure), so the file runs in well under 30 s.
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 
 from diffperf import (Efficiency, Parallel, SpecError, System, Tier, Training,
-                      best_axonn_grid, load_model, load_system, predict)
+                      best_axonn_grid, predict)
 from diffperf.costs.axonn import axonn_times_s
 from diffperf.costs.collectives import all_reduce_s, all_to_all_s, ring_step_s
 from diffperf.memory.activations import layer_activation_bytes
@@ -35,6 +34,7 @@ from diffperf.workload.dp import dp_volumes_bytes, product_group
 from diffperf.workload.ep import ep_a2a_bytes, ep_a2a_per_layer, expert_dp_degree
 from diffperf.workload.flops import layer_ops
 from diffperf.workload.tp import tp_message_bytes
+from shipped import model as _model, system as _system
 
 # A two-tier system with round numbers (bandwidths per device, one direction).
 T0 = 5e-6            # eff.coll_base_s: fixed cost per collective call
@@ -47,15 +47,6 @@ SYS = System(matmul_flops_per_s=1e15, matmul_fp32_flops_per_s=5e14, vector_flops
              eff=Efficiency(coll_base_s=T0, coll_eff_intra=EFF, coll_eff_inter=EFF))
 BF16 = Training()
 
-
-@functools.lru_cache(maxsize=None)
-def _model(name):
-    return load_model(name)
-
-
-@functools.lru_cache(maxsize=None)
-def _system(name):
-    return load_system(name)
 
 
 def _ib_gradient(fn):

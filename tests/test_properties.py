@@ -40,7 +40,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -402,14 +401,6 @@ def test_gradient_finite_for_every_system_leaf_on_random_systems(cfgs):
                f"d step / d {jax.tree_util.keystr(path)} finite")
 
 
-@pytest.fixture
-def x64():
-    previous = jax.config.read("jax_enable_x64")
-    jax.config.update("jax_enable_x64", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", previous)
 
 
 @functools.lru_cache(maxsize=None)

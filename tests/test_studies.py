@@ -64,7 +64,8 @@ def test_comm_share_grows_when_flops_outgrow_bandwidth(results):
     grows and its compute share falls (Pati et al.'s finding). Exposed communication alone
     need not grow: on the projected system the fastest 76B layout moves to a 16-stage pipeline
     (uneven stages are searched), exposing less communication (17 % vs 20 % on B200) and
-    paying a 17 % bubble instead; the sum is what the search minimises."""
+    paying a 17 % bubble instead: the search minimises the step time, so it trades one for the
+    other."""
     t = results["comm-scaling"].table
     systems = ("a100-sxm-80gb", "b200-sxm-180gb", comm_scaling.PROJECTED_NAME)
     for model in comm_scaling.QUICK_MODELS:

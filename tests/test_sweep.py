@@ -19,7 +19,7 @@ from diffperf.cli.main import main
 from diffperf.load import (sweep_axes, sweep_fields, system_from_dict, system_names,
                            system_to_dict)
 from diffperf.search import enumerate_layouts, ranked, search, sweep
-from diffperf.search import executables as search_executables
+from diffperf import executables as search_executables
 
 MODEL = load_model("gpt-small")
 SYSTEM = load_system("a100-sxm-80gb").replace(hbm_capacity_bytes=3.0 * 2**30)

@@ -1,8 +1,11 @@
-"""Compiled code kept on disk between runs: JAX's persistent compilation cache, and the search
-kernels' serialized executables (search.kernel.executable), under ~/.cache/diffperf.
+"""Compiled code kept on disk between runs: JAX's persistent compilation cache, and the
+serialized executables of the search and sweep kernels and of predict (diffperf.executables),
+under ~/.cache/diffperf.
 
-The executables live in a folder named by a hash of the package's source and JAX's version, so
-an edit to any module, or another JAX, starts a fresh folder (old ones can be deleted).
+The executables live in a folder named by a hash of the package's source, JAX's version and
+the host's CPU (XLA:CPU compiles for the instruction set it runs on: a home folder shared by
+different machines must not hand one's program to the other), so an edit to any module,
+another JAX or another CPU starts a fresh folder (old ones can be deleted).
 """
 
 from __future__ import annotations
@@ -28,12 +31,30 @@ def enable_compilation_cache() -> None:
     jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax"))
 
 
+def host_cpu() -> str:
+    """The host's CPU as XLA:CPU compiles for it: machine, model name and feature flags
+    (the first processor of /proc/cpuinfo where there is one; platform's names elsewhere)."""
+    import platform
+
+    text = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            text = fh.read().split("\n\n")[0]
+    except OSError:
+        pass
+    lines = [ln for ln in text.splitlines()
+             if ln.split(":")[0].strip() in ("model name", "flags", "Features", "CPU part")]
+    return "\n".join([platform.machine(), platform.processor()] + lines)
+
+
 def code_version() -> str:
-    """sha256 of every module of the package (path and text) and the JAX version."""
+    """sha256 of every module of the package (path and text), the JAX version and the host's
+    CPU (host_cpu)."""
     import jax
 
     root = Path(diffperf.__file__).resolve().parent
     h = hashlib.sha256(jax.__version__.encode())
+    h.update(host_cpu().encode())
     for path in sorted(root.rglob("*.py")):
         h.update(path.relative_to(root).as_posix().encode())
         h.update(path.read_bytes())

@@ -73,7 +73,7 @@ def _enable_cache() -> None:
 def _store(args):
     """The on-disk store of compiled search kernels (cli.cache), or None with --no-cache.
     JAX's persistent compilation cache stays off here: a program it gives back cannot be
-    serialized again on the CPU (search.kernel._loads_and_runs), so the store would stay
+    serialized again on the CPU (diffperf.executables._loads_and_runs), so the store would stay
     empty."""
     if args.no_cache:
         return None

@@ -53,6 +53,21 @@ def zero3_buffer_bytes(layer_params, parallel, training):
     return layer_params * ((1.0 + f) * training.weight_bytes + training.grad_bytes)
 
 
+def gathered_buffer_bytes(model, parallel, training):
+    """Parameters gathered for the layer in use (whatever the framework, eager or XLA):
+
+        ZeRO-3: (1 + f) N_layer q_w + N_layer q_g     (`zero3_buffer_bytes`)
+        AxoNN depth G_z > 1: 2 N_layer q_w / (t G_x G_y)   (this layer's and the next one's)
+    Example: ZeRO-3 without prefetch (f = 0), N_layer = 1e9, q_w = q_g = 2: 4 GB.
+    """
+    z3 = jnp.where(parallel.zero_stage == 3, 1.0, 0.0)
+    depth = jnp.where(parallel.gz > 1, 1.0, 0.0)
+    gathered = layer_matrix_params(model)[0] / (parallel.tp * parallel.gx * parallel.gy)
+    return (z3 * zero3_buffer_bytes(layer_params_per_device(model, parallel), parallel,
+                                    training)
+            + depth * 2.0 * gathered * training.weight_bytes)
+
+
 def device_memory(model, parallel, system, training) -> Memory:
     """Memory parts of the pipeline stage with the largest footprint at its peak, and the
     usable capacity. Three stages are candidates (`workload.pp.stage_layers`): the first
@@ -83,13 +98,7 @@ def device_memory(model, parallel, system, training) -> Memory:
     activations = (k * kept * act.layers_in_flight(layers, jnp.minimum(stage, parallel.pp - 1.0),
                                                    parallel)
                    + working + is_last * logits)
-    z3 = jnp.where(parallel.zero_stage == 3, 1.0, 0.0)
-    depth = jnp.where(parallel.gz > 1, 1.0, 0.0)
-    gathered = layer_matrix_params(model)[0] / (parallel.tp * parallel.gx * parallel.gy)
-    buffers = (z3 * zero3_buffer_bytes(layer_params_per_device(model, parallel), parallel,
-                                       training)
-               + depth * 2.0 * gathered * training.weight_bytes
-               + system.eff.mem_reserved_bytes)
+    buffers = gathered_buffer_bytes(model, parallel, training) + system.eff.mem_reserved_bytes
     # The three stages at once: a leading axis of 3 (first, middle, last).
     parts = _stage_memory(params, expert_P, activations, buffers, parallel, training)
     total = sum(parts[k] for k in MEMORY_PARTS)  # every part but the buffers has the axis

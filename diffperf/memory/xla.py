@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from diffperf.memory.activations import layers_in_flight
+from diffperf.memory.activations import cp_kv_buffer_bytes, layers_in_flight
+from diffperf.memory.device import gathered_buffer_bytes
 from diffperf.memory.weights import gradient_bytes, optimizer_bytes, weight_bytes
 from diffperf.result import MEMORY_PARTS, Memory
 from diffperf.workload.flops import hidden_shards, vocab_rows_per_rank
@@ -112,9 +113,13 @@ def xla_device_memory(model, parallel, system, training) -> Memory:
         R_i = scan_residual_bytes x layers_in_flight(n_i, i)   (1F1B: min(p - i, m) micro-
                                                                 batches on stage i)
         loss buffers on the last stage (on the only stage when p = 1)
-    ZeRO shards the states as in `memory.weights`; the parameters ZeRO-3 gathers under XLA
-    are not modelled separately here. Example: p = 1 -> n_i = L, one micro-batch of stacked
-    residuals: the single-GPU runs of the h100_jax_single_gpu runs file (shared/data).
+    ZeRO shards the states as in `memory.weights`. What a sharded program holds beside its
+    live sets, as the eager model does (memory.device): the parameters gathered for the layer
+    in use (ZeRO-3 / FSDP, AxoNN's depth: `gathered_buffer_bytes`) and CP's K/V buffers during
+    the layer's backward (`activations.cp_kv_buffer_bytes`); the measured XLA runs are single
+    GPU, so these two are not checked against XLA's own report [D].
+    Example: p = 1 -> n_i = L, one micro-batch of stacked residuals: the single-GPU runs of
+    the h100_jax_single_gpu runs file (shared/data).
     """
     layers = jnp.stack(jnp.broadcast_arrays(*stage_layers(model, parallel)))
     stage = jnp.stack(jnp.broadcast_arrays(0.0, 1.0, parallel.pp - 1.0))
@@ -126,7 +131,8 @@ def xla_device_memory(model, parallel, system, training) -> Memory:
     is_last = jnp.stack(jnp.broadcast_arrays(jnp.where(parallel.pp <= 1, 1.0, 0.0),
                                              jnp.where(parallel.pp == 2, 1.0, 0.0), 1.0))
     loss = is_last * loss_buffer_bytes(model, parallel, training)
-    working = working_layer_bytes(model, parallel, training)
+    working = (working_layer_bytes(model, parallel, training)
+               + cp_kv_buffer_bytes(model, parallel, training))
     phases = _stage_phases(params, expert_P, layer_P, resid, loss, working, parallel, training)
     keys = MEMORY_PARTS[:-1]
     # (phase, stage) flattened into one leading axis of 9 candidates; batched leaves follow.
@@ -136,7 +142,7 @@ def xla_device_memory(model, parallel, system, training) -> Memory:
     total = sum(parts[k] for k in keys)
     peak = jnp.argmax(total, axis=0)[None]
     picked = {k: jnp.take_along_axis(parts[k], peak, axis=0)[0] for k in keys}
-    buffers = system.eff.mem_reserved_bytes
+    buffers = gathered_buffer_bytes(model, parallel, training) + system.eff.mem_reserved_bytes
     return Memory(**picked, buffers_bytes=buffers, total_bytes=jnp.max(total, axis=0) + buffers,
                   capacity_bytes=system.hbm_capacity_bytes * system.eff.mem_usable_frac)
 

@@ -2,7 +2,6 @@
 
     enumerate   the layout table of a job (`enumerate_layouts`), the rules of check_layout
     kernel      `predict_step` over the factored grid of a table, one compile per shape
-    executables compiled programs kept across processes (`executable`)
     evaluate    `search`: every row of a table, in table order; `ranked`, `pareto_front`
     soft        `soft_best`: the differentiable soft-min over a table
     sweeps      `sweep`: the best layouts at every point of a grid of hardware values
@@ -16,7 +15,7 @@ from diffperf.search.axonn import GRID_COLUMNS, axonn_comm_s, axonn_grids, best_
 from diffperf.search.enumerate import (COLUMNS, INNER, INNER_GRID, KEYS, OUTER, PLACEMENTS,
                                        axonn_mask, enumerate_layouts, parallel_of)
 from diffperf.search.evaluate import pareto_front, ranked, search, search_sharded
-from diffperf.search.executables import executable
+from diffperf.executables import executable
 # The XLA:CPU options, private but shared: sensitivity and the studies compile with them.
 from diffperf.search.kernel import (_CPU_COMPILER_OPTIONS, _CPU_QUICK_OPTIONS,  # noqa: F401
                                     DEFAULT_CHUNK, QUICK_BELOW, RANK_FIELDS)

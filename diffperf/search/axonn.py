@@ -17,6 +17,7 @@ from diffperf.costs.axonn import axonn_times_s
 from diffperf.costs.collectives import all_reduce_s
 from diffperf.errors import SpecError
 from diffperf.memory.device import device_memory
+from diffperf.memory.xla import select_memory, xla_device_memory
 from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel
 from diffperf.specs.training import Training
@@ -49,7 +50,9 @@ def axonn_comm_s(model, parallel, system, training):
 
 
 def _comm_and_memory(model, parallel, system, training):
-    memory = device_memory(model, parallel, system, training)
+    # The memory predict reports: XLA's live sets for an XLA-compiled training (memory.xla).
+    memory = select_memory(training, xla_device_memory(model, parallel, system, training),
+                           device_memory(model, parallel, system, training))
     return axonn_comm_s(model, parallel, system, training), memory.total_bytes, (
         memory.total_bytes <= memory.capacity_bytes)
 

@@ -25,7 +25,7 @@ Measured on GPT-3 175B / 1024 A100 with the grid (a cold `search` call, 2-core C
 kernel for all 493,920 rows, 4.5 s; a second kernel for the 27,600 grid rows alone, 6.2 s
 (its compilation costs more than the ~10% of run time it saves the Megatron rows).
 
-Compiled programs can be kept across processes (`search.executables`).
+Compiled programs can be kept across processes (`executables`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from diffperf.predict import features_of, predict_step
-from diffperf.search.executables import executable
+from diffperf.executables import executable
 from diffperf.search.enumerate import COLUMNS, INNER, INNER_GRID, KEYS, OUTER, _placement_codes
 from diffperf.specs.parallel import GRID, Parallel
 
@@ -155,8 +155,9 @@ def _kernel_fn(devices, optimize=True):
     backend = jax.default_backend() if devices is None else devices[0].platform
     if backend != "cpu":
         return _grid_predict, "grid"
-    return (_grid_predict_cpu, "grid-cpu-O1") if optimize else (_grid_predict_cpu_quick,
-                                                                 "grid-cpu-O0")
+    if optimize:
+        return _grid_predict_cpu, "grid-cpu-fusion-O1"
+    return _grid_predict_cpu_quick, "grid-cpu-legacy-O0"
 
 
 def _mesh(devices, axis: str) -> Mesh:

@@ -31,7 +31,7 @@ from diffperf.api import _as_float
 from diffperf.errors import SpecError
 from diffperf.search.enumerate import KEYS, PLACEMENTS
 from diffperf.search.evaluate import _check_table
-from diffperf.search.executables import executable
+from diffperf.executables import executable
 from diffperf.search.hardware import (_check_axes, _check_tied, _in_axes, _points,
                                       _with_leaves)
 from diffperf.search.kernel import (_CPU_COMPILER_OPTIONS, INNER_GRID, _batched,
@@ -235,7 +235,7 @@ def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=
         args = (model_, keys, valid, _with_leaves(system_, block), training_)
         if devices is not None:
             args = _placed(args, devices, paths)
-        name = f"sweep-{'cpu-O1' if cpu else 'default'}"
+        name = f"sweep-{'cpu-fusion-O1' if cpu else 'default'}"
         result = (fn(*args, **static) if store is None
                   else executable(fn, name, args, static, store)(*args))
         if pending is not None:

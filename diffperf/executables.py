@@ -1,4 +1,5 @@
-"""Compiled search kernels kept across processes: an executable store is a mapping (key ->
+"""Compiled programs (the search and sweep kernels, predict's program) kept across
+processes: an executable store is a mapping (key ->
 bytes) from a hash of everything a program depends on to its serialized executable
 (`jax.experimental.serialize_executable`). The caller owns the store and keys it by the version
 of the code (the CLI keeps one on disk per hash of the package's source, cli/cache.py); a
@@ -17,7 +18,8 @@ from jax.experimental import serialize_executable
 
 _LOADED_MAX = 8  # executables kept deserialized in the process (one per kernel shape)
 
-_LOADED: dict = {}  # key -> deserialized executable, so a warm process loads each once
+_LOADED: dict = {}  # key -> (deserialized executable, its bytes or None): a warm process
+                   # loads each once
 
 
 def _leaf_key(x) -> str:
@@ -64,10 +66,14 @@ def executable(fn, name, args, static, store):
     in the store. A stored program that no longer loads (another jaxlib) is compiled again.
     Loading a program runs its code: a store must be as trusted as the code itself (the
     CLI's lives in the user's own cache folder, beside JAX's compilation cache). A program
-    is stored only once it has loaded and run from its bytes (`_loads_and_runs`)."""
+    is stored only once it has loaded and run from its bytes (`_loads_and_runs`); a program
+    already loaded in the process is put in a `store` that lacks it."""
     key = executable_key(name, args, static)
     if key in _LOADED:
-        return _LOADED[key]
+        compiled, blob = _LOADED[key]
+        if blob is not None and store.get(key) is None:
+            store[key] = blob
+        return compiled
     compiled = None
     blob = store.get(key)
     if blob is not None:
@@ -81,7 +87,9 @@ def executable(fn, name, args, static, store):
         blob = pickle.dumps(serialize_executable.serialize(compiled))
         if _loads_and_runs(blob, args):
             store[key] = blob
+        else:
+            blob = None
     if len(_LOADED) >= _LOADED_MAX:
         _LOADED.pop(next(iter(_LOADED)))
-    _LOADED[key] = compiled
+    _LOADED[key] = (compiled, blob)
     return compiled
