@@ -352,13 +352,20 @@ def _unfitted_to_base(f: Fit, start: Efficiency, base: Efficiency) -> Fit:
 
 
 def default_fields(runs, fit_mask) -> tuple:
-    """The fields a calibration fits: STEP_FIELDS, + MEMORY_FIELDS where a fitted run has a
-    measured peak memory, + XLA_FIELDS where some run is one XLA program."""
+    """The fields a calibration fits, decided by the fitted runs: STEP_FIELDS, + MEMORY_FIELDS
+    where one has a measured peak memory, + XLA_FIELDS where one is an XLA program; without
+    the host floor (host_*) when every one is (an XLA step is enqueued whole: the host's
+    per-kernel and per-layer times are multiplied by 1 - xla_compiled, so they would have no
+    gradient and the starts that differ only in them would fit the same thing again)."""
+    fit = np.asarray(fit_mask, bool)
     fields = STEP_FIELDS
-    if np.isfinite(np.asarray(runs.peak_memory_GB)[np.asarray(fit_mask, bool)]).any():
+    if np.isfinite(np.asarray(runs.peak_memory_GB)[fit]).any():
         fields = fields + MEMORY_FIELDS
-    if any(float(np.max(np.asarray(t.xla_compiled))) > 0 for t in runs.trainings):
+    xla = np.array([float(np.max(np.asarray(t.xla_compiled))) > 0 for t in runs.trainings])
+    if xla[fit].any():
         fields = fields + XLA_FIELDS
+    if fit.any() and xla[fit].all():
+        fields = tuple(k for k in fields if not k.startswith("host_"))
     return fields
 
 

@@ -22,6 +22,7 @@ from diffperf.costs.compute import (gemm_times_s, gemms_time_s, layer_times_s, m
 from diffperf.costs.smooth import pnorm_max
 from diffperf.costs.xla import kernel_fixed_s
 from diffperf.memory.device import device_memory
+from diffperf.memory.weights import gradient_bytes
 from diffperf.memory.xla import select_memory, xla_device_memory
 from diffperf.result import EXPOSED_PARTS, Breakdown, Goodput, Result
 from diffperf.schedule.goodput import (checkpoint_bytes, checkpoint_write_s, daly_interval_s,
@@ -452,8 +453,10 @@ def predict_step(model, parallel, system, training, temperature=None,
     if "xla" in features:
         # XLA's micro-batch scan adds each micro-batch's gradients to its carry; XLA's live
         # sets replace the eager memory model (workload.xla, memory.xla).
+        # The carry holds this rank's gradient shard under ZeRO-2/3, as the memory model does.
         P = jnp.max(stage_params_per_device(model, parallel, layers), axis=0)
-        accumulate = memory_time_s(grad_accumulation_bytes(P, parallel, training), system)
+        P_acc = gradient_bytes(P, parallel, training) / training.grad_bytes
+        accumulate = memory_time_s(grad_accumulation_bytes(P_acc, parallel, training), system)
         breakdown = breakdown.replace(compute_s=breakdown.compute_s + accumulate)
         memory = select_memory(training, xla_device_memory(model, parallel, system, training),
                                memory)

@@ -166,7 +166,9 @@ def n_params(cfg: Config) -> int:
 # stacked and run as one `lax.scan`, bf16 matmul inputs and residual stream, RMSNorm in fp32,
 # flash attention (here a stand-in with the cuDNN rule's residuals and no s x s buffer, so
 # that it runs on the CPU), gradient accumulation as a `lax.scan` over micro-batches,
-# `jax.checkpoint` around the layer for full recompute, AdamW with donated buffers.
+# `jax.checkpoint` around the layer for full recompute, AdamW (the measured runs donate the
+# parameter and optimizer buffers; the jaxpr and its dot counts, all these tests read, do not
+# depend on donation, so `make_scan_step` is not jitted with donate_argnums).
 
 BF16 = jnp.bfloat16
 

@@ -126,8 +126,9 @@ def test_starting_points_put_the_host_floor_on_layers_and_on_kernels():
 
 
 def test_xla_and_memory_fields_are_fitted_only_where_runs_need_them():
-    """queued_kernel_s is fitted only when some run is one XLA program (elsewhere it has no
-    gradient, and leaving it out keeps the other fits exactly as they were); the memory
+    """queued_kernel_s is fitted only when a fitted run is one XLA program (elsewhere it has
+    no gradient, and leaving it out keeps the other fits exactly as they were); the host
+    floor (host_*) not when every fitted run is (it has no gradient there); the memory
     fields only when a fitted run has a measured peak."""
     from types import SimpleNamespace
 
@@ -141,7 +142,14 @@ def test_xla_and_memory_fields_are_fitted_only_where_runs_need_them():
     assert cal.default_fields(runs("amp-bf16", np.nan), fit) == cal.STEP_FIELDS
     assert cal.default_fields(runs("amp-bf16", 9.0), fit) == (cal.STEP_FIELDS
                                                               + cal.MEMORY_FIELDS)
+    no_host = tuple(k for k in cal.STEP_FIELDS if not k.startswith("host_"))
+    assert len(no_host) == len(cal.STEP_FIELDS) - 4
     assert cal.default_fields(runs("xla-amp-bf16", 9.0), fit) == (
-        cal.STEP_FIELDS + cal.MEMORY_FIELDS + cal.XLA_FIELDS)
-    assert cal.default_fields(runs("xla-amp-bf16", 9.0), ~fit) == (cal.STEP_FIELDS
-                                                                   + cal.XLA_FIELDS)
+        no_host + cal.MEMORY_FIELDS + cal.XLA_FIELDS)
+    assert cal.default_fields(runs("xla-amp-bf16", 9.0), ~fit) == no_host + cal.XLA_FIELDS
+    mixed = SimpleNamespace(peak_memory_GB=np.array([np.nan, np.nan]),
+                            trainings=[training_from_name("xla-amp-bf16"),
+                                       training_from_name("amp-bf16")])
+    both = np.array([True, True])
+    assert cal.default_fields(mixed, both) == cal.STEP_FIELDS + cal.XLA_FIELDS
+    assert cal.default_fields(mixed, np.array([False, True])) == cal.STEP_FIELDS

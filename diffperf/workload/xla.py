@@ -113,7 +113,9 @@ def grad_accumulation_bytes(params, parallel, training):
     The accumulation is a `lax.scan` over the m micro-batches whose fp32 carry adds each
     micro-batch's gradients after its backward (it cannot fuse into the backward's GEMMs, which
     write the layer gradients as the stacked outputs of the layer scan). Psi = the
-    parameters of this rank's stage. Source: shared/data/README.md (JAX section: accumulation
+    parameters of this rank's stage whose gradients it accumulates: all of them, or its 1/d
+    shard under ZeRO-2/3 (the caller passes the shard, as `memory.weights.gradient_bytes`
+    holds it). Source: shared/data/README.md (JAX section: accumulation
     as a lax.scan inside the jitted step) [D].
     Example: Psi = 2.02e9, q_g = 4, m = 2: 2 x 12 x 2.02e9 = 48.5 GB (17 ms at 2.85 TB/s).
     """
