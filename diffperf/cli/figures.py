@@ -93,12 +93,13 @@ def comm_scaling_figure(study):
     ticks = [f"{p:.0f}B\n{g} GPUs" for p, g in zip(t["params_B"][first], t["gpus"][first])]
     for ax in axes:
         ax.set_xscale("log")
-        ax.set_xticks(t["params_B"][first], ticks, fontsize=7)
+        # 310B and 530B sit close on a log axis: slanted labels keep them apart
+        ax.set_xticks(t["params_B"][first], ticks, fontsize=7, rotation=35, ha="right")
         ax.minorticks_off()
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
     axes[1].set_xlabel("model parameters (Megatron-LM Table 1 GPT family, its GPUs and batch)")
-    axes[2].legend(fontsize=8, loc="center right")  # the empty corner of the hidden panel
+    axes[1].legend(fontsize=7, loc="lower right")  # under the lines: overhead grows with size
     fig.suptitle(study.title + ":\nshare of the step time of the best layout found by "
                  "search for each point")
     fig.tight_layout()
