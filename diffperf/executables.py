@@ -71,7 +71,7 @@ def executable(fn, name, args, static, store):
     key = executable_key(name, args, static)
     if key in _LOADED:
         compiled, blob = _LOADED[key]
-        if blob is not None and store.get(key) is None:
+        if blob is not None and key not in store:
             store[key] = blob
         return compiled
     compiled = None

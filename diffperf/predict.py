@@ -453,9 +453,9 @@ def predict_step(model, parallel, system, training, temperature=None,
     if "xla" in features:
         # XLA's micro-batch scan adds each micro-batch's gradients to its carry; XLA's live
         # sets replace the eager memory model (workload.xla, memory.xla).
-        # The carry holds this rank's gradient shard under ZeRO-2/3, as the memory model does.
-        P = jnp.max(stage_params_per_device(model, parallel, layers), axis=0)
-        P_acc = gradient_bytes(P, parallel, training) / training.grad_bytes
+        # The carry holds this rank's gradient shard under ZeRO-2/3, as the memory model does
+        # (dp["P"]: the parameters of the largest stage, `_dp_groups`).
+        P_acc = gradient_bytes(dp["P"], parallel, training) / training.grad_bytes
         accumulate = memory_time_s(grad_accumulation_bytes(P_acc, parallel, training), system)
         breakdown = breakdown.replace(compute_s=breakdown.compute_s + accumulate)
         memory = select_memory(training, xla_device_memory(model, parallel, system, training),

@@ -180,6 +180,9 @@ def test_checkpoint_recomputes_all_forward_gemms_but_the_down_projection():
     skipped = np.asarray(work_xla.remat_skipped_gemms(XLA))
     assert skipped.tolist() == [0, 0, 0, 1, 0, 0, 1, 0, 1]
     assert not np.asarray(work_xla.remat_skipped_gemms(EAGER)).any()
+    from diffperf.workload.flops import layer_ops
+    rows = np.asarray(layer_ops(_model(cfg), Parallel(), XLA).dense.count)
+    assert rows.shape[-1] == skipped.shape[-1]  # one weight per dense GEMM row
 
 
 # ------------------------------------------------------------------- the peak by phases

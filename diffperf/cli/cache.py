@@ -92,8 +92,19 @@ class KernelStore(MutableMapping):
     def __delitem__(self, key):
         self._path(key).unlink(missing_ok=True)
 
+    def __contains__(self, key):
+        return self._path(key).exists()  # without reading the program (Mapping's default)
+
     def __iter__(self):
         return (p.stem for p in self.folder.glob("*.bin"))
 
     def __len__(self):
         return sum(1 for _ in self)
+
+
+def kernel_store(args):
+    """The on-disk store of compiled programs (KernelStore), or None with --no-cache: a
+    later run loads a program instead of compiling it. Commands that use it leave JAX's
+    persistent compilation cache off: a program that cache gives back cannot be serialized
+    again on the CPU (diffperf.executables._loads_and_runs), so the store would stay empty."""
+    return None if getattr(args, "no_cache", False) else KernelStore()

@@ -8,7 +8,8 @@ import numpy as np
 
 from diffperf.cli.design_cmd import _objective_cell
 from diffperf.cli.output import fmt, print_json, table
-from diffperf.cli.search_cmd import _devices, _progress, _store, _wide, layout_dict
+from diffperf.cli.cache import kernel_store
+from diffperf.cli.search_cmd import _devices, _progress, _wide, layout_dict
 
 
 def _layout_text(lay: dict) -> str:
@@ -45,7 +46,7 @@ def run_grid(args, model, system, train, cost, placements) -> int:
         result = grid_design(model, system, train, layouts, cost,
                              {leaf: si for _, leaf, _, si in axes}, args.objective,
                              budget=args.budget, tokens=args.tokens, placements=placements,
-                             devices=_devices(), progress=progress, store=_store(args))
+                             devices=_devices(), progress=progress, store=kernel_store(args))
     seconds = time.perf_counter() - start
     order = np.argsort(np.where(result.within, result.objective, np.inf).reshape(-1),
                        kind="stable")

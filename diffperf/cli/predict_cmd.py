@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from diffperf.cli.output import console, fmt, print_json, table
+from diffperf.cli.cache import kernel_store
 from diffperf.errors import SpecError
 from diffperf.cli.options import add_model_system
 
@@ -127,17 +128,6 @@ def render(result, title, training=None) -> None:
                   f"tokens/s: {fmt(result.tokens_per_s)}   step_time_s: {fmt(T)}")
 
 
-def _store(args):
-    """The on-disk store of compiled programs (cli.cache), or None with --no-cache: every
-    layout, model and system of a kind share one program, so after the first run a
-    prediction loads it (under a second in all, at any GPU count) instead of compiling."""
-    if getattr(args, "no_cache", False):
-        return None
-    from diffperf.cli.cache import KernelStore
-
-    return KernelStore()
-
-
 def run(args) -> int:
     from diffperf import predict
 
@@ -146,7 +136,7 @@ def run(args) -> int:
     from diffperf.specs.validate import stage_counts
 
     model, parallel, system, train = build(args)
-    result = predict(model, parallel, system, train, store=_store(args))
+    result = predict(model, parallel, system, train, store=kernel_store(args))
     # first, largest middle, last (the numpy twin of workload.pp.stage_layers: no JAX ops to
     # compile; a one-stage pipeline holds every layer, a two-stage one no middle)
     P = {k: np.float64(getattr(parallel, k)) for k in ("pp", "pp_first_layers",

@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from diffperf.cli.output import console, err_console, fmt, print_json, table
+from diffperf.cli.cache import kernel_store
 from diffperf.errors import SpecError
 from diffperf.cli.options import add_model_system
 
@@ -68,18 +69,6 @@ def _enable_cache() -> None:
     from diffperf.cli.cache import enable_compilation_cache
 
     enable_compilation_cache()
-
-
-def _store(args):
-    """The on-disk store of compiled search kernels (cli.cache), or None with --no-cache.
-    JAX's persistent compilation cache stays off here: a program it gives back cannot be
-    serialized again on the CPU (diffperf.executables._loads_and_runs), so the store would stay
-    empty."""
-    if args.no_cache:
-        return None
-    from diffperf.cli.cache import KernelStore
-
-    return KernelStore()
 
 
 def _devices():
@@ -241,7 +230,7 @@ def run(args) -> int:
     start = time.perf_counter()
     layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements,
                                 axonn=args.axonn)
-    store, devices = _store(args), _devices()
+    store, devices = kernel_store(args), _devices()
     with _progress(not args.json) as progress:
         # Tables from enumerate_layouts are valid by construction (tests/test_search.py).
         # Every layout with what ranking needs, then the whole Result of the top ones.

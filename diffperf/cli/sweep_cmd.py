@@ -7,7 +7,8 @@ import time
 import numpy as np
 
 from diffperf.cli.output import fmt, print_json, table
-from diffperf.cli.search_cmd import _devices, _progress, _store, _wide, layout_dict
+from diffperf.cli.cache import kernel_store
+from diffperf.cli.search_cmd import _devices, _progress, _wide, layout_dict
 
 _MAX_ROWS = 48  # hardware points printed (every k-th of the grid's; --json has all)
 _LAYOUT = ("tp", "pp", "dp", "cp", "ep", "gx", "gy", "gz", "vp", "micro_batch", "zero_stage",
@@ -108,7 +109,7 @@ def run_sweep(args, model, system, train, placements) -> int:
     start = time.perf_counter()
     layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements,
                                 axonn=args.axonn)
-    store = _store(args)
+    store = kernel_store(args)
     with _progress(not args.json, "sweeping") as progress:
         result = sweep(model, system, train, layouts, {leaf: si for _, leaf, _, si in axes},
                        placements=placements, top=args.top or 1, validate=False,

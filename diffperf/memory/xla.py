@@ -32,6 +32,7 @@ against 76.7 GB for the largest that ran [D].
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from diffperf.memory.activations import cp_kv_buffer_bytes, layers_in_flight
@@ -151,5 +152,4 @@ def select_memory(training, xla: Memory, other: Memory) -> Memory:
     """`xla` where training.xla_compiled = 1, else `other`, leaf by leaf (jnp.where: with the
     flag at 0 every leaf is `other`'s, bit for bit)."""
     on = training.xla_compiled > 0
-    return Memory(**{k: jnp.where(on, getattr(xla, k), getattr(other, k))
-                     for k in Memory.__dataclass_fields__})
+    return jax.tree.map(lambda a, b: jnp.where(on, a, b), xla, other)

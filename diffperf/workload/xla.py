@@ -128,9 +128,10 @@ def grad_accumulation_bytes(params, parallel, training):
 # routed experts, shared experts). Their outputs feed only the residual add into the layer's
 # output, which no backward op reads.
 _LAYER_OUTPUT_GEMMS = (3, 6, 8)
+_LAYER_GEMM_ROWS = 9  # rows of layer_ops(...).dense (tests/test_memory_xla.py checks both)
 
 
-def remat_skipped_gemms(training, n_rows=9):
+def remat_skipped_gemms(training):
     """Weight per row of the layer's dense GEMMs that full recompute does NOT re-run:
 
         XLA: 1 for the down projections (_LAYER_OUTPUT_GEMMS), else 0;  eager: all 0
@@ -145,5 +146,5 @@ def remat_skipped_gemms(training, n_rows=9):
     Example (MHA, f = 4h): the down projection is 8 of the 24 T h^2 GEMM FLOPs of a layer's
     forward, so XLA's recompute runs 2/3 of the dense forward.
     """
-    rows = jnp.zeros(n_rows).at[jnp.array(_LAYER_OUTPUT_GEMMS)].set(1.0)
+    rows = jnp.zeros(_LAYER_GEMM_ROWS).at[jnp.array(_LAYER_OUTPUT_GEMMS)].set(1.0)
     return jnp.where(training.xla_compiled > 0, rows, 0.0)
