@@ -285,6 +285,28 @@ SYSTEM_KEYS = ("name", "description", "sources", "matmul_TFLOPs", "matmul_fp32_T
                "efficiency", "reliability")
 TIER_KEYS = ("name", "domain_size", "bandwidth_GBps", "latency_us", "oversubscription")
 RELIABILITY_KEYS = ("failure_rate_per_device_hour", "storage_write_GBps", "restart_s")
+# Keys of a system YAML (human units) and the System leaf each one sets, with its SI factor.
+SYSTEM_UNITS = {"matmul_TFLOPs": ("matmul_flops_per_s", 1e12),
+                "matmul_fp32_TFLOPs": ("matmul_fp32_flops_per_s", 1e12),
+                "vector_TFLOPs": ("vector_flops_per_s", 1e12),
+                "hbm_bandwidth_GBps": ("hbm_bandwidth_Bps", 1e9),
+                "hbm_capacity_GiB": ("hbm_capacity_bytes", 2.0**30), "power_W": ("power_W", 1.0)}
+TIER_UNITS = {"domain_size": ("domain_size", 1.0), "bandwidth_GBps": ("bandwidth_Bps", 1e9),
+              "latency_us": ("latency_s", 1e-6), "oversubscription": ("oversubscription", 1.0)}
+RELIABILITY_UNITS = {"failure_rate_per_device_hour": ("failure_rate_per_s", 1.0 / 3600.0),
+                     "storage_write_GBps": ("storage_write_Bps", 1e9),
+                     "restart_s": ("restart_s", 1.0)}
+
+
+def _to_si(units: dict, human: dict) -> dict:
+    """{leaf: value in SI} of a {YAML key: value in the key's unit} mapping (`*_UNITS`)."""
+    return {units[k][0]: v * units[k][1] for k, v in human.items()}
+
+
+def _to_human(units: dict, spec) -> dict:
+    """{YAML key: value in the key's unit} of the leaves `units` names on a spec."""
+    return {k: float(getattr(spec, leaf)) / f for k, (leaf, f) in units.items()}
+
 EFFICIENCY_KEYS = tuple(Efficiency.__dataclass_fields__)
 # Efficiencies that are fractions: must lie in (0, 1].
 # Efficiencies that must be strictly positive (scales and exponents).
@@ -321,13 +343,13 @@ def reliability_from_dict(d: dict, where: str) -> Reliability:
     """Failure rate, checkpoint storage and restart time (configs/README.md, "Reliability"),
     human units -> SI; an absent key keeps its default (`specs.system.Reliability`)."""
     _check_keys(d, RELIABILITY_KEYS, where)
-    base = Reliability()
-    n = lambda k, si, **kw: _number(d, k, where, default=si, **kw)  # noqa: E731
+    base = _to_human(RELIABILITY_UNITS, Reliability())
+    n = lambda k, **kw: _number(d, k, where, default=base[k], **kw)  # noqa: E731
     # A zero rate (M = infinity) or bandwidth has no optimal checkpoint interval: refused.
-    rate = n("failure_rate_per_device_hour", base.failure_rate_per_s * 3600.0, positive=True)
-    write = n("storage_write_GBps", base.storage_write_Bps / 1e9, positive=True)
-    return Reliability(failure_rate_per_s=rate / 3600.0, storage_write_Bps=write * 1e9,
-                       restart_s=n("restart_s", base.restart_s, minimum=0.0))
+    return Reliability(**_to_si(RELIABILITY_UNITS, {
+        "failure_rate_per_device_hour": n("failure_rate_per_device_hour", positive=True),
+        "storage_write_GBps": n("storage_write_GBps", positive=True),
+        "restart_s": n("restart_s", minimum=0.0)}))
 
 
 def system_from_dict(d: dict, where: str = "system") -> System:
@@ -341,12 +363,12 @@ def system_from_dict(d: dict, where: str = "system") -> System:
     for i, t in enumerate(tiers_in):
         tw = f"{where}.tiers[{i}]"
         _check_keys(t, TIER_KEYS, tw)
-        tiers.append(Tier(domain_size=_number(t, "domain_size", tw, positive=True),
-                          bandwidth_Bps=_number(t, "bandwidth_GBps", tw, positive=True) * 1e9,
-                          latency_s=_number(t, "latency_us", tw, minimum=0.0) * 1e-6,
-                          name=str(t.get("name", f"tier{i}")),
-                          oversubscription=_number(t, "oversubscription", tw, minimum=1.0,
-                                                   default=1.0)))
+        tiers.append(Tier(**_to_si(TIER_UNITS, {
+            "domain_size": _number(t, "domain_size", tw, positive=True),
+            "bandwidth_GBps": _number(t, "bandwidth_GBps", tw, positive=True),
+            "latency_us": _number(t, "latency_us", tw, minimum=0.0),
+            "oversubscription": _number(t, "oversubscription", tw, minimum=1.0, default=1.0)}),
+            name=str(t.get("name", f"tier{i}"))))
     for i in range(1, len(tiers)):
         if tiers[i].domain_size < tiers[i - 1].domain_size:
             raise SpecError(f"{where}.tiers[{i}].domain_size={tiers[i].domain_size:g} must be "
@@ -355,14 +377,15 @@ def system_from_dict(d: dict, where: str = "system") -> System:
     n = lambda k, **kw: _number(d, k, where, positive=True, **kw)  # noqa: E731
     matmul = n("matmul_TFLOPs")
     return System(
-        matmul_flops_per_s=matmul * 1e12,
-        matmul_fp32_flops_per_s=n("matmul_fp32_TFLOPs", default=matmul / 2) * 1e12,
-        vector_flops_per_s=n("vector_TFLOPs", default=matmul / 16) * 1e12,
-        hbm_bandwidth_Bps=n("hbm_bandwidth_GBps") * 1e9,
-        hbm_capacity_bytes=n("hbm_capacity_GiB") * 2.0**30,
+        **_to_si(SYSTEM_UNITS, {
+            "matmul_TFLOPs": matmul,
+            "matmul_fp32_TFLOPs": n("matmul_fp32_TFLOPs", default=matmul / 2),
+            "vector_TFLOPs": n("vector_TFLOPs", default=matmul / 16),
+            "hbm_bandwidth_GBps": n("hbm_bandwidth_GBps"),
+            "hbm_capacity_GiB": n("hbm_capacity_GiB"),
+            "power_W": n("power_W", default=700.0)}),
         tiers=tuple(tiers),
         eff=efficiency_from_dict(d.get("efficiency") or {}, f"{where}.efficiency"),
-        power_W=n("power_W", default=700.0),
         reliability=reliability_from_dict(d.get("reliability") or {}, f"{where}.reliability"),
         name=str(d.get("name", where)))
 
@@ -377,27 +400,13 @@ def load_system(name_or_path, calibration=None) -> System:
     return apply_overlay(system, calibration) if calibration else system
 
 
-# Keys of a system YAML (human units) and the System leaf each one sets, with its SI factor.
-SYSTEM_UNITS = {"matmul_TFLOPs": ("matmul_flops_per_s", 1e12),
-                "matmul_fp32_TFLOPs": ("matmul_fp32_flops_per_s", 1e12),
-                "vector_TFLOPs": ("vector_flops_per_s", 1e12),
-                "hbm_bandwidth_GBps": ("hbm_bandwidth_Bps", 1e9),
-                "hbm_capacity_GiB": ("hbm_capacity_bytes", 2.0**30), "power_W": ("power_W", 1.0)}
-TIER_UNITS = {"domain_size": ("domain_size", 1.0), "bandwidth_GBps": ("bandwidth_Bps", 1e9),
-              "latency_us": ("latency_s", 1e-6), "oversubscription": ("oversubscription", 1.0)}
-RELIABILITY_UNITS = {"failure_rate_per_device_hour": ("failure_rate_per_s", 1.0 / 3600.0),
-                     "storage_write_GBps": ("storage_write_Bps", 1e9),
-                     "restart_s": ("restart_s", 1.0)}
-
 
 def system_to_dict(system: System) -> dict:
     """The YAML mapping (human units) of a System: `system_from_dict` reads it back."""
-    d = {k: float(getattr(system, leaf)) / f for k, (leaf, f) in SYSTEM_UNITS.items()}
-    d["tiers"] = [{k: float(getattr(t, leaf)) / f for k, (leaf, f) in TIER_UNITS.items()}
-                  | {"name": t.name} for t in system.tiers]
+    d = _to_human(SYSTEM_UNITS, system)
+    d["tiers"] = [_to_human(TIER_UNITS, t) | {"name": t.name} for t in system.tiers]
     d["efficiency"] = {k: float(getattr(system.eff, k)) for k in EFFICIENCY_KEYS}
-    d["reliability"] = {k: float(getattr(system.reliability, leaf)) / f
-                        for k, (leaf, f) in RELIABILITY_UNITS.items()}
+    d["reliability"] = _to_human(RELIABILITY_UNITS, system.reliability)
     return d | {"name": system.name}
 
 

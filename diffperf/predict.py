@@ -16,9 +16,9 @@ import numpy as np
 
 from diffperf.costs.axonn import axonn_times_s
 from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s, ring_group,
-                                        ring_phase_s, ring_step_s, send_recv_s)
-from diffperf.costs.compute import (gemm_times_s, gemms_time_s, layer_times_s, matmul_peak,
-                                    memory_time_s)
+                                        ring_phase_calls_s, ring_phase_s, ring_step_s,
+                                        send_recv_s)
+from diffperf.costs.compute import gemms_time_s, layer_times_s, matmul_peak, memory_time_s
 from diffperf.costs.smooth import pnorm_max
 from diffperf.costs.xla import kernel_fixed_s
 from diffperf.memory.device import device_memory
@@ -28,7 +28,8 @@ from diffperf.result import EXPOSED_PARTS, Breakdown, Goodput, Result
 from diffperf.schedule.goodput import (checkpoint_bytes, checkpoint_write_s, daly_interval_s,
                                       job_mtbf_s, lost_fracs)
 from diffperf.schedule.overlap import (axonn_exposed_s, dp_step_exposed_s, ring_exposed_s,
-                                       split_exposed, zero3_layer_exposed_s)
+                                       split_exposed, zero3_layer_exposed_s,
+                                       zero3_microbatch_edge_s)
 from diffperf.schedule.pipeline import (critical_stage, p2p_exposed_s, pipeline_times_s,
                                         stage_times_s)
 from diffperf.specs import Parallel
@@ -111,15 +112,16 @@ def _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature):
     return f, fh, b, bh
 
 
-def _axonn_parts(model, parallel, system, training, ops, fwd_window, bwd_window, temperature):
+def _axonn_parts(model, parallel, system, training, dense_rows, fwd_window, bwd_window,
+                 temperature):
     """(fwd exposed, fwd hidden, bwd exposed, bwd hidden, forward calls) of AxoNN's grid
     collectives of one layer, one micro-batch (PAPERS.md sections 4.2-4.3; all 0 without the
     grid). The dW GEMM of each linear (same FLOPs as its forward GEMM) hides its dX
-    all-reduce; full recompute re-runs the forward's collectives."""
+    all-reduce; full recompute re-runs the forward's collectives. `dense_rows`: the layer's
+    dense GEMM times, one per row (`costs.compute.layer_times_s`)."""
     vol = axonn_layer_volumes(model, parallel, training)
     t = axonn_times_s(vol, parallel, stride(_placed(parallel), "tp"), system)
-    e = system.eff
-    dw = gemm_times_s(ops.dense, system, training, e.mm_max, e.mm_half_dim, temperature)[:4]
+    dw = dense_rows[:4]
     fwd_ar = t["x_forward"] + t["y_forward"]
     full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
     f, fh, b, bh = axonn_exposed_s(
@@ -195,8 +197,10 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     same compute [D]."""
     e = system.eff
     ops = layer_ops(model, parallel, training)
-    dense, attn, other = layer_times_s(ops, system, training,
-                                       attention_io_bytes(model, parallel, training), temperature)
+    dense_rows, attn, other = layer_times_s(ops, system, training,
+                                            attention_io_bytes(model, parallel, training),
+                                            temperature)
+    dense = jnp.sum(dense_rows)
     n_f, n_b = tp_collectives_per_layer(parallel)
     # With SP each all-reduce equivalent is two calls of the same ring cost: one more t0.
     calls = tp_calls_per_all_reduce(parallel)
@@ -213,15 +217,14 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
                                           2.0 * dense - tp_bh, temperature)
                                 if "ep" in features else _zeros(dense, 4))
     ax_f, ax_fh, ax_b, ax_bh, ax_calls = (_axonn_parts(
-        model, parallel, system, training, ops, dense + attn, 2.0 * dense + attn_bwd,
+        model, parallel, system, training, dense_rows, dense + attn, 2.0 * dense + attn_bwd,
         temperature) if "axonn" in features else _zeros(dense, 5))
     full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
     selective = jnp.where(parallel.recompute == 1, 1.0, 0.0)
     skipped = stacked = 0.0
     if "xla" in features:
         # XLA's remat does not re-run the GEMMs that end the layer (workload.xla).
-        skipped = jnp.sum(gemm_times_s(ops.dense, system, training, e.mm_max, e.mm_half_dim,
-                                       temperature) * remat_skipped_gemms(training))
+        skipped = jnp.sum(dense_rows * remat_skipped_gemms(training))
         # XLA writes the layer scan's residuals in the forward and reads them in the backward.
         stacked = 0.5 * memory_time_s(stacked_traffic_bytes(model, parallel, training), system)
     recompute = full * (dense - skipped + attn + other) + selective * attn
@@ -300,14 +303,6 @@ def _dp_groups(model, parallel, features=FEATURES):
     return P, groups if "experts" in features else groups[:1]
 
 
-def _calls_phase_s(group, S, steps, factor, calls):
-    """`ring_phase_s` split into `calls` collectives of S / calls each: every call pays the
-    fixed cost t0 and the ring's latency, the bytes are paid once:
-        calls (t0 + steps A) + factor S B."""
-    return ring_phase_s(group, S, steps, factor) + (calls - 1.0) * group.active * (
-        group.base_s + steps * group.latency_s)
-
-
 def _dp_times(model, parallel, system, training, features=FEATURES) -> dict:
     """Seconds of the data-parallel collectives of one device, summed over `_dp_groups`:
 
@@ -337,9 +332,9 @@ def _dp_times(model, parallel, system, training, features=FEATURES) -> dict:
         t["reduce_s"] += on * jnp.where(parallel.zero_stage == 0,
                                         ring_phase_s(whole, g, 2.0, 2.0), sharded)
         t["gather_s"] += on * ring_phase_s(shard, w, 1.0, 1.0)
-        t["layer_gather_s"] += on * _calls_phase_s(shard, lw, 1.0, 1.0, k)
-        t["layer_reduce_s"] += on * (_calls_phase_s(shard, lg, 1.0, 1.0, k)
-                                     + _calls_phase_s(repl, lg / n_s, 2.0, 2.0, k))
+        t["layer_gather_s"] += on * ring_phase_calls_s(shard, lw, 1.0, 1.0, k)
+        t["layer_reduce_s"] += on * (ring_phase_calls_s(shard, lg, 1.0, 1.0, k)
+                                     + ring_phase_calls_s(repl, lg / n_s, 2.0, 2.0, k))
         t["own"] += params / jnp.where(parallel.zero_stage >= 1, n_s, 1.0)
     t["prefetch"] = zero3_prefetch_frac(parallel, groups[0][1])
     t["P"] = P
@@ -438,10 +433,8 @@ def predict_step(model, parallel, system, training, temperature=None,
                        stride(_placed(parallel), "pp"), system)
     step_exposed, step_hidden = dp_step_exposed_s(dp["reduce_s"], dp["gather_s"],
                                                   n_crit * free_b, parallel, temperature)
-    # ZeRO-3: the first gather and the last reduce-scatter of each micro-batch have no compute
-    # to hide behind (the next micro-batch waits for the reduce-scatters: FSDP's
-    # end-of-backward wait): move what the layer model hid of them to exposed.
-    edge = z3_fh + jnp.minimum(dp["layer_reduce_s"], z3_bh)
+    # ZeRO-3: the first gather and the last reduce-scatter of each micro-batch are exposed.
+    edge = zero3_microbatch_edge_s(z3_fh, z3_bh, dp["layer_reduce_s"])
     dp_exposed = m * (n_crit * (z3_f + z3_b) + edge) + step_exposed
     dp_hidden = m * (n_crit * (z3_fh + z3_bh) - edge) + step_hidden
     breakdown = Breakdown(

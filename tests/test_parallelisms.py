@@ -152,7 +152,7 @@ def test_tp_and_ep_do_not_hide_behind_the_same_gemm_time():
     from diffperf.workload.flops import attention_io_bytes, layer_ops
     from diffperf.api import _as_float
     M, P, S, T = _as_float((ds, par, slow, BF16))
-    dense = float(layer_times_s(layer_ops(M, P, T), S, T, attention_io_bytes(M, P, T))[0])
+    dense = float(layer_times_s(layer_ops(M, P, T), S, T, attention_io_bytes(M, P, T))[0].sum())
     hidden = float(b.tp_hidden_s + b.ep_hidden_s) / (m * layers)
     assert hidden <= 3.0 * dense * (1 + 1e-5), (hidden, dense)
 

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from diffperf import Parallel, Training, load_model, load_system, predict
-from diffperf.costs.collectives import ring_group, ring_phase_s
+from diffperf.costs.collectives import ring_group, ring_phase_calls_s, ring_phase_s
 from diffperf.memory.device import zero3_buffer_bytes
 from diffperf.predict import _dp_times
-from diffperf.schedule.overlap import dp_step_exposed_s, zero3_layer_exposed_s
+from diffperf.schedule.overlap import (dp_step_exposed_s, zero3_layer_exposed_s,
+                                       zero3_microbatch_edge_s)
 from diffperf.workload.dp import zero3_prefetch_frac, zero_groups
 from diffperf.workload.params import layer_params_per_device
 
@@ -36,6 +37,25 @@ def test_zero3_layer_exposure_docstring():
     # dp_overlap = 0: everything exposed.
     e_f, h_f, e_b, h_b = _floats(zero3_layer_exposed_s(0.030, 0.030, 0.020, 0.060, 1.0, 2.0, 0.0))
     np.testing.assert_allclose([e_f, h_f, e_b, h_b], [0.030, 0.0, 0.090, 0.0], rtol=1e-6)
+
+
+def test_microbatch_edge_and_split_calls_docstrings():
+    # schedule.overlap.zero3_microbatch_edge_s: H_f 20 ms + min(RS 30 ms, H_b 60 ms) = 50 ms;
+    # a backward that hid less than the reduce-scatter moves only what it hid.
+    np.testing.assert_allclose(float(zero3_microbatch_edge_s(0.020, 0.060, 0.030)), 0.050,
+                               rtol=1e-6)
+    np.testing.assert_allclose(float(zero3_microbatch_edge_s(0.0, 0.010, 0.030)), 0.010,
+                               rtol=1e-6)
+    # costs.collectives.ring_phase_calls_s: 2 calls, t0 20 us, A 35 us, S B 1 ms -> 1.11 ms.
+    ring = ring_group(2.0, 1.0, A100)._replace(latency_s=35e-6, s_per_byte=1e-12,
+                                                 base_s=20e-6)
+    np.testing.assert_allclose(float(ring_phase_calls_s(ring, 1e9, 1.0, 1.0, 2.0)), 1.11e-3,
+                               rtol=1e-6)
+    # one call is ring_phase_s itself; a group of one rank pays nothing
+    np.testing.assert_allclose(float(ring_phase_calls_s(ring, 1e9, 2.0, 2.0, 1.0)),
+                               float(ring_phase_s(ring, 1e9, 2.0, 2.0)), rtol=1e-7)
+    lone = ring._replace(active=0.0)
+    assert float(ring_phase_calls_s(lone, 1e9, 1.0, 1.0, 4.0)) == 0.0
 
 
 def test_prefetch_fraction_shard_groups_and_buffers_docstrings():

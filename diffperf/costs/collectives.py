@@ -51,6 +51,22 @@ def ring_phase_s(group: RingGroup, S, steps_per_rank, volume_factor):
                            + volume_factor * S * group.s_per_byte)
 
 
+def ring_phase_calls_s(group: RingGroup, S, steps_per_rank, volume_factor, calls):
+    """`ring_phase_s` of S bytes issued as `calls` collectives of S / calls each (ZeRO-3's
+    per-layer gathers and reduce-scatters, one per parameter bucket): every call is a whole
+    ring phase, so it pays t0 and the ring's latency; the bytes are paid once:
+
+        T = calls (t0 + c A) + f S B
+    Source: Thakur et al. 2005 (a ring phase's alpha-beta cost, applied per call).
+    (Not the TP under sequence parallelism case: there one all-reduce becomes a
+    reduce-scatter + an all-gather that share its 2 (n - 1) steps, so only t0 is paid twice.)
+    Example: calls = 2, c = f = 1, t0 = 20 us, A = 35 us, S B = 1 ms:
+    2 x 55 us + 1 ms = 1.11 ms.
+    """
+    return ring_phase_s(group, S, steps_per_rank, volume_factor) + (calls - 1.0) * (
+        group.active * (group.base_s + steps_per_rank * group.latency_s))
+
+
 def _ring_phases_s(S, n, stride, system, steps_per_rank, volume_factor):
     """Sum over tiers i of a ring phase on r_i ranks moving the data left from tiers < i:
 

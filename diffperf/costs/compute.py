@@ -82,11 +82,13 @@ def memory_time_s(bytes_moved, system):
 
 
 def layer_times_s(ops, system, training, attn_io_bytes, temperature=None):
-    """(dense GEMMs, attention core, memory-bound + vector + kernel fixed) forward times
-    of one layer, one micro-batch. Attention uses its own efficiency (`attention_efficiency`)
-    and is at least its Q/K/V/O traffic time."""
+    """(dense GEMMs one per row, attention core, memory-bound + vector + kernel fixed)
+    forward times of one layer, one micro-batch; the dense time is the sum of the rows
+    (`gemm_times_s`: rows are kept for the callers that weigh them, e.g. XLA's remat).
+    Attention uses its own efficiency (`attention_efficiency`) and is at least its Q/K/V/O
+    traffic time."""
     e = system.eff
-    dense = gemms_time_s(ops.dense, system, training, e.mm_max, e.mm_half_dim, temperature)
+    dense = gemm_times_s(ops.dense, system, training, e.mm_max, e.mm_half_dim, temperature)
     attn = attention_time_s(ops.attention, system, training, attn_io_bytes, temperature)
     other = (memory_time_s(ops.elementwise_bytes, system)
              + ops.vector_flops / system.vector_flops_per_s

@@ -56,6 +56,9 @@ def checkpoint_write_s(bytes_, storage_write_Bps):
     memory, so this is the upper end) and that the job's devices together can saturate B (at
     thousands of devices the storage, not their network links, is the limit; for a small job
     the per-node links bound the write, and delta is underestimated).
+    Source: Daly (2006), the dump time delta of the model above; B for Llama 3 from Dubey et
+    al. 2024 (arXiv:2407.21783) section 3.3.1, Tectonic's 2 TB/s sustained (configs/README.md,
+    "Reliability").
     Example: V = 5.68 TB at B = 2 TB/s (Llama 3's Tectonic, sustained): 2.84 s.
     """
     return bytes_ / storage_write_Bps
@@ -64,7 +67,11 @@ def checkpoint_write_s(bytes_, storage_write_Bps):
 def job_mtbf_s(failure_rate_per_s, n_devices):
     """Mean time between failures of the job: M = 1 / (n lambda).
 
-    lambda = failures per device per second (all causes, normalised per device), n = devices.
+    lambda = failures per device per second (all causes, normalised per device), n = devices:
+    independent devices whose failures are Poisson processes add their rates, and any one
+    stops a synchronous job (Daly 2006, section 2: the system MTBF M of the model above).
+    Source for lambda: Dubey et al. 2024 (arXiv:2407.21783) section 3.3.4, 419 unexpected
+    interruptions in 54 days on 16,384 GPUs (configs/README.md, "Reliability").
     Example: Llama 3's 1.973e-5 per GPU-hour on 16,384 GPUs: 3.09 h = 11,135 s.
     """
     return 1.0 / (failure_rate_per_s * n_devices)

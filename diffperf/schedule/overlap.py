@@ -31,7 +31,7 @@ def zero3_layer_exposed_s(gather_s, reduce_s, fwd_window_s, bwd_window_s, prefet
     waits on the critical path whatever the compute), o = dp_overlap. The gathers of a layer
     prefetch behind the layer before it and its reduce-scatter runs behind the layer after
     it (one layer window each way); the first gather and the last reduce-scatter of each
-    micro-batch have none (`predict.predict_step` moves them to exposed).
+    micro-batch have none (`zero3_microbatch_edge_s` moves them to exposed).
     Source: Rajbhandari et al. SC20 (ZeRO-3 volumes), Zhao et al. VLDB 2023 (FSDP prefetch),
     PAPERS.md sections 5.5 and 2.1 [D].
     Example: AG = 30 ms, RS = 30 ms, K_f = 20 ms, K_b = 60 ms, f = 1, g_b = 2: forward 10 ms
@@ -46,6 +46,24 @@ def zero3_layer_exposed_s(gather_s, reduce_s, fwd_window_s, bwd_window_s, prefet
     e_b = jnp.minimum(smax(exposed(c_b, overlap * bwd_window_s, temperature),
                            wait * gathers_bwd * gather_s, temperature), c_b)
     return e_f, c_f - e_f, e_b, c_b - e_b
+
+
+def zero3_microbatch_edge_s(fwd_hidden_s, bwd_hidden_s, reduce_s):
+    """Seconds of one micro-batch's ZeRO-3 collectives that `zero3_layer_exposed_s` counts as
+    hidden on every layer but that no compute hides at the micro-batch's two edges: the first
+    layer's gather (nothing runs before it) and the last layer's reduce-scatter (the next
+    micro-batch waits for it: FSDP's end-of-backward wait). They move from hidden to exposed:
+
+        edge = H_f + min(RS, H_b)
+    H_f, H_b = one layer's hidden forward / backward ZeRO-3 seconds (`zero3_layer_exposed_s`),
+    RS = the layer's reduce-scatter (+ HSDP all-reduce): at most that much of H_b is the
+    reduce-scatter.
+    Source: Zhao et al. VLDB 2023 (FSDP: the first all-gather is issued on demand, the
+    backward waits for the last reduce-scatter before the optimizer / next iteration);
+    PAPERS.md section 5.5 [D].
+    Example: H_f = 20 ms, H_b = 60 ms, RS = 30 ms: 20 + min(30, 60) = 50 ms per micro-batch.
+    """
+    return fwd_hidden_s + jnp.minimum(reduce_s, bwd_hidden_s)
 
 
 def dp_step_exposed_s(reduce_s, gather_s, bwd_window_s, parallel, temperature=None):
