@@ -1,0 +1,108 @@
+"""Published runs the model never saw: Megatron-LM's weak-scaling table (Narayanan et al.,
+SC21, Table 1: GPT 1.7B to 1T on 32 to 3072 A100 80 GB of NVIDIA's Selene).
+
+    python docs/published_megatron.py [--calibration calibration/fitted/vtrain-a100.yaml]
+
+Selene is `a100-sxm-80gb` (DGX A100: 8 GPUs on NVSwitch, 8 x 200 Gb/s HDR per node). The
+table gives t, p, the GPU count (so d = n / (t p)) and the global batch B; the framework facts
+are Megatron-LM's of 2021, the same as the vTrain runs' (`calibration/reproduce.sh`): fp16
+with fp32 master weights and Adam, full activation recomputation, no sequence parallelism,
+unfused attention with Megatron's fused softmax kernel up to 2048 keys, the data-parallel
+all-reduce after the backward (dp_overlap = 0), ZeRO 0. The table does not give the
+micro-batch size or the interleaving, so two readings are printed: the 1F1B schedule (vp 1)
+with the fastest micro-batch that fits, and the fastest (micro-batch, vp) that fits, vp
+dividing the stage's layers and Megatron's interleaving needing m to be a multiple of p.
+
+Measured figures are TFLOP/s per GPU by the paper's own count with recomputation (Section
+5.1, PAPERS.md 5.1):  F = 96 B s L h^2 (1 + s / (6 h) + V / (16 L h)),  X = F / (T n).
+PAPERS.md section 6 transcribes the table (the 1T row's 3072 GPUs, 502 PFLOP/s and 52 % are
+confirmed by the abstract; the other rows are consistent with their aggregates).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from diffperf import Parallel, load_model, load_system, predict
+from diffperf.load import training
+
+# (model config, t, p, GPUs, global batch, published TFLOP/s per GPU): SC21 Table 1.
+TABLE1 = (("megatron-1.7b", 1, 1, 32, 512, 137), ("megatron-3.6b", 2, 1, 64, 512, 138),
+          ("megatron-7.5b", 4, 1, 128, 512, 142), ("megatron-18.4b", 8, 1, 256, 1024, 135),
+          ("megatron-39.1b", 8, 2, 512, 1536, 138), ("megatron-76.1b", 8, 4, 1024, 1792, 140),
+          ("megatron-145.6b", 8, 8, 1536, 2304, 148),
+          ("megatron-310.1b", 8, 16, 1920, 2160, 155),
+          ("megatron-529.6b", 8, 35, 2520, 2520, 163), ("megatron-1t", 8, 64, 3072, 3072, 163))
+SYSTEM = "a100-sxm-80gb"
+MEGATRON_2021 = dict(flash_attention=0.0, fused_softmax_max_seq=2048.0)
+MICRO_BATCHES = (1, 2, 4, 8, 16)
+
+
+def table1_flops(model, B) -> float:
+    """F = 96 B s L h^2 (1 + s / (6 h) + V / (16 L h)): Narayanan et al. SC21 Section 5.1,
+    the model FLOPs of one step with full recomputation, as Table 1 counts them."""
+    L, h, s, V = (float(np.asarray(x)) for x in (model.n_layers, model.hidden, model.seq_len,
+                                                  model.vocab))
+    return 96.0 * B * s * L * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * L * h))
+
+
+def best_layout(model, system, train, t, p, d, B, interleave):
+    """(step seconds, micro-batch, vp) of the fastest layout that fits, among the micro-batch
+    sizes and (with `interleave`) the interleaving degrees the table leaves open."""
+    L = int(np.asarray(model.n_layers))
+    best = None
+    for b in MICRO_BATCHES:
+        if (B // d) % b:
+            continue
+        m = B // (d * b)
+        vps = [v for v in range(1, L // p + 1) if (L // p) % v == 0 and L % p == 0
+               and (v == 1 or (p > 1 and m % p == 0))] if interleave else [1]
+        for v in vps:
+            par = Parallel(tp=t, pp=p, dp=d, vp=v, micro_batch=b, global_batch=B,
+                           recompute=2, sequence_parallel=0, zero_stage=0, dp_overlap=0)
+            r = predict(model, par, system, train)
+            if bool(r.fits) and (best is None or float(r.step_time_s) < best[0]):
+                best = (float(r.step_time_s), b, v)
+    return best
+
+
+def rows(calibration=None, interleave=False):
+    """One dict per Table 1 row: the layout chosen, predicted and published TFLOP/s per GPU
+    and the signed error in %."""
+    system = load_system(SYSTEM, calibration)
+    train = training("fp16", **MEGATRON_2021)
+    out = []
+    for name, t, p, n, B, published in TABLE1:
+        model = load_model(name)
+        d = n // (t * p)
+        step, b, v = best_layout(model, system, train, t, p, d, B, interleave)
+        tflops = table1_flops(model, B) / (step * n) / 1e12
+        out.append(dict(model=name, tp=t, pp=p, dp=d, gpus=n, global_batch=B, micro_batch=b,
+                        vp=v, step_time_s=step, predicted_tflops=tflops,
+                        published_tflops=published,
+                        error_pct=100.0 * (tflops - published) / published))
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calibration", default=None, help="efficiency overlay YAML")
+    args = ap.parse_args(argv)
+    for interleave in (False, True):
+        table = rows(args.calibration, interleave)
+        print(f"\n{'fastest vp' if interleave else '1F1B (vp 1)'}, "
+              f"{args.calibration or 'uncalibrated'}")
+        print("| model | t | p | d | B | mb | vp | predicted | published | error |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for r in table:
+            print(f"| {r['model']} | {r['tp']} | {r['pp']} | {r['dp']} | {r['global_batch']} "
+                  f"| {r['micro_batch']} | {r['vp']} | {r['predicted_tflops']:.0f} "
+                  f"| {r['published_tflops']} | {r['error_pct']:+.1f} % |")
+        e = np.abs([r["error_pct"] for r in table])
+        print(f"MAPE {e.mean():.2f} %, median {np.median(e):.2f} %, max {e.max():.1f} %")
+
+
+if __name__ == "__main__":
+    main()
