@@ -68,7 +68,7 @@ def _check_nested(system, axes) -> None:
                             f"nested, innermost first)")
 
 
-def _points(system, axes, tied=None) -> dict:
+def _points(axes, tied=None) -> dict:
     """{path: values [H]} of every grid point (first axis slowest) in the system's dtype, the
     tied leaves included (`tied`: {path: (swept path, factor)}, path = factor x swept)."""
     grids = np.meshgrid(*[v for _, v in axes], indexing="ij")

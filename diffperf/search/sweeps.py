@@ -202,7 +202,7 @@ def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=
     model_, system_, training_ = _as_float((anonymous(model), anonymous(system),
                                            anonymous(training)))
     dtype = jnp.result_type(float)
-    points = _points(system_, axes, tied)
+    points = _points(axes, tied)
     paths = tuple(points)
     n_h = len(points[paths[0]])
     devices = None if devices is None else list(devices)
