@@ -38,6 +38,7 @@ from diffperf.search.kernel import (_CPU_COMPILER_OPTIONS, INNER_GRID, _batched,
                                     _chunk_parallel, _grid, _grid_predict_impl, _mesh, _shardings,
                                     _table_features)
 from diffperf.specs.batch import anonymous
+from diffperf.specs.paths import leaf_path
 from diffperf.specs.training import Training
 
 _SWEEP_FIELDS = ("step_time_s", "fits", "memory.total_bytes")  # what a point keeps
@@ -131,8 +132,8 @@ def _sweep_impl(model, keys, valid, system, training, temperature, features, top
         return best(model, keys, valid, system, training)
     split, whole = PartitionSpec("points"), PartitionSpec()
     flat, treedef = jax.tree_util.tree_flatten_with_path(system)
-    specs = jax.tree.unflatten(treedef, [split if jax.tree_util.keystr(p).lstrip(".") in swept
-                                         else whole for p, _ in flat])
+    specs = jax.tree.unflatten(treedef, [split if leaf_path(p) in swept else whole
+                                         for p, _ in flat])
     return jax.shard_map(best, mesh=mesh, in_specs=(whole, whole, whole, specs, whole),
                          out_specs=split, check_vma=False)(model, keys, valid, system, training)
 
@@ -176,7 +177,7 @@ def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=
         layouts: a layout table (`enumerate_layouts`); every row at every point.
         axes: {System leaf path: values (SI)}, e.g. {'tiers[1].bandwidth_Bps': [25e9, 5e10],
             'hbm_capacity_bytes': [...]}: the grid is their outer product, first axis slowest
-            (paths as `sensitivity.leaf_paths` names them).
+            (paths as `specs.paths.leaf_paths` names them).
         top: layouts kept per point.
         temperature: None for the exact model, > 0 for its smooth variant.
         devices: None for the default device; a list of devices splits each call's hardware
