@@ -1,4 +1,5 @@
-"""Shared helpers of the benchmark scripts: the machine line and a best-of-n timer."""
+"""Shared helpers of the benchmark scripts: the machine line, a best-of-n timer and the CPU
+seconds of a process."""
 
 from __future__ import annotations
 
@@ -16,6 +17,15 @@ def machine() -> str:
             f"({jax.default_backend()}), jax {jax.__version__}, python "
             f"{platform.python_version()}, {os.cpu_count()} CPU cores, "
             f"load average {load:.2f}")
+
+
+def cpu_seconds(children: bool = False) -> float:
+    """CPU seconds (user + system) used so far by this process, every thread (XLA's
+    included), or with children=True by its finished child processes (getrusage)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def best_of(fn, repeat: int) -> float:

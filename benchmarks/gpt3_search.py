@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -46,20 +45,17 @@ print(wall)
 """
 
 
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
 CPU = []  # CPU seconds (user + system) of each run, in the order of the runs
 
 
 def _run(extra, env):
-    start, cpu = time.perf_counter(), _cpu()
+    from _common import cpu_seconds  # the runs are child processes: their CPU time
+
+    start, cpu = time.perf_counter(), cpu_seconds(children=True)
     out = subprocess.run([sys.executable, "-m", "diffperf.cli.main", *JOB, *extra], env=env,
                          cwd=env["PYTHONPATH"], capture_output=True, text=True, check=True)
     wall = time.perf_counter() - start
-    CPU.append(_cpu() - cpu)
+    CPU.append(cpu_seconds(children=True) - cpu)
     return wall, json.loads(out.stdout)
 
 

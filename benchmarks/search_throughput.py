@@ -27,14 +27,6 @@ import sys
 import time
 
 
-def _cpu() -> float:
-    """CPU seconds (user + system) of this process: every thread, XLA's included."""
-    import resource
-
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="gpt3-175b")
@@ -56,7 +48,7 @@ def main() -> None:
     import numpy as np
 
     import diffperf.search as S
-    from _common import batched_parallel, best_of, machine
+    from _common import batched_parallel, best_of, cpu_seconds, machine
     from diffperf import load_model, load_system
     from diffperf.api import _as_float
     from diffperf.predict import predict_step
@@ -98,10 +90,10 @@ def main() -> None:
     cpu = {name: float("inf") for name in calls}
     for _ in range(args.repeat):  # the kernels take turns
         for name, (call, cs) in calls.items():
-            c0 = _cpu()
+            c0 = cpu_seconds()
             best[name] = min(best[name], best_of(
                 lambda call=call, cs=cs: jax.block_until_ready([call(c) for c in cs]), 1))
-            cpu[name] = min(cpu[name], _cpu() - c0)
+            cpu[name] = min(cpu[name], cpu_seconds() - c0)
     base = best["full Result"]
     for name, sec in best.items():
         print(f"kernel, {name}: {len(table):,} layouts in {sec:.3f} s = "

@@ -37,12 +37,9 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = r"""
 import json, os, resource, sys, time
-def cpu():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 import jax, numpy as np
 sys.path.insert(0, {bench!r})
-from _common import machine
+from _common import cpu_seconds as cpu, machine
 from diffperf import load_model, load_system
 from diffperf.search import POINTS_PER_CALL, enumerate_layouts, sweep
 n, points, kind = {n}, {points}, {kind!r}

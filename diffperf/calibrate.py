@@ -20,7 +20,7 @@ import optax
 from flax import struct
 
 from diffperf.costs.compute import attention_time_s, gemms_time_s, memory_time_s
-from diffperf.intervals import residual_var
+from diffperf.intervals import residual_var, ridge_precision
 from diffperf.predict import FEATURES, predict_step
 from diffperf.specs.system import Efficiency
 from diffperf.workload.ops import Gemms
@@ -272,20 +272,26 @@ def log_jacobian(eff: Efficiency, fields, rs: RunSet, temperature, features=FEAT
                            for k in fields], axis=1)
 
 
-def laplace_covariance(jacobian_fit, residuals_fit, fields=None):
+def _prior_vector(fields, n, k) -> np.ndarray:
+    """lambda_f per column of J: `prior_strengths` of the fields (one column each), or the
+    hardware prior for every column without fields."""
+    return (np.array(list(prior_strengths(fields, n).values())) if fields is not None
+            else np.full(k, HARDWARE_PRIOR))
+
+
+def laplace_covariance(jacobian_fit, residuals_fit, fields=None, precision=None):
     """Laplace approximation of the posterior covariance of u:
 
         Sigma = s^2 (J^T J + n diag(lambda_f))^-1,   s^2 = sum r^2 / (n - k)
     (Gauss-Newton Hessian of the least-squares fit; MacKay 1992), lambda_f the prior
-    strengths of `fit` (`prior_strengths`; the fields are J's columns, one each; without
-    fields, every column gets the hardware prior). Returns (Sigma, s^2).
+    strengths of `fit` (`_prior_vector`). `precision`: J^T J + n diag(lambda_f) when the
+    caller has built it (`intervals.ridge_precision`), else built here. Returns (Sigma, s^2).
     """
     n, k = jacobian_fit.shape
     s2 = float(np.sum(residuals_fit**2) / max(n - k, 1))
-    lam = (np.array(list(prior_strengths(fields, n).values())) if fields is not None
-           else np.full(k, HARDWARE_PRIOR))
-    cov = s2 * np.linalg.inv(jacobian_fit.T @ jacobian_fit + n * np.diag(lam))
-    return cov, s2
+    if precision is None:
+        precision = ridge_precision(jacobian_fit, _prior_vector(fields, n, k))
+    return s2 * np.linalg.inv(precision), s2
 
 
 def prediction_interval(jacobian, cov, s2, z=1.96):
@@ -412,10 +418,12 @@ def calibrate_runs(runs, systems: dict, fit_mask, *, benches=(), fields=None, st
         jac_fit.append(jac[ok])
         resid_fit.append(np.log(step[idx][ok]) - np.log(runs.step_time_s[idx][ok]))
     J, r = np.concatenate(jac_fit), np.concatenate(resid_fit)
-    cov, _ = laplace_covariance(J, r, fields)
+    lam = _prior_vector(fields, *J.shape)
+    A = ridge_precision(J, lam)  # once, for the covariance and the leave-one-out residuals
+    cov, _ = laplace_covariance(J, r, fields, precision=A)
     # Residual term from held-out (leave-one-out) residuals, not the in-sample s^2
     # (intervals.py: the model's errors are heavier-tailed than Gaussian).
-    s2_heldout = residual_var(J, r, list(prior_strengths(fields, len(r)).values()))
+    s2_heldout = residual_var(J, r, lam, precision=A)
     for idx, jac in jac_all.items():
         hw[list(idx)] = prediction_interval(jac, cov, s2_heldout)
     return Calibration(best, step, mem, fits_, hw)

@@ -37,8 +37,9 @@ from diffperf.api import _as_float
 from diffperf.errors import SpecError, closest
 from diffperf.search import COLUMNS, PLACEMENTS
 from diffperf.sensitivity import (DEFAULT_CANDIDATES, _quick_jit, candidates, hard_best,
-                                  leaf_paths, soft_min_and_grad)
+                                  soft_min_and_grad)
 from diffperf.specs.batch import anonymous
+from diffperf.specs.paths import leaf_paths, leaf_values
 from diffperf.load import _check_keys, _number
 from diffperf.specs.training import Training
 
@@ -120,6 +121,26 @@ def _knobs(cost: CostModel, system) -> list:
         raise SpecError(f"{cost.name}: prices nothing, so there is nothing to design "
                         f"(give matmul_per_TFLOPs, hbm_*_per_*, or tiers[i] prices)")
     return knobs
+
+
+def _budget(cost: CostModel, budget):
+    """The budget per device: the given one, else the cost model's; None for none (inf)."""
+    budget = cost.budget if budget is None else budget
+    return None if budget is not None and np.isinf(budget) else budget
+
+
+def _job(model, layouts) -> tuple:
+    """(n, B s) of a job: its devices n = tp pp dp cp gx gy gz and its tokens per step, from
+    the first row of its layout table (every row has the same devices and global batch)."""
+    row = dict(zip(COLUMNS, np.asarray(layouts)[0]))
+    n = float(np.prod([row[c] for c in ("tp", "pp", "dp", "cp", "gx", "gy", "gz")]))
+    return n, float(row["global_batch"]) * float(model.seq_len)
+
+
+def _lifetime_s(cost: CostModel) -> float:
+    """Seconds over which a USD cost is amortized (lifetime_years); 1 for a power model (W:
+    the cost per token is then in J/token)."""
+    return cost.lifetime_years * _SECONDS_PER_YEAR if cost.unit == "USD" else 1.0
 
 
 def device_cost(cost: CostModel, system) -> float:
@@ -257,25 +278,22 @@ def optimize_design(model, system, training, layouts, cost_model: CostModel,
         `Design` with the optimized System, the objective history and before/after figures
         (soft, and exact: the best layout that fits).
     """
-    budget = cost_model.budget if budget is None else budget
-    budget = None if budget is not None and np.isinf(budget) else budget
+    budget = _budget(cost_model, budget)
     _check(objective, budget, steps, temperature, learning_rate, tokens, refresh)
     training = Training() if training is None else training
     layouts = np.asarray(layouts)
     knobs = _knobs(cost_model, system)
     system0 = _as_float(anonymous(system))
-    values = dict(zip(leaf_paths(system0), (float(v) for v in jax.tree.leaves(system0))))
+    values = leaf_values(system0)
     spend0, z, scale, room = _start(knobs, values, cost_model.base, budget)
     shape = _Shape(tuple(k for k, _, _ in knobs), tuple(lo for _, _, lo in knobs), objective,
                    budget is not None)
     dtype = jnp.result_type(float)
     prices = jnp.asarray([p for _, p, _ in knobs], dtype)
-    row = {c: float(layouts[0, i]) for i, c in enumerate(COLUMNS[:-1])}
-    life = cost_model.lifetime_years * _SECONDS_PER_YEAR if cost_model.unit == "USD" else 1.0
+    n, tokens_per_step = _job(model, layouts)
     consts = {k: jnp.asarray(v, dtype) for k, v in dict(
-        base=cost_model.base, room=room or 0.0, tokens=tokens, life_s=life,
-        n=row["tp"] * row["pp"] * row["dp"] * row["cp"] * row["gx"] * row["gy"] * row["gz"],
-        tokens_per_step=row["global_batch"] * float(model.seq_len)).items()}
+        base=cost_model.base, room=room or 0.0, tokens=tokens, life_s=_lifetime_s(cost_model),
+        n=n, tokens_per_step=tokens_per_step).items()}
     start = _system_of(jnp.asarray(spend0, dtype), prices, system0, shape)
     cands = candidates(model, start, training, layouts, temperature, placements=placements,
                        smooth=smooth, max_candidates=max_candidates)

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import numpy as np
 from flax import struct
 
-from diffperf.design import _LINKED, _SECONDS_PER_YEAR, _check, _knobs
-from diffperf.search import COLUMNS, PLACEMENTS, Sweep, sweep
+from diffperf.design import _LINKED, _budget, _check, _job, _knobs, _lifetime_s
+from diffperf.search import PLACEMENTS, Sweep, sweep
+from diffperf.specs.paths import leaf_values
 
 
 class GridDesign(struct.PyTreeNode):
@@ -36,17 +36,12 @@ class GridDesign(struct.PyTreeNode):
 
 def _cost(cost_model, system, sw: Sweep) -> np.ndarray:
     """C at every grid point: the swept values where swept, the system's elsewhere."""
-    leaves = dict(zip(_paths(system), (float(v) for v in jax.tree.leaves(system))))
+    leaves = leaf_values(system)
     grids = dict(zip(sw.paths, np.meshgrid(*sw.values, indexing="ij")))
     total = np.full(sw.shape, float(cost_model.base))
     for path, price, low in _knobs(cost_model, system):
         total = total + price * (grids.get(path, leaves[path]) - low)
     return total
-
-
-def _paths(system) -> list[str]:
-    return [jax.tree_util.keystr(p).lstrip(".")
-            for p, _ in jax.tree_util.tree_flatten_with_path(system)[0]]
 
 
 def grid_design(model, system, training, layouts, cost_model, axes,
@@ -64,24 +59,20 @@ def grid_design(model, system, training, layouts, cost_model, axes,
     Returns:
         `GridDesign`; `best` is -1 when no point within the budget has a layout that fits.
     """
-    budget = cost_model.budget if budget is None else budget
-    budget = None if budget is not None and np.isinf(budget) else budget
+    budget = _budget(cost_model, budget)
     _check(objective, budget, 0, 1.0, 1.0, tokens, 1)
     _knobs(cost_model, system)  # a SpecError when it prices nothing or not these tiers
     tied = {p: ("matmul_flops_per_s", float(getattr(system, p)) / float(
         system.matmul_flops_per_s)) for p in _LINKED} if "matmul_flops_per_s" in axes else {}
     sw = sweep(model, system, training, layouts, axes, placements=placements, top=1,
                devices=devices, progress=progress, store=store, tied=tied)
-    row = dict(zip(COLUMNS, np.asarray(layouts)[0]))
-    n = float(np.prod([row[c] for c in ("tp", "pp", "dp", "cp", "gx", "gy", "gz")]))
-    per_step = float(row["global_batch"]) * float(model.seq_len)
+    n, per_step = _job(model, layouts)
     cost = _cost(cost_model, system, sw)
     step = sw.step_time_s[..., 0]
     if objective == "time_to_train":
         value = step * tokens / per_step
     else:
-        life = cost_model.lifetime_years * _SECONDS_PER_YEAR if cost_model.unit == "USD" else 1.0
-        value = n * cost * step / (per_step * life)
+        value = n * cost * step / (per_step * _lifetime_s(cost_model))
     within = np.ones(sw.shape, bool) if budget is None else cost <= budget
     ranked = np.where(within & np.isfinite(value), value, np.inf).reshape(-1)
     best = int(np.argmin(ranked)) if np.isfinite(ranked).any() else -1

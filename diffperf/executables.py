@@ -47,10 +47,19 @@ def executable_key(name, args, static) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
 
+def _persistent_cache_on() -> bool:
+    """Whether JAX's persistent compilation cache is on (a cache folder set, the cache
+    enabled): only then can `compile()` hand back a program from it (`_loads_and_runs`)."""
+    return bool(jax.config.jax_compilation_cache_dir) and bool(
+        jax.config.jax_enable_compilation_cache)
+
+
 def _loads_and_runs(blob, args) -> bool:
     """Whether a serialized executable loads and runs on `args`. XLA:CPU cannot serialize
     again a program that JAX's persistent compilation cache gave back (its kernels are
-    missing: 'Function ... not found' when it runs), so such a program is not stored."""
+    missing: 'Function ... not found' when it runs), so such a program is not stored. It
+    runs the program once more on `args` (a whole chunk), so `executable` asks it only when
+    that cache is on (`_persistent_cache_on`); a program compiled here serializes whole."""
     try:
         loaded = serialize_executable.deserialize_and_load(*pickle.loads(blob),
                                                            execution_devices=_devices_of(args))
@@ -66,8 +75,9 @@ def executable(fn, name, args, static, store):
     in the store. A stored program that no longer loads (another jaxlib) is compiled again.
     Loading a program runs its code: a store must be as trusted as the code itself (the
     CLI's lives in the user's own cache folder, beside JAX's compilation cache). A program
-    is stored only once it has loaded and run from its bytes (`_loads_and_runs`); a program
-    already loaded in the process is put in a `store` that lacks it."""
+    is stored once compiled; with JAX's persistent compilation cache on, only once it has
+    loaded and run from its bytes (`_loads_and_runs`: that cache may have given it back). A
+    program already loaded in the process is put in a `store` that lacks it."""
     key = executable_key(name, args, static)
     if key in _LOADED:
         compiled, blob = _LOADED[key]
@@ -85,7 +95,7 @@ def executable(fn, name, args, static, store):
     if compiled is None:
         compiled = fn.lower(*args, **static).compile()
         blob = pickle.dumps(serialize_executable.serialize(compiled))
-        if _loads_and_runs(blob, args):
+        if not _persistent_cache_on() or _loads_and_runs(blob, args):
             store[key] = blob
         else:
             blob = None

@@ -20,7 +20,16 @@ import math
 import numpy as np
 
 
-def loo_residuals(jacobian_fit, residuals_fit, prior_precision):
+def ridge_precision(jacobian_fit, prior_precision):
+    """A = J^T J + n diag(lambda): the Gauss-Newton precision of the prior-regularised fit
+    (`loo_residuals`), in float64 whatever J's dtype. `calibrate.calibrate_runs` builds it
+    once for the Laplace covariance (Sigma = s^2 A^-1) and the leave-one-out residuals.
+    Example: J = (1, 1, 1, 1)^T, lambda = 0: A = [[4]]."""
+    J = np.asarray(jacobian_fit, float)
+    return J.T @ J + J.shape[0] * np.diag(np.asarray(prior_precision, float))
+
+
+def loo_residuals(jacobian_fit, residuals_fit, prior_precision, precision=None):
     """Leave-one-out residuals of the linearised, prior-regularised least-squares fit:
 
         r_(i) = r_i / (1 - h_ii),   h_ii = j_i (J^T J + n diag(lambda))^-1 j_i^T
@@ -33,12 +42,11 @@ def loo_residuals(jacobian_fit, residuals_fit, prior_precision):
     between variable selection and data augmentation and a method for prediction",
     Technometrics 16 (PRESS); Golub, Heath & Wahba 1979, Technometrics 21, Section 2).
     Example: one column j = (1, 1, 1, 1), lambda = 0, r = (1, -1, 1, -1) / 10: h_ii = 1/4,
-    r_(i) = r_i / 0.75.
+    r_(i) = r_i / 0.75. `precision`: A when the caller has it (`ridge_precision`), else built.
     """
     J = np.asarray(jacobian_fit, float)
     r = np.asarray(residuals_fit, float)
-    n = J.shape[0]
-    A = J.T @ J + n * np.diag(np.asarray(prior_precision, float))
+    A = ridge_precision(J, prior_precision) if precision is None else precision
     h = np.einsum("ij,ji->i", J, np.linalg.solve(A, J.T))
     # h_ii < 1 whenever the prior is positive; the clip only guards a singular A.
     return r / np.clip(1.0 - h, 1e-6, None)
@@ -55,12 +63,14 @@ def conformal_quantile(abs_residuals, coverage=0.95):
     return float(x[k - 1])
 
 
-def residual_var(jacobian_fit, residuals_fit, prior_precision, coverage=0.95, z=1.96):
+def residual_var(jacobian_fit, residuals_fit, prior_precision, coverage=0.95, z=1.96,
+                 precision=None):
     """Residual variance of the prediction interval, (q / z)^2 with q = `conformal_quantile`
-    of the leave-one-out |residuals| (`loo_residuals`): a row with no parameter uncertainty
-    gets the interval +-q, which holds the fraction `coverage` of held-out fitted rows.
+    of the leave-one-out |residuals| (`loo_residuals`, given A as `precision` or not): a row
+    with no parameter uncertainty gets the interval +-q, which holds the fraction `coverage`
+    of held-out fitted rows.
     Example: q = 0.177 (vTrain single-node rows), z = 1.96: (0.0903)^2 = 0.00816.
     """
-    q = conformal_quantile(np.abs(loo_residuals(jacobian_fit, residuals_fit, prior_precision)),
-                           coverage)
+    q = conformal_quantile(np.abs(loo_residuals(jacobian_fit, residuals_fit, prior_precision,
+                                                precision)), coverage)
     return (q / z) ** 2

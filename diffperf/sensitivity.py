@@ -39,6 +39,7 @@ from diffperf.predict import FEATURES, features_of, predict_step
 from diffperf.search import _CPU_QUICK_OPTIONS, COLUMNS, PLACEMENTS, parallel_of, search
 from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel, placement_index
+from diffperf.specs.paths import leaf_paths, leaf_values  # noqa: F401 - public here too
 from diffperf.specs.training import Training
 from diffperf.specs.validate import check_layout
 
@@ -58,18 +59,6 @@ def _quick_jit(fn, **kwargs):
     quick = jax.jit(fn, compiler_options=_CPU_QUICK_OPTIONS, **kwargs)
     plain = jax.jit(fn, **kwargs)
     return lambda *a, **k: (quick if jax.default_backend() == "cpu" else plain)(*a, **k)
-
-
-def leaf_paths(system) -> list[str]:
-    """Paths of the System leaves in tree order: 'matmul_flops_per_s',
-    'tiers[0].bandwidth_Bps', 'eff.mm_max', ... (`jax.tree_util.keystr`)."""
-    return [jax.tree_util.keystr(p).lstrip(".")
-            for p, _ in jax.tree_util.tree_flatten_with_path(system)[0]]
-
-
-def leaf_values(system) -> dict:
-    """{path: value} of every System leaf (SI units)."""
-    return dict(zip(leaf_paths(system), (float(v) for v in jax.tree.leaves(system))))
 
 
 def leaf_label(path: str, system) -> str:

@@ -36,6 +36,15 @@ def test_loo_residuals_equal_explicit_ridge_refits():
     np.testing.assert_allclose(intervals.loo_residuals(J, r, lam), expected, rtol=1e-9)
     # Held-out residuals are never smaller than the fitted ones (0 <= h_ii < 1).
     assert np.all(np.abs(intervals.loo_residuals(J, r, lam)) >= np.abs(r))
+    # The precision matrix built once by the caller (calibrate: for the covariance too) is the
+    # one loo_residuals builds, in float64 even from a float32 Jacobian.
+    A = intervals.ridge_precision(J.astype(np.float32), lam)
+    assert A.dtype == np.float64
+    np.testing.assert_allclose(A, J.T @ J + P, rtol=1e-6)
+    A = intervals.ridge_precision(J, lam)
+    np.testing.assert_array_equal(intervals.loo_residuals(J, r, lam, precision=A),
+                                  intervals.loo_residuals(J, r, lam))
+    np.testing.assert_array_equal(intervals.ridge_precision(np.ones((4, 1)), [0.0]), [[4.0]])
 
 
 def test_conformal_quantile_docstring_example():

@@ -359,6 +359,14 @@ _SHARDED = textwrap.dedent("""
     np.testing.assert_allclose(s1.memory_bytes, s4.memory_bytes, rtol=1e-6, atol=0)
     np.testing.assert_allclose(s1.step_time_s, s4.step_time_s, rtol=3e-7, atol=0)
     assert (s1.index >= 0).all()
+    # In several calls (1 point per device: 2 calls, the second padded) through an executable
+    # store: the model, table and training are placed on the devices once, the points per call.
+    s4c = sweep(model, system, None, table, axes, top=2, devices=jax.devices(),
+                points_per_call=1, store={})
+    np.testing.assert_array_equal(s1.index, s4c.index)
+    np.testing.assert_array_equal(s1.n_fits, s4c.n_fits)
+    np.testing.assert_allclose(s1.memory_bytes, s4c.memory_bytes, rtol=1e-6, atol=0)
+    np.testing.assert_allclose(s1.step_time_s, s4c.step_time_s, rtol=3e-7, atol=0)
     print("identical", len(table))
 """)
 

@@ -7,7 +7,8 @@ from pathlib import Path
 from diffperf.cli.output import fmt, print_json, table
 from diffperf.cli.sensitivity_cmd import human, status
 from diffperf.errors import SpecError, closest
-from diffperf.cli.options import add_model_system
+from diffperf.cli.options import (add_job, add_model_system, add_placements, check_at_least,
+                                  model_and_system, placements_of)
 
 _DAY_S = 86400.0
 
@@ -22,9 +23,7 @@ def add_parser(sub):
         "step. Prints each parameter before and after, and the objective (soft and with the "
         "exact best layout)."))
     add_model_system(p, "starting system: name under configs/systems or a YAML")
-    p.add_argument("--gpus", type=int, default=1024, help="number of devices (default 1024)")
-    p.add_argument("--global-batch", dest="global_batch", type=int, default=1536,
-                   help="sequences per optimizer step (default 1536)")
+    add_job(p)
     p.add_argument("--cost", required=True, help="cost or power model: name under "
                    "configs/design (illustrative-usd, illustrative-power) or a YAML")
     p.add_argument("--objective", default="time_to_train",
@@ -37,8 +36,7 @@ def add_parser(sub):
     p.add_argument("--learning-rate", type=float, default=0.05, help="Adam step in log space")
     p.add_argument("--temperature", type=float, default=0.05, help="tau of the soft-min "
                    "over layouts (default 0.05)")
-    p.add_argument("--placements", default=None, help="comma-separated rank orders, "
-                   "innermost first (default: tp-cp-dp-pp,tp-cp-pp-dp)")
+    add_placements(p)
     p.add_argument("--max-candidates", type=int, default=1024, help="layouts per placement "
                    "order in the soft-min (default 1024)")
     p.add_argument("--grid", action="append", metavar="FIELD=VALUES", help="instead of the "
@@ -126,25 +124,20 @@ def _render(model, system, args, cost, design, layouts, placements):
 def _build(args):
     """(model, system, training) from parsed arguments, validated."""
     from diffperf import training
-    from diffperf.cli.options import model_and_system
 
-    for name, low in (("gpus", 1), ("global_batch", 1), ("steps", 0), ("max_candidates", 1),
-                      ("top", 1)):
-        if getattr(args, name) < low:
-            raise SpecError(f"--{name.replace('_', '-')}={getattr(args, name)} must be "
-                            f">= {low}")
+    check_at_least(args, dict(gpus=1, global_batch=1, steps=0, max_candidates=1, top=1))
     model, system = model_and_system(args)
     return model, system, training(args.precision)
 
 
 def run(args) -> int:
-    from diffperf.cli.search_cmd import _placements, layout_dict
+    from diffperf.cli.search_cmd import layout_dict
     from diffperf.design import optimize_design
     from diffperf.search import enumerate_layouts
 
     model, system, train = _build(args)
     cost = load_cost(args.cost)
-    placements = _placements(args.placements)
+    placements = placements_of(args.placements)
     if args.grid:
         from diffperf.cli.design_grid_cmd import run_grid
 

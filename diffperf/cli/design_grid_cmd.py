@@ -10,6 +10,7 @@ from diffperf.cli.design_cmd import _objective_cell
 from diffperf.cli.output import fmt, print_json, table
 from diffperf.cli.cache import kernel_store
 from diffperf.cli.search_cmd import _devices, _progress, _wide, layout_dict
+from diffperf.cli.sweep_cmd import _points
 
 
 def _layout_text(lay: dict) -> str:
@@ -20,10 +21,9 @@ def _layout_text(lay: dict) -> str:
             f"sp {lay['sequence_parallel']} {lay['placement']}")
 
 
-def _point_dict(result, axes, h, layouts, placements) -> dict:
+def _point_dict(result, axes, values, h, layouts, placements) -> dict:
+    """Grid point h (flat index) in JSON; `values` its coordinates in the YAML's units."""
     sw = result.sweep
-    values = [np.meshgrid(*[human for _, _, human, _ in axes], indexing="ij")[k].reshape(-1)[h]
-              for k in range(len(axes))]
     i = int(sw.index.reshape(-1)[h])
     return dict(point={key: float(v) for (key, *_), v in zip(axes, values)},
                 cost=float(result.cost.reshape(-1)[h]),
@@ -48,11 +48,13 @@ def run_grid(args, model, system, train, cost, placements) -> int:
                              budget=args.budget, tokens=args.tokens, placements=placements,
                              devices=_devices(), progress=progress, store=kernel_store(args))
     seconds = time.perf_counter() - start
-    order = np.argsort(np.where(result.within, result.objective, np.inf).reshape(-1),
-                       kind="stable")
-    order = [h for h in order if np.isfinite(np.where(result.within, result.objective,
-                                                       np.inf).reshape(-1)[h])]
-    points = [_point_dict(result, axes, h, layouts, placements) for h in order[:args.top]]
+    # One sort of the H points and one pass over them: the points within the budget with a
+    # layout that fits, best first (ties keep the grid's order).
+    ranked = np.where(result.within, result.objective, np.inf).reshape(-1)
+    order = np.argsort(ranked, kind="stable")
+    order = order[np.isfinite(ranked[order])][:args.top]
+    grid = _points(axes)
+    points = [_point_dict(result, axes, grid[h], h, layouts, placements) for h in order]
     budget = cost.budget if args.budget is None else args.budget
     if args.json:
         print_json(dict(model=model.name, system=system.name, gpus=args.gpus,

@@ -10,8 +10,8 @@ import numpy as np
 
 from diffperf.cli.output import console, err_console, fmt, print_json, table
 from diffperf.cli.cache import kernel_store
-from diffperf.errors import SpecError
-from diffperf.cli.options import add_model_system
+from diffperf.cli.options import (add_job, add_model_system, add_placements, check_at_least,
+                                  model_and_system, placements_of)
 
 _RECOMPUTE = ("none", "selective", "full")
 _N_PARTS = 4  # breakdown columns in the top-K table: the largest parts on average
@@ -30,13 +30,10 @@ def add_parser(sub):
         "one device already uses every core). With no options: GPT-3 175B on 1024 A100 "
         "80 GB, global batch 1536."))
     add_model_system(p)
-    p.add_argument("--gpus", type=int, default=1024, help="number of devices (default 1024)")
-    p.add_argument("--global-batch", dest="global_batch", type=int, default=1536,
-                   help="sequences per optimizer step (default 1536)")
+    add_job(p)
     p.add_argument("--top", type=int, default=None, help="layouts to list (default 10; with "
                    "--sweep, per hardware point, default 1)")
-    p.add_argument("--placements", default=None, help="comma-separated rank orders, innermost "
-                   "first (default: tp-cp-dp-pp,tp-cp-pp-dp)")
+    add_placements(p)
     p.add_argument("--axonn", action="store_true", help="also enumerate the AxoNN 4D layouts "
                    "(3D tensor grid gx x gy x gz x dp, tp = pp = 1; Singh et al. SC24)")
     p.add_argument("--sweep", action="append", metavar="FIELD=VALUES", help="sweep a "
@@ -51,17 +48,6 @@ def add_parser(sub):
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=run)
     return p
-
-
-def _placements(text):
-    from diffperf.search import PLACEMENTS
-
-    if text is None:
-        return PLACEMENTS
-    orders = tuple(tuple(p.strip().split("-")) for p in text.split(",") if p.strip())
-    if not orders:
-        raise SpecError(f"--placements={text!r} must list rank orders like tp-cp-dp-pp")
-    return orders
 
 
 def _enable_cache() -> None:
@@ -83,15 +69,10 @@ def _devices():
 def build(args):
     """(model, system, training, placements) from parsed arguments, validated."""
     from diffperf import training
-    from diffperf.cli.options import model_and_system
 
-    for name in ("gpus", "global_batch", "top"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise SpecError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
-    if args.chunk is not None and args.chunk < 1:
-        raise SpecError(f"--chunk={args.chunk} must be >= 1")
+    check_at_least(args, dict(gpus=1, global_batch=1, top=1, chunk=1))
     model, system = model_and_system(args)
-    return model, system, training(args.precision), _placements(args.placements)
+    return model, system, training(args.precision), placements_of(args.placements)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ import math
 
 from diffperf.cli.output import err_console, fmt, print_json, table
 from diffperf.errors import SpecError
-from diffperf.cli.options import add_model_system
+from diffperf.cli.options import add_model_system, add_placements, placements_of
 
 # Human units of a leaf, by the suffix of its name: (suffix, unit, SI value per unit).
 _UNITS = (("_flops_per_s", "TFLOP/s", 1e12), ("_Bps", "GB/s", 1e9), ("_bytes", "GiB", 2.0**30),
@@ -36,8 +36,7 @@ def add_parser(sub):
                    "--gpus devices and --global-batch, re-optimized")
     p.add_argument("--temperature", type=float, default=0.05, help="tau of the soft-min over "
                    "layouts, with --optimum (default 0.05)")
-    p.add_argument("--placements", default=None, help="comma-separated rank orders, "
-                   "innermost first (default: tp-cp-dp-pp,tp-cp-pp-dp)")
+    add_placements(p)
     p.add_argument("--max-candidates", type=int, default=1024, help="layouts per placement "
                    "order in the soft-min (lowest soft scores; default 1024)")
     p.add_argument("--reoptimize-all", action="store_true", help="with --optimum, re-search "
@@ -185,7 +184,6 @@ def _render(model, system, args, step, elast, values, opt, layouts, placements):
 
 def run(args) -> int:
     from diffperf.cli.predict_cmd import build
-    from diffperf.cli.search_cmd import _placements
     from diffperf.search import enumerate_layouts
     from diffperf.sensitivity import (MEMORY_LEAVES, elasticities_at_optimum,
                                       goodput_elasticities, leaf_values,
@@ -193,7 +191,7 @@ def run(args) -> int:
 
     _check(args)
     model, parallel, system, train = build(args)
-    placements = _placements(args.placements)
+    placements = placements_of(args.placements)
     layouts, opt = None, None
     with status(not args.json, "differentiating (compiling first)"):
         # `step`: the step time, or with --goodput the effective tokens/s, at the layout

@@ -1,7 +1,7 @@
 """The hardware grid of a sweep: System leaves and their values, checked, as points.
 
 A grid is the outer product of one list of values per System leaf (paths as
-`sensitivity.leaf_paths` names them: 'tiers[1].bandwidth_Bps', 'eff.mm_max', ...), first axis
+`specs.paths.leaf_paths` names them: 'tiers[1].bandwidth_Bps', 'eff.mm_max', ...), first axis
 slowest; tied leaves follow a swept one by a factor (the fp32 and vector peaks with the 16-bit
 matrix peak, one chip).
 """
@@ -13,20 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from diffperf.errors import SpecError, closest
+from diffperf.specs.paths import leaf_path, leaf_paths
 
 # Leaves that must stay > 0 (a rate, a capacity or a domain); every other leaf is >= 0.
 _POSITIVE = ("_Bps", "_per_s", "hbm_capacity_bytes", "domain_size")
 
 
-def _leaf_paths(system) -> list[str]:
-    return [jax.tree_util.keystr(p).lstrip(".")
-            for p, _ in jax.tree_util.tree_flatten_with_path(system)[0]]
-
-
 def _check_axes(system, axes) -> tuple:
     """((path, values [n]) per axis), checked: System leaves, finite, >= 0 (> 0 for a rate,
     capacity or domain), each leaf once, and tier domains nested at every point."""
-    paths = _leaf_paths(system)
+    paths = leaf_paths(system)
     if not axes:
         raise SpecError("a sweep needs at least one axis {System leaf path: values}, e.g. "
                         "{'tiers[1].bandwidth_Bps': [25e9, 50e9]}")
@@ -68,7 +64,7 @@ def _check_nested(system, axes) -> None:
                             f"nested, innermost first)")
 
 
-def _points(system, axes, tied=None) -> dict:
+def _points(axes, tied=None) -> dict:
     """{path: values [H]} of every grid point (first axis slowest) in the system's dtype, the
     tied leaves included (`tied`: {path: (swept path, factor)}, path = factor x swept)."""
     grids = np.meshgrid(*[v for _, v in axes], indexing="ij")
@@ -80,7 +76,7 @@ def _points(system, axes, tied=None) -> dict:
 
 def _check_tied(system, axes, tied) -> dict:
     """{path: (swept path, factor)}: System leaves not swept themselves, tied to swept ones."""
-    paths, swept = _leaf_paths(system), [p for p, _ in axes]
+    paths, swept = leaf_paths(system), [p for p, _ in axes]
     for path, (src, factor) in (tied or {}).items():
         if path not in paths or path in swept or src not in swept or not factor > 0:
             raise SpecError(f"sweep: tied={{{path!r}: ({src!r}, {factor})}} must tie a System "
@@ -92,12 +88,11 @@ def _check_tied(system, axes, tied) -> dict:
 def _with_leaves(system, leaves: dict):
     """The system with the leaves at the given paths replaced."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(system)
-    return jax.tree.unflatten(treedef, [leaves.get(jax.tree_util.keystr(p).lstrip("."), x)
-                                        for p, x in flat])
+    return jax.tree.unflatten(treedef, [leaves.get(leaf_path(p), x) for p, x in flat])
 
 
 def _in_axes(system, swept):
     """vmap in_axes of the system: 0 for the swept leaves, None for the others."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(system)
-    return jax.tree.unflatten(treedef, [0 if jax.tree_util.keystr(p).lstrip(".") in swept
-                                        else None for p, _ in flat])
+    return jax.tree.unflatten(treedef, [0 if leaf_path(p) in swept else None
+                                        for p, _ in flat])

@@ -38,6 +38,7 @@ from diffperf.predict import features_of, predict_step
 from diffperf.executables import executable
 from diffperf.search.enumerate import COLUMNS, INNER, INNER_GRID, KEYS, OUTER, _placement_codes
 from diffperf.specs.parallel import GRID, Parallel
+from diffperf.specs.paths import leaf_path
 
 _NO_GRID = tuple(k for k in KEYS if k not in GRID)  # batched when no row has the grid
 DEFAULT_CHUNK = 1 << 16  # layouts per call: amortises dispatch, ~7 MB out, little padding
@@ -80,17 +81,13 @@ def _grid_predict_impl(model, parallel, system, training, temperature, features,
     return _pruned(f(model, parallel, system, training, temperature, features), fields)
 
 
-def _path(keys) -> str:
-    return jax.tree_util.keystr(keys).lstrip(".")
-
-
 def _pruned(result, fields):
     """The result with only the leaves at `fields` (paths such as 'step_time_s',
     'memory.total_bytes'), the others None; all of them for fields=None."""
     if fields is None:
         return result
     flat, treedef = jax.tree_util.tree_flatten_with_path(result)
-    return jax.tree.unflatten(treedef, [x if _path(p) in fields else None for p, x in flat])
+    return jax.tree.unflatten(treedef, [x if leaf_path(p) in fields else None for p, x in flat])
 
 
 _STATIC = ("temperature", "features", "fields")

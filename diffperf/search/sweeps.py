@@ -38,6 +38,7 @@ from diffperf.search.kernel import (_CPU_COMPILER_OPTIONS, INNER_GRID, _batched,
                                     _chunk_parallel, _grid, _grid_predict_impl, _mesh, _shardings,
                                     _table_features)
 from diffperf.specs.batch import anonymous
+from diffperf.specs.paths import leaf_path
 from diffperf.specs.training import Training
 
 _SWEEP_FIELDS = ("step_time_s", "fits", "memory.total_bytes")  # what a point keeps
@@ -131,8 +132,8 @@ def _sweep_impl(model, keys, valid, system, training, temperature, features, top
         return best(model, keys, valid, system, training)
     split, whole = PartitionSpec("points"), PartitionSpec()
     flat, treedef = jax.tree_util.tree_flatten_with_path(system)
-    specs = jax.tree.unflatten(treedef, [split if jax.tree_util.keystr(p).lstrip(".") in swept
-                                         else whole for p, _ in flat])
+    specs = jax.tree.unflatten(treedef, [split if leaf_path(p) in swept else whole
+                                         for p, _ in flat])
     return jax.shard_map(best, mesh=mesh, in_specs=(whole, whole, whole, specs, whole),
                          out_specs=split, check_vma=False)(model, keys, valid, system, training)
 
@@ -157,13 +158,15 @@ def _table_grid(layouts, placements, cells, dtype):
             keys)
 
 
-def _placed(args, devices, swept):
-    """The call's arguments on the devices: the swept leaves split, the rest replicated."""
-    model, keys, valid, system, training = args
+def _placers(devices, system, swept):
+    """(put_whole, put_system): functions that place a call's arguments on the devices, the
+    model, table and training replicated, the system's swept leaves split (without devices:
+    the default device, and the system as it is). The fixed arguments are placed once per
+    sweep, not copied again with every block; the system, once per block."""
+    if devices is None:
+        return jax.device_put, (lambda s: s)
     whole, spec = _shardings(devices, _in_axes(system, swept), axis="points")
-    return (jax.device_put(model, whole), jax.device_put(keys, whole),
-            jax.device_put(valid, whole), jax.device_put(system, spec),
-            jax.device_put(training, whole))
+    return (lambda x: jax.device_put(x, whole)), (lambda s: jax.device_put(s, spec))
 
 
 def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=1,
@@ -176,7 +179,7 @@ def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=
         layouts: a layout table (`enumerate_layouts`); every row at every point.
         axes: {System leaf path: values (SI)}, e.g. {'tiers[1].bandwidth_Bps': [25e9, 5e10],
             'hbm_capacity_bytes': [...]}: the grid is their outer product, first axis slowest
-            (paths as `sensitivity.leaf_paths` names them).
+            (paths as `specs.paths.leaf_paths` names them).
         top: layouts kept per point.
         temperature: None for the exact model, > 0 for its smooth variant.
         devices: None for the default device; a list of devices splits each call's hardware
@@ -202,7 +205,7 @@ def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=
     model_, system_, training_ = _as_float((anonymous(model), anonymous(system),
                                            anonymous(training)))
     dtype = jnp.result_type(float)
-    points = _points(system_, axes, tied)
+    points = _points(axes, tied)
     paths = tuple(points)
     n_h = len(points[paths[0]])
     devices = None if devices is None else list(devices)
@@ -213,7 +216,7 @@ def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=
                                                  max(len(INNER_GRID), int(cells) // h_dev), dtype)
     features = _table_features(model_, flat_keys, training_)
     cpu = (jax.default_backend() if devices is None else devices[0].platform) == "cpu"
-    fn = _sweep_jit_cpu if cpu else _sweep_jit
+    fn, name = (_sweep_jit_cpu, "sweep-cpu-fusion-O1") if cpu else (_sweep_jit, "sweep-default")
     mesh = None if devices is None else _mesh(devices, "points")
     static = dict(temperature=temperature, features=features, top=int(top), swept=paths,
                   mesh=mesh)
@@ -228,14 +231,14 @@ def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=
         if progress is not None:
             progress((i + m) * n, total)
 
+    put_whole, put_system = _placers(devices, system_, paths)
+    fixed = tuple(put_whole(x) for x in (model_, keys, valid))
+    training_ = put_whole(training_)
     pending = None
     for i in range(0, n_h, h_call):
         block = {p: np.resize(v[i:i + h_call], h_call) if n_h - i < h_call else v[i:i + h_call]
                  for p, v in points.items()}
-        args = (model_, keys, valid, _with_leaves(system_, block), training_)
-        if devices is not None:
-            args = _placed(args, devices, paths)
-        name = f"sweep-{'cpu-fusion-O1' if cpu else 'default'}"
+        args = (*fixed, put_system(_with_leaves(system_, block)), training_)
         result = (fn(*args, **static) if store is None
                   else executable(fn, name, args, static, store)(*args))
         if pending is not None:
