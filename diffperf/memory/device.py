@@ -85,12 +85,16 @@ def stage_states_params(model, parallel, stages):
 
 
 def peak_parts(parts, total):
-    """Each part at the candidate (leading axis) whose total is the largest, the first of
-    equals; parts without that axis are broadcast to it first. Batched leaves (evaluated
-    eagerly, without vmap) keep their batch axes behind the candidate axis."""
+    """(each part, the total) at the candidate (leading axis) whose total is the largest, the
+    first of equals; parts without that axis are broadcast to it first. Batched leaves
+    (evaluated eagerly, without vmap) keep their batch axes behind the candidate axis. The
+    total is taken at its index, not by jnp.max, whose gradient divides by the count of
+    entries equal to the result: compiled XLA can find 0 of them when it recomputes equal
+    candidates (p = 1) in another fusion (0/0: NaN)."""
     peak = jnp.argmax(total, axis=0)[None]
-    return {k: jnp.take_along_axis(jnp.broadcast_to(v, total.shape), peak, axis=0)[0]
-            for k, v in parts.items()}
+    pick = lambda v: jnp.take_along_axis(  # noqa: E731
+        jnp.broadcast_to(v, total.shape), peak, axis=0)[0]
+    return {k: pick(v) for k, v in parts.items()}, pick(total)
 
 
 def device_memory(model, parallel, system, training, stages=None) -> Memory:
@@ -124,6 +128,7 @@ def device_memory(model, parallel, system, training, stages=None) -> Memory:
     # The three stages at once: a leading axis of 3 (first, middle, last).
     parts = _stage_memory(params, expert_P, activations, buffers, parallel, training)
     total = sum(parts[k] for k in MEMORY_PARTS)  # every part but the buffers has the axis
-    picked = peak_parts({k: parts[k] for k in MEMORY_PARTS if k != "buffers_bytes"}, total)
-    return Memory(**picked, buffers_bytes=buffers, total_bytes=jnp.max(total, axis=0),
+    picked, peak_total = peak_parts({k: parts[k] for k in MEMORY_PARTS
+                                     if k != "buffers_bytes"}, total)
+    return Memory(**picked, buffers_bytes=buffers, total_bytes=peak_total,
                   capacity_bytes=system.hbm_capacity_bytes * system.eff.mem_usable_frac)

@@ -153,9 +153,9 @@ def xla_device_memory(model, parallel, system, training, stages=None) -> Memory:
     flat = lambda x: jnp.broadcast_to(x, shape).reshape((-1,) + shape[1:])  # noqa: E731
     parts = {k: jnp.concatenate([flat(c[k]) for c in phases]) for k in keys}
     total = sum(parts[k] for k in keys)
-    picked = peak_parts(parts, total)
+    picked, peak_total = peak_parts(parts, total)
     buffers = gathered_buffer_bytes(model, parallel, training) + system.eff.mem_reserved_bytes
-    return Memory(**picked, buffers_bytes=buffers, total_bytes=jnp.max(total, axis=0) + buffers,
+    return Memory(**picked, buffers_bytes=buffers, total_bytes=peak_total + buffers,
                   capacity_bytes=system.hbm_capacity_bytes * system.eff.mem_usable_frac)
 
 

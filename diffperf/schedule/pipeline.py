@@ -14,10 +14,9 @@ def stage_times_s(t_layer, stages, n_layers, t_first_extra, t_last_extra):
     micro-batch (forward + backward):
 
         t_i = n_i t + [embedding_i] e_f + [output_i] e_l        sum_i t_i = L t + e_f + e_l
-    t = one layer's time, `stages` = `workload.stages.pipeline_stages` (n_i layers; which
+    t = one layer's time, `stages` = `workload.stages.pipeline_stages` (n_i layers, and which
     candidate holds the embedding, e_f, and the output layer and loss, e_l: the first and the
-    last stage, every candidate when p = 1, none the middle one when p = 2, which holds no
-    layer either). A stage's time is its layers' and its extras' (Narayanan et al. SC21
+    last stage; every candidate when p = 1; with p = 2 the middle candidate holds nothing). A stage's time is its layers' and its extras' (Narayanan et al. SC21
     Section 2.2: 1F1B runs each micro-batch's forward and backward on every stage in turn;
     PAPERS.md 5.4 and 5.11, uneven stages after Llama 3 405B, Dubey et al. 2024, 3.3.2) [D].
     Example: L = 126, p = 16, (7, 8, 7), t = 1 s, e_f = 0.1 s, e_l = 0.7 s:
@@ -40,7 +39,10 @@ def pipeline_times_s(stage_times, t_sum, parallel):
     are for (Llama 3 405B: first and last stage one layer short) [D].
     Example: p = 4, m = 8, v = 1, t = 1 s each: 8 s busy + 3 s bubble.
     """
-    t_max = jnp.max(stage_times, axis=0)
+    # The slowest time taken at its index, not by jnp.max: max's gradient divides by the count
+    # of entries equal to the result, which compiled XLA can find to be 0 when it recomputes
+    # the entries in another fusion (0/0: NaN, even through the p = 1 jnp.where below).
+    t_max = jnp.take_along_axis(stage_times, jnp.argmax(stage_times, axis=0)[None], axis=0)[0]
     # One stage (p = 1) has no fill or drain: exactly 0, not the rounding of t_sum - t_max.
     bubble = jnp.where(parallel.pp > 1, (t_sum - t_max) / parallel.vp, 0.0)
     return parallel.n_microbatches * t_max, bubble
