@@ -28,6 +28,7 @@ from diffperf.memory.activations import layers_in_flight
 from diffperf.schedule.pipeline import critical_stage, pipeline_times_s, stage_times_s
 from diffperf.workload.params import total_params
 from diffperf.workload.pp import bubble_fraction, pp_message_bytes, stage_layers
+from diffperf.workload.stages import pipeline_stages
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 NCCL_A100 = SHARED_DATA / "kernels" / "a100_nccl_allreduce.csv"
@@ -493,13 +494,15 @@ def test_interleaving_halves_the_bubble():
 
 
 def _stages(L, p, t, e_first, e_last, m=8, v=1, **given):
-    """(busy, bubble) of a pipeline of L layers of t seconds each on p stages."""
+    """((busy, bubble), layers, stage times, stages) of a pipeline of L layers of t seconds
+    each on p stages."""
     par = Parallel(pp=p, dp=1, micro_batch=1, global_batch=m, vp=v, **given)
     model = Model(n_layers=L, hidden=64, ffn_hidden=256, n_heads=4, n_kv_heads=4, head_dim=16,
                   vocab=100, seq_len=8)
     layers = stage_layers(model, par)
-    times, t_sum = stage_times_s(jnp.asarray(t), layers, float(L), e_first, e_last, par)
-    return [float(x) for x in pipeline_times_s(times, t_sum, par)], layers, times, par
+    stages = pipeline_stages(model, par)
+    times, t_sum = stage_times_s(jnp.asarray(t), stages, float(L), e_first, e_last)
+    return [float(x) for x in pipeline_times_s(times, t_sum, par)], layers, times, stages
 
 
 def test_pipeline_times_docstring_and_unequal_stages():
@@ -519,17 +522,17 @@ def test_uneven_stages_llama3_405b():
     """Llama 3 405B (Dubey et al. 2024, 3.3.2): 126 layers on 16 stages, one layer fewer on
     the first and the last stage. Auto-balanced: c = ceil(126/16) = 8, D = 16 x 8 - 126 = 2
     -> (7, 8, 7). Stage docstring example: t = 1 s, e_f = 0.1 s, e_l = 0.7 s."""
-    (busy, bubble), layers, times, par = _stages(126, 16, 1.0, 0.1, 0.7, m=32)
+    (busy, bubble), layers, times, stages = _stages(126, 16, 1.0, 0.1, 0.7, m=32)
     assert [float(x) for x in layers] == [7.0, 8.0, 7.0]
     np.testing.assert_allclose([float(x) for x in times], [7.1, 8.0, 7.7], rtol=1e-6)
     # The slowest stage (a middle one, 8 layers) sets the pace: m t_max = 32 x 8 s; the
     # bubble is the rest of one pass through every stage: 126.8 - 8 s.
     np.testing.assert_allclose([busy, bubble], [32 * 8.0, 126.8 - 8.0], rtol=1e-6)
-    n, w_first, w_last = critical_stage(times, layers, par)
+    n, w_first, w_last = critical_stage(times, stages)
     assert (float(n), float(w_first), float(w_last)) == (8.0, 0.0, 0.0)
     # A heavy output layer (e_l = 1.5 s) makes the last stage the slowest: 7 + 1.5 > 8.
-    _, layers, times, par = _stages(126, 16, 1.0, 0.1, 1.5, m=32)
-    n, w_first, w_last = critical_stage(times, layers, par)
+    _, layers, times, stages = _stages(126, 16, 1.0, 0.1, 1.5, m=32)
+    n, w_first, w_last = critical_stage(times, stages)
     assert (float(n), float(w_first), float(w_last)) == (7.0, 0.0, 1.0)
 
 

@@ -90,21 +90,24 @@ def test_optimizer_bytes_per_param_worked_example():
     assert float(work_xla.optimizer_bytes_per_param(EAGER)) == 2 * 4 + 2 * 8 + 4 + 0 + 4
 
 
-def test_grad_accumulation_bytes_worked_example():
-    """m x 3 q_g Psi for m > 1: Psi = 2.02e9, m = 2 -> 48.5 GB; 0 for m = 1 and eager."""
-    two = Parallel(micro_batch=1, global_batch=2)
-    assert float(work_xla.grad_accumulation_bytes(2.02e9, two, XLA)) == pytest.approx(
+def test_grad_accumulation_traffic_bytes_worked_example():
+    """m x 3 G for m > 1: G = 4 x 2.02e9 B (fp32 gradients), m = 2 -> 48.5 GB; 0 for m = 1
+    and eager."""
+    two, G = Parallel(micro_batch=1, global_batch=2), 4 * 2.02e9
+    assert float(work_xla.grad_accumulation_traffic_bytes(G, two, XLA)) == pytest.approx(
         2 * 3 * 4 * 2.02e9, rel=1e-6)
-    assert float(work_xla.grad_accumulation_bytes(2.02e9, Parallel(), XLA)) == 0.0
-    assert float(work_xla.grad_accumulation_bytes(2.02e9, two, EAGER)) == 0.0
+    assert float(work_xla.grad_accumulation_traffic_bytes(G, Parallel(), XLA)) == 0.0
+    assert float(work_xla.grad_accumulation_traffic_bytes(G, two, EAGER)) == 0.0
 
 
-def test_stacked_traffic_is_twice_the_residuals_without_remat_only():
+def test_stacked_pass_traffic_is_the_residuals_without_remat_only():
+    """Each pass moves one layer's stacked residuals (forward writes, backward reads)."""
     model, par = _model(ROW_000), Parallel(micro_batch=2)
     resid = float(work_xla.layer_residual_bytes(model, par, XLA))
-    assert float(work_xla.stacked_traffic_bytes(model, par, XLA)) == pytest.approx(2 * resid)
-    assert float(work_xla.stacked_traffic_bytes(model, par.replace(recompute=2), XLA)) == 0.0
-    assert float(work_xla.stacked_traffic_bytes(model, par, EAGER)) == 0.0
+    assert float(work_xla.stacked_pass_traffic_bytes(model, par, XLA)) == pytest.approx(resid)
+    assert float(work_xla.stacked_pass_traffic_bytes(model, par.replace(recompute=2),
+                                                     XLA)) == 0.0
+    assert float(work_xla.stacked_pass_traffic_bytes(model, par, EAGER)) == 0.0
 
 
 def test_kernel_fixed_time_by_framework():

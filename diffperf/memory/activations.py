@@ -15,8 +15,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from diffperf.workload.cp import cp_kv_bytes
-from diffperf.workload.flops import (head_shards, hidden_shards, score_elements, softmax_fallback,
-                                     softmax_fallback_costs, vocab_rows_per_rank)
+from diffperf.workload.flops import (head_shards, score_elements, softmax_fallback,
+                                     softmax_fallback_costs, tokens_per_device,
+                                     vocab_rows_per_rank)
+from diffperf.workload.params import active_ffn_width, residual_shards
 
 
 def layer_activation_parts(model, parallel, training):
@@ -36,12 +38,10 @@ def layer_activation_parts(model, parallel, training):
     Example (GPT-3 175B, s 2048, b 1, t 1, q_a 2, dropout, no flash): s b h (34 + 5 a s/h).
     """
     t, q, md = head_shards(parallel), training.activation_bytes, training.dropout
-    sbh = parallel.micro_batch * model.seq_len / parallel.cp * model.hidden
-    t_sp = jnp.where(parallel.sequence_parallel > 0, parallel.tp, 1.0) * hidden_shards(parallel)
+    sbh = tokens_per_device(model, parallel) * model.hidden
+    t_sp = residual_shards(parallel)
     a, akv = model.n_heads, model.n_kv_heads
-    ffn = jnp.where(model.n_experts > 0, (model.moe_topk * model.capacity_factor
-                                          + model.n_shared_experts) * model.moe_ffn_hidden,
-                    model.ffn_hidden)
+    ffn = active_ffn_width(model)  # f, or the routed width k C_f f_e (+ shared) of MoE
     replicated = sbh * (2.0 * training.residual_bytes + 2.0 * q + 2.0 * md) / t_sp
     sharded = sbh * q * (2.0 + 2.0 * akv / a + (2.0 + model.gated_mlp) * ffn / model.hidden) / t
     scores = score_elements(model, parallel) * (
@@ -114,6 +114,6 @@ def logits_bytes(model, parallel, training):
     gradient buffer is what makes the loss the memory peak of small-model, large-vocabulary
     runs [D].
     """
-    T = parallel.micro_batch * model.seq_len / parallel.cp
+    T = tokens_per_device(model, parallel)
     rows = vocab_rows_per_rank(model, parallel, training)  # V / t, with the framework's padding
     return (2.0 * training.activation_bytes + 8.0) * T * rows

@@ -12,10 +12,10 @@ import jax.numpy as jnp
 from diffperf.memory import activations as act
 from diffperf.memory.weights import gradient_bytes, optimizer_bytes, weight_bytes
 from diffperf.result import MEMORY_PARTS, Memory
+from diffperf.workload.dp import zero3_prefetch_frac
 from diffperf.workload.params import (layer_matrix_params, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device)
-from diffperf.workload.dp import zero3_prefetch_frac
-from diffperf.workload.pp import stage_layers
+from diffperf.workload.stages import pipeline_stages
 
 
 def _gradients_at_peak(grads, activations, parallel, training):
@@ -56,9 +56,17 @@ def zero3_buffer_bytes(layer_params, parallel, training):
 def gathered_buffer_bytes(model, parallel, training):
     """Parameters gathered for the layer in use (whatever the framework, eager or XLA):
 
-        ZeRO-3: (1 + f) N_layer q_w + N_layer q_g     (`zero3_buffer_bytes`)
-        AxoNN depth G_z > 1: 2 N_layer q_w / (t G_x G_y)   (this layer's and the next one's)
-    Example: ZeRO-3 without prefetch (f = 0), N_layer = 1e9, q_w = q_g = 2: 4 GB.
+        ZeRO-3: (1 + f) N_l q_w + N_l q_g        (`zero3_buffer_bytes`)
+        AxoNN depth G_z > 1: 2 N_mat q_w / (t G_x G_y)
+    N_mat = one layer's matrix weights (`workload.params.layer_matrix_params`). AxoNN
+    all-gathers each linear's weight shard over the depth group Z before using it, which
+    materialises its (n_out / G_y x k_in / G_x) block, n_out k_in q_w / (G_x G_y) bytes
+    (PAPERS.md section 4.2, forward row "all-gather W over depth"); the gather of the next
+    layer is issued ahead and cached (section 4.3, `cache_weights`; AxoNN
+    `axonn/intra_layer/fully_connected.py`), so two layers' blocks are live: the one in use
+    and the next [D for the count of two].
+    Examples: ZeRO-3 without prefetch (f = 0), N_l = 1e9, q_w = q_g = 2: 4 GB. AxoNN G_x = G_y
+    = 2, G_z = 4, N_mat = 1.2e9 (a 10B-class layer), q_w = 2: 2 x 1.2e9 x 2 / 4 = 1.2 GB.
     """
     z3 = jnp.where(parallel.zero_stage == 3, 1.0, 0.0)
     depth = jnp.where(parallel.gz > 1, 1.0, 0.0)
@@ -68,11 +76,33 @@ def gathered_buffer_bytes(model, parallel, training):
             + depth * 2.0 * gathered * training.weight_bytes)
 
 
-def device_memory(model, parallel, system, training) -> Memory:
+def stage_states_params(model, parallel, stages):
+    """(parameters, routed-expert parameters) on one device of each candidate stage, [3]
+    each (`workload.params.stage_params_per_device`, `stage_expert_params_per_device`): what
+    the ZeRO model-state formulas of `memory.weights` take."""
+    return (stage_params_per_device(model, parallel, stages),
+            stage_expert_params_per_device(model, parallel, stages.layers))
+
+
+def peak_parts(parts, total):
+    """(each part, the total) at the candidate (leading axis) whose total is the largest, the
+    first of equals; parts without that axis are broadcast to it first. Batched leaves
+    (evaluated eagerly, without vmap) keep their batch axes behind the candidate axis. The
+    total is taken at its index, not by jnp.max, whose gradient divides by the count of
+    entries equal to the result: compiled XLA can find 0 of them when it recomputes equal
+    candidates (p = 1) in another fusion (0/0: NaN)."""
+    peak = jnp.argmax(total, axis=0)[None]
+    pick = lambda v: jnp.take_along_axis(  # noqa: E731
+        jnp.broadcast_to(v, total.shape), peak, axis=0)[0]
+    return {k: pick(v) for k, v in parts.items()}, pick(total)
+
+
+def device_memory(model, parallel, system, training, stages=None) -> Memory:
     """Memory parts of the pipeline stage with the largest footprint at its peak, and the
-    usable capacity. Three stages are candidates (`workload.pp.stage_layers`): the first
-    (embedding, the most micro-batches in flight), the largest middle one (most layers,
-    one micro-batch fewer in flight) and the last (output layer, logits):
+    usable capacity. Three stages are candidates (`workload.stages.pipeline_stages`; pass
+    `stages` when the caller has them): the first (embedding, the most micro-batches in
+    flight), the largest middle one (most layers, one micro-batch fewer in flight) and the
+    last (output layer, logits):
 
         total_i = weights + gradients (live at the peak) + optimizer + activations + buffers
         activations_i = A_layer x layers_in_flight(n_i, i) + working (+ logits, last stage)
@@ -85,26 +115,20 @@ def device_memory(model, parallel, system, training) -> Memory:
     Example: Llama 3 405B on 16 stages (7, 8, ..., 8, 7 layers) with 1F1B: the second stage
     (8 layers x 15 micro-batches) holds more activations than the first (7 x 16).
     """
-    layers = jnp.stack(jnp.broadcast_arrays(*stage_layers(model, parallel)))
-    stage = jnp.stack(jnp.broadcast_arrays(0.0, 1.0, parallel.pp - 1.0))
-    params = stage_params_per_device(model, parallel, tuple(layers))
-    expert_P = stage_expert_params_per_device(model, parallel, layers)
+    if stages is None:
+        stages = pipeline_stages(model, parallel)
+    params, expert_P = stage_states_params(model, parallel, stages)
     k = system.eff.act_mem_factor
     kept, rebuilt = act.layer_activation_parts(model, parallel, training)
     working = k * (rebuilt + act.cp_kv_buffer_bytes(model, parallel, training))
     logits = act.logits_bytes(model, parallel, training)
-    is_last = jnp.stack(jnp.broadcast_arrays(jnp.where(parallel.pp <= 1, 1.0, 0.0),
-                                             jnp.where(parallel.pp == 2, 1.0, 0.0), 1.0))
-    activations = (k * kept * act.layers_in_flight(layers, jnp.minimum(stage, parallel.pp - 1.0),
-                                                   parallel)
-                   + working + is_last * logits)
+    activations = (k * kept * act.layers_in_flight(stages.layers, stages.position, parallel)
+                   + working + stages.output * logits)
     buffers = gathered_buffer_bytes(model, parallel, training) + system.eff.mem_reserved_bytes
     # The three stages at once: a leading axis of 3 (first, middle, last).
     parts = _stage_memory(params, expert_P, activations, buffers, parallel, training)
     total = sum(parts[k] for k in MEMORY_PARTS)  # every part but the buffers has the axis
-    # The stage axis is the leading one, also for batched leaves evaluated eagerly.
-    peak = jnp.argmax(total, axis=0)[None]
-    parts = {k: parts[k] if k == "buffers_bytes" else jnp.take_along_axis(
-        jnp.broadcast_to(parts[k], total.shape), peak, axis=0)[0] for k in MEMORY_PARTS}
-    return Memory(**parts, total_bytes=jnp.max(total, axis=0),
+    picked, peak_total = peak_parts({k: parts[k] for k in MEMORY_PARTS
+                                     if k != "buffers_bytes"}, total)
+    return Memory(**picked, buffers_bytes=buffers, total_bytes=peak_total,
                   capacity_bytes=system.hbm_capacity_bytes * system.eff.mem_usable_frac)

@@ -36,13 +36,12 @@ import jax
 import jax.numpy as jnp
 
 from diffperf.memory.activations import cp_kv_buffer_bytes, layers_in_flight
-from diffperf.memory.device import gathered_buffer_bytes
+from diffperf.memory.device import gathered_buffer_bytes, peak_parts, stage_states_params
 from diffperf.memory.weights import gradient_bytes, optimizer_bytes, weight_bytes
 from diffperf.result import MEMORY_PARTS, Memory
-from diffperf.workload.flops import hidden_shards, vocab_rows_per_rank
-from diffperf.workload.params import (layer_params_per_device, stage_expert_params_per_device,
-                                      stage_params_per_device)
-from diffperf.workload.pp import stage_layers
+from diffperf.workload.flops import tokens_per_device, vocab_rows_per_rank
+from diffperf.workload.params import layer_params_per_device, residual_shards
+from diffperf.workload.stages import pipeline_stages
 from diffperf.workload.xla import FP32_BYTES, layer_residual_bytes
 
 
@@ -61,17 +60,28 @@ def scan_residual_bytes(model, parallel, training):
     Example (L 24, h 2048, b 1, s 1024, q_r 2): 2 x 1024 x 2048 = 4.19 MB a layer, 0.1007 GB
     for 24 layers: the measured 21.323 GB of that run less 12 P + 4 P (16 P = 21.22 GB).
     """
-    t_sp = jnp.where(parallel.sequence_parallel > 0, parallel.tp, 1.0) * hidden_shards(parallel)
-    T = parallel.micro_batch * model.seq_len / parallel.cp
-    carry = training.residual_bytes * T * model.hidden / t_sp
+    T = tokens_per_device(model, parallel)
+    carry = training.residual_bytes * T * model.hidden / residual_shards(parallel)
     return jnp.where(parallel.recompute == 2, carry, layer_residual_bytes(model, parallel,
                                                                           training))
 
 
-def working_layer_bytes(model, parallel, training):
-    """Extra bytes while one layer's backward runs: under full recompute the layer rebuilt
-    (its `layer_residual_bytes`, weights' casts included); otherwise 0 (the backward reads the
-    stacked residuals and fuses its temporaries)."""
+def xla_working_layer_bytes(model, parallel, training):
+    """Extra bytes while one scanned layer's backward runs, one micro-batch, one device:
+
+        recompute full:  layer_residual_bytes     the layer rebuilt by `jax.checkpoint`
+                                                  (its saved values and its weights' bf16
+                                                  casts), live until its backward ends
+        otherwise:       0                        the backward reads the stacked residuals
+                                                  and fuses its temporaries
+    The eager counterpart is `memory.activations.working_layer_bytes` (Korthikanti et al.'s
+    full-layer activations). Source: the jaxpr of tests/jax_transformer.py `make_scan_step`
+    under `jax.checkpoint` (the rematerialised primal values are the residuals that the
+    non-remat scan stacks for one layer) and its compiled memory on the CPU [D; phase B of
+    the module docstring, tests/test_memory_xla.py].
+    Example (h 2048, a 16, a_kv 4, d_h 128, f 5376 SwiGLU, b 2, s 1024, q 2, full recompute):
+    0.3326 GB, the `layer_residual_bytes` example.
+    """
     return jnp.where(parallel.recompute == 2, layer_residual_bytes(model, parallel, training),
                      0.0)
 
@@ -80,13 +90,18 @@ def loss_buffer_bytes(model, parallel, training):
     """Buffers of the fp32 cross-entropy at the start of the backward, last stage:
 
         (4 + q) T V_t
-    the fp32 exp(logits - max) that log-softmax saves for its backward and the q-byte gradient
+    the fp32 exp(logits - max) that the loss saves for its backward and the q-byte gradient
     of the logits that the output layer's two backward GEMMs read (the q-byte logits are dead
-    once the fused reductions have read them). V_t = `vocab_rows_per_rank`.
+    once the fused reductions have read them). T = b s / c tokens, q =
+    training.activation_bytes, V_t = `vocab_rows_per_rank`. Source: the loss of
+    tests/jax_transformer.py `scan_loss`, `optax.softmax_cross_entropy_with_integer_labels`
+    on fp32 logits, whose `jax.nn.logsumexp` keeps exp(logits - max), a (T, V) fp32 array, as
+    its `jax.vjp` residual; phase A of the module docstring against the measured peaks of
+    shared/data/h100_jax_single_gpu.csv (the example below) [D].
     Example: T = 32768, V = 128256, q = 2: 6 x 4.203e9 = 25.2 GB (the measured run peaks at
     33.55 GB = 12 P 6.32 + stacked carry 1.61 + 25.2 + 0.4).
     """
-    T = parallel.micro_batch * model.seq_len / parallel.cp
+    T = tokens_per_device(model, parallel)
     return (FP32_BYTES + training.activation_bytes) * T * vocab_rows_per_rank(model, parallel,
                                                                          training)
 
@@ -105,11 +120,11 @@ def _stage_phases(params, expert_params, layer_P, resid, loss, working, parallel
             part(grads, jnp.zeros_like(resid)))
 
 
-def xla_device_memory(model, parallel, system, training) -> Memory:
+def xla_device_memory(model, parallel, system, training, stages=None) -> Memory:
     """Memory parts of the pipeline stage and phase with the largest footprint (module
     docstring: A loss, B layer backward, C optimizer), and the usable capacity. The stages are
-    memory.device's three candidates (`workload.pp.stage_layers`: first, largest middle,
-    last), each holding n_i layers:
+    memory.device's three candidates (`workload.stages.pipeline_stages`: first, largest
+    middle, last; pass `stages` when the caller has them), each holding n_i layers:
 
         R_i = scan_residual_bytes x layers_in_flight(n_i, i)   (1F1B: min(p - i, m) micro-
                                                                 batches on stage i)
@@ -122,17 +137,14 @@ def xla_device_memory(model, parallel, system, training) -> Memory:
     Example: p = 1 -> n_i = L, one micro-batch of stacked residuals: the single-GPU runs of
     the h100_jax_single_gpu runs file (shared/data).
     """
-    layers = jnp.stack(jnp.broadcast_arrays(*stage_layers(model, parallel)))
-    stage = jnp.stack(jnp.broadcast_arrays(0.0, 1.0, parallel.pp - 1.0))
-    params = stage_params_per_device(model, parallel, tuple(layers))
-    expert_P = stage_expert_params_per_device(model, parallel, layers)
-    layer_P = layers * layer_params_per_device(model, parallel)
-    in_flight = layers_in_flight(layers, jnp.minimum(stage, parallel.pp - 1.0), parallel)
+    if stages is None:
+        stages = pipeline_stages(model, parallel)
+    params, expert_P = stage_states_params(model, parallel, stages)
+    layer_P = stages.layers * layer_params_per_device(model, parallel)
+    in_flight = layers_in_flight(stages.layers, stages.position, parallel)
     resid = scan_residual_bytes(model, parallel, training) * in_flight
-    is_last = jnp.stack(jnp.broadcast_arrays(jnp.where(parallel.pp <= 1, 1.0, 0.0),
-                                             jnp.where(parallel.pp == 2, 1.0, 0.0), 1.0))
-    loss = is_last * loss_buffer_bytes(model, parallel, training)
-    working = (working_layer_bytes(model, parallel, training)
+    loss = stages.output * loss_buffer_bytes(model, parallel, training)
+    working = (xla_working_layer_bytes(model, parallel, training)
                + cp_kv_buffer_bytes(model, parallel, training))
     phases = _stage_phases(params, expert_P, layer_P, resid, loss, working, parallel, training)
     keys = MEMORY_PARTS[:-1]
@@ -141,10 +153,9 @@ def xla_device_memory(model, parallel, system, training) -> Memory:
     flat = lambda x: jnp.broadcast_to(x, shape).reshape((-1,) + shape[1:])  # noqa: E731
     parts = {k: jnp.concatenate([flat(c[k]) for c in phases]) for k in keys}
     total = sum(parts[k] for k in keys)
-    peak = jnp.argmax(total, axis=0)[None]
-    picked = {k: jnp.take_along_axis(parts[k], peak, axis=0)[0] for k in keys}
+    picked, peak_total = peak_parts(parts, total)
     buffers = gathered_buffer_bytes(model, parallel, training) + system.eff.mem_reserved_bytes
-    return Memory(**picked, buffers_bytes=buffers, total_bytes=jnp.max(total, axis=0) + buffers,
+    return Memory(**picked, buffers_bytes=buffers, total_bytes=peak_total + buffers,
                   capacity_bytes=system.hbm_capacity_bytes * system.eff.mem_usable_frac)
 
 

@@ -9,24 +9,21 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 
-def stage_times_s(t_layer, layers, n_layers, t_first_extra, t_last_extra, parallel):
+def stage_times_s(t_layer, stages, n_layers, t_first_extra, t_last_extra):
     """(times [3] of the first, largest middle and last stage, sum over all p stages) of one
     micro-batch (forward + backward):
 
-        t_first = n_first t + e_f,   t_mid = n_mid t,   t_last = n_last t + e_l
-        sum_i t_i = L t + e_f + e_l
-    t = one layer's time, (n_first, n_mid, n_last) = `workload.pp.stage_layers`, e_f the
-    embedding on the first stage, e_l the output layer and loss on the last. One stage
-    (p = 1) holds everything: all three are L t + e_f + e_l. With p = 2 there is no middle
-    stage (n_mid = 0).
+        t_i = n_i t + [embedding_i] e_f + [output_i] e_l        sum_i t_i = L t + e_f + e_l
+    t = one layer's time, `stages` = `workload.stages.pipeline_stages` (n_i layers, and which
+    candidate holds the embedding, e_f, and the output layer and loss, e_l: the first and the
+    last stage; every candidate when p = 1; with p = 2 the middle candidate holds nothing). A stage's time is its layers' and its extras' (Narayanan et al. SC21
+    Section 2.2: 1F1B runs each micro-batch's forward and backward on every stage in turn;
+    PAPERS.md 5.4 and 5.11, uneven stages after Llama 3 405B, Dubey et al. 2024, 3.3.2) [D].
     Example: L = 126, p = 16, (7, 8, 7), t = 1 s, e_f = 0.1 s, e_l = 0.7 s:
     (7.1, 8, 7.7) and sum 126.8 s.
     """
-    first, mid, last = layers
-    single = jnp.where(parallel.pp <= 1, 1.0, 0.0)
-    times = jnp.stack(jnp.broadcast_arrays(first * t_layer + t_first_extra + single * t_last_extra,
-                                           mid * t_layer + single * (t_first_extra + t_last_extra),
-                                           last * t_layer + t_last_extra + single * t_first_extra))
+    times = (stages.layers * t_layer + stages.embedding * t_first_extra
+             + stages.output * t_last_extra)
     return times, n_layers * t_layer + t_first_extra + t_last_extra
 
 
@@ -42,22 +39,32 @@ def pipeline_times_s(stage_times, t_sum, parallel):
     are for (Llama 3 405B: first and last stage one layer short) [D].
     Example: p = 4, m = 8, v = 1, t = 1 s each: 8 s busy + 3 s bubble.
     """
-    t_max = jnp.max(stage_times, axis=0)
+    # The slowest time taken at its index, not by jnp.max: max's gradient divides by the count
+    # of entries equal to the result, which compiled XLA can find to be 0 when it recomputes
+    # the entries in another fusion (0/0: NaN, even through the p = 1 jnp.where below).
+    t_max = jnp.take_along_axis(stage_times, jnp.argmax(stage_times, axis=0)[None], axis=0)[0]
     # One stage (p = 1) has no fill or drain: exactly 0, not the rounding of t_sum - t_max.
     bubble = jnp.where(parallel.pp > 1, (t_sum - t_max) / parallel.vp, 0.0)
     return parallel.n_microbatches * t_max, bubble
 
 
-def critical_stage(stage_times, layers, parallel):
+def critical_stage(stage_times, stages):
     """(layers, weight of the first-stage extra, weight of the last-stage extra) of the
-    slowest stage (the first of equals, in the order first, last, middle); one stage (p = 1)
-    holds all layers and both extras."""
+    slowest stage, the one whose time per micro-batch sets the pace of the other m - 1
+    (`pipeline_times_s`; Narayanan et al. SC21 Section 2.2, PAPERS.md 5.4):
+
+        k = argmax_i t_i over (first, last, middle), the first of equals in that order
+        returns (n_k, [embedding_k], [output_k])          (`workload.stages.pipeline_stages`)
+    One stage (p = 1) is all three candidates: (L, 1, 1). The step's per-part times are m
+    times this stage's parts (predict) [D].
+    Example: (7.1, 8, 7.7) s of the `stage_times_s` example -> (8, 0, 0) (a middle stage);
+    with e_l = 1.5 s, (7.1, 8, 8.5) -> (7, 0, 1) (the last stage).
+    """
     t_first, t_mid, t_last = stage_times[0], stage_times[1], stage_times[2]
-    single = parallel.pp <= 1
-    is_first = single | ((t_first >= t_last) & (t_first >= t_mid))
+    is_first = (t_first >= t_last) & (t_first >= t_mid)
     is_last = ~is_first & (t_last >= t_mid)
-    n = jnp.where(is_first, layers[0], jnp.where(is_last, layers[2], layers[1]))
-    return n, jnp.where(is_first, 1.0, 0.0), jnp.where(is_last | single, 1.0, 0.0)
+    pick = lambda x: jnp.where(is_first, x[0], jnp.where(is_last, x[2], x[1]))  # noqa: E731
+    return pick(stages.layers), pick(stages.embedding), pick(stages.output)
 
 
 def p2p_exposed_s(send_s, parallel):

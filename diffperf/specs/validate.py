@@ -159,17 +159,33 @@ def _check_grid(P, M, where, pick) -> None:
         f"x gz={pick(P['micro_batch'], i):g} x {pick(P['dp'], i):g} x {pick(gz, i):g}"))
 
 
+# The tolerance of `workload.pp.stage_layers`'s roundings, ceil(x - 1e-6): a quotient within
+# 1e-6 above a whole number counts as that number, so that the twins round alike.
+_STAGE_ROUND_TOL = 1e-6
+
+
 def stage_counts(P, M):
     """(first, smallest middle, largest middle, last) layers per stage, the numpy twin of
-    `workload.pp.stage_layers` (auto: the last, then the first stage give up a layer)."""
+    `workload.pp.stage_layers` (same rules and the same rounding tolerance; tested against it
+    in tests/test_stage_counts.py):
+
+        auto:   c = ceil(L / p),  D = p c - L,  n_last = c - [D >= 1],  n_first = c - [D >= 2]
+        given:  n_first = pp_first_layers,  n_last = pp_last_layers
+        middle: (L - n_first - n_last) / (p - 2), rounded down (smallest) and up (largest)
+        p = 2:  no middle stage (both 0);  p = 1: the one stage holds all L (all four = L)
+    """
     L, p = M["n_layers"], P["pp"]
-    c = np.ceil(L / np.maximum(p, 1))
+    c = np.ceil(L / np.maximum(p, 1) - _STAGE_ROUND_TOL)
     D = p * c - L
     auto = (P["pp_first_layers"] <= 0) & (P["pp_last_layers"] <= 0)
     first = np.where(auto, c - (D >= 2), P["pp_first_layers"])
     last = np.where(auto, c - (D >= 1), P["pp_last_layers"])
     rest, middles = L - first - last, np.maximum(p - 2, 1)
-    return first, np.floor(rest / middles), np.ceil(rest / middles), last
+    has_mid = p > 2
+    mid_min = np.where(has_mid, np.floor(rest / middles + _STAGE_ROUND_TOL), 0.0)
+    mid_max = np.where(has_mid, np.ceil(rest / middles - _STAGE_ROUND_TOL), 0.0)
+    single = p <= 1
+    return tuple(np.where(single, L, x) for x in (first, mid_min, mid_max, last))
 
 
 def stages_hold(P, M):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from diffperf.workload.flops import hidden_shards
+
 
 def layer_matrix_params(model):
     """Weights of one layer's matrices (sharded by TP):
@@ -83,34 +85,64 @@ def layer_params_per_device(model, parallel):
             + experts / (parallel.tp * parallel.ep) + layer_vector_params(model))
 
 
-def stage_expert_params_per_device(model, parallel, layers):
-    """Routed-expert parameters of a stage of `layers` layers on one device:
-    layers x E (2 + gated) h f_e / (t e).
+def active_ffn_width(model):
+    """f' = the MLP width one token's activations span:
 
-    They are replicated over the expert-data-parallel ranks (`workload.ep.expert_dp_degree`),
-    not over the whole data-parallel group. 0 for a dense model.
+        dense:  f
+        MoE:    (k C_f + E_shared) f_e     (k routed experts per token, capacity factor C_f,
+                                             shared experts; Lepikhin et al. 2020 GShard
+                                             capacity; PAPERS.md section 5.8)
+    Example: Mixtral 8x7B (k 2, C_f 1, no shared expert, f_e 14336): 28672.
+    """
+    return jnp.where(model.n_experts > 0, (model.moe_topk * model.capacity_factor
+                                           + model.n_shared_experts) * model.moe_ffn_hidden,
+                     model.ffn_hidden)
+
+
+def residual_shards(parallel):
+    """t_sp = ranks that split one micro-batch's residual stream (norms, residual adds):
+
+        t_sp = t [sequence parallelism] x G_x
+    Megatron's sequence parallelism splits the sequence of the norm and dropout regions over
+    the t TP ranks (Korthikanti et al. 2022, Section 4.2.2); the AxoNN grid splits the width h
+    over X (PAPERS.md section 4.2; `flops.hidden_shards`). 1 without either.
+    Example: t = 8 with SP, no grid: 8; without SP: 1.
+    """
+    return jnp.where(parallel.sequence_parallel > 0, parallel.tp, 1.0) * hidden_shards(parallel)
+
+
+def stage_expert_params_per_device(model, parallel, layers):
+    """Routed-expert parameters of a stage of n = `layers` layers on one device:
+
+        n E (2 + gated) h f_e / (t e)
+    each of the E experts' 2 + gated matrices (h x f_e) split over the t TP ranks, the E
+    experts over the e EP ranks (`layer_matrix_params`; Megatron-Core MoE: expert weights
+    sharded by expert-tensor and expert parallelism; PAPERS.md section 5.8). They are
+    replicated over the expert-data-parallel ranks (`workload.ep.expert_dp_degree`), not over
+    the whole data-parallel group. 0 for a dense model.
+    Example: Mixtral 8x7B (E 8, SwiGLU, h 4096, f_e 14336), 8 layers, t 2, e 8:
+    8 x 8 x 3 x 4096 x 14336 / 16 = 704.6e6.
     """
     _, experts = layer_matrix_params(model)
     return layers * experts / (parallel.tp * parallel.ep)
 
 
-def stage_params_per_device(model, parallel, layers):
-    """Parameters on one device of the first, the largest middle and the last pipeline
-    stage, for `layers` = their layer counts (`workload.pp.stage_layers`):
+def stage_params_per_device(model, parallel, stages):
+    """Parameters on one device of each of the three candidate stages (`workload.stages`):
 
-        n_i x layer params per device  +  embedding / (t G) (first stage)
-                                       +  V h / (t G) (last stage; also when tied and p > 1,
+        n_i x layer params per device  +  [embedding_i] embedding / (t G)
+                                       +  [output_i] V h / (t G)   (also when tied and p > 1:
                                           Megatron keeps a copy of the shared embedding)
-    With p = 1 the one stage holds both. G = AxoNN grid size (1 without it).
-    Returns an array [3] (first, middle, last).
+    G = AxoNN grid size (1 without it); with p = 1 the one stage holds both (tied: one copy).
+    Source: PAPERS.md section 5.1; Megatron-LM `setup_embeddings_and_output_layer` (the last
+    stage's copy of a tied embedding, kept in sync by an all-reduce).
+    Returns an array [3] (first, largest middle, last).
+    Example: Llama 3 8B (V 128256, h 4096, untied), 32 layers on p = 4, t = 1: first
+    8 N_l + V h, middle 8 N_l, last 8 N_l + V h (V h = 525.3e6).
     """
-    first, mid, last = layers
     per_layer = layer_params_per_device(model, parallel)
     shards = parallel.tp * grid_shards(parallel)
     emb = embedding_params(model) / shards
-    single = jnp.where(parallel.pp > 1, 0.0, 1.0)
     out = jnp.where((model.tied_embeddings > 0) & (parallel.pp == 1), 0.0,
                     model.vocab * model.hidden) / shards
-    return jnp.stack(jnp.broadcast_arrays(first * per_layer + emb + single * out,
-                                          mid * per_layer + single * (emb + out),
-                                          last * per_layer + out + single * emb))
+    return stages.layers * per_layer + stages.embedding * emb + stages.output * out

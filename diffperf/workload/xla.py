@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from diffperf.workload.flops import head_shards, hidden_shards
-from diffperf.workload.params import layer_params_per_device, layer_vector_params
+from diffperf.workload.flops import head_shards, tokens_per_device
+from diffperf.workload.params import (active_ffn_width, layer_params_per_device,
+                                      layer_vector_params, residual_shards)
 
 FP32_BYTES = 4.0  # the fp32 values JAX saves for a norm's backward and for the softmax
 # Tensors of b s f elements one MLP's backward reads, stacked by the scan: GELU(tanh) keeps the
@@ -39,9 +40,10 @@ def layer_residual_bytes(model, parallel, training):
             + 6 q f' / t ]                             the MLP's saved tensors (_MLP_SAVED)
         + q N_mat                                      the bf16 casts of the layer's weights
         + 2 x 4 h_r                                    the two norms' scales, broadcast (fp32)
-    T = b s / c tokens, h_r = h / t_sp (the residual stream's shard: t with sequence
-    parallelism, G_x in the AxoNN grid), q = training.activation_bytes (the matmul dtype),
-    f' = f (dense) or the routed width as in `activations.layer_activation_parts`, N_mat = the
+    T = b s / c tokens (`flops.tokens_per_device`), h_r = h / t_sp (the residual stream's
+    shard, `params.residual_shards`: t with sequence parallelism, G_x in the AxoNN grid),
+    q = training.activation_bytes (the matmul dtype), f' = `params.active_ffn_width` (f, or
+    the routed width of an MoE layer), N_mat = the
     layer's matrices on this device. RMSNorm and LayerNorm save the same (x or x - mean, and
     the normalised value). Source: the scan's stacked outputs in the jaxpr of
     tests/jax_transformer.py `make_scan_step` [D; equality tested].
@@ -51,12 +53,9 @@ def layer_residual_bytes(model, parallel, training):
     0.3326 GB a layer (+ 16 kB of broadcast scales).
     """
     t, q = head_shards(parallel), training.activation_bytes
-    T = parallel.micro_batch * model.seq_len / parallel.cp
-    t_sp = jnp.where(parallel.sequence_parallel > 0, parallel.tp, 1.0) * hidden_shards(parallel)
+    T, t_sp = tokens_per_device(model, parallel), residual_shards(parallel)
     a, akv, dh = model.n_heads, model.n_kv_heads, model.head_dim
-    ffn = jnp.where(model.n_experts > 0, (model.moe_topk * model.capacity_factor
-                                          + model.n_shared_experts) * model.moe_ffn_hidden,
-                    model.ffn_hidden)
+    ffn = active_ffn_width(model)
     norms = 2.0 * (2.0 * FP32_BYTES + q) * model.hidden / t_sp + 4.0 * FP32_BYTES
     attention = (q * (a + 2.0 * akv) * dh + 2.0 * q * a * dh + FP32_BYTES * a) / t
     mlp = _MLP_SAVED * q * ffn / t
@@ -65,23 +64,24 @@ def layer_residual_bytes(model, parallel, training):
     return T * (norms + attention + mlp) + casts + scales
 
 
-def stacked_traffic_bytes(model, parallel, training):
-    """HBM bytes one layer's stacked residuals move, one micro-batch (XLA without full
-    recompute; else 0):
+def stacked_pass_traffic_bytes(model, parallel, training):
+    """HBM bytes one layer's stacked residuals move in each pass, forward and backward, one
+    micro-batch (XLA without full recompute; else 0):
 
-        2 x layer_residual_bytes      written by the forward scan (a dynamic-update-slice
-                                      into the [L, ...] buffer), read back by the backward
+        layer_residual_bytes          written by the forward scan (a dynamic-update-slice
+                                      into the [L, ...] buffer), and again read back by the
+                                      backward: twice this in all
     An eager framework's saved tensors are the outputs its kernels write anyway (in
     `flops.elementwise_bytes`); XLA's fusions would keep most of these values on chip (the
     fp32 norm values, the GELU / SiLU internals) and write the bf16 weight casts nowhere, but
     a scan's residuals are loop outputs, which live in HBM. With `jax.checkpoint` only the
     carry (1/30 or less of it) is stacked: left out. Source: XLA's while-loop lowering of
     `lax.scan` (residuals as stacked loop outputs, JAX partial evaluation) [D].
-    Example (h 4096, a 32, f 16384, b 1, s 4096, q 2): 1.71 GB a layer: 3.42 GB, 1.2 ms at
-    2.85 TB/s.
+    Example (h 4096, a 32, f 16384, b 1, s 4096, q 2): 1.71 GB a layer and pass (0.6 ms at
+    2.85 TB/s), 3.42 GB forward and backward.
     """
     on = (training.xla_compiled > 0) & (parallel.recompute != 2)
-    return jnp.where(on, 2.0 * layer_residual_bytes(model, parallel, training), 0.0)
+    return jnp.where(on, layer_residual_bytes(model, parallel, training), 0.0)
 
 
 def optimizer_bytes_per_param(training):
@@ -105,23 +105,22 @@ def optimizer_bytes_per_param(training):
     return jnp.where(training.xla_compiled > 0, xla, eager)
 
 
-def grad_accumulation_bytes(params, parallel, training):
-    """HBM bytes of the gradient accumulation of one step, XLA (0 for eager frameworks):
+def grad_accumulation_traffic_bytes(grads_bytes, parallel, training):
+    """HBM bytes the gradient accumulation of one step moves, XLA (0 for eager frameworks):
 
-        m > 1:  m x 3 q_g Psi       (carry + gradients of the micro-batch: read both, write)
+        m > 1:  m x 3 G             (carry + gradients of the micro-batch: read both, write)
         m = 1:  0                   (the one-trip scan and its add of zeros are simplified away)
     The accumulation is a `lax.scan` over the m micro-batches whose fp32 carry adds each
     micro-batch's gradients after its backward (it cannot fuse into the backward's GEMMs, which
-    write the layer gradients as the stacked outputs of the layer scan). Psi = the
-    parameters of this rank's stage whose gradients it accumulates: all of them, or its 1/d
-    shard under ZeRO-2/3 (the caller passes the shard, as `memory.weights.gradient_bytes`
-    holds it). Source: shared/data/README.md (JAX section: accumulation
-    as a lax.scan inside the jitted step) [D].
-    Example: Psi = 2.02e9, q_g = 4, m = 2: 2 x 12 x 2.02e9 = 48.5 GB (17 ms at 2.85 TB/s).
+    write the layer gradients as the stacked outputs of the layer scan). G = grads_bytes, the
+    gradient bytes of this rank's stage that it accumulates: q_g Psi, or its 1/d shard under
+    ZeRO-2/3, as `memory.weights.gradient_bytes` holds them. Source: shared/data/README.md
+    (JAX section: accumulation as a lax.scan inside the jitted step) [D].
+    Example: G = 4 x 2.02e9 B (fp32), m = 2: 2 x 3 x 8.08 GB = 48.5 GB (17 ms at 2.85 TB/s).
     """
     m = parallel.n_microbatches
     accumulating = jnp.where((training.xla_compiled > 0) & (m > 1), 1.0, 0.0)
-    return accumulating * m * 3.0 * training.grad_bytes * params
+    return accumulating * m * 3.0 * grads_bytes
 
 
 # Rows of `flops.layer_ops(...).dense` that end a layer: the MLP down projection (dense,
