@@ -4,7 +4,7 @@ Assembly after PAPERS.md section 5.11:
     t_f, t_b  = per layer: op times + exposed TP / CP / EP / AxoNN collectives (+ recompute
                 in t_b), each combined with the host launch floor by a smooth max
     T_pipe    = m t_max + (sum_i t_i - t_max)/v  + exposed p2p     (stages of uneven layer
-                counts: workload.pp.stage_layers; the slowest sets the pace)
+                counts: workload.stages; the slowest sets the pace)
     T_step    = T_pipe + exposed DP / ZeRO + optimizer step + per-step overhead
 """
 
@@ -43,11 +43,12 @@ from diffperf.workload.groups import stride
 from diffperf.workload.params import (grid_shards, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device,
                                       total_params)
-from diffperf.workload.pp import pp_message_bytes, stage_layers
+from diffperf.workload.pp import pp_message_bytes
+from diffperf.workload.stages import pipeline_stages
 from diffperf.workload.tp import (tp_calls_per_all_reduce, tp_collectives_per_layer,
                                   tp_message_bytes)
-from diffperf.workload.xla import (grad_accumulation_bytes, optimizer_bytes_per_param,
-                                   remat_skipped_gemms, stacked_traffic_bytes)
+from diffperf.workload.xla import (grad_accumulation_traffic_bytes, optimizer_bytes_per_param,
+                                   remat_skipped_gemms, stacked_pass_traffic_bytes)
 
 # Terms that are exactly 0 for most layouts, and that a caller who knows so can leave out of
 # the traced program (`features` of predict_step; `features_of` finds them from concrete specs).
@@ -226,7 +227,7 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         # XLA's remat does not re-run the GEMMs that end the layer (workload.xla).
         skipped = jnp.sum(dense_rows * remat_skipped_gemms(training))
         # XLA writes the layer scan's residuals in the forward and reads them in the backward.
-        stacked = 0.5 * memory_time_s(stacked_traffic_bytes(model, parallel, training), system)
+        stacked = memory_time_s(stacked_pass_traffic_bytes(model, parallel, training), system)
     recompute = full * (dense - skipped + attn + other) + selective * attn
     other_f, other_b = other + stacked, 2.0 * other + stacked
     hidden_f = tp_fh + cp_fh + ep_fh + ax_fh
@@ -283,16 +284,19 @@ def _exposed_sum(parts):
     return sum(parts[k] for k in _PARTS if not k.endswith("hidden_s"))
 
 
-def _dp_groups(model, parallel, features=FEATURES):
+def _dp_groups(model, parallel, stages, features=FEATURES):
     """[(stage params, layer params, group size, stride)] of the weights reduced together:
     dense weights over the d x c ranks that hold them (PAPERS.md section 3.5: CP ranks hold
     the same weights), routed experts over the d c / e expert-data-parallel ranks (section 5.8;
     ep is the innermost part of dp, so their dp members are e dp-strides apart). The stage
-    is the pipeline stage with the most parameters (`workload.pp.stage_layers`)."""
-    layers = stage_layers(model, parallel)
-    P = jnp.max(stage_params_per_device(model, parallel, layers), axis=0)
-    P_e = stage_expert_params_per_device(model, parallel, jnp.maximum(
-        jnp.maximum(layers[0], layers[1]), layers[2]))
+    is the candidate stage with the most parameters (`workload.stages.pipeline_stages`), its
+    expert parameters those of the same stage (taken at the argmax, whose gradient stays
+    finite where candidates tie, as at p = 1)."""
+    params = stage_params_per_device(model, parallel, stages)
+    pick = lambda v: jnp.take_along_axis(  # noqa: E731
+        v, jnp.argmax(params, axis=0)[None], axis=0)[0]
+    P = pick(params)
+    P_e = stage_expert_params_per_device(model, parallel, pick(stages.layers))
     layer_P = layer_params_per_device(model, parallel)
     layer_P_e = stage_expert_params_per_device(model, parallel, 1.0)
     placed = _placed(parallel)
@@ -303,7 +307,7 @@ def _dp_groups(model, parallel, features=FEATURES):
     return P, groups if "experts" in features else groups[:1]
 
 
-def _dp_times(model, parallel, system, training, features=FEATURES) -> dict:
+def _dp_times(model, parallel, system, training, stages=None, features=FEATURES) -> dict:
     """Seconds of the data-parallel collectives of one device, summed over `_dp_groups`:
 
         reduce_s   gradients of the stage: AR over the d c ranks (ZeRO 0), or RS over the
@@ -316,7 +320,8 @@ def _dp_times(model, parallel, system, training, features=FEATURES) -> dict:
                    holds (sharded over the shard group under ZeRO >= 1)
     Groups and volumes: PAPERS.md section 5.5; shard and replica groups `workload.dp.zero_groups`.
     """
-    P, groups = _dp_groups(model, parallel, features)
+    stages = pipeline_stages(model, parallel) if stages is None else stages
+    P, groups = _dp_groups(model, parallel, stages, features)
     t = dict(reduce_s=0.0, gather_s=0.0, layer_gather_s=0.0, layer_reduce_s=0.0, own=0.0)
     k = parallel.zero3_calls_per_layer
     for params, lparams, n, s in groups:
@@ -417,15 +422,15 @@ def predict_step(model, parallel, system, training, temperature=None,
     layer, free_f, free_b = _layer_parts(model, parallel, system, training, temperature,
                                          features)
     first, last = _head_parts(model, parallel, system, training, temperature)
-    layers = stage_layers(model, parallel)
+    stages = pipeline_stages(model, parallel)
     mb = system.eff.microbatch_s  # fixed time per micro-batch on every stage
-    dp = _dp_times(model, parallel, system, training, features)
+    dp = _dp_times(model, parallel, system, training, stages, features)
     z3_f, z3_fh, z3_b, z3_bh = _zero3_layer_parts(dp, parallel, free_f, free_b, temperature)
     t_fe, t_le = _exposed_sum(first), _exposed_sum(last)
-    times, t_sum = stage_times_s(_exposed_sum(layer) + z3_f + z3_b, layers, model.n_layers,
-                                 t_fe, t_le, parallel)
+    times, t_sum = stage_times_s(_exposed_sum(layer) + z3_f + z3_b, stages, model.n_layers,
+                                 t_fe, t_le)
     _, bubble = pipeline_times_s(times + mb, t_sum + parallel.pp * mb, parallel)
-    n_crit, w_first, w_last = critical_stage(times, layers, parallel)
+    n_crit, w_first, w_last = critical_stage(times, stages)
     m = parallel.n_microbatches
     crit = {k: m * (n_crit * layer[k] + w_first * first[k] + w_last * last[k]) for k in _PARTS}
     crit["overhead_s"] = crit["overhead_s"] + m * mb
@@ -442,17 +447,18 @@ def predict_step(model, parallel, system, training, temperature=None,
         dp_exposed_s=dp_exposed, dp_hidden_s=dp_hidden, bubble_s=bubble,
         optimizer_s=_optimizer_s(dp["own"], system, training))
     breakdown = breakdown.replace(overhead_s=breakdown.overhead_s + system.eff.step_s)
-    memory = device_memory(model, parallel, system, training)
+    memory = device_memory(model, parallel, system, training, stages)
     if "xla" in features:
         # XLA's micro-batch scan adds each micro-batch's gradients to its carry; XLA's live
         # sets replace the eager memory model (workload.xla, memory.xla).
         # The carry holds this rank's gradient shard under ZeRO-2/3, as the memory model does
         # (dp["P"]: the parameters of the largest stage, `_dp_groups`).
-        P_acc = gradient_bytes(dp["P"], parallel, training) / training.grad_bytes
-        accumulate = memory_time_s(grad_accumulation_bytes(P_acc, parallel, training), system)
+        G_acc = gradient_bytes(dp["P"], parallel, training)
+        accumulate = memory_time_s(grad_accumulation_traffic_bytes(G_acc, parallel, training),
+                                   system)
         breakdown = breakdown.replace(compute_s=breakdown.compute_s + accumulate)
-        memory = select_memory(training, xla_device_memory(model, parallel, system, training),
-                               memory)
+        memory = select_memory(training, xla_device_memory(model, parallel, system, training,
+                                                           stages), memory)
     step = sum(getattr(breakdown, k) for k in EXPOSED_PARTS)
     model_flops, hw_flops = _flops_per_step(model, parallel, training)
     n = parallel.n_devices

@@ -137,14 +137,13 @@ def run(args) -> int:
 
     model, parallel, system, train = build(args)
     result = predict(model, parallel, system, train, store=kernel_store(args))
-    # first, largest middle, last (the numpy twin of workload.pp.stage_layers: no JAX ops to
-    # compile; a one-stage pipeline holds every layer, a two-stage one no middle)
+    # first, largest middle, last (the numpy twin of workload.pp.stage_layers, with its p = 1
+    # and p = 2 rules: no JAX ops to compile)
     P = {k: np.float64(getattr(parallel, k)) for k in ("pp", "pp_first_layers",
                                                           "pp_last_layers")}
     L = float(model.n_layers)
     first, _, mid, last = (float(x) for x in stage_counts(P, dict(n_layers=L)))
-    pp = float(parallel.pp)
-    stages = [L, L, L] if pp <= 1 else [first, mid if pp > 2 else 0.0, last]
+    stages = [first, mid, last]
     if args.json:
         print_json(dict(model=model.name, system=system.name, gpus=args.gpus,
                         layout={k: float(getattr(parallel, k)) for k in (
