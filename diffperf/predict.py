@@ -44,7 +44,7 @@ from diffperf.workload.params import (grid_shards, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device,
                                       total_params)
 from diffperf.workload.pp import pp_message_bytes
-from diffperf.workload.stages import pipeline_stages
+from diffperf.workload.stages import at_largest, pipeline_stages
 from diffperf.workload.tp import (tp_calls_per_all_reduce, tp_collectives_per_layer,
                                   tp_message_bytes)
 from diffperf.workload.xla import (grad_accumulation_traffic_bytes, optimizer_bytes_per_param,
@@ -290,11 +290,10 @@ def _dp_groups(model, parallel, stages, features=FEATURES):
     the same weights), routed experts over the d c / e expert-data-parallel ranks (section 5.8;
     ep is the innermost part of dp, so their dp members are e dp-strides apart). The stage
     is the candidate stage with the most parameters (`workload.stages.pipeline_stages`), its
-    expert parameters those of the same stage (taken at the argmax, whose gradient stays
-    finite where candidates tie, as at p = 1)."""
+    expert parameters those of the same stage (`workload.stages.at_largest`: a gradient that
+    stays finite where candidates tie, as at p = 1)."""
     params = stage_params_per_device(model, parallel, stages)
-    pick = lambda v: jnp.take_along_axis(  # noqa: E731
-        v, jnp.argmax(params, axis=0)[None], axis=0)[0]
+    pick = at_largest(params)
     P = pick(params)
     P_e = stage_expert_params_per_device(model, parallel, pick(stages.layers))
     layer_P = layer_params_per_device(model, parallel)

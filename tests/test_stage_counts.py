@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from diffperf.specs.validate import stage_counts
 from diffperf.workload.params import (active_ffn_width, residual_shards,
                                       stage_expert_params_per_device, stage_params_per_device)
 from diffperf.workload.pp import stage_layers
-from diffperf.workload.stages import pipeline_stages
+from diffperf.workload.stages import at_largest, each, pipeline_stages
 
 TINY = Model(n_layers=8, hidden=64, ffn_hidden=256, n_heads=4, n_kv_heads=4, head_dim=16,
              vocab=100, seq_len=8)
@@ -84,9 +85,24 @@ def test_pipeline_stages_table():
 def test_pipeline_stages_batched_leaves_keep_the_stage_axis_first():
     par = Parallel(pp=jnp.array([1.0, 2.0, 4.0]))
     got = pipeline_stages(TINY, par)
-    assert got.layers.shape == got.embedding.shape == got.output.shape == (3, 3)
-    np.testing.assert_array_equal(got.layers[:, 2], [2, 2, 2])
-    np.testing.assert_array_equal(got.output[:, 0], [1, 1, 1])
+    layers = each(lambda n: n, got.layers)
+    output = each(lambda o: o, got.output)
+    assert layers.shape == output.shape == (3, 3)          # (candidate, batch)
+    np.testing.assert_array_equal(layers[:, 2], [2, 2, 2])
+    np.testing.assert_array_equal(output[:, 0], [1, 1, 1])
+
+
+def test_each_and_at_largest_docstrings():
+    # each: f per candidate, stacked on a leading axis of 3
+    np.testing.assert_array_equal(np.asarray(each(lambda a, b: a * b, (1.0, 2.0, 3.0),
+                                                  jnp.array([4.0, 5.0, 6.0]))), [4, 10, 18])
+    # at_largest: key (3, 5, 5), v (10, 20, 30) -> 20 (the first of the equal largest)
+    pick = at_largest(jnp.array([3.0, 5.0, 5.0]))
+    assert float(pick(jnp.array([10.0, 20.0, 30.0]))) == 20.0
+    assert float(pick((10.0, 20.0, 30.0))) == 20.0
+    # its gradient goes to the one selected entry, finite where all candidates tie (p = 1)
+    g = jax.grad(lambda t: at_largest(t)(t))(jnp.array([2.0, 2.0, 2.0]))
+    np.testing.assert_array_equal(np.asarray(g), [1.0, 0.0, 0.0])
 
 
 def test_stage_times_and_critical_stage_read_the_stages():

@@ -15,7 +15,7 @@ from diffperf.result import MEMORY_PARTS, Memory
 from diffperf.workload.dp import zero3_prefetch_frac
 from diffperf.workload.params import (layer_matrix_params, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device)
-from diffperf.workload.stages import pipeline_stages
+from diffperf.workload.stages import at_largest, each, pipeline_stages
 
 
 def _gradients_at_peak(grads, activations, parallel, training):
@@ -81,20 +81,17 @@ def stage_states_params(model, parallel, stages):
     each (`workload.params.stage_params_per_device`, `stage_expert_params_per_device`): what
     the ZeRO model-state formulas of `memory.weights` take."""
     return (stage_params_per_device(model, parallel, stages),
-            stage_expert_params_per_device(model, parallel, stages.layers))
+            each(lambda n: stage_expert_params_per_device(model, parallel, n), stages.layers))
 
 
 def peak_parts(parts, total):
     """(each part, the total) at the candidate (leading axis) whose total is the largest, the
     first of equals; parts without that axis are broadcast to it first. Batched leaves
     (evaluated eagerly, without vmap) keep their batch axes behind the candidate axis. The
-    total is taken at its index, not by jnp.max, whose gradient divides by the count of
-    entries equal to the result: compiled XLA can find 0 of them when it recomputes equal
-    candidates (p = 1) in another fusion (0/0: NaN)."""
-    peak = jnp.argmax(total, axis=0)[None]
-    pick = lambda v: jnp.take_along_axis(  # noqa: E731
-        jnp.broadcast_to(v, total.shape), peak, axis=0)[0]
-    return {k: pick(v) for k, v in parts.items()}, pick(total)
+    total is selected (`workload.stages.at_largest`), not taken by jnp.max, whose gradient
+    can be 0/0 = NaN on equal candidates (p = 1)."""
+    pick = at_largest(total)
+    return {k: pick(jnp.broadcast_to(v, total.shape)) for k, v in parts.items()}, pick(total)
 
 
 def device_memory(model, parallel, system, training, stages=None) -> Memory:
@@ -122,8 +119,8 @@ def device_memory(model, parallel, system, training, stages=None) -> Memory:
     kept, rebuilt = act.layer_activation_parts(model, parallel, training)
     working = k * (rebuilt + act.cp_kv_buffer_bytes(model, parallel, training))
     logits = act.logits_bytes(model, parallel, training)
-    activations = (k * kept * act.layers_in_flight(stages.layers, stages.position, parallel)
-                   + working + stages.output * logits)
+    activations = each(lambda n, i, o: k * kept * act.layers_in_flight(n, i, parallel)
+                       + working + o * logits, stages.layers, stages.position, stages.output)
     buffers = gathered_buffer_bytes(model, parallel, training) + system.eff.mem_reserved_bytes
     # The three stages at once: a leading axis of 3 (first, middle, last).
     parts = _stage_memory(params, expert_P, activations, buffers, parallel, training)

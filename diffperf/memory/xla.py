@@ -41,7 +41,7 @@ from diffperf.memory.weights import gradient_bytes, optimizer_bytes, weight_byte
 from diffperf.result import MEMORY_PARTS, Memory
 from diffperf.workload.flops import tokens_per_device, vocab_rows_per_rank
 from diffperf.workload.params import layer_params_per_device, residual_shards
-from diffperf.workload.stages import pipeline_stages
+from diffperf.workload.stages import each, pipeline_stages
 from diffperf.workload.xla import FP32_BYTES, layer_residual_bytes
 
 
@@ -140,10 +140,11 @@ def xla_device_memory(model, parallel, system, training, stages=None) -> Memory:
     if stages is None:
         stages = pipeline_stages(model, parallel)
     params, expert_P = stage_states_params(model, parallel, stages)
-    layer_P = stages.layers * layer_params_per_device(model, parallel)
-    in_flight = layers_in_flight(stages.layers, stages.position, parallel)
+    layer_P = each(lambda n: n * layer_params_per_device(model, parallel), stages.layers)
+    in_flight = each(lambda n, i: layers_in_flight(n, i, parallel), stages.layers,
+                     stages.position)
     resid = scan_residual_bytes(model, parallel, training) * in_flight
-    loss = stages.output * loss_buffer_bytes(model, parallel, training)
+    loss = each(lambda o: o * loss_buffer_bytes(model, parallel, training), stages.output)
     working = (xla_working_layer_bytes(model, parallel, training)
                + cp_kv_buffer_bytes(model, parallel, training))
     phases = _stage_phases(params, expert_P, layer_P, resid, loss, working, parallel, training)

@@ -22,8 +22,10 @@ def stage_times_s(t_layer, stages, n_layers, t_first_extra, t_last_extra):
     Example: L = 126, p = 16, (7, 8, 7), t = 1 s, e_f = 0.1 s, e_l = 0.7 s:
     (7.1, 8, 7.7) and sum 126.8 s.
     """
-    times = (stages.layers * t_layer + stages.embedding * t_first_extra
-             + stages.output * t_last_extra)
+    # per candidate, then stacked (`workload.stages.each`: schedule does not import workload)
+    times = jnp.stack(jnp.broadcast_arrays(*(
+        stages.layers[i] * t_layer + stages.embedding[i] * t_first_extra
+        + stages.output[i] * t_last_extra for i in range(3))))
     return times, n_layers * t_layer + t_first_extra + t_last_extra
 
 
@@ -39,10 +41,11 @@ def pipeline_times_s(stage_times, t_sum, parallel):
     are for (Llama 3 405B: first and last stage one layer short) [D].
     Example: p = 4, m = 8, v = 1, t = 1 s each: 8 s busy + 3 s bubble.
     """
-    # The slowest time taken at its index, not by jnp.max: max's gradient divides by the count
+    # The slowest time selected (`_slowest`), not jnp.max: max's gradient divides by the count
     # of entries equal to the result, which compiled XLA can find to be 0 when it recomputes
-    # the entries in another fusion (0/0: NaN, even through the p = 1 jnp.where below).
-    t_max = jnp.take_along_axis(stage_times, jnp.argmax(stage_times, axis=0)[None], axis=0)[0]
+    # the equal candidates of p = 1 in another fusion (0/0: NaN, even through the jnp.where
+    # below); nor take_along_axis at the argmax, a gather per layout inside vmap.
+    t_max = _slowest(stage_times)(stage_times)
     # One stage (p = 1) has no fill or drain: exactly 0, not the rounding of t_sum - t_max.
     bubble = jnp.where(parallel.pp > 1, (t_sum - t_max) / parallel.vp, 0.0)
     return parallel.n_microbatches * t_max, bubble
@@ -60,11 +63,17 @@ def critical_stage(stage_times, stages):
     Example: (7.1, 8, 7.7) s of the `stage_times_s` example -> (8, 0, 0) (a middle stage);
     with e_l = 1.5 s, (7.1, 8, 8.5) -> (7, 0, 1) (the last stage).
     """
+    pick = _slowest(stage_times)
+    return pick(stages.layers), pick(stages.embedding), pick(stages.output)
+
+
+def _slowest(stage_times):
+    """x -> x[k] at the slowest candidate k (`critical_stage`'s order of equals: first, last,
+    middle), by elementwise selects: the gradient flows to the one selected entry."""
     t_first, t_mid, t_last = stage_times[0], stage_times[1], stage_times[2]
     is_first = (t_first >= t_last) & (t_first >= t_mid)
     is_last = ~is_first & (t_last >= t_mid)
-    pick = lambda x: jnp.where(is_first, x[0], jnp.where(is_last, x[2], x[1]))  # noqa: E731
-    return pick(stages.layers), pick(stages.embedding), pick(stages.output)
+    return lambda x: jnp.where(is_first, x[0], jnp.where(is_last, x[2], x[1]))
 
 
 def p2p_exposed_s(send_s, parallel):

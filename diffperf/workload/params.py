@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from diffperf.workload.flops import hidden_shards
+from diffperf.workload.stages import each
 
 
 def layer_matrix_params(model):
@@ -145,4 +146,5 @@ def stage_params_per_device(model, parallel, stages):
     emb = embedding_params(model) / shards
     out = jnp.where((model.tied_embeddings > 0) & (parallel.pp == 1), 0.0,
                     model.vocab * model.hidden) / shards
-    return stages.layers * per_layer + stages.embedding * emb + stages.output * out
+    return each(lambda n, e, o: n * per_layer + e * emb + o * out,
+                stages.layers, stages.embedding, stages.output)

@@ -25,17 +25,21 @@ from diffperf.workload.pp import stage_layers
 
 
 class Stages(struct.PyTreeNode):
-    """First, largest middle and last pipeline stage: each leaf has a leading axis of 3 (in
-    that order) before any batch axes of the specs."""
-    layers: jax.Array     # n_i, transformer layers on one device of the stage
-    position: jax.Array   # i, the stage's index in the pipeline (0 = first)
-    embedding: jax.Array  # 1 where the stage holds the input embedding, else 0
-    output: jax.Array     # 1 where the stage holds the output layer and the loss, else 0
+    """First, largest middle and last pipeline stage: each field a tuple of 3 (in that
+    order). Kept as three values, not one stacked [3] array: arithmetic on a stacked
+    candidate axis under vmap is a (batch, 3) layout that XLA:CPU transposes and copies
+    between fusions (the search kernel ran 3-5x slower); `each` computes per candidate and
+    stacks the result."""
+    layers: tuple      # n_i, transformer layers on one device of the stage
+    position: tuple    # i, the stage's index in the pipeline (0 = first)
+    embedding: tuple   # 1 where the stage holds the input embedding, else 0
+    output: tuple      # 1 where the stage holds the output layer and the loss, else 0
 
 
-def _stacked(*xs):
-    """The three candidates stacked on a leading axis (batched leaves broadcast behind it)."""
-    return jnp.stack(jnp.broadcast_arrays(*xs))
+def each(f, *fields):
+    """[f(first), f(middle), f(last)] stacked on a leading axis of 3 (batched leaves broadcast
+    behind it): f takes one candidate's value of each field (tuples of 3, or [3] arrays)."""
+    return jnp.stack(jnp.broadcast_arrays(*(f(*(x[i] for x in fields)) for i in range(3))))
 
 
 def pipeline_stages(model, parallel) -> Stages:
@@ -47,7 +51,38 @@ def pipeline_stages(model, parallel) -> Stages:
     """
     p = parallel.pp
     single = jnp.where(p <= 1, 1.0, 0.0)
-    return Stages(layers=_stacked(*stage_layers(model, parallel)),
-                  position=_stacked(0.0, jnp.minimum(1.0, p - 1.0), p - 1.0),
-                  embedding=_stacked(1.0, single, single),
-                  output=_stacked(single, single, 1.0))
+    return Stages(layers=tuple(stage_layers(model, parallel)),
+                  position=(0.0, jnp.minimum(1.0, p - 1.0), p - 1.0),
+                  embedding=(1.0, single, single),
+                  output=(single, single, 1.0))
+
+
+def at_largest(key):
+    """A function v -> v at the candidate whose `key` is the largest, the first of equals, like
+    argmax over the leading axis (the three stages, or any number of candidates: memory.xla
+    has stage x phase); v has the candidates on its leading axis (an array or a tuple).
+    Candidate i is chosen where key_i > key_j for every j < i and key_i >= key_j for j > i.
+    Built from elementwise selects, not a gather (take_along_axis at the argmax is a gather
+    per batch element inside vmap, slow on XLA:CPU), and not jnp.max, whose gradient divides
+    by the count of entries equal to the result: compiled XLA can find 0 of them when it
+    recomputes equal candidates (p = 1) in another fusion (0/0: NaN). The gradient flows to
+    the one selected entry.
+    Example: key (3, 5, 5), v (10, 20, 30) -> 20 (the middle: first of the equal largest).
+    """
+    n = len(key)
+    chosen = []
+    for i in range(n):
+        mask = None
+        for j in range(n):
+            if j != i:
+                c = key[i] > key[j] if j < i else key[i] >= key[j]
+                mask = c if mask is None else mask & c
+        chosen.append(mask)
+
+    def pick(v):
+        out = v[n - 1]
+        for i in reversed(range(n - 1)):
+            out = jnp.where(chosen[i], v[i], out)
+        return out
+
+    return pick
