@@ -179,3 +179,14 @@ def test_memory_takes_the_callers_stages(memory_fn):
     b = memory_fn(model, par, system, train, pipeline_stages(model, par))
     for x, y in zip(a.__dict__.values(), b.__dict__.values()):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_slowest_stage_time_gradient_is_finite_at_a_tie():
+    """pipeline_times_s at p = 1 (three equal candidates): the derivative of the busy time
+    m t_max is m on the first candidate, 0 on the others; 1 of 2 when two tie."""
+    from diffperf.schedule.pipeline import pipeline_times_s
+    par = Parallel(micro_batch=1, global_batch=4)
+    g = jax.grad(lambda t: pipeline_times_s(t, jnp.sum(t), par)[0])(jnp.array([2.0, 2.0, 2.0]))
+    np.testing.assert_array_equal(np.asarray(g), [4.0, 0.0, 0.0])
+    g = jax.grad(lambda t: pipeline_times_s(t, jnp.sum(t), par)[0])(jnp.array([1.0, 3.0, 3.0]))
+    np.testing.assert_array_equal(np.asarray(g), [0.0, 4.0, 0.0])

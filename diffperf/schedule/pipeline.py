@@ -6,6 +6,7 @@ Source: Narayanan et al. SC21 Sections 2.2 (1F1B) and 2.2.2 (interleaved); PAPER
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 
@@ -41,11 +42,9 @@ def pipeline_times_s(stage_times, t_sum, parallel):
     are for (Llama 3 405B: first and last stage one layer short) [D].
     Example: p = 4, m = 8, v = 1, t = 1 s each: 8 s busy + 3 s bubble.
     """
-    # The slowest time selected (`_slowest`), not jnp.max: max's gradient divides by the count
-    # of entries equal to the result, which compiled XLA can find to be 0 when it recomputes
-    # the equal candidates of p = 1 in another fusion (0/0: NaN, even through the jnp.where
-    # below); nor take_along_axis at the argmax, a gather per layout inside vmap.
-    t_max = _slowest(stage_times)(stage_times)
+    # One reduce with a first-maximum derivative (`_max_first`): jnp.max's gradient can be
+    # 0/0 = NaN on the equal candidates of p = 1, even through the jnp.where below.
+    t_max = _max_first(stage_times)
     # One stage (p = 1) has no fill or drain: exactly 0, not the rounding of t_sum - t_max.
     bubble = jnp.where(parallel.pp > 1, (t_sum - t_max) / parallel.vp, 0.0)
     return parallel.n_microbatches * t_max, bubble
@@ -86,3 +85,19 @@ def p2p_exposed_s(send_s, parallel):
     """
     count = parallel.vp * parallel.n_microbatches + parallel.pp - 1.0
     return jnp.where(parallel.pp > 1, count * 2.0 * send_s, 0.0)
+
+
+@jax.custom_jvp
+def _max_first(x):
+    """max over the leading (candidate) axis, one reduce; its derivative is the first maximal
+    entry's (jnp.max's own divides by the count of maximal entries, which compiled XLA can
+    find to be 0 for the equal candidates of p = 1: 0/0 = NaN; selecting by elementwise
+    slices of the stacked axis instead costs the sweep kernel 3x)."""
+    return jnp.max(x, axis=0)
+
+
+@_max_first.defjvp
+def _max_first_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    first = jnp.arange(x.shape[0]).reshape((-1,) + (1,) * (x.ndim - 1)) == jnp.argmax(x, axis=0)
+    return jnp.max(x, axis=0), jnp.sum(jnp.where(first, dx, 0.0), axis=0)
