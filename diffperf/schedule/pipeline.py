@@ -17,8 +17,9 @@ def stage_times_s(t_layer, stages, n_layers, t_first_extra, t_last_extra):
         t_i = n_i t + [embedding_i] e_f + [output_i] e_l        sum_i t_i = L t + e_f + e_l
     t = one layer's time, `stages` = `workload.stages.pipeline_stages` (n_i layers, and which
     candidate holds the embedding, e_f, and the output layer and loss, e_l: the first and the
-    last stage; every candidate when p = 1; with p = 2 the middle candidate holds nothing). A stage's time is its layers' and its extras' (Narayanan et al. SC21
-    Section 2.2: 1F1B runs each micro-batch's forward and backward on every stage in turn;
+    last stage; every candidate when p = 1; with p = 2 the middle candidate holds nothing).
+    A stage's time is its layers' and its extras' (Narayanan et al. SC21 Section 2.2: 1F1B
+    runs each micro-batch's forward and backward on every stage in turn;
     PAPERS.md 5.4 and 5.11, uneven stages after Llama 3 405B, Dubey et al. 2024, 3.3.2) [D].
     Example: L = 126, p = 16, (7, 8, 7), t = 1 s, e_f = 0.1 s, e_l = 0.7 s:
     (7.1, 8, 7.7) and sum 126.8 s.
