@@ -80,8 +80,9 @@ def stage_states_params(model, parallel, stages):
     """(parameters, routed-expert parameters) on one device of each candidate stage, [3]
     each (`workload.params.stage_params_per_device`, `stage_expert_params_per_device`): what
     the ZeRO model-state formulas of `memory.weights` take."""
+    per_layer = stage_expert_params_per_device(model, parallel, 1.0)
     return (stage_params_per_device(model, parallel, stages),
-            each(lambda n: stage_expert_params_per_device(model, parallel, n), stages.layers))
+            each(lambda n: n * per_layer, stages.layers))
 
 
 def peak_parts(parts, total):

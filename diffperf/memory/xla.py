@@ -140,11 +140,13 @@ def xla_device_memory(model, parallel, system, training, stages=None) -> Memory:
     if stages is None:
         stages = pipeline_stages(model, parallel)
     params, expert_P = stage_states_params(model, parallel, stages)
-    layer_P = each(lambda n: n * layer_params_per_device(model, parallel), stages.layers)
+    per_layer = layer_params_per_device(model, parallel)
+    loss_bytes = loss_buffer_bytes(model, parallel, training)
+    layer_P = each(lambda n: n * per_layer, stages.layers)
     in_flight = each(lambda n, i: layers_in_flight(n, i, parallel), stages.layers,
                      stages.position)
     resid = scan_residual_bytes(model, parallel, training) * in_flight
-    loss = each(lambda o: o * loss_buffer_bytes(model, parallel, training), stages.output)
+    loss = each(lambda o: o * loss_bytes, stages.output)
     working = (xla_working_layer_bytes(model, parallel, training)
                + cp_kv_buffer_bytes(model, parallel, training))
     phases = _stage_phases(params, expert_P, layer_P, resid, loss, working, parallel, training)
