@@ -186,21 +186,53 @@ def test_network_and_capacity_sensitivity_of_llm_vs_vit(results):
 # 4. Singh et al.: AxoNN 4D vs Megatron 3D
 # --------------------------------------------------------------------------------------------
 
-def test_axonn_study_reports_the_best_3d_layout(results):
+def test_paper_flops_is_narayanan_eq3_by_hand():
+    """The FLOP count AxoNN's Megatron fork logs (get_flops: Narayanan eq. (3), full recompute
+    counted), by hand for GPT-80B (L 42, h 12288, V 51200, s 2048) at B = 1792:
+    96 x 1792 x 2048 x 42 x 12288^2 = 2.2307e18; x (1 + 2048/73728 + 51200/8257536)
+    = x 1.0339 -> 2.3103e18."""
+    model = load_model("axonn-gpt-80b")
+    assert axonn.paper_flops(model, 1792) == pytest.approx(2.3103e18, rel=1e-4)
+
+
+def test_axonn_80b_ordering_agrees_with_the_paper(results):
+    """Singh et al.: GPT-80B on 1024 Perlmutter A100s, AxoNN 178 TFLOP/s/GPU (as eq. (3)
+    counts), 26 % above Megatron-LM (141). diffperf, in the paper's FLOP/s with the authors'
+    full recompute: the best AxoNN grid beats Megatron-LM at its Table 1 layout (t 8 across
+    two 4-GPU nodes, p 4), and each is within 15 % of its published figure (uncalibrated).
+    Megatron with TP inside the node is faster than at t 8: the exposed TP across Slingshot is
+    the difference."""
     t = results["axonn"].table
-    (i,) = _rows(t, series="megatron_3d")
-    assert t["cp"][i] == 1 and t["zero_stage"][i] <= 1
-    assert t["tp"][i] * t["pp"][i] * t["dp"][i] == t["gpus"][i] == 1024
-    assert 0 < t["model_tflops_per_gpu"][i] < t["peak_tflops"][i]
-    (j,) = _rows(t, series="any")  # a superset of the 3D layouts is never slower
-    assert t["step_time_s"][j] <= t["step_time_s"][i] * (1 + 1e-6)
-    assert t["axonn_published_tflops"][i] == 178.0
-    if axonn.axonn_available():
-        (k,) = _rows(t, series="axonn_4d")
-        assert t["gx"][k] * t["gy"][k] * t["gz"][k] * t["dp"][k] == 1024
-        assert 0 < t["model_tflops_per_gpu"][k] < t["peak_tflops"][k]
-    else:
-        assert "pending" in t["axonn_status"][i]
+    a = axonn.find(t, "axonn-gpt-80b", "axonn_4d")
+    m = axonn.find(t, "axonn-gpt-80b", "megatron_paper")
+    node = axonn.find(t, "axonn-gpt-80b", "megatron_tp_node")
+    best = axonn.find(t, "axonn-gpt-80b", "megatron_3d")
+    assert t["gx"][a] * t["gy"][a] * t["gz"][a] * t["dp"][a] == 1024 and t["recompute"][a] == 2
+    assert (t["tp"][m], t["pp"][m], t["recompute"][m]) == (8, 4, 2)
+    assert t["tp"][node] <= 4 and t["recompute"][node] == 2
+    tf = t["paper_tflops_per_gpu"]
+    np.testing.assert_allclose(tf[a] * t["step_time_s"][a] * 1024 * 1e12,
+                               axonn.paper_flops(load_model("axonn-gpt-80b"), 1792), rtol=1e-5)
+    assert tf[a] > tf[m]                                       # the paper's ordering
+    assert abs(tf[a] / axonn.AXONN_80B_TFLOPS - 1) < 0.15
+    assert abs(tf[m] / (axonn.AXONN_80B_TFLOPS / axonn.AXONN_SPEEDUP) - 1) < 0.15
+    assert tf[node] > tf[m] and t["tp_exposed_frac"][m] > 2 * t["tp_exposed_frac"][node]
+    assert t["step_time_s"][best] <= min(t["step_time_s"][m], t["step_time_s"][node]) * (
+        1 + 1e-6)  # a superset of the Megatron layouts is never slower
+
+
+def test_axonn_20b_overlap_gain(results):
+    """Singh et al.: the overlaps give ~53 % on a 20B model. diffperf, same grid with the
+    overlaps off / on: 47 % at 2 sequences per GPU (256 GPUs, batch 512), 30 % at 4 (batch
+    1024, where more compute per micro-batch hides more of the non-overlapped collectives).
+    Overlap never slows a step (PAPERS.md section 6, AxoNN (iii))."""
+    t = results["axonn"].table
+    gains = {int(t["global_batch"][i]): float(t["overlap_gain"][i])
+             for i in np.flatnonzero((t["model"] == "axonn-gpt-20b") & (t["series"] == "axonn_4d"))}
+    assert set(gains) == {512, 1024}
+    assert all(g > 0 for g in gains.values())
+    assert abs(gains[512] - axonn.AXONN_OVERLAP_GAIN_20B) < 0.1, gains
+    assert gains[1024] < gains[512]
 
 
 def test_axonn_study_skips_gracefully_without_the_grid(monkeypatch):

@@ -218,66 +218,75 @@ def llm_vs_longseq_figure(study):
 
 
 def axonn_figure(study):
-    """TFLOP/s per GPU of the best layouts per model (with published references), and the
-    breakdown of each best layout."""
-    from diffperf.studies.axonn import SERIES
+    """80B: TFLOP/s per GPU as the paper counts them, per series, with the published AxoNN
+    and implied Megatron-LM figures; 20B: the overlap gain; the 80B breakdowns."""
+    from diffperf.studies.axonn import (AXONN_OVERLAP_GAIN_20B, EIGHTY, SERIES,
+                                        find)
 
     plt = pyplot()
     t = study.table
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw=dict(width_ratios=(1, 1.2)))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5.4),
+                             gridspec_kw=dict(width_ratios=(1.2, 0.8, 1.1)))
+    names = dict(axonn_4d="AxoNN 4D\n(best grid)", megatron_paper="Megatron-LM\n(Table 1 t, p;\nASSUMED)",
+                 megatron_tp_node="Megatron-LM\n(TP in node)", megatron_3d="Megatron 3D\n(diffperf best)")
     ax = axes[0]
-    models = list(dict.fromkeys(t["model"]))
-    names = dict(megatron_3d="best Megatron 3D (cp 1, ZeRO <= 1)", any="best of all layouts",
-                 axonn_4d="best AxoNN 4D grid")
-    w = 0.8 / len(SERIES)
-    x = np.arange(len(models))
-    for j, s in enumerate(SERIES):
-        vals = [t["model_tflops_per_gpu"][(t["model"] == m) & (t["series"] == s)] for m in models]
-        vals = [v[0] if len(v) else np.nan for v in vals]
-        bars = ax.bar(x + (j - (len(SERIES) - 1) / 2) * w, np.nan_to_num(vals), width=w,
-                      color=_COLORS[j], label=names[s] + ("" if np.isfinite(vals).any() else
-                                                          " (pending)"))
-        for bar, m in zip(bars, models):
-            i = np.flatnonzero((t["model"] == m) & (t["series"] == s))
-            if len(i):
-                ax.text(bar.get_x() + bar.get_width() / 2, 5, _layout_label(t, i[0]),
-                        rotation=90, ha="center", va="bottom", fontsize=7, color="white")
-    for k, m in enumerate(models):
-        ref = t["axonn_published_tflops"][t["model"] == m]
-        if np.isfinite(ref).any():
-            ax.hlines(np.nanmax(ref), k - 0.45, k + 0.45, color="k", lw=2)
-            ax.text(k + 0.46, np.nanmax(ref), "AxoNN measured", fontsize=7, va="center")
-            meg = np.nanmax(t["megatron_implied_tflops"][t["model"] == m])
-            ax.hlines(meg, k - 0.45, k + 0.45, color="k", lw=1.5, ls="--")
-            ax.text(k + 0.46, meg, "Megatron-LM (implied)", fontsize=7, va="center")
+    rows = [find(t, EIGHTY, s) for s in SERIES]
+    rows = [(s, i) for s, i in zip(SERIES, rows) if i is not None]
+    x = np.arange(len(rows))
+    bars = ax.bar(x, [t["paper_tflops_per_gpu"][i] for _, i in rows],
+                  color=[_COLORS[k] for k in range(len(rows))])
+    for bar, (_, i) in zip(bars, rows):
+        ax.text(bar.get_x() + bar.get_width() / 2, 5, _layout_label(t, i)
+                + f" rc{t['recompute'][i]:.0f}", rotation=90, ha="center", va="bottom",
+                fontsize=7, color="white")
+        ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(),
+                f"{bar.get_height():.0f}", ha="center", va="bottom", fontsize=8)
+    if rows:
+        i0 = rows[0][1]
+        for value, label, ls in ((t["axonn_published_tflops"][i0], "AxoNN measured", "-"),
+                                 (t["megatron_implied_tflops"][i0], "Megatron-LM (implied)",
+                                  "--")):
+            ax.axhline(value, color="k", lw=1.5, ls=ls)
+            ax.text(len(rows) - 0.5, value, label, fontsize=7, va="bottom", ha="right")
     peak = float(t["peak_tflops"][0])
     ax.axhline(peak, color="#999999", lw=1, ls=":")
     ax.text(-0.4, peak, "peak bf16", fontsize=7, va="bottom", color="#666666")
-    ax.set_xticks(x, [f"{m}\n{int(t['gpus'][t['model'] == m][0])} GPUs" for m in models])
-    ax.set_ylabel("model TFLOP/s per GPU")
-    ax.set_xlim(-0.6, len(models) - 0.4 + 0.5)
-    ax.set_ylim(0, 1.35 * peak)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.set_xticks(x, [names[s] for s, _ in rows], fontsize=8)
+    ax.set_ylabel("TFLOP/s per GPU as the paper counts (Narayanan eq. 3)")
+    ax.set_ylim(0, 1.15 * peak)
     ax.grid(alpha=0.3, axis="y")
-    ax.set_title(f"AxoNN 4D: {t['axonn_status'][0]}", fontsize=9)
+    ax.set_title(f"GPT-80B on 1024 Perlmutter A100s (batch "
+                 f"{int(t['global_batch'][t['model'] == EIGHTY][0])})", fontsize=10)
     ax = axes[1]
-    labels, bottoms = [], None
-    rows = [i for m in models for s in SERIES
-            for i in np.flatnonzero((t["model"] == m) & (t["series"] == s))]
-    for i in rows:
-        labels.append(f"{t['model'][i].replace('megatron-', '')}\n{t['series'][i]}")
+    twenty = [i for i in np.flatnonzero(t["series"] == "axonn_4d") if t["model"][i] != EIGHTY]
+    xs = np.arange(len(twenty))
+    on = [t["step_time_s"][i] for i in twenty]
+    off = [t["overlap_off_step_time_s"][i] for i in twenty]
+    ax.bar(xs - 0.2, on, width=0.4, color=_COLORS[0], label="overlaps on")
+    ax.bar(xs + 0.2, off, width=0.4, color=_COLORS[3], label="overlaps off (same grid)")
+    for k, i in enumerate(twenty):
+        ax.text(k, max(on[k], off[k]) * 1.02, f"+{100 * t['overlap_gain'][i]:.0f}%",
+                ha="center", fontsize=9)
+    ax.set_xticks(xs, [f"{t['model'][i]}\n{t['gpus'][i]} GPUs, batch {t['global_batch'][i]}\n"
+                       + _layout_label(t, i) for i in twenty], fontsize=7)
+    ax.set_ylabel("step time, s")
+    ax.set_ylim(0, 1.2 * max(off + [1e-9]))
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3, axis="y")
+    ax.set_title(f"AxoNN overlap gain on 20B (paper: ~{100 * AXONN_OVERLAP_GAIN_20B:.0f}%)",
+                 fontsize=10)
+    ax = axes[2]
     bottoms = np.zeros(len(rows))
     for (label, keys), color in zip(_PART_GROUPS, _PART_COLORS):
         frac = np.array([sum(float(t[k[:-2] + "_frac"][i]) for k in keys
-                             if k[:-2] + "_frac" in t) for i in rows])
+                             if k[:-2] + "_frac" in t) for _, i in rows])
         if not np.any(frac > 0):
             continue
-        ax.bar(np.arange(len(rows)), 100 * frac, bottom=100 * bottoms, color=color,
-               label=label)
+        ax.bar(x, 100 * frac, bottom=100 * bottoms, color=color, label=label)
         bottoms += frac
-    ax.set_xticks(np.arange(len(rows)), labels, fontsize=8)
+    ax.set_xticks(x, [names[s] for s, _ in rows], fontsize=8)
     ax.set_ylabel("% of step time (exposed parts)")
-    ax.set_title("where the step time goes (perlmutter-a100)", fontsize=10)
+    ax.set_title("GPT-80B: where the step time goes", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_ylim(0, 100)
     fig.suptitle(study.title)
