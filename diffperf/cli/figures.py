@@ -69,83 +69,105 @@ def _part_groups(breakdown: dict) -> list:
 # ------------------------------------------------------------------------------------------
 
 def comm_scaling_figure(study):
-    """Exposed communication, exposed communication + pipeline bubble, and hidden
-    communication (% of step time) vs model size, one line per system."""
+    """Two views (rows): the re-searched best layout and the fixed Megatron layout. Columns:
+    exposed communication, exposed communication + pipeline bubble, hidden communication (% of
+    step time) vs model size, one line per system."""
+    from diffperf.studies.comm_scaling import VIEWS
+
     plt = pyplot()
     t = study.table
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), sharex=True)
-    for k, system in enumerate(dict.fromkeys(t["system"])):
-        sel = t["system"] == system
-        projected = bool(t["projected"][sel][0])
-        style = dict(color=_COLORS[k], marker="o", ls="--" if projected else "-",
-                     label=f"{system} (PROJECTION)" if projected else system)
-        x = t["params_B"][sel]
-        axes[0].plot(x, 100 * t["comm_exposed_frac"][sel], **style)
-        axes[1].plot(x, 100 * (t["comm_exposed_frac"][sel] + t["bubble_frac"][sel]), **style)
-        axes[2].plot(x, 100 * t["comm_hidden_frac"][sel], **style)
-    axes[0].set_ylabel("exposed communication, % of step time")
-    axes[0].set_title("exposed communication (on the critical path)")
-    axes[1].set_ylabel("exposed communication + bubble, % of step time")
-    axes[1].set_title("parallel overhead (what the search trades)")
-    axes[2].set_ylabel("hidden communication, % of step time")
-    axes[2].set_title("hidden (overlapped with compute)")
-    first = t["system"] == t["system"][0]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.6), sharex=True, sharey="col")
+    what = {VIEWS[0]: "layout re-searched on each system",
+            VIEWS[1]: "Megatron's Table 1 layout (t 8, its p, full recompute) kept"}
+    for r, view in enumerate(VIEWS):
+        for k, system in enumerate(dict.fromkeys(t["system"])):
+            sel = (t["system"] == system) & (t["view"] == view)
+            if not sel.any():
+                continue
+            projected = bool(t["projected"][sel][0])
+            style = dict(color=_COLORS[k], marker="o", ls="--" if projected else "-",
+                         label=f"{system} (PROJECTION)" if projected else system)
+            x = t["params_B"][sel]
+            axes[r, 0].plot(x, 100 * t["comm_exposed_frac"][sel], **style)
+            axes[r, 1].plot(x, 100 * (t["comm_exposed_frac"][sel] + t["bubble_frac"][sel]),
+                            **style)
+            axes[r, 2].plot(x, 100 * t["comm_hidden_frac"][sel], **style)
+        axes[r, 0].set_ylabel(f"{view}:\nexposed communication, % of step")
+        axes[r, 1].set_ylabel("exposed communication + bubble, %")
+        axes[r, 2].set_ylabel("hidden communication, %")
+        for c, title in enumerate(("exposed communication (critical path)",
+                                   "parallel overhead (comm + bubble)",
+                                   "hidden (overlapped with compute)")):
+            axes[r, c].set_title(f"{title}\n{what[view]}", fontsize=9)
+    first = (t["system"] == t["system"][0]) & (t["view"] == VIEWS[0])
     ticks = [f"{p:.0f}B\n{g} GPUs" for p, g in zip(t["params_B"][first], t["gpus"][first])]
-    for ax in axes:
+    for ax in axes.flat:
         ax.set_xscale("log")
         # 310B and 530B sit close on a log axis: slanted labels keep them apart
         ax.set_xticks(t["params_B"][first], ticks, fontsize=7, rotation=35, ha="right")
         ax.minorticks_off()
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
-    axes[1].set_xlabel("model parameters (Megatron-LM Table 1 GPT family, its GPUs and batch)")
-    axes[1].legend(fontsize=7, loc="lower right")  # under the lines: overhead grows with size
-    fig.suptitle(study.title + ":\nshare of the step time of the best layout found by "
-                 "search for each point")
+    axes[1, 1].set_xlabel("model parameters (Megatron-LM Table 1 GPT family, its GPUs and "
+                          "batch)")
+    axes[0, 1].legend(fontsize=7, loc="lower right")
+    fig.suptitle(study.title + ":\nshare of the step time, re-searched layout (top) and "
+                 "fixed Megatron layout (bottom)")
     fig.tight_layout()
     _footer(fig, study.notes)
     return fig
 
 
 def diminishing_returns_figure(study):
-    """Throughput, per-GPU throughput, tokens per joule and exposed communication vs GPUs."""
+    """One row per model: throughput, tokens/s per GPU and exposed communication vs GPUs, one
+    line per disjoint layout family; a star marks the fastest family at each count."""
+    from diffperf.studies.diminishing_returns import LABELS, SERIES, crossover
+
     plt = pyplot()
     t = study.table
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8.2))
-    (a, b), (c, d) = axes
-    labels = dict(best="best layout", fsdp="pure FSDP (ZeRO-3, tp = pp = 1)",
-                  tp_pp="best with TP and/or PP")
-    styles = dict(best=dict(color="k", marker="o", lw=2),
-                  fsdp=dict(color=_COLORS[3], marker="s", ls="--"),
-                  tp_pp=dict(color=_COLORS[0], marker="^", ls=":", ms=9, mfc="none"))
-    for s in ("best", "fsdp", "tp_pp"):
-        sel = t["series"] == s
-        if not sel.any():
-            continue
-        g = t["gpus"][sel]
-        kw = styles[s] | dict(label=labels[s])
-        a.plot(g, t["tokens_per_s"][sel] / 1e6, **kw)
-        b.plot(g, t["tokens_per_s_per_gpu"][sel], **kw)
-        c.plot(g, t["tokens_per_joule"][sel], **kw)
-        d.plot(g, 100 * t["comm_exposed_frac"][sel], **kw)
-    best = t["series"] == "best"
-    g0, x0 = t["gpus"][best][0], t["tokens_per_s"][best][0]
-    g = t["gpus"][best]
-    a.plot(g, x0 * g / g0 / 1e6, color="#999999", lw=1, ls="-.", label="linear scaling")
-    a.set_yscale("log")
-    a.set_ylabel("throughput, million tokens/s")
-    b.set_ylabel("tokens/s per GPU")
-    sec = b.secondary_yaxis("right", functions=(lambda x: x * 3.6e-3, lambda y: y / 3.6e-3))
-    sec.set_ylabel("thousand tokens per GPU-hour")
-    c.set_ylabel("tokens per joule (GPU board power)")
-    d.set_ylabel("exposed communication, % of step time")
-    for ax in axes.flat:
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(g, [str(int(x)) for x in g])
-        ax.minorticks_off()
-        ax.set_xlabel("GPUs (H100 SXM), same global batch")
-        ax.grid(alpha=0.3, which="both")
-    a.legend(fontsize=8)
+    models = list(dict.fromkeys(t["model"]))
+    fig, axes = plt.subplots(len(models), 3, figsize=(15, 4.3 * len(models)), squeeze=False)
+    styles = dict(fsdp=dict(color=_COLORS[3], marker="s", ls="--"),
+                  tp_pp=dict(color=_COLORS[0], marker="^", ls="-"),
+                  other=dict(color=_COLORS[2], marker="o", ls=":"))
+    for r, m in enumerate(models):
+        a, b, d = axes[r]
+        for s in SERIES:
+            sel = (t["model"] == m) & (t["series"] == s)
+            if not sel.any():
+                continue
+            g = t["gpus"][sel]
+            kw = styles[s] | dict(label=LABELS[s])
+            a.plot(g, t["tokens_per_s"][sel] / 1e6, **kw)
+            b.plot(g, t["tokens_per_s_per_gpu"][sel], **kw)
+            d.plot(g, 100 * t["comm_exposed_frac"][sel], **kw)
+        best = (t["model"] == m) & (t["best"] == 1)
+        g = t["gpus"][best]
+        b.plot(g, t["tokens_per_s_per_gpu"][best], ls="none", marker="*", ms=16, mfc="none",
+               mec="k", label="fastest family at that count")
+        a.plot(g, t["tokens_per_s"][best][0] * g / g[0] / 1e6, color="#999999", lw=1,
+               ls="-.", label="linear scaling")
+        c = crossover(t, m)
+        b.set_title(f"{m}: " + ("no FSDP -> TP/PP cross-over" if c is None else
+                                f"TP/PP overtakes FSDP between {c[0]} and {c[1]} GPUs"),
+                    fontsize=10)
+        a.set_title(f"{m}: total throughput", fontsize=10)
+        d.set_title(f"{m}: exposed communication", fontsize=10)
+        a.set_yscale("log")
+        a.set_ylabel("throughput, million tokens/s")
+        b.set_ylabel("tokens/s per GPU")
+        sec = b.secondary_yaxis("right", functions=(lambda x: x * 3.6e-3,
+                                                    lambda y: y / 3.6e-3))
+        sec.set_ylabel("thousand tokens per GPU-hour")
+        d.set_ylabel("exposed communication, % of step time")
+        for ax in (a, b, d):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(g, [str(int(x)) for x in g])
+            ax.minorticks_off()
+            ax.set_xlabel("GPUs (H100 SXM); same model, batch and sequence")
+            ax.grid(alpha=0.3, which="both")
+        b.legend(fontsize=7)
+        a.legend(fontsize=7)
     fig.suptitle(study.title)
     fig.tight_layout()
     _footer(fig, study.notes)
