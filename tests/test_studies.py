@@ -207,6 +207,26 @@ def test_network_and_capacity_sensitivity_of_llm_vs_vit(results):
     assert abs(e("vit-era5", "net_bw", "research")) < abs(e("gpt3-175b", "net_bw", "research"))
 
 
+def test_sensitivity_ranking_of_llm_and_long_sequence_model(results):
+    """Subramanian et al.'s ranking [A]: the LLM depends most on the network and little on HBM
+    capacity and bandwidth; the long-sequence model depends more uniformly on network and
+    capacity, and more on capacity than the LLM. diffperf (4096 H200s, batch 4096, layouts
+    re-searched at 2x): GPT-3's largest non-FLOP elasticity is the network's and its capacity
+    and HBM bandwidth ones are the smallest; ViT-ERA5's capacity elasticity leads and its
+    network / capacity spread is narrower than GPT-3's. (Its network elasticity is still the
+    smaller of the two: see test_network_and_capacity_sensitivity_of_llm_vs_vit.)"""
+    t = results["llm-vs-longseq"].table
+    gpt = llm_vs_longseq.ranking(t, "gpt3-175b")
+    vit = llm_vs_longseq.ranking(t, "vit-era5")
+    assert gpt[0][0] == "net_bw" and gpt[0][2] == "research", gpt
+    assert {p for p, _, _ in gpt[-2:]} == {"hbm_capacity", "hbm_bw"}, gpt
+    assert vit[0][0] == "hbm_capacity", vit
+    e = lambda m, p: abs(llm_vs_longseq.elasticity(t, m, p, "research"))  # noqa: E731
+    spread = lambda m: max(e(m, "net_bw"), e(m, "hbm_capacity")) / min(  # noqa: E731
+        e(m, "net_bw"), e(m, "hbm_capacity"))
+    assert spread("vit-era5") < spread("gpt3-175b") / 3
+
+
 # --------------------------------------------------------------------------------------------
 # 4. Singh et al.: AxoNN 4D vs Megatron 3D
 # --------------------------------------------------------------------------------------------
