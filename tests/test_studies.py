@@ -149,9 +149,9 @@ def test_families_are_disjoint_and_best_is_one_of_them(results):
 def test_fsdp_to_tp_pp_cross_over_for_8b(results):
     """Fernandez et al. finding 1, where diffperf sees it: Llama 3 8B at a fixed 4.2M-token
     batch is fastest with pure FSDP at 1024 H100s and with TP at 2048, where FSDP's exposed
-    communication has grown past half the step. The 70B model needs TP/PP at every count
-    (up to 1024 GPUs FSDP needs full recompute to fit), so it shows no cross-over; its FSDP still loses
-    ground as GPUs are added."""
+    communication has grown past half the step. The 70B model needs TP/PP at every count (up
+    to 1024 GPUs FSDP needs full recompute to fit), so it shows no cross-over; its FSDP still
+    loses ground as GPUs are added."""
     t = results["diminishing-returns"].table
     assert diminishing_returns.crossover(t, "llama3-8b") == (1024, 2048)
     assert diminishing_returns.crossover(t, "llama3-70b") is None

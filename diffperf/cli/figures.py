@@ -239,21 +239,36 @@ def llm_vs_longseq_figure(study):
     return fig
 
 
+_AXONN_NAMES = dict(axonn_4d="AxoNN 4D\n(best grid)",
+                    megatron_paper="Megatron-LM\n(Table 1 t, p;\nASSUMED)",
+                    megatron_tp_node="Megatron-LM\n(TP in node)",
+                    megatron_3d="Megatron 3D\n(diffperf best)")
+
+
 def axonn_figure(study):
     """80B: TFLOP/s per GPU as the paper counts them, per series, with the published AxoNN
     and implied Megatron-LM figures; 20B: the overlap gain; the 80B breakdowns."""
-    from diffperf.studies.axonn import (AXONN_OVERLAP_GAIN_20B, EIGHTY, SERIES,
-                                        find)
+    from diffperf.studies.axonn import EIGHTY, SERIES, find
 
     plt = pyplot()
     t = study.table
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.4),
                              gridspec_kw=dict(width_ratios=(1.2, 0.8, 1.1)))
-    names = dict(axonn_4d="AxoNN 4D\n(best grid)", megatron_paper="Megatron-LM\n(Table 1 t, p;\nASSUMED)",
-                 megatron_tp_node="Megatron-LM\n(TP in node)", megatron_3d="Megatron 3D\n(diffperf best)")
-    ax = axes[0]
-    rows = [find(t, EIGHTY, s) for s in SERIES]
-    rows = [(s, i) for s, i in zip(SERIES, rows) if i is not None]
+    rows = [(s, find(t, EIGHTY, s)) for s in SERIES]
+    rows = [(s, i) for s, i in rows if i is not None]
+    _axonn_tflops_panel(axes[0], t, rows)
+    _axonn_overlap_panel(axes[1], t)
+    _axonn_breakdown_panel(axes[2], t, rows)
+    fig.suptitle(study.title)
+    fig.tight_layout()
+    _footer(fig, study.notes)
+    return fig
+
+
+def _axonn_tflops_panel(ax, t, rows) -> None:
+    """Bars of the 80B series in the paper's TFLOP/s, the published figures as lines."""
+    from diffperf.studies.axonn import EIGHTY
+
     x = np.arange(len(rows))
     bars = ax.bar(x, [t["paper_tflops_per_gpu"][i] for _, i in rows],
                   color=[_COLORS[k] for k in range(len(rows))])
@@ -273,13 +288,18 @@ def axonn_figure(study):
     peak = float(t["peak_tflops"][0])
     ax.axhline(peak, color="#999999", lw=1, ls=":")
     ax.text(-0.4, peak, "peak bf16", fontsize=7, va="bottom", color="#666666")
-    ax.set_xticks(x, [names[s] for s, _ in rows], fontsize=8)
+    ax.set_xticks(x, [_AXONN_NAMES[s] for s, _ in rows], fontsize=8)
     ax.set_ylabel("TFLOP/s per GPU as the paper counts (Narayanan eq. 3)")
     ax.set_ylim(0, 1.15 * peak)
     ax.grid(alpha=0.3, axis="y")
     ax.set_title(f"GPT-80B on 1024 Perlmutter A100s (batch "
                  f"{int(t['global_batch'][t['model'] == EIGHTY][0])})", fontsize=10)
-    ax = axes[1]
+
+
+def _axonn_overlap_panel(ax, t) -> None:
+    """Step time of the best 20B grids with AxoNN's overlaps on and off."""
+    from diffperf.studies.axonn import AXONN_OVERLAP_GAIN_20B, EIGHTY
+
     twenty = [i for i in np.flatnonzero(t["series"] == "axonn_4d") if t["model"][i] != EIGHTY]
     xs = np.arange(len(twenty))
     on = [t["step_time_s"][i] for i in twenty]
@@ -297,7 +317,11 @@ def axonn_figure(study):
     ax.grid(alpha=0.3, axis="y")
     ax.set_title(f"AxoNN overlap gain on 20B (paper: ~{100 * AXONN_OVERLAP_GAIN_20B:.0f}%)",
                  fontsize=10)
-    ax = axes[2]
+
+
+def _axonn_breakdown_panel(ax, t, rows) -> None:
+    """Stacked exposed parts of the 80B series."""
+    x = np.arange(len(rows))
     bottoms = np.zeros(len(rows))
     for (label, keys), color in zip(_PART_GROUPS, _PART_COLORS):
         frac = np.array([sum(float(t[k[:-2] + "_frac"][i]) for k in keys
@@ -306,15 +330,11 @@ def axonn_figure(study):
             continue
         ax.bar(x, 100 * frac, bottom=100 * bottoms, color=color, label=label)
         bottoms += frac
-    ax.set_xticks(x, [names[s] for s, _ in rows], fontsize=8)
+    ax.set_xticks(x, [_AXONN_NAMES[s] for s, _ in rows], fontsize=8)
     ax.set_ylabel("% of step time (exposed parts)")
     ax.set_title("GPT-80B: where the step time goes", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_ylim(0, 100)
-    fig.suptitle(study.title)
-    fig.tight_layout()
-    _footer(fig, study.notes)
-    return fig
 
 
 def _layout_label(t, i) -> str:
