@@ -295,3 +295,13 @@ def test_readme_commands_parse():
     for argv in commands:
         args = _parser().parse_args(argv)
         assert callable(args.run), argv
+
+
+def test_readme_explains_every_breakdown_row():
+    """The quickstart's "What the rows mean" names every exposed part of the step (they sum to
+    the step time) and the hidden ones by pattern."""
+    from diffperf.result import EXPOSED_PARTS
+
+    section = _readme().split("### What the rows mean", 1)[1].split("\n## ", 1)[0]
+    assert [p for p in EXPOSED_PARTS if f"`{p}`" not in section] == []
+    assert "`*_hidden_s`" in section
