@@ -15,18 +15,18 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from diffperf import resources
 from diffperf.errors import SpecError, closest
 from diffperf.specs.model import Model
 from diffperf.specs.system import Efficiency, Reliability, System, Tier
 from diffperf.specs.training import PRECISIONS, Training
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
-def _configs_dir() -> Path:
-    """configs/ of the checkout, or the copy installed inside the package."""
-    installed = Path(__file__).resolve().parent / "configs"
-    return CONFIGS if CONFIGS.is_dir() else installed
+def _configs_dir():
+    """The shipped configs/ folder, package data read through importlib.resources
+    (diffperf.resources): the same files in a wheel, an editable install and a checkout."""
+    return resources.configs_dir()
 
 
 def _check_keys(d, allowed, where):
@@ -258,26 +258,22 @@ def load_model(name_or_path) -> Model:
     return model_from_dict(read_yaml(path), str(path))
 
 
-def _named(name, kind) -> Path:
-    folder = _configs_dir() / kind
-    path = folder / f"{name}.yaml"
-    try:
-        exists = path.is_file() and "/" not in str(name)
-    except (OSError, ValueError):  # a name too long for the file system, or with a NUL
-        exists = False
-    if not exists:
-        names = sorted(p.stem for p in folder.glob("*.yaml"))
-        raise SpecError(f"unknown {kind[:-1]} '{name}'{closest(name, names)} "
-                        f"(shipped: {', '.join(names)}; or give a path to a .yaml file)")
-    return path
+def _named(name, kind):
+    """configs/KIND/NAME.yaml of the shipped configs (kind: models, systems, design)."""
+    shipped = resources.config_files(kind)
+    if str(name) not in shipped:
+        singular = {"models": "model", "systems": "system", "design": "cost model"}[kind]
+        raise SpecError(f"unknown {singular} '{name}'{closest(name, shipped)} "
+                        f"(shipped: {', '.join(shipped)}; or give a path to a .yaml file)")
+    return shipped[str(name)]
 
 
 def model_names() -> list[str]:
-    return sorted(p.stem for p in (_configs_dir() / "models").glob("*.yaml"))
+    return list(resources.config_files("models"))
 
 
 def system_names() -> list[str]:
-    return sorted(p.stem for p in (_configs_dir() / "systems").glob("*.yaml"))
+    return list(resources.config_files("systems"))
 
 
 SYSTEM_KEYS = ("name", "description", "sources", "matmul_TFLOPs", "matmul_fp32_TFLOPs",
@@ -392,7 +388,8 @@ def system_from_dict(d: dict, where: str = "system") -> System:
 
 def load_system(name_or_path, calibration=None) -> System:
     """A system by name (configs/systems/NAME.yaml) or YAML path, with an optional
-    calibration overlay (a YAML whose `efficiency:` mapping replaces efficiency fields)."""
+    calibration overlay: a shipped name (`vtrain-a100`) or a YAML whose `efficiency:` mapping
+    replaces efficiency fields."""
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
         path = _named(name_or_path, "systems")
@@ -485,7 +482,10 @@ OVERLAY_KEYS = ("efficiency", "fitted_on", "heldout", "description", "created_by
 
 
 def apply_overlay(system: System, overlay) -> System:
-    """The system with the efficiency fields of a calibration overlay (path or mapping)."""
+    """The system with the efficiency fields of a calibration overlay: a shipped name
+    ('vtrain-a100', `diffperf list calibrations`), a YAML path or a mapping."""
+    if not isinstance(overlay, dict):
+        overlay = resources.overlay_path(overlay)  # a shipped name ('vtrain-a100') or a path
     where = str(overlay) if not isinstance(overlay, dict) else "overlay"
     d = overlay if isinstance(overlay, dict) else read_yaml(overlay)
     _check_keys(d, OVERLAY_KEYS, where)
@@ -619,7 +619,8 @@ def parse_overrides(items) -> tuple[dict, dict]:
 
 
 def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
-    """Read a measured-runs CSV (schema: shared/data/README.md); extra columns are allowed.
+    """Read a measured-runs CSV (schema: data/README.md), or a shipped dataset by name
+    (`h100_single_gpu`; `diffperf list datasets`); extra columns are allowed.
 
     `precision` overrides the CSV's precision column with a named preset (PRECISIONS): the
     CSV says bf16 for a run whose framework kept fp32 weights under autocast ('amp-bf16').
@@ -630,7 +631,7 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
     from diffperf.specs import Parallel
     from diffperf.specs.validate import check_layout
 
-    path = Path(path)
+    path = resources.dataset_path(path)  # a shipped name ('h100_single_gpu') or a path
     par_over, tr_over = parse_overrides(overrides)
     precision_override = precision
     if precision is not None:
@@ -690,8 +691,9 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
 
 def load_table(path, required) -> dict:
     """A numeric CSV (kernel microbenchmarks) as {column: numpy array} for the required
-    columns; clear errors for a missing file, column or a non-numeric cell."""
-    path = Path(path)
+    columns; clear errors for a missing file, column or a non-numeric cell. `path` may name a
+    shipped dataset ('h100_gemm')."""
+    path = resources.dataset_path(path)
     header, rows = _read_csv(path, required)
     if not rows:
         raise SpecError(f"{path}: no rows (the CSV has a header but no rows)")

@@ -18,9 +18,10 @@ MEMBW_COLUMNS = ("bytes_moved", "time_s")
 
 def add_parser(sub):
     p = sub.add_parser("calibrate", help="fit efficiencies to measured runs (held-out error)")
-    p.add_argument("runs", help="measured-runs CSV")
+    p.add_argument("runs", help="measured-runs CSV, or a shipped dataset by name "
+                   "(diffperf list datasets)")
     add_runs_options(p)
-    p.add_argument("--calibration", help="overlay to start from")
+    p.add_argument("--calibration", help="overlay to start from (a shipped name or a YAML)")
     p.add_argument("--microbench", nargs=3, metavar=("GEMM.csv", "ATTENTION.csv", "MEMBW.csv"),
                    help="kernel measurements to fit the operator models to as well")
     p.add_argument("--holdout-frac", type=float, default=0.2,
@@ -39,7 +40,7 @@ def add_parser(sub):
 
 
 def benches(paths, system):
-    """(Microbench, System) terms from the three kernel CSVs (schema: shared/data/README.md)."""
+    """(Microbench, System) terms from the three kernel CSVs (schema: data/README.md)."""
     from diffperf import calibrate as cal
     from diffperf.load import load_table
 
@@ -54,6 +55,16 @@ def benches(paths, system):
             (cal.attention_bench(a["batch"], a["seq"], a["heads"], a["head_dim"], a["causal"],
                                  a["fwd_bwd_s"]), system),
             (cal.memory_bench(mb["bytes_moved"], mb["time_s"]), system))
+
+
+def _runs_label(runs) -> str:
+    """How an overlay's description names its runs: a shipped dataset by name and file."""
+    from diffperf import resources
+
+    shipped = resources.dataset_files()
+    if runs in shipped and not resources._is_path(runs, (".csv",)):
+        return f"the shipped dataset {runs} (data/{shipped[runs][1].name})"
+    return str(runs)
 
 
 def _candidates(runs, fit_only):
@@ -160,7 +171,7 @@ def run(args) -> int:
     eff = {f: float(getattr(c.fit.eff, f)) for f in c.fit.fields}
     if args.out:
         overlay = dict(
-            description=f"efficiencies fitted by diffperf calibrate on {args.runs}",
+            description=f"efficiencies fitted by diffperf calibrate on {_runs_label(args.runs)}",
             created_by=f"diffperf calibrate {datetime.date.today().isoformat()}",
             fitted_on=dict(runs=str(args.runs), rows=int(fit_mask.sum()), seed=args.seed,
                            holdout_frac=args.holdout_frac, fit_only=args.fit_only,

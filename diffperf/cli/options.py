@@ -11,7 +11,8 @@ def add_model_system(p, system_help="name under configs/systems or a YAML") -> N
                    "or a Hugging Face config.json (default: gpt3-175b)")
     p.add_argument("--system", default="a100-sxm-80gb",
                    help=f"{system_help} (default: a100-sxm-80gb)")
-    p.add_argument("--calibration", help="efficiency overlay YAML (from diffperf calibrate)")
+    p.add_argument("--calibration", help="efficiency overlay: a shipped name (diffperf list "
+                   "calibrations, e.g. vtrain-a100) or a YAML path (from diffperf calibrate)")
     p.add_argument("--seq-len", type=int, help="override the model's sequence length")
     p.add_argument("--precision", default="bf16",
                    help="bf16, fp16, amp-bf16, xla-amp-bf16, bf16-pure, fp32")

@@ -23,9 +23,11 @@ def add_runs_options(p) -> None:
 
 def add_parser(sub):
     p = sub.add_parser("validate", help="prediction error against measured runs")
-    p.add_argument("runs", help="measured-runs CSV (schema: shared/data/README.md)")
+    p.add_argument("runs", help="measured-runs CSV (schema: data/README.md), or a shipped "
+                   "dataset by name (diffperf list datasets)")
     add_runs_options(p)
-    p.add_argument("--calibration", help="efficiency overlay YAML")
+    p.add_argument("--calibration", help="efficiency overlay: a shipped name (diffperf list "
+                   "calibrations) or a YAML path")
     p.add_argument("--out", help="write one row per run with the predictions")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("--json", action="store_true")
