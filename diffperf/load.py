@@ -493,6 +493,23 @@ def apply_overlay(system: System, overlay) -> System:
     return system.replace(eff=eff)
 
 
+def overlay_facts(overlay) -> tuple[list, object]:
+    """(fitted_on.set, fitted_on.precision) of a calibration overlay (path or mapping): the
+    framework facts (`FIELD=VALUE` strings, as `parse_overrides` reads them) and the
+    precision its runs were fitted under; ([], None) where it records none."""
+    where = str(overlay) if not isinstance(overlay, dict) else "overlay"
+    d = overlay if isinstance(overlay, dict) else read_yaml(overlay)
+    fitted = d.get("fitted_on") or {}
+    if not isinstance(fitted, dict):
+        raise SpecError(f"{where}.fitted_on must be a mapping, got {type(fitted).__name__}")
+    facts = fitted.get("set") or []
+    if not isinstance(facts, list) or not all(isinstance(f, str) for f in facts):
+        raise SpecError(f"{where}.fitted_on.set={facts!r} must be a list of FIELD=VALUE "
+                        f"strings")
+    parse_overrides(facts)  # checked like --set
+    return list(facts), fitted.get("precision")
+
+
 def training(precision: str = "bf16", **overrides) -> Training:
     """A `Training` for a named precision (specs.training.PRECISIONS), with field overrides."""
     return training_from_name(precision, **overrides)

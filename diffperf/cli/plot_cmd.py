@@ -49,7 +49,8 @@ def add_parser(sub):
 def _add_out(p, default):
     p.add_argument("--out", default=default, help=f"figure file, .png, .svg or .pdf "
                    f"(default: {default})")
-    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    if "--force" not in p._option_string_actions:  # search has one (its --csv)
+        p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
 
 
 def _check_out(args):
@@ -91,12 +92,14 @@ def _search(args) -> int:
         raise SpecError("--sweep is for diffperf search (plot search draws the layouts of one "
                         "system)")
     _check_out(args)
-    model, system, train, placements = build(args)
-    layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements)
+    model, system, train, placements, steer = build(args)
+    layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements,
+                                axonn=args.axonn, fixed=steer["fixed"])
     if not args.no_cache:
         _enable_cache()
     result = search(model, system, train, layouts, placements=placements,
-                    chunk=args.chunk or DEFAULT_CHUNK, validate=False)
+                    chunk=args.chunk or DEFAULT_CHUNK, validate=False,
+                    parallel=steer["parallel"])
     fit = np.flatnonzero(result.fits)
     if not len(fit):
         raise SpecError(f"no layout of {model.name} on {args.gpus} x {system.name} fits in "
