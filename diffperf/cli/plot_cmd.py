@@ -72,10 +72,12 @@ def _done(args, summary: dict) -> int:
 def _predict(args) -> int:
     from diffperf import predict
     from diffperf.cli.figures import prediction_figure, save
+    from diffperf.cli.options import print_notes
     from diffperf.cli.predict_cmd import build, result_dict
 
     _check_out(args)
     model, parallel, system, train = build(args)
+    print_notes(args.notes)
     result = result_dict(predict(model, parallel, system, train))
     title = (f"{model.name} on {args.gpus} x {system.name}: tp {args.tp} pp {args.pp} "
              f"dp {args.dp} cp {args.cp} mb {args.micro_batch} gb {args.global_batch}")
