@@ -274,3 +274,25 @@ def test_overlay_framework_facts_are_applied_with_a_note(capsys, tmp_path):
     mine, _ = _json(capsys, *args, "--calibration", str(overlay), "--set", "flash_attention=1")
     assert mine["result"]["step_time_s"] == plain["result"]["step_time_s"]
     assert mine["notes"] == []
+
+
+def test_validate_applies_the_overlay_facts(capsys, tmp_path):
+    """validate --calibration applies the overlay's fitted_on.set as --set would (today's
+    shipped vTrain overlay records dp_overlap=0, flash_attention=0, ...)."""
+    runs = tmp_path / "runs.csv"
+    runs.write_text(
+        "id,system,num_gpus,num_layers,hidden,num_heads,vocab,seq_len,tp,pp,dp,global_batch,"
+        "micro_batch,step_time_s\n"
+        "a,a100-sxm-80gb,8,12,768,12,50257,1024,2,1,4,16,2,0.05\n"
+        "b,a100-sxm-80gb,8,12,768,12,50257,1024,1,1,8,16,1,0.05\n")
+    overlay = tmp_path / "fit.yaml"
+    overlay.write_text(yaml.safe_dump(dict(efficiency={}, fitted_on=dict(
+        set=["dp_overlap=0"]))))
+    out = {}
+    for name, extra in (("overlay", ["--calibration", str(overlay)]),
+                        ("by_hand", ["--set", "dp_overlap=0"]), ("plain", [])):
+        data, _ = _json(capsys, "validate", str(runs), *extra, "--json")
+        out[name] = data
+    assert out["overlay"]["summary"] == out["by_hand"]["summary"]
+    assert out["overlay"]["summary"] != out["plain"]["summary"]
+    assert out["overlay"]["notes"] and out["plain"]["notes"] == []

@@ -85,9 +85,11 @@ def framework_facts(args) -> tuple[list, list]:
         notes.append(f"--calibration {args.calibration} was fitted under --set "
                      f"{' --set '.join(applied)}: applied (give --set FIELD=VALUE to "
                      f"override)")
-    if precision and precision != getattr(args, "precision", precision):
+    used = getattr(args, "precision", precision)
+    if precision and precision != used:
         notes.append(f"--calibration {args.calibration} was fitted under --precision "
-                     f"{precision}; this run uses --precision {args.precision}")
+                     f"{precision}; this run uses " + (f"--precision {used}" if used else
+                                                       "each row's precision column"))
     return applied + given, notes
 
 
