@@ -455,10 +455,31 @@ def _set_field(d: dict, key: str, value: float) -> dict:
     return d
 
 
+def _sweep_key(system: System, fields: dict, key: str) -> tuple[str, float]:
+    """(YAML key, SI per unit of the values given) of a --sweep field: a system YAML key in
+    its units ('matmul_TFLOPs', 'tiers[1].bandwidth_GBps'), with a tier by name too
+    ('tiers[infiniband].bandwidth_GBps'), or a System leaf path in SI, the names sensitivity
+    and the Python API use ('matmul_flops_per_s', 'tiers[1].bandwidth_Bps', 'eff.mm_max');
+    values given for a leaf path are in SI (1.0 for a YAML key)."""
+    names = {t.name: i for i, t in enumerate(system.tiers)}
+    if key.startswith("tiers[") and "]" in key and key[6:key.index("]")] in names:
+        key = f"tiers[{names[key[6:key.index(']')]]}]" + key[key.index("]") + 1:]
+    if key in fields:
+        return key, 1.0
+    by_leaf = {leaf: (k, f) for k, (leaf, f) in fields.items()}
+    if key in by_leaf:
+        return by_leaf[key]
+    tiers = ", ".join(f"{i} or {t.name}" for i, t in enumerate(system.tiers))
+    raise SpecError(f"--sweep: unknown field '{key}'{closest(key, [*fields, *by_leaf])} "
+                    f"(allowed: {', '.join(fields)}; or a System leaf path in SI such as "
+                    f"matmul_flops_per_s; tiers by index or name: {tiers})")
+
+
 def sweep_axes(system: System, items) -> list[tuple]:
-    """`FIELD=VALUES` strings (a system YAML key in its units) -> [(field, System leaf path,
-    values in the YAML's units, values in SI)], each value checked by the rules of
-    `system_from_dict` (a bandwidth > 0, an efficiency in range, ...)."""
+    """`FIELD=VALUES` strings (a system YAML key in its units, or a System leaf path in SI:
+    `_sweep_key`) -> [(YAML key, System leaf path, values in the YAML's units, values in
+    SI)], each value checked by the rules of `system_from_dict` (a bandwidth > 0, an
+    efficiency in range, ...)."""
     fields = sweep_fields(system)
     base = system_to_dict(system)
     out, seen = [], set()
@@ -467,13 +488,11 @@ def sweep_axes(system: System, items) -> list[tuple]:
             raise SpecError(f"--sweep {item!r} must look like FIELD=START:STOP:N, "
                             f"FIELD=START:STOP:N:log or FIELD=V1,V2,...")
         key, spec = (x.strip() for x in item.split("=", 1))
-        if key not in fields:
-            raise SpecError(f"--sweep: unknown field '{key}'{closest(key, fields)} "
-                            f"(allowed: {', '.join(fields)})")
+        key, per_si = _sweep_key(system, fields, key)
         if key in seen:
             raise SpecError(f"--sweep {key} is given twice; give each field once")
         seen.add(key)
-        values = _sweep_values(key, spec)
+        values = _sweep_values(key, spec) / per_si
         for v in np.unique(values):
             system_from_dict(_set_field(base, key, float(v)), "--sweep")
         leaf, factor = fields[key]

@@ -296,3 +296,29 @@ def test_validate_applies_the_overlay_facts(capsys, tmp_path):
     assert out["overlay"]["summary"] == out["by_hand"]["summary"]
     assert out["overlay"]["summary"] != out["plain"]["summary"]
     assert out["overlay"]["notes"] and out["plain"]["notes"] == []
+
+
+def test_sweep_fields_by_leaf_path_and_tier_name():
+    """--sweep takes the System leaf names that sensitivity and the API print (values in
+    SI) and tiers by name, beside the YAML keys: each gives the same axis."""
+    from diffperf.load import sweep_axes
+
+    system = load_system("a100-sxm-80gb")
+    yaml_key = sweep_axes(system, ["matmul_TFLOPs=200,400", "tiers[1].bandwidth_GBps=25,50"])
+    leaf = sweep_axes(system, ["matmul_flops_per_s=2e14,4e14",
+                               "tiers[infiniband].bandwidth_Bps=2.5e10,5e10"])
+    named = sweep_axes(system, ["tiers[infiniband].bandwidth_GBps=25,50"])
+    for a, b in zip(yaml_key, leaf):
+        assert a[:2] == b[:2]
+        np.testing.assert_allclose(a[2], b[2])
+        np.testing.assert_allclose(a[3], b[3])
+    assert named[0][:2] == yaml_key[1][:2] == ("tiers[1].bandwidth_GBps", "tiers[1].bandwidth_Bps")
+    with pytest.raises(SpecError, match="tiers by index or name: 0 or nvlink, 1 or infiniband"):
+        sweep_axes(system, ["tiers[ethernet].bandwidth_GBps=1"])
+
+
+def test_model_reads_by_the_yaml_names_too():
+    m = load_model("mixtral-8x7b")
+    assert (m.num_layers, m.num_heads, m.num_kv_heads, m.moe_experts) == (
+        m.n_layers, m.n_heads, m.n_kv_heads, m.n_experts)
+    assert float(m.num_layers) == 32 and float(m.moe_experts) == 8

@@ -47,7 +47,9 @@ def add_parser(sub):
     p.add_argument("--sweep", action="append", metavar="FIELD=VALUES", help="sweep a "
                    "hardware number over values: FIELD is a key of the system YAML in its "
                    "units (hbm_bandwidth_GBps, tiers[1].bandwidth_GBps, tiers[0].domain_size, "
-                   "matmul_TFLOPs, efficiency.mm_max, ...), VALUES is START:STOP:N (evenly "
+                   "matmul_TFLOPs, efficiency.mm_max, ...; a tier by name too: "
+                   "tiers[infiniband].bandwidth_GBps; or a System leaf path in SI as "
+                   "sensitivity prints it: matmul_flops_per_s), VALUES is START:STOP:N (evenly "
                    "spaced), START:STOP:N:log (geometric) or V1,V2,...; repeat for a grid "
                    "(the outer product)")
     p.add_argument("--chunk", type=int, default=None, help="layouts per batched call")
