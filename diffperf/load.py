@@ -512,6 +512,37 @@ def apply_overlay(system: System, overlay) -> System:
     return system.replace(eff=eff)
 
 
+def write_overlay(path, efficiency, *, fitted_on=None, heldout=None, description=None,
+                  created_by="diffperf.write_overlay", force=False) -> dict:
+    """Write a calibration overlay YAML that `load_system(name, calibration=path)` and every
+    command's --calibration read back, and return the mapping written.
+
+    efficiency: an `Efficiency`, a `System` (its efficiencies) or a mapping of Efficiency
+    fields (a subset: the others keep each system's own). fitted_on: what it was fitted on;
+    its `set` (FIELD=VALUE framework facts) and `precision` are applied or noted by the
+    commands that read the overlay. Checked before writing (the fields, the values, the
+    facts); an existing file needs force=True.
+    """
+    if isinstance(efficiency, System):
+        efficiency = efficiency.eff
+    if isinstance(efficiency, Efficiency):
+        efficiency = {k: float(getattr(efficiency, k)) for k in EFFICIENCY_KEYS}
+    eff = {str(k): float(v) for k, v in dict(efficiency).items()}
+    overlay = {k: v for k, v in dict(description=description, created_by=created_by,
+                                     fitted_on=fitted_on, heldout=heldout,
+                                     efficiency=eff).items() if v is not None}
+    efficiency_from_dict(eff, "efficiency")
+    overlay_facts(overlay)
+    path = Path(path)
+    if path.exists() and not force:
+        raise SpecError(f"{path} exists; pass force=True to overwrite it")
+    try:
+        path.write_text(yaml.safe_dump(overlay, sort_keys=False))
+    except OSError as err:
+        raise SpecError(f"{path}: cannot write ({err.strerror or err})") from None
+    return overlay
+
+
 def overlay_facts(overlay) -> tuple[list, object]:
     """(fitted_on.set, fitted_on.precision) of a calibration overlay (path or mapping): the
     framework facts (`FIELD=VALUE` strings, as `parse_overrides` reads them) and the

@@ -322,3 +322,49 @@ def test_model_reads_by_the_yaml_names_too():
     assert (m.num_layers, m.num_heads, m.num_kv_heads, m.moe_experts) == (
         m.n_layers, m.n_heads, m.n_kv_heads, m.n_experts)
     assert float(m.num_layers) == 32 and float(m.moe_experts) == 8
+
+
+# --------------------------------------------------------------------------------------------
+# Python API: what the CLI can do, the API can too
+# --------------------------------------------------------------------------------------------
+
+def test_api_exports_stack_names_as_dict_and_overlay_writer(tmp_path):
+    import diffperf as dp
+    from diffperf import Parallel
+
+    assert dp.search.enumerate_layouts is enumerate_layouts
+    assert callable(dp.sensitivity.step_time_and_elasticities)
+    assert callable(dp.calibrate.calibrate_runs)
+    # stack takes recompute and placement by name, as predict does
+    named = [Parallel(tp=2, dp=4, global_batch=16, recompute="selective",
+                      placement="tp-cp-pp-dp"),
+             Parallel(tp=1, dp=8, global_batch=16, recompute="full")]
+    batch = dp.stack(named)
+    np.testing.assert_array_equal(batch.recompute, [1, 2])
+    np.testing.assert_array_equal(batch.placement, [1, 0])
+    with pytest.raises(SpecError, match="recompute='some' is not allowed"):
+        dp.stack([Parallel(recompute="some")])
+    system = load_system("a100-sxm-80gb")
+    one = predict(MODEL, named[0], system)
+    assert float(one.step_time_s) == float(predict(MODEL, Parallel(
+        tp=2, dp=4, global_batch=16, recompute=1, placement=1), system).step_time_s)
+    # as_dict: plain Python, nested or flat (one DataFrame row per configuration)
+    d = dp.as_dict(one)
+    assert d["step_time_s"] == float(one.step_time_s) and d["fits"] is True
+    assert d["breakdown"]["compute_s"] == float(one.breakdown.compute_s)
+    many = dp.predict_batch(dp.stack([MODEL, MODEL]), batch, system,
+                            dp.stack([training("bf16")] * 2))
+    flat = dp.as_dict(many, flat=True)
+    assert flat["step_time_s"] == [float(x) for x in many.step_time_s]
+    assert len(flat["memory.total_bytes"]) == 2 and flat["fits"] == [bool(x) for x in many.fits]
+    # write_overlay: read back by load_system and --calibration (facts included)
+    path = tmp_path / "o.yaml"
+    dp.write_overlay(path, {"mm_max": 0.7}, fitted_on={"set": ["dp_overlap=0"]})
+    assert float(load_system("a100-sxm-80gb", calibration=path).eff.mm_max) == 0.7
+    from diffperf.load import overlay_facts
+    assert overlay_facts(path) == (["dp_overlap=0"], None)
+    with pytest.raises(SpecError, match="exists; pass force=True"):
+        dp.write_overlay(path, system)
+    dp.write_overlay(path, system, force=True)
+    with pytest.raises(SpecError, match="unknown key 'mm_maxx'; did you mean 'mm_max'"):
+        dp.write_overlay(tmp_path / "x.yaml", {"mm_maxx": 0.7})

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from diffperf.cli.output import console, fmt, print_json, table
 from diffperf.cli.cache import kernel_store
 from diffperf.errors import SpecError
@@ -191,14 +189,10 @@ def layout_json(parallel, placement: str) -> dict:
 
 
 def result_dict(result) -> dict:
-    """A Result as plain floats (breakdown and memory as nested dicts)."""
-    out = {}
-    for f in dataclasses.fields(result):
-        v = getattr(result, f.name)
-        out[f.name] = ({g.name: float(getattr(v, g.name)) for g in dataclasses.fields(v)}
-                       if dataclasses.is_dataclass(v) else float(v))
-    out["fits"] = bool(result.fits)
-    return out
+    """A Result as plain floats (breakdown and memory as nested dicts): `result.as_dict`."""
+    from diffperf.result import as_dict
+
+    return as_dict(result)
 
 
 def _goodput_rows(result, given: bool) -> list:
