@@ -35,7 +35,9 @@ def add_parser(sub):
         "memory. With --sweep, do so at every point of a grid of hardware values and print "
         "the best layout at each. The work is split over every local device (GPUs; on a CPU "
         "one device already uses every core). With no options: GPT-3 175B on 1024 A100 "
-        "80 GB, global batch 1536."))
+        "80 GB, global batch 1536. Steering (docs/guide-search.md): fix or range any "
+        "layout field (--tp 8, --pp 2-8, --recompute none,full), --set framework facts, "
+        "--csv of every layout that fits, --tokens for a time and cost answer."))
     add_model_system(p)
     add_job(p)
     p.add_argument("--top", type=int, default=None, help="layouts to list (default 10; with "
@@ -267,7 +269,9 @@ def render(model, system, args, layouts, placements, result, top, front, seconds
         if similar is not None and any(similar):
             rows = [[*r, s] for r, s in zip(rows, similar)]
             columns = (*columns, f"near-ties (<= {args.tie_pct:g} %)")
-        out.print(table(f"fastest {len(top)} of {feasible:,} layouts that fit: {head}",
+        merged_note = " (near-ties merged)" if similar is not None and any(similar) else ""
+        out.print(table(f"fastest {len(top)} of {feasible:,} layouts that fit{merged_note}: "
+                        f"{head}",
                         columns, rows))
         shown = front[np.unique(np.linspace(0, len(front) - 1, _FRONT_ROWS).round().astype(int))]
         note = f" ({len(shown)} of {len(front)} points; --json lists all)" if len(
