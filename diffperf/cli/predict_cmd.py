@@ -29,7 +29,8 @@ JSON_LAYOUT = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch"
 
 
 def add_parser(sub):
-    p = sub.add_parser("predict", help="step time, breakdown and memory of one layout", description=(
+    p = sub.add_parser("predict", help="step time, breakdown and memory of one layout",
+                       description=(
         "Predict one configuration. With no options: GPT-3 175B on 1024 A100 80 GB "
         "(tp 8, pp 8, dp 16, sequence parallel, selective recompute, ZeRO-1). With a model "
         "and --gpus but no layout option: the fastest layout that fits, found by the "
