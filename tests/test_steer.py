@@ -368,3 +368,15 @@ def test_api_exports_stack_names_as_dict_and_overlay_writer(tmp_path):
     dp.write_overlay(path, system, force=True)
     with pytest.raises(SpecError, match="unknown key 'mm_maxx'; did you mean 'mm_max'"):
         dp.write_overlay(tmp_path / "x.yaml", {"mm_maxx": 0.7})
+
+
+def test_sweep_takes_the_layout_values(capsys):
+    data, _ = _json(capsys, "search", *STEER, "--sweep", "hbm_bandwidth_GBps=1000,2000",
+                    "--json")
+    t = enumerate_layouts(MODEL, GPUS, BATCH, fixed={"tp": (2,), "recompute": (0, 2)})
+    assert data["layouts"] == len(t)
+    for point in data["points"]:
+        for best in point["best"]:
+            assert best["layout"]["tp"] == 2 and best["layout"]["recompute"] in ("none", "full")
+    assert "not yet --set FIELD of Parallel" in _error(
+        capsys, "search", *STEER, "--sweep", "hbm_bandwidth_GBps=1000", "--set", "dp_overlap=0")

@@ -230,11 +230,11 @@ def run(args) -> int:
     if args.sweep:
         from diffperf.cli.sweep_cmd import run_sweep
 
-        if steer["fixed"] or steer["parallel"] or args.csv or args.tokens is not None:
-            raise SpecError("--sweep takes none of the steering options yet (layout values, "
-                            "--set FIELD of Parallel, --csv, --tokens)")
+        if steer["parallel"] or args.csv or args.tokens is not None:
+            raise SpecError("--sweep takes the layout values and the Training facts of "
+                            "--set, not yet --set FIELD of Parallel, --csv or --tokens")
         print_notes(steer["notes"])
-        return run_sweep(args, model, system, train, placements)
+        return run_sweep(args, model, system, train, placements, steer["fixed"])
     print_notes(steer["notes"])
     start = time.perf_counter()
     layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements,
