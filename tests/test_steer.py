@@ -229,6 +229,8 @@ def test_predict_model_and_gpus_only_takes_the_searched_best(capsys):
 def test_predict_never_takes_another_models_layout(capsys):
     err = _error(capsys, "predict", "--model", "gpt-small")
     assert "give --gpus N" in err and "GPT-3 175B's shipped job" in err
+    assert "give --gpus N or --dp N beside the layout options given" in _error(
+        capsys, "predict", "--model", "gpt-small", "--tp", "2")
     # some layout options: the others are 1 (not GPT-3's tp 8 / pp 8)
     data, _ = _json(capsys, "predict", "--model", "gpt-small", "--gpus", "8", "--tp", "2",
                     "--global-batch", "16", "--no-cache", "--json")

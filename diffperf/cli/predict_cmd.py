@@ -118,10 +118,11 @@ def _resolve_layout(model, system, train, args, par_over) -> None:
     if args.gpus is None and gpt3:
         args.gpus = SHIPPED_JOB[1]
     if args.gpus is None and args.dp is None:
-        raise SpecError(
-            f"--model {args.model}: give --gpus N (predict then searches the fastest layout "
-            f"that fits) or a layout (--tp, --pp, --dp, ...); the default of "
-            f"{SHIPPED_JOB[1]} GPUs is GPT-3 175B's shipped job")
+        what = ("--gpus N or --dp N beside the layout options given" if given else
+                "--gpus N (predict then searches the fastest layout that fits) or a layout "
+                "with --dp (--tp, --pp, --dp, ...)")
+        raise SpecError(f"--model {args.model}: give {what}; the default of "
+                        f"{SHIPPED_JOB[1]} GPUs is GPT-3 175B's shipped job")
     if not given and (not gpt3 or args.gpus != SHIPPED_JOB[1]):
         args.layout_source = "search"
         chosen = _search_layout(model, system, train, args, par_over)
