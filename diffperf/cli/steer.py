@@ -82,7 +82,8 @@ def steering(args) -> tuple:
 
 
 def similar_cells(groups, layouts, placements) -> list:
-    """Per group, 'zero 0-2, sp 0-1' etc.: the TIE_COLUMNS values of its merged layouts."""
+    """Per group, '+3: zero 1/2, sp 0/1' etc.: how many layouts it merged and the TIE_COLUMNS
+    values in which they differ; '' for a group of one."""
     from diffperf.search import COLUMNS
 
     short = dict(zero_stage="zero", recompute="recompute", sequence_parallel="sp",
