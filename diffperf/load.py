@@ -452,10 +452,31 @@ def _set_field(d: dict, key: str, value: float) -> dict:
     return d
 
 
+def _sweep_key(system: System, fields: dict, key: str) -> tuple[str, float]:
+    """(YAML key, SI per unit of the values given) of a --sweep field: a system YAML key in
+    its units ('matmul_TFLOPs', 'tiers[1].bandwidth_GBps'), with a tier by name too
+    ('tiers[infiniband].bandwidth_GBps'), or a System leaf path in SI, the names sensitivity
+    and the Python API use ('matmul_flops_per_s', 'tiers[1].bandwidth_Bps', 'eff.mm_max');
+    values given for a leaf path are in SI (1.0 for a YAML key)."""
+    names = {t.name: i for i, t in enumerate(system.tiers)}
+    if key.startswith("tiers[") and "]" in key and key[6:key.index("]")] in names:
+        key = f"tiers[{names[key[6:key.index(']')]]}]" + key[key.index("]") + 1:]
+    if key in fields:
+        return key, 1.0
+    by_leaf = {leaf: (k, f) for k, (leaf, f) in fields.items()}
+    if key in by_leaf:
+        return by_leaf[key]
+    tiers = ", ".join(f"{i} or {t.name}" for i, t in enumerate(system.tiers))
+    raise SpecError(f"--sweep: unknown field '{key}'{closest(key, [*fields, *by_leaf])} "
+                    f"(allowed: {', '.join(fields)}; or a System leaf path in SI such as "
+                    f"matmul_flops_per_s; tiers by index or name: {tiers})")
+
+
 def sweep_axes(system: System, items) -> list[tuple]:
-    """`FIELD=VALUES` strings (a system YAML key in its units) -> [(field, System leaf path,
-    values in the YAML's units, values in SI)], each value checked by the rules of
-    `system_from_dict` (a bandwidth > 0, an efficiency in range, ...)."""
+    """`FIELD=VALUES` strings (a system YAML key in its units, or a System leaf path in SI:
+    `_sweep_key`) -> [(YAML key, System leaf path, values in the YAML's units, values in
+    SI)], each value checked by the rules of `system_from_dict` (a bandwidth > 0, an
+    efficiency in range, ...)."""
     fields = sweep_fields(system)
     base = system_to_dict(system)
     out, seen = [], set()
@@ -464,13 +485,11 @@ def sweep_axes(system: System, items) -> list[tuple]:
             raise SpecError(f"--sweep {item!r} must look like FIELD=START:STOP:N, "
                             f"FIELD=START:STOP:N:log or FIELD=V1,V2,...")
         key, spec = (x.strip() for x in item.split("=", 1))
-        if key not in fields:
-            raise SpecError(f"--sweep: unknown field '{key}'{closest(key, fields)} "
-                            f"(allowed: {', '.join(fields)})")
+        key, per_si = _sweep_key(system, fields, key)
         if key in seen:
             raise SpecError(f"--sweep {key} is given twice; give each field once")
         seen.add(key)
-        values = _sweep_values(key, spec)
+        values = _sweep_values(key, spec) / per_si
         for v in np.unique(values):
             system_from_dict(_set_field(base, key, float(v)), "--sweep")
         leaf, factor = fields[key]
@@ -491,6 +510,54 @@ def apply_overlay(system: System, overlay) -> System:
     _check_keys(d, OVERLAY_KEYS, where)
     eff = efficiency_from_dict(d.get("efficiency") or {}, f"{where}.efficiency", system.eff)
     return system.replace(eff=eff)
+
+
+def write_overlay(path, efficiency, *, fitted_on=None, heldout=None, description=None,
+                  created_by="diffperf.write_overlay", force=False) -> dict:
+    """Write a calibration overlay YAML that `load_system(name, calibration=path)` and every
+    command's --calibration read back, and return the mapping written.
+
+    efficiency: an `Efficiency`, a `System` (its efficiencies) or a mapping of Efficiency
+    fields (a subset: the others keep each system's own). fitted_on: what it was fitted on;
+    its `set` (FIELD=VALUE framework facts) and `precision` are applied or noted by the
+    commands that read the overlay. Checked before writing (the fields, the values, the
+    facts); an existing file needs force=True.
+    """
+    if isinstance(efficiency, System):
+        efficiency = efficiency.eff
+    if isinstance(efficiency, Efficiency):
+        efficiency = {k: float(getattr(efficiency, k)) for k in EFFICIENCY_KEYS}
+    eff = {str(k): float(v) for k, v in dict(efficiency).items()}
+    overlay = {k: v for k, v in dict(description=description, created_by=created_by,
+                                     fitted_on=fitted_on, heldout=heldout,
+                                     efficiency=eff).items() if v is not None}
+    efficiency_from_dict(eff, "efficiency")
+    overlay_facts(overlay)
+    path = Path(path)
+    if path.exists() and not force:
+        raise SpecError(f"{path} exists; pass force=True to overwrite it")
+    try:
+        path.write_text(yaml.safe_dump(overlay, sort_keys=False))
+    except OSError as err:
+        raise SpecError(f"{path}: cannot write ({err.strerror or err})") from None
+    return overlay
+
+
+def overlay_facts(overlay) -> tuple[list, object]:
+    """(fitted_on.set, fitted_on.precision) of a calibration overlay (path or mapping): the
+    framework facts (`FIELD=VALUE` strings, as `parse_overrides` reads them) and the
+    precision its runs were fitted under; ([], None) where it records none."""
+    where = str(overlay) if not isinstance(overlay, dict) else "overlay"
+    d = overlay if isinstance(overlay, dict) else read_yaml(overlay)
+    fitted = d.get("fitted_on") or {}
+    if not isinstance(fitted, dict):
+        raise SpecError(f"{where}.fitted_on must be a mapping, got {type(fitted).__name__}")
+    facts = fitted.get("set") or []
+    if not isinstance(facts, list) or not all(isinstance(f, str) for f in facts):
+        raise SpecError(f"{where}.fitted_on.set={facts!r} must be a list of FIELD=VALUE "
+                        f"strings")
+    parse_overrides(facts)  # checked like --set
+    return list(facts), fitted.get("precision")
 
 
 def training(precision: str = "bf16", **overrides) -> Training:

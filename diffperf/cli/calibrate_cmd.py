@@ -7,7 +7,8 @@ import datetime
 import numpy as np
 import yaml
 
-from diffperf.cli.output import check_writable, console, fmt, print_json, table, write_atomic
+from diffperf.cli.output import (check_writable, console, err_console, fmt, print_json, table,
+                                 write_atomic)
 from diffperf.cli.validate_cmd import add_runs_options
 from diffperf.errors import SpecError
 
@@ -135,20 +136,28 @@ def run(args) -> int:
     heldout_fits = np.zeros(len(runs), bool)
     covered = np.zeros(len(runs), bool)
     results = []
-    with Progress(console=console, transient=True, disable=args.json) as bar:
-        task = bar.add_task("fitting", total=len(splits) * 2 * args.steps)
-        for fit_mask, held in splits:
+    # The bar goes to stderr, so that it shows when stdout is piped (and never mixes with
+    # the table or the JSON); one unit per optimizer step, the final fit after CV included.
+    fits = len(splits) + (1 if args.folds else 0)
+    with Progress(console=err_console, transient=True, disable=args.json) as bar:
+        task = bar.add_task("fitting", total=fits * 2 * args.steps)
+        tick = lambda i, loss: bar.advance(task)  # noqa: E731
+        for k, (fit_mask, held) in enumerate(splits, 1):
+            bar.update(task, description=f"fitting fold {k}/{len(splits)}" if args.folds
+                       else "fitting")
             c = cal.calibrate_runs(runs, systems, fit_mask, benches=terms, steps=args.steps,
-                                   progress=lambda i, loss: bar.advance(task))
+                                   progress=tick)
             heldout_pred[held] = c.step_time_s[held]
             heldout_mem[held], heldout_fits[held] = c.memory_GB[held], c.fits[held]
             err = np.abs(np.log(c.step_time_s) - np.log(runs.step_time_s))
             covered[held] = err[held] <= c.half_width_log[held]
             results.append((fit_mask, held, c))
-    fit_mask, held, c = results[-1]
-    if args.folds:  # the shipped overlay is fitted on every fittable row; CV gave the error
-        fit_mask = cand
-        c = cal.calibrate_runs(runs, systems, cand, benches=terms, steps=args.steps)
+        fit_mask, held, c = results[-1]
+        if args.folds:  # the shipped overlay is fitted on every fittable row; CV gave the error
+            bar.update(task, description="fitting every row (the overlay)")
+            fit_mask = cand
+            c = cal.calibrate_runs(runs, systems, cand, benches=terms, steps=args.steps,
+                                   progress=tick)
     measured_held = np.isfinite(runs.step_time_s) & np.isnan(heldout_pred) == False  # noqa
     report = dict(
         fitted=_summary(c.step_time_s, runs, fit_mask),

@@ -8,7 +8,7 @@ import math
 
 from diffperf.cli.output import err_console, fmt, print_json, table
 from diffperf.errors import SpecError
-from diffperf.cli.options import add_model_system, add_placements, placements_of
+from diffperf.cli.options import add_model_system, add_placements, placements_of, print_notes
 
 # Human units of a leaf, by the suffix of its name: (suffix, unit, SI value per unit).
 _UNITS = (("_flops_per_s", "TFLOP/s", 1e12), ("_Bps", "GB/s", 1e9), ("_bytes", "GiB", 2.0**30),
@@ -112,6 +112,7 @@ def _finite(x):
 
 
 def _json(model, system, args, parallel, step, elast, values, opt, layouts, placements):
+    from diffperf.cli.predict_cmd import layout_json
     from diffperf.cli.search_cmd import layout_dict
     from diffperf.sensitivity import METHOD_RESEARCH, METHOD_SOFT, leaf_label, step_change_frac
 
@@ -127,9 +128,8 @@ def _json(model, system, args, parallel, step, elast, values, opt, layouts, plac
                             opt.hard[path]), optimum_at_best_layout=opt.at_best[path])
         rows.append(row)
     out = dict(model=model.name, system=system.name, gpus=args.gpus,
-               layout={k: float(getattr(parallel, k)) for k in (
-                   "tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch",
-                   "sequence_parallel", "zero_stage", "recompute")},
+               layout=layout_json(parallel, args.placement),
+               layout_source=args.layout_source, notes=args.notes,
                objective="effective_tokens_per_s" if args.goodput else "step_time_s",
                elasticities=rows)
     out["effective_tokens_per_s" if args.goodput else "step_time_s"] = step
@@ -205,6 +205,8 @@ def run(args) -> int:
 
     _check(args)
     model, parallel, system, train = build(args)
+    if not args.json:
+        print_notes(args.notes)
     placements = placements_of(args.placements)
     layouts, opt = None, None
     with status(not args.json, "differentiating (compiling first)"):
