@@ -548,6 +548,8 @@ def overlay_facts(overlay) -> tuple[list, object]:
     framework facts (`FIELD=VALUE` strings, as `parse_overrides` reads them) and the
     precision its runs were fitted under; ([], None) where it records none."""
     where = str(overlay) if not isinstance(overlay, dict) else "overlay"
+    if not isinstance(overlay, dict):
+        overlay = resources.overlay_path(overlay)  # a shipped name ('vtrain-a100') or a path
     d = overlay if isinstance(overlay, dict) else read_yaml(overlay)
     fitted = d.get("fitted_on") or {}
     if not isinstance(fitted, dict):

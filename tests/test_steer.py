@@ -382,3 +382,20 @@ def test_sweep_takes_the_layout_values(capsys):
             assert best["layout"]["tp"] == 2 and best["layout"]["recompute"] in ("none", "full")
     assert "not yet --set FIELD of Parallel" in _error(
         capsys, "search", *STEER, "--sweep", "hbm_bandwidth_GBps=1000", "--set", "dp_overlap=0")
+
+
+def test_overlay_fact_with_its_own_option_goes_to_the_option(capsys, tmp_path):
+    """The shipped vtrain-a100 overlay was fitted under dp_overlap=0, a field with its own
+    option (--dp-overlap): applied as that option's value unless the user gives the option,
+    never refused as a --set of a layout field."""
+    overlay = tmp_path / "fit.yaml"
+    overlay.write_text(yaml.safe_dump(dict(efficiency={}, fitted_on=dict(set=["dp_overlap=0"]))))
+    args = ["predict", "--model", "gpt-small", "--gpus", "8", "--tp", "2", "--global-batch",
+            "16", "--no-cache", "--json"]
+    with_overlay, _ = _json(capsys, *args, "--calibration", str(overlay))
+    by_hand, _ = _json(capsys, *args, "--dp-overlap", "0")
+    mine, _ = _json(capsys, *args, "--calibration", str(overlay), "--dp-overlap", "1")
+    plain, _ = _json(capsys, *args)
+    assert with_overlay["result"]["step_time_s"] == by_hand["result"]["step_time_s"]
+    assert mine["result"]["step_time_s"] == plain["result"]["step_time_s"]
+    assert with_overlay["result"]["step_time_s"] > plain["result"]["step_time_s"]

@@ -148,6 +148,11 @@ def build(args):
 
     items, args.notes = framework_facts(args)
     par_over, tr_over = parse_overrides(items)
+    mine = parse_overrides(list(getattr(args, "set", None) or []))[0]
+    for k in [k for k in par_over if k in _OWN_OPTIONS and k not in mine]:
+        value = par_over.pop(k)  # an overlay's fact for a field with its own option: the
+        if getattr(args, k, None) is None:  # option's value, unless the user gave it
+            setattr(args, k, int(value) if float(value) == int(value) else value)
     own = [k for k in par_over if k in _OWN_OPTIONS]
     if own:
         raise SpecError(f"--set {own[0]}: the layout has its own option "
