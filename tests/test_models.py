@@ -312,21 +312,16 @@ def test_gpt_oss_sliding_layers_attention_by_hand():
     assert float(layer_vector_params(m) - layer_vector_params(no_sinks)) == 64
 
 
-def test_new_models_predict_with_finite_physical_gradients():
-    """Gradient contract on the new features (MLA, dense layers of MoE, MTP, sliding
-    windows, sinks): d step / d System leaf is finite, and a faster matmul peak or HBM never
-    slows the step (a smaller step time: negative derivative, or zero)."""
+def test_new_features_have_finite_physical_gradients():
+    """Gradient contract on the new features (MLA, a dense layer in an MoE model, shared
+    experts, an MTP stage; tests/test_gradients.py checks them and GPT-OSS's windows against
+    finite differences): d step / d System leaf is finite, and a faster matmul peak or HBM
+    never slows the step (derivative < 0, or <= 0 for the HBM)."""
     system = diffperf.load_system("h100-sxm-80gb")
-    cases = [("deepseek-v2-lite", Parallel(tp=2.0, pp=3.0, dp=4.0, ep=4.0, micro_batch=1.0,
-                                           global_batch=64.0, sequence_parallel=1.0)),
-             ("gpt-oss-20b", Parallel(tp=2.0, pp=2.0, dp=4.0, ep=4.0, micro_batch=1.0,
-                                      global_batch=64.0, sequence_parallel=1.0))]
-    for name, par in cases:
-        model = diffperf.load_model(name)
-        if name == "deepseek-v2-lite":
-            model = model.replace(mtp_layers=1.0)  # exercise the MTP stage too
-        grad = jax.grad(lambda s: diffperf.predict(model, par, s, BF16).step_time_s)(system)
-        leaves = jax.tree.leaves(grad)
-        assert all(np.all(np.isfinite(np.asarray(g))) for g in leaves), name
-        assert float(grad.matmul_flops_per_s) < 0, name
-        assert float(grad.hbm_bandwidth_Bps) <= 0, name
+    par = Parallel(tp=2.0, pp=3.0, dp=8.0, ep=2.0, micro_batch=1.0, global_batch=64.0,
+                   sequence_parallel=1.0)
+    model = diffperf.load_model("deepseek-v2-lite").replace(mtp_layers=1.0)
+    grad = jax.grad(lambda s: diffperf.predict(model, par, s, BF16).step_time_s)(system)
+    assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grad))
+    assert float(grad.matmul_flops_per_s) < 0
+    assert float(grad.hbm_bandwidth_Bps) <= 0
