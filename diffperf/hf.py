@@ -112,10 +112,8 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
         raise SpecError(f"{where}: model_type={mt!r} must be a string")
 
     def take(*keys):
-        k, v = _first(cfg, *keys)
-        if k is not None:
-            used.add(k)
-        return v
+        used.update(k for k in keys if k in cfg)  # read, even when null
+        return _first(cfg, *keys)[1]
 
     d = {}
     d["num_layers"] = take("num_hidden_layers", "n_layer", "num_layers")
@@ -309,6 +307,11 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
         notes.append("attention sinks: one learned logit per head (parameters counted, "
                      "FLOPs negligible)")
 
+    if isinstance(cfg.get("quantization_config"), dict):
+        used.add("quantization_config")
+        q = cfg["quantization_config"].get("quant_method", "?")
+        notes.append(f"quantization_config ({q}) is the checkpoint's storage format; the "
+                     f"training precision is --precision")
     d["name"] = str(top.get("_name_or_path") or top.get("model_type") or where)
     used.update(("_name_or_path", "model_type", "text_config", "vision_config"))
     ignored = sorted(k for k in cfg if k not in used and k not in _NO_COST)
