@@ -141,7 +141,9 @@ MODEL_KEYS = ("name", "description", "sources", "num_layers", "hidden", "ffn_hid
               "num_heads", "num_kv_heads", "head_dim", "vocab", "seq_len", "gated_mlp",
               "attention", "norm", "tied_embeddings", "biases", "learned_positions",
               "moe_experts", "moe_topk", "moe_ffn_hidden", "moe_shared_experts",
-              "moe_capacity_factor")
+              "moe_capacity_factor", "moe_dense_layers", "moe_shared_ffn_hidden",
+              "v_head_dim", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
+              "sliding_window", "sliding_window_layers", "attention_sinks", "mtp_layers")
 
 
 def model_from_dict(d: dict, where: str = "model") -> Model:
@@ -165,6 +167,7 @@ def model_from_dict(d: dict, where: str = "model") -> Model:
         raise SpecError(f"{where}: moe_ffn_hidden must be > 0 when moe_experts={experts}")
     attention = _choice(d, "attention", where, ("causal", "full"), "causal")
     norm = _choice(d, "norm", where, ("layernorm", "rmsnorm"), "layernorm")
+    arch = _architecture_features(d, where, n, experts)
     return Model(
         n_layers=float(n("num_layers", integer=True, positive=True)), hidden=float(hidden),
         ffn_hidden=float(n("ffn_hidden", integer=True, positive=True, default=4 * hidden)),
@@ -181,7 +184,47 @@ def model_from_dict(d: dict, where: str = "model") -> Model:
         moe_ffn_hidden=float(n("moe_ffn_hidden", integer=True, minimum=0, default=0)),
         n_shared_experts=float(n("moe_shared_experts", integer=True, minimum=0, default=0)),
         capacity_factor=n("moe_capacity_factor", positive=True, default=1.0),
-        name=str(d.get("name", where)))
+        **arch, name=str(d.get("name", where)))
+
+
+def _architecture_features(d, where, n, experts) -> dict:
+    """The Model leaves of MLA, dense layers of an MoE model, shared-expert width, sliding
+    windows, attention sinks and MTP (docs/models.md), checked."""
+    layers = n("num_layers", integer=True, positive=True)
+    kv_lora = n("kv_lora_rank", integer=True, minimum=0, default=0)
+    rope = n("qk_rope_head_dim", integer=True, minimum=0, default=0)
+    q_lora = n("q_lora_rank", integer=True, minimum=0, default=0)
+    if not kv_lora and (rope or q_lora):
+        raise SpecError(f"{where}: qk_rope_head_dim / q_lora_rank describe multi-head latent "
+                        f"attention and need kv_lora_rank > 0 (got kv_lora_rank=0)")
+    if kv_lora:
+        dh = n("head_dim", integer=True, positive=True)
+        if rope >= dh:
+            raise SpecError(f"{where}: qk_rope_head_dim={rope} must be < head_dim={dh} "
+                            f"(head_dim = qk_nope_head_dim + qk_rope_head_dim under MLA)")
+    dense = n("moe_dense_layers", integer=True, minimum=0, default=0)
+    if dense and not experts:
+        raise SpecError(f"{where}: moe_dense_layers={dense} needs moe_experts > 0")
+    if dense >= layers:
+        raise SpecError(f"{where}: moe_dense_layers={dense} must be < num_layers={layers} "
+                        f"(for a dense model set moe_experts: 0)")
+    window = n("sliding_window", integer=True, minimum=0, default=0)
+    sliding = n("sliding_window_layers", integer=True, minimum=0,
+                default=layers if window else 0)
+    if sliding > layers:
+        raise SpecError(f"{where}: sliding_window_layers={sliding} must be <= "
+                        f"num_layers={layers}")
+    if sliding and not window:
+        raise SpecError(f"{where}: sliding_window_layers={sliding} needs sliding_window > 0")
+    sinks = _flag(d, "attention_sinks", where, False)
+    return dict(
+        v_head_dim=float(n("v_head_dim", integer=True, minimum=0, default=0)),
+        kv_lora_rank=float(kv_lora), q_lora_rank=float(q_lora), qk_rope_head_dim=float(rope),
+        moe_dense_layers=float(dense),
+        shared_expert_ffn_hidden=float(n("moe_shared_ffn_hidden", integer=True, minimum=0,
+                                         default=0)),
+        sliding_window=float(window), sliding_layers=float(sliding), attention_sinks=sinks,
+        mtp_layers=float(n("mtp_layers", integer=True, minimum=0, default=0)))
 
 
 def _divisors(x: int) -> list[int]:
@@ -191,71 +234,61 @@ def _divisors(x: int) -> list[int]:
     return sorted(set(small + [x // i for i in small]))
 
 
-# Hugging Face config.json keys -> our keys (Llama, Mistral, Mixtral, Qwen, GPT-2 families).
-_HF_MAP = {
-    "num_hidden_layers": "num_layers", "n_layer": "num_layers", "hidden_size": "hidden",
-    "n_embd": "hidden", "intermediate_size": "ffn_hidden", "n_inner": "ffn_hidden",
-    "num_attention_heads": "num_heads", "n_head": "num_heads",
-    "num_key_value_heads": "num_kv_heads", "head_dim": "head_dim", "vocab_size": "vocab",
-    "max_position_embeddings": "seq_len", "n_positions": "seq_len",
-    "tie_word_embeddings": "tied_embeddings", "num_local_experts": "moe_experts",
-    "n_routed_experts": "moe_experts", "num_experts": "moe_experts",
-    "num_experts_per_tok": "moe_topk", "moe_intermediate_size": "moe_ffn_hidden",
-    "n_shared_experts": "moe_shared_experts",
-}
-# Fields that change the architecture in ways the cost model does not represent.
-_HF_UNSUPPORTED = ("q_lora_rank", "kv_lora_rank", "first_k_dense_replace", "num_nextn_predict_layers",
-                   "layer_types", "cross_attention_layers", "vision_config")
+# Hugging Face fields refused by name (diffperf.hf; re-exported for the fuzz tests).
+from diffperf.hf import _REFUSED as _HF_UNSUPPORTED  # noqa: E402
 
 
-def model_from_hf(cfg: dict, where: str) -> Model:
-    """A Model from a Hugging Face config.json: Llama/Mistral/Mixtral/Qwen/GPT-2 keys.
+def model_from_hf(cfg: dict, where: str, seq_len=None) -> Model:
+    """A Model from a parsed Hugging Face config.json (`diffperf.hf.hf_to_dict`: the families,
+    defaults and notes of docs/models.md). The training sequence is `seq_len`, else
+    hf.DEFAULT_SEQ_LEN (never max_position_embeddings)."""
+    from diffperf.hf import hf_to_dict
 
-    SiLU activations mean a gated (SwiGLU) MLP; `rms_norm_eps` means RMSNorm; GPT-2 has
-    biases, learned positions and tied embeddings. Fields that change the architecture beyond
-    what the model represents (e.g. DeepSeek's MLA `kv_lora_rank`) are refused by name.
-    """
-    bad = [k for k in _HF_UNSUPPORTED if cfg.get(k) not in (None, 0)]
-    if bad:
-        raise SpecError(f"{where}: Hugging Face fields not supported by diffperf's model: "
-                        f"{', '.join(bad)} (write a diffperf model YAML instead)")
-    d = {ours: cfg[theirs] for theirs, ours in _HF_MAP.items() if cfg.get(theirs) is not None}
-    if "num_layers" not in d or "hidden" not in d or "num_heads" not in d:
-        raise SpecError(f"{where}: not a recognised Hugging Face config.json (needs "
-                        f"num_hidden_layers, hidden_size, num_attention_heads)")
-    act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu")))
-    d["gated_mlp"] = act in ("silu", "swiglu", "swish")
-    d["norm"] = "rmsnorm" if "rms_norm_eps" in cfg else "layernorm"
-    is_gpt2 = cfg.get("model_type") == "gpt2"
-    d["biases"] = is_gpt2 or bool(cfg.get("attention_bias", False))
-    d["learned_positions"] = is_gpt2
-    d.setdefault("tied_embeddings", is_gpt2)
-    if d.get("moe_experts") and "moe_ffn_hidden" not in d and "ffn_hidden" in d:
-        d["moe_ffn_hidden"] = d["ffn_hidden"]
-    d["name"] = str(cfg.get("_name_or_path") or cfg.get("model_type") or Path(where).stem)
-    return model_from_dict(d, where)
+    return model_from_dict(hf_to_dict(cfg, where, seq_len)[0], where)
 
 
-def load_model(name_or_path) -> Model:
+def _read_json(path: Path) -> dict:
+    text = read_text(path)
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SpecError(f"{path}: malformed JSON: {err.msg} at line {err.lineno}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: malformed JSON: nested too deeply") from None
+    if not isinstance(cfg, dict):
+        raise SpecError(f"{path}: expected a JSON object at the top level")
+    return cfg
+
+
+def load_model(name_or_path, seq_len=None) -> Model:
     """A model by name (configs/models/NAME.yaml), YAML path, Hugging Face config.json, or a
-    mapping of the YAML schema's keys (configs/README.md), validated."""
+    mapping of the YAML schema's keys (configs/README.md), validated. `seq_len` (tokens)
+    replaces the file's training sequence (a config.json has none: hf.DEFAULT_SEQ_LEN)."""
     if isinstance(name_or_path, dict):
-        return model_from_dict(name_or_path, where="model")
-    path = Path(name_or_path)
-    if path.suffix == ".json":
-        text = read_text(path)
-        try:
-            cfg = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise SpecError(f"{path}: malformed JSON: {err.msg} at line {err.lineno}") from None
-        except RecursionError:
-            raise SpecError(f"{path}: malformed JSON: nested too deeply") from None
-        if not isinstance(cfg, dict):
-            raise SpecError(f"{path}: expected a JSON object at the top level")
-        return model_from_hf(cfg, str(path))
-    if path.suffix not in (".yaml", ".yml"):
-        path = _named(name_or_path, "models")
-    return model_from_dict(read_yaml(path), str(path))
+        model = model_from_dict(name_or_path, where="model")
+    elif Path(name_or_path).suffix == ".json":
+        path = Path(name_or_path)
+        return model_from_hf(_read_json(path), str(path), seq_len)
+    else:
+        path = Path(name_or_path)
+        if path.suffix not in (".yaml", ".yml"):
+            path = _named(name_or_path, "models")
+        model = model_from_dict(read_yaml(path), str(path))
+    return model if seq_len is None else model.replace(seq_len=float(seq_len))
+
+
+def model_notes(name_or_path, seq_len=None) -> list[str]:
+    """What loading the model chose or left out, for `predict` to print: for a Hugging Face
+    config.json the notes of `diffperf.hf.hf_to_dict` (training sequence, defaults, fields
+    read but not modeled, fields not read); for a YAML or name, where seq_len came from."""
+    if not isinstance(name_or_path, dict) and Path(name_or_path).suffix == ".json":
+        from diffperf.hf import hf_to_dict
+
+        path = Path(name_or_path)
+        return hf_to_dict(_read_json(path), str(path), seq_len)[1]
+    if seq_len is not None:
+        return [f"seq_len={seq_len} from --seq-len"]
+    return []
 
 
 def _named(name, kind):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from diffperf.workload.flops import tokens_per_device
+from diffperf.workload.flops import moe_layer_fraction, tokens_per_device
 
 
 def ep_routed_tokens(model, parallel):
@@ -34,8 +34,8 @@ def ep_a2a_bytes(model, parallel, training):
     Example (Mixtral 8x7B: k = 2, C_f = 1, h = 4096; b = 1, s = 4096, no SP, bf16):
     S = 2 x 4096 x 4096 x 2 = 67.1 MB.
     """
-    is_moe = jnp.where(model.n_experts > 0, 1.0, 0.0)
-    return (is_moe * model.moe_topk * model.capacity_factor * ep_routed_tokens(model, parallel)
+    phi = moe_layer_fraction(model)  # the mean layer: MoE layers only (phi = 1 - L_dense / L)
+    return (phi * model.moe_topk * model.capacity_factor * ep_routed_tokens(model, parallel)
             * model.hidden * training.activation_bytes)
 
 

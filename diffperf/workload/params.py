@@ -8,41 +8,91 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from diffperf.workload.flops import hidden_shards
+from diffperf.workload.flops import (hidden_shards, is_mla, moe_layer_fraction,
+                                     shared_expert_width, v_dim)
 from diffperf.workload.stages import each
 
 
-def layer_matrix_params(model):
-    """Weights of one layer's matrices (sharded by TP):
+def attention_matrix_params(model):
+    """Attention weights of one layer sharded by TP (by heads):
 
-        h (a + 2 a_kv) d_h + a d_h h                  attention
-        (2 + gated) h f                               dense MLP   (or, for MoE:)
-        h E + (E + E_shared)(2 + gated) h f_e         router, routed and shared experts
-    Returns (attention + dense MLP + shared experts, routed experts): the routed experts are
-    sharded over EP as well.
+        standard (GQA):  h (a + a_kv) d_qk + h a_kv d_v + a d_v h        (q, k, v, o)
+        MLA:             r_q a d_qk + r_kv a (d_qk - d_R + d_v) + a d_v h
+                         (W^UQ, W^QR of the query latent; W^UK, W^UV of the K/V latent; o)
+    d_qk = head_dim (d_nope + d_R for MLA), d_v = `v_dim`, r_q = q_lora_rank (h when 0: the
+    full-rank W^Q of DeepSeek-V2-Lite), r_kv = kv_lora_rank, d_R = qk_rope_head_dim.
+    Source: DeepSeek-V2 (arXiv:2405.04434) Section 2.1.2-2.1.3, eqs. (9)-(13): c^KV = W^DKV h,
+    k^C = W^UK c^KV, v^C = W^UV c^KV, c^Q = W^DQ h, q^C = W^UQ c^Q, q^R = RoPE(W^QR c^Q),
+    k^R = RoPE(W^KR h) (one shared d_R key per token); Hugging Face modeling_deepseek_v3
+    (q_b_proj: q_lora_rank -> a (d_nope + d_R), kv_b_proj: kv_lora_rank -> a (d_nope + d_v)).
+    Example: DeepSeek-V3 (h 7168, a 128, d_qk 192, d_R 64, d_v 128, r_q 1536, r_kv 512):
+    37.7e6 + 16.8e6 + 117.4e6 = 171.9e6 (+ 15.1e6 down projections, `mla_down_params`).
     """
-    h, dh = model.hidden, model.head_dim
-    attn = h * (model.n_heads + 2 * model.n_kv_heads) * dh + model.n_heads * dh * h
-    is_moe = jnp.where(model.n_experts > 0, 1.0, 0.0)
+    h, dqk, dv, a, akv = model.hidden, model.head_dim, v_dim(model), model.n_heads, \
+        model.n_kv_heads
+    standard = h * (a + akv) * dqk + h * akv * dv + a * dv * h
+    r_q = jnp.where(model.q_lora_rank > 0, model.q_lora_rank, h)
+    mla = (r_q * a * dqk + model.kv_lora_rank * a * (dqk - model.qk_rope_head_dim + dv)
+           + a * dv * h)
+    return jnp.where(model.kv_lora_rank > 0, mla, standard)
+
+
+def mla_down_params(model):
+    """MLA's down projections and latent norms (one layer; 0 without MLA), replicated over TP
+    (Megatron-Core MLASelfAttention builds linear_q_down_proj / linear_kv_down_proj
+    unsharded, "duplicated", on every TP rank [S]):
+
+        h r_q + h (r_kv + d_R) + r_q + r_kv    (W^DQ, [W^DKV; W^KR], the two RMSNorms)
+    DeepSeek-V2 Section 2.1.2 eqs. (9), (12), (14). Example: DeepSeek-V3: 11.01e6 + 4.13e6
+    + 2048 = 15.14e6.
+    """
+    h = model.hidden
+    q_down = jnp.where(model.q_lora_rank > 0, h * model.q_lora_rank + model.q_lora_rank, 0.0)
+    kv_down = h * (model.kv_lora_rank + model.qk_rope_head_dim) + model.kv_lora_rank
+    return is_mla(model) * (q_down + kv_down)
+
+
+def layer_matrix_params(model):
+    """Weights of one layer's matrices (sharded by TP), the mean layer (`moe_layer_fraction`):
+
+        `attention_matrix_params`                              attention
+        (1 - phi) (2 + gated) h f                              dense MLP
+        phi [h E + E_s (2 + gated) h f_s]                      router, shared experts
+        phi E (2 + gated) h f_e                                routed experts
+    Returns (attention + dense MLP + router + shared experts, routed experts): the routed
+    experts are sharded over EP as well.
+    """
+    h = model.hidden
+    phi = moe_layer_fraction(model)
     mlp_mats = 2.0 + model.gated_mlp
-    dense_mlp = (1.0 - is_moe) * mlp_mats * h * model.ffn_hidden
-    shared = is_moe * (model.n_shared_experts * mlp_mats * h * model.moe_ffn_hidden
-                       + h * model.n_experts)
-    experts = is_moe * model.n_experts * mlp_mats * h * model.moe_ffn_hidden
-    return attn + dense_mlp + shared, experts
+    dense_mlp = (1.0 - phi) * mlp_mats * h * model.ffn_hidden
+    shared = phi * (model.n_shared_experts * mlp_mats * h * shared_expert_width(model)
+                    + h * model.n_experts)
+    experts = phi * model.n_experts * mlp_mats * h * model.moe_ffn_hidden
+    return attention_matrix_params(model) + dense_mlp + shared, experts
 
 
 def layer_vector_params(model):
-    """Norm weights and biases of one layer (replicated across TP):
+    """Norm weights, biases, attention sinks and MLA down projections of one layer
+    (replicated across TP):
 
         norms: 2 h (RMSNorm) or 4 h (LayerNorm: scale and shift), two per layer
-        biases: (a + 2 a_kv) d_h + h + (1 + gated) f + h     (GPT: 9 h; with norms 13 h)
+        biases, dense MLP:  (a + 2 a_kv) d_h + h + (1 + gated) f + h   (GPT: 9 h; with norms 13 h)
+        biases, MoE MLP (GPT-OSS: attention, router and every expert's linears have biases):
+                 (a d_qk + a_kv (d_qk + d_v)) + h + E + (E + E_s) ((1 + gated) f_e + h)
+        sinks:   a                      (one learned logit per head, GPT-OSS)
+        MLA:     `mla_down_params`
+    Routed-expert biases are counted here, replicated: at most 0.03 % of GPT-OSS-120B.
     """
-    h = model.hidden
+    h, a, akv, dh = model.hidden, model.n_heads, model.n_kv_heads, model.head_dim
+    phi = moe_layer_fraction(model)
     norms = 2.0 * h * (2.0 - model.rms_norm)
-    biases = model.biases * ((model.n_heads + 2 * model.n_kv_heads) * model.head_dim + 2 * h
-                             + (1.0 + model.gated_mlp) * model.ffn_hidden)
-    return norms + biases
+    attn_b = a * dh + akv * (dh + v_dim(model)) + h
+    dense_b = (1.0 + model.gated_mlp) * model.ffn_hidden + h
+    moe_b = model.n_experts + (model.n_experts + model.n_shared_experts) * (
+        (1.0 + model.gated_mlp) * model.moe_ffn_hidden + h)
+    biases = model.biases * (attn_b + (1.0 - phi) * dense_b + phi * moe_b)
+    return norms + biases + model.attention_sinks * a + mla_down_params(model)
 
 
 def layer_params(model):
@@ -72,6 +122,47 @@ def total_params(model):
         model) + final_norm
 
 
+def inactive_expert_params(model):
+    """Routed-expert parameters a token does not use, over the model:
+
+        L phi (E - k) [(2 + gated) h f_e + biases ((1 + gated) f_e + h)]
+    """
+    per_expert = ((2.0 + model.gated_mlp) * model.hidden * model.moe_ffn_hidden
+                  + model.biases * ((1.0 + model.gated_mlp) * model.moe_ffn_hidden
+                                    + model.hidden))
+    unused = jnp.maximum(model.n_experts - model.moe_topk, 0.0)
+    return model.n_layers * moe_layer_fraction(model) * unused * per_expert
+
+
+def active_params(model):
+    """N_active = N - `inactive_expert_params`: the parameters one token's forward uses (the
+    k routed experts of each MoE layer, shared experts, attention, dense layers, both
+    embedding tables). Equal to N for a dense model.
+
+    Conventions differ in what the published figures include: Mixtral (46.7B / 12.9B, Jiang
+    et al. 2024) and DeepSeek-V3 (671B / 37B) count both embedding tables; OpenAI's GPT-OSS
+    model card (5.13B of 116.83B) counts the output layer but not the input embedding
+    (`active_params - embedding_params` there). MTP modules are not included (`mtp_params`).
+    """
+    return total_params(model) - inactive_expert_params(model)
+
+
+def mtp_params(model):
+    """Parameters of the D = model.mtp_layers multi-token prediction modules, reported apart
+    from N as DeepSeek-V3 reports them (671B main model + MTP):
+
+        D [N_layer + 2 h h + 2 h (RMSNorms of h_i and Emb(t_{i+k})) + h (final norm)]
+    each module is one Transformer layer (an MoE layer in an MoE model) fed by the projection M_k (h x 2h) of the two normed
+    inputs; the embedding and output head are shared with the main model (DeepSeek-V3,
+    arXiv:2412.19437, Section 2.2, eq. (21)-(23)). The released checkpoint holds its own
+    copies of the two tables: DeepSeek-V3 11.61e9 here + 2 V h = 1.85e9 = 13.5e9, the "14B"
+    of its 685B checkpoint (671B + 14B, DeepSeek-V3 README).
+    """
+    h = model.hidden
+    moe_layer = layer_params(model.replace(moe_dense_layers=0.0 * model.moe_dense_layers))
+    return model.mtp_layers * (moe_layer + 2.0 * h * h + 3.0 * h)
+
+
 def grid_shards(parallel):
     """G = G_x G_y G_z: the AxoNN grid shards every weight matrix over all its ranks
     (block (n_out/G_y x k_in/G_x), split again over G_z; PAPERS.md section 4.2). 1 without it."""
@@ -90,14 +181,17 @@ def active_ffn_width(model):
     """f' = the MLP width one token's activations span:
 
         dense:  f
-        MoE:    (k C_f + E_shared) f_e     (k routed experts per token, capacity factor C_f,
-                                             shared experts; Lepikhin et al. 2020 GShard
-                                             capacity; PAPERS.md section 5.8)
+        MoE:    k C_f f_e + E_s f_s        (k routed experts per token, capacity factor C_f,
+                                             E_s shared experts of width f_s; Lepikhin et al.
+                                             2020 GShard capacity; PAPERS.md section 5.8)
+    mean over the dense and MoE layers of the model (`moe_layer_fraction` phi):
+    (1 - phi) f + phi (k C_f f_e + E_s f_s).
     Example: Mixtral 8x7B (k 2, C_f 1, no shared expert, f_e 14336): 28672.
     """
-    return jnp.where(model.n_experts > 0, (model.moe_topk * model.capacity_factor
-                                           + model.n_shared_experts) * model.moe_ffn_hidden,
-                     model.ffn_hidden)
+    phi = moe_layer_fraction(model)
+    moe = (model.moe_topk * model.capacity_factor * model.moe_ffn_hidden
+           + model.n_shared_experts * shared_expert_width(model))
+    return (1.0 - phi) * model.ffn_hidden + phi * moe
 
 
 def residual_shards(parallel):
