@@ -229,7 +229,10 @@ def test_step_time_ordering_llama3_70b():
     model = _model("llama3-70b")
     parallel = Parallel(tp=4, pp=4, dp=4, vp=5, micro_batch=1, global_batch=128,
                         sequence_parallel=1, zero_stage=1)
-    step = lambda s, p: float(predict(model, parallel, _system(s), training(p)).step_time_s)  # noqa: E731
+
+    def step(system, precision):
+        return float(predict(model, parallel, _system(system), training(precision)).step_time_s)
+
     h = {p: step("h100-sxm-80gb", p) for p in ("bf16", "fp8-delayed", "fp8-current")}
     assert h["fp8-delayed"] < h["fp8-current"] < h["bf16"]
     b = {p: step("dgx-b200", p) for p in ("bf16", "fp8-current", "mxfp8", "nvfp4")}
