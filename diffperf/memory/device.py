@@ -13,7 +13,7 @@ from diffperf.memory import activations as act
 from diffperf.memory.weights import (gradient_bytes, lowp_weight_cache_bytes, optimizer_bytes,
                                      weight_bytes)
 from diffperf.result import MEMORY_PARTS, Memory
-from diffperf.workload.dp import zero3_prefetch_frac
+from diffperf.workload.dp import gathered_weight_bytes, zero3_prefetch_frac
 from diffperf.workload.flops import layer_ops, lowp_weight_cache_elems
 from diffperf.workload.params import (layer_matrix_params, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device)
@@ -54,7 +54,7 @@ def zero3_buffer_bytes(layer_params, parallel, training):
     Example: N_l = 1.81e9 / 8 (GPT-3 layer, tp 8), q_w = q_g = 2, f = 1: 3 x 0.45 GB = 1.36 GB.
     """
     f = zero3_prefetch_frac(parallel, layer_params)
-    return layer_params * ((1.0 + f) * training.weight_bytes + training.grad_bytes)
+    return layer_params * ((1.0 + f) * gathered_weight_bytes(training) + training.grad_bytes)
 
 
 def gathered_buffer_bytes(model, parallel, training):
