@@ -14,8 +14,8 @@ from diffperf.memory.weights import (gradient_bytes, lowp_weight_cache_bytes, op
                                      weight_bytes)
 from diffperf.result import MEMORY_PARTS, Memory
 from diffperf.workload.dp import gathered_weight_bytes, zero3_prefetch_frac
-from diffperf.workload.flops import layer_ops, lowp_weight_cache_elems
 from diffperf.workload.params import (layer_matrix_params, layer_params_per_device,
+                                      lowp_weight_cache_params,
                                       stage_expert_params_per_device, stage_params_per_device)
 from diffperf.workload.stages import at_largest, each, pipeline_stages
 
@@ -129,7 +129,7 @@ def device_memory(model, parallel, system, training, stages=None) -> Memory:
                        + working + o * logits, stages.layers, stages.position, stages.output)
     buffers = gathered_buffer_bytes(model, parallel, training) + system.eff.mem_reserved_bytes
     # Low precision: the quantized weight copies of the stage's layers (0 for 16-bit presets).
-    cache_layer = lowp_weight_cache_elems(layer_ops(model, parallel, training).dense, training)
+    cache_layer = lowp_weight_cache_params(model, parallel, training)
     cache = lowp_weight_cache_bytes(each(lambda n: n * cache_layer, stages.layers), parallel,
                                     training)
     # The three stages at once: a leading axis of 3 (first, middle, last).

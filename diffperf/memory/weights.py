@@ -58,7 +58,7 @@ def lowp_weight_cache_bytes(cache_elems, parallel, training):
     recipes), sharded under ZeRO-3 like the weights:
 
         N_cache e_q            (/ N_d under ZeRO-3)
-    N_cache = the stage's quantized weight elements (`workload.flops.lowp_weight_cache_elems`
+    N_cache = the stage's quantized weight elements (`workload.params.lowp_weight_cache_params`
     x layers: a row-wise copy for fprop and a column-wise one for dgrad of every quantized
     linear), e_q = `workload.flops.quantized_elem_bytes`. 0 for 16-bit presets.
     Example: Llama 3 70B, tp 4, pp 4 (20 layers), FP8 current scaling: a layer's linears
