@@ -274,7 +274,13 @@ def load_model(name_or_path, seq_len=None) -> Model:
         if path.suffix not in (".yaml", ".yml"):
             path = _named(name_or_path, "models")
         model = model_from_dict(read_yaml(path), str(path))
-    return model if seq_len is None else model.replace(seq_len=float(seq_len))
+    if seq_len is None:
+        return model
+    # The same check as a config.json's seq_len (hf_to_dict -> model_from_dict): a whole
+    # number of tokens >= 1, else a SpecError naming the value.
+    where = "model" if isinstance(name_or_path, dict) else str(path)
+    seq = _number({"seq_len": seq_len}, "seq_len", where, integer=True, positive=True)
+    return model.replace(seq_len=float(seq))
 
 
 def model_notes(name_or_path, seq_len=None) -> list[str]:
