@@ -222,6 +222,20 @@ def test_load_model_bad_seq_len(model, value, message):
         load_model(model, seq_len=value)
 
 
+def test_search_refuses_what_it_chooses_itself(capsys):
+    """search --set of a field the search enumerates or balances itself, and a price without
+    a token budget: exit 2, one line naming the option to give instead."""
+    base = ("search", "--model", "gpt-small", "--gpus", "8", "--global-batch", "16")
+    code, _, err = _run(capsys, *base, "--set", "tp=2")
+    _assert_one_line_error(code, err, "--set tp: the search enumerates it; give --tp VALUES")
+    code, _, err = _run(capsys, *base, "--set", "pp_first_layers=2")
+    _assert_one_line_error(code, err, "--set pp_first_layers: the search balances the "
+                           "pipeline stages itself (give it to predict)")
+    code, _, err = _run(capsys, *base, "--usd-per-gpu-hour", "2")
+    _assert_one_line_error(code, err, "--usd-per-gpu-hour prices a token budget: give "
+                           "--tokens N too")
+
+
 def test_predict_unknown_precision(capsys):
     code, _, err = _run(capsys, "predict", "--precision", "bf61")
     _assert_one_line_error(code, err, "precision='bf61'", "did you mean 'bf16'?")
