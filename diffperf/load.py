@@ -143,12 +143,16 @@ MODEL_KEYS = ("name", "description", "sources", "num_layers", "hidden", "ffn_hid
               "moe_experts", "moe_topk", "moe_ffn_hidden", "moe_shared_experts",
               "moe_capacity_factor", "moe_dense_layers", "moe_shared_ffn_hidden",
               "v_head_dim", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
-              "sliding_window", "sliding_window_layers", "attention_sinks", "mtp_layers")
+              "sliding_window", "sliding_window_layers", "attention_sinks", "mtp_layers",
+              "global_batch")
 
 
 def model_from_dict(d: dict, where: str = "model") -> Model:
-    """A validated Model from the YAML schema of configs/README.md (keys as the runs CSV)."""
+    """A validated Model from the YAML schema of configs/README.md (keys as the runs CSV).
+    `global_batch` (the model's published training batch, `default_global_batch`) is checked
+    here but belongs to the job, not to the Model."""
     _check_keys(d, MODEL_KEYS, where)
+    _number(d, "global_batch", where, integer=True, positive=True, default=1)
     n = lambda k, **kw: _number(d, k, where, **kw)  # noqa: E731
     heads = n("num_heads", integer=True, positive=True)
     hidden = n("hidden", integer=True, positive=True)
@@ -274,7 +278,56 @@ def load_model(name_or_path, seq_len=None) -> Model:
         if path.suffix not in (".yaml", ".yml"):
             path = _named(name_or_path, "models")
         model = model_from_dict(read_yaml(path), str(path))
-    return model if seq_len is None else model.replace(seq_len=float(seq_len))
+    if seq_len is None:
+        return model
+    # The same check as a config.json's seq_len (hf_to_dict -> model_from_dict): a whole
+    # number of tokens >= 1, else a SpecError naming the value.
+    where = "model" if isinstance(name_or_path, dict) else str(path)
+    seq = _number({"seq_len": seq_len}, "seq_len", where, integer=True, positive=True)
+    return model.replace(seq_len=float(seq))
+
+
+# The rule for a model whose file states no training batch: about 4M tokens per step, the
+# batch of every Llama 2 size (Touvron et al. 2023, arXiv:2307.09288, Section 2.2: "global
+# batch-size of 4M tokens") and of Llama 3's first stage (Llama 3 paper, arXiv:2407.21783,
+# Section 3.4.1: 4M tokens at 4096), near GPT-3 175B's 3.2M (Brown et al. 2020, Table 2.1).
+# In sequences: 2^22 / seq_len rounded to the nearest power of two (so that the usual power-of-
+# two data-parallel degrees divide it).
+DEFAULT_BATCH_TOKENS = 2 ** 22
+
+
+def default_global_batch(name_or_path, seq_len=None) -> tuple[int, str | None]:
+    """(sequences per optimizer step, note) when --global-batch is not given. A model YAML's
+    `global_batch` (its published batch, cited in its sources) at the file's seq_len: note
+    None; with another `seq_len` the same tokens per step (rounded, >= 1), noted. A model with
+    none (a Hugging Face config.json, most YAMLs): DEFAULT_BATCH_TOKENS / seq_len rounded to
+    the nearest power of two, noted with the rule."""
+    if isinstance(name_or_path, dict):
+        d, where = name_or_path, "model"
+    elif Path(name_or_path).suffix == ".json":
+        d, where = {}, str(name_or_path)
+    else:
+        path = Path(name_or_path)
+        if path.suffix not in (".yaml", ".yml"):
+            path = _named(name_or_path, "models")
+        d, where = read_yaml(path), str(path)
+    model = load_model(name_or_path, seq_len)
+    seq = int(model.seq_len)
+    stated = d.get("global_batch")
+    if stated is not None:
+        stated = int(_number(d, "global_batch", where, integer=True, positive=True))
+        file_seq = int(_number(d, "seq_len", where, integer=True, positive=True))
+        if seq == file_seq:
+            return stated, None
+        batch = max(1, round(stated * file_seq / seq))
+        return batch, (f"global batch {batch} sequences of {seq} tokens: {model.name}'s "
+                       f"published {stated} x {file_seq} tokens at --seq-len {seq} "
+                       f"(give --global-batch to choose)")
+    batch = 2 ** max(0, round(math.log2(DEFAULT_BATCH_TOKENS / seq)))
+    return batch, (f"global batch {batch} sequences of {seq} tokens ({batch * seq / 1e6:.2f}M "
+                   f"tokens per step): {model.name} states no training batch, so diffperf "
+                   f"takes ~4M tokens (Llama 2's, 2^22) / seq_len rounded to a power of two; "
+                   f"give --global-batch to choose")
 
 
 def model_notes(name_or_path, seq_len=None) -> list[str]:

@@ -197,6 +197,45 @@ def test_predict_bad_seq_len(capsys):
     _assert_one_line_error(code, err, "--seq-len=0 must be > 0")
 
 
+@pytest.mark.parametrize("command", ["predict", "search", "sensitivity"])
+@pytest.mark.parametrize("model", ["tests/data/hf/llama-3-8b.json", "llama3-8b",
+                                   "configs/models/llama3-8b.yaml"])
+@pytest.mark.parametrize("value", ["-5", "0"])
+def test_bad_seq_len_on_every_model_source(capsys, command, model, value):
+    """A zero or negative --seq-len on a Hugging Face config.json, a YAML or a shipped name:
+    exit 2 with one line naming the option, the value and what is allowed (a config.json once
+    raised a TypeError); checked before any model is built, so no search runs."""
+    code, _, err = _run(capsys, command, "--model", model, "--gpus", "8", "--seq-len", value)
+    _assert_one_line_error(code, err, f"--seq-len={value} must be > 0")
+
+
+@pytest.mark.parametrize("model", ["tests/data/hf/llama-3-8b.json", "llama3-8b"])
+@pytest.mark.parametrize("value,message", [(-5, "must be > 0"), (0, "must be > 0"),
+                                           (1.5, "must be a whole number")])
+def test_load_model_bad_seq_len(model, value, message):
+    """The Python API refuses the same values for a name or YAML as for a config.json (a
+    name's seq_len was replaced unchecked)."""
+    from diffperf import load_model
+    from diffperf.errors import SpecError
+
+    with pytest.raises(SpecError, match=f"seq_len={value:g} {message}"):
+        load_model(model, seq_len=value)
+
+
+def test_search_refuses_what_it_chooses_itself(capsys):
+    """search --set of a field the search enumerates or balances itself, and a price without
+    a token budget: exit 2, one line naming the option to give instead."""
+    base = ("search", "--model", "gpt-small", "--gpus", "8", "--global-batch", "16")
+    code, _, err = _run(capsys, *base, "--set", "tp=2")
+    _assert_one_line_error(code, err, "--set tp: the search enumerates it; give --tp VALUES")
+    code, _, err = _run(capsys, *base, "--set", "pp_first_layers=2")
+    _assert_one_line_error(code, err, "--set pp_first_layers: the search balances the "
+                           "pipeline stages itself (give it to predict)")
+    code, _, err = _run(capsys, *base, "--usd-per-gpu-hour", "2")
+    _assert_one_line_error(code, err, "--usd-per-gpu-hour prices a token budget: give "
+                           "--tokens N too")
+
+
 def test_predict_unknown_precision(capsys):
     code, _, err = _run(capsys, "predict", "--precision", "bf61")
     _assert_one_line_error(code, err, "precision='bf61'", "did you mean 'bf16'?")

@@ -107,6 +107,8 @@ YAML_PUBLISHED = [
     ("llama3.1-405b", "405.9", active_params, "405.9",
      "Llama 3 paper Table 3 (405B); Hugging Face Llama-3.1-405B: 405,853,388,800"),
     ("mixtral-8x7b", "46.7", active_params, "12.9", "Mistral AI: 46.7B / 12.9B"),
+    ("deepseek-moe-16b", "16.4", active_params, "2.8",
+     "DeepSeekMoE paper (arXiv:2401.06066) Section 5.1: 16.4B total, 2.8B activated"),
 ]
 
 
@@ -117,6 +119,22 @@ def test_shipped_model_parameter_counts_match_published(name, total, convention,
     m = diffperf.load_model(name)
     _within_last_digit(float(total_params(m)), total)
     _within_last_digit(float(convention(m)), active)
+
+
+def test_deepseek_moe_16b_dense_first_layer_by_hand():
+    """deepseek-moe-16b-base config.json: layer 0 has a dense SwiGLU FFN of 10944
+    (first_k_dense_replace = 1), layers 1-27 have 64 routed + 2 shared experts of 1408 and a
+    64 x 2048 router. Counted by hand: embeddings 2 V h, attention 4 h^2 per layer (MHA, no
+    biases), RMSNorm weights (2 L + 1) h, dense FFN 3 h f, MoE layers 27 (66 x 3 h f_e + E h).
+    Active: 2 shared + 6 routed experts per MoE layer."""
+    m = diffperf.load_model("deepseek-moe-16b")
+    assert float(m.moe_dense_layers) == 1
+    h, V, L, f, fe = 2048, 102400, 28, 10944, 1408
+    common = 2 * V * h + L * 4 * h * h + (2 * L + 1) * h + 3 * h * f
+    total = common + 27 * (66 * 3 * h * fe + 64 * h)
+    active = common + 27 * (8 * 3 * h * fe + 64 * h)
+    assert float(total_params(m)) == total
+    assert float(active_params(m)) == active
 
 
 def test_deepseek_v3_mtp_is_apart_from_the_671b():

@@ -242,6 +242,58 @@ def test_predict_never_takes_another_models_layout(capsys):
     assert data["gpus"] == 4
 
 
+# The models whose YAML states a published batch (sources cite it) and the rule for the rest.
+STATED_BATCH = {"gpt3-175b": 1536, "llama3-405b": 2048, "llama3.1-405b": 2048,
+                "deepseek-v3": 15360, "deepseek-v2-lite": 4608}
+
+
+def test_default_global_batch_is_the_models_own():
+    """issue 19: --global-batch defaulted to GPT-3's 1536 for every model. A YAML's stated
+    batch (no note); else ~4M tokens (2^22) / seq_len rounded to a power of two, noted."""
+    from diffperf.load import default_global_batch
+
+    for name, batch in STATED_BATCH.items():
+        assert default_global_batch(name) == (batch, None), name
+        assert "global_batch" in yaml.safe_load(open(f"configs/models/{name}.yaml"))["sources"]
+    # by hand: 2^22 / 8192 = 512, / 4096 = 1024, / 32768 = 128, / 1024 = 4096; ViT-ERA5's
+    # 64800 tokens: 2^22 / 64800 = 64.7 -> 64
+    for name, batch in [("llama3-8b", 512), ("llama3-70b", 512), ("qwen3-30b-a3b", 1024),
+                        ("mixtral-8x7b", 128), ("gpt-small", 4096), ("vit-era5", 64),
+                        ("tests/data/hf/qwen2.5-7b.json", 1024)]:
+        got, note = default_global_batch(name)
+        assert got == batch and note.startswith(f"global batch {batch} sequences of "), name
+        assert "~4M tokens" in note and "--global-batch" in note
+    # --seq-len on a stated batch keeps its tokens per step: 15360 x 4096 = 7680 x 8192
+    got, note = default_global_batch("deepseek-v3", seq_len=8192)
+    assert got == 7680 and "15360 x 4096" in note
+    with pytest.raises(SpecError, match="global_batch=0 must be > 0"):
+        load_model({**yaml.safe_load(open("configs/models/gpt-small.yaml")), "global_batch": 0})
+
+
+def test_predict_and_search_use_the_models_default_batch(capsys):
+    """predict and search without --global-batch take the model's own batch and say how; a
+    default that the given dp x micro-batch does not divide is rounded up, noted; a given
+    --global-batch is used as given."""
+    data, _ = _json(capsys, "predict", "--model", "llama3-8b", "--system", "h100-sxm-80gb",
+                    "--dp", "8", "--tp", "1", "--zero-stage", "3", "--no-cache", "--json")
+    assert data["layout"]["global_batch"] == 512
+    assert any(n.startswith("global batch 512 sequences of 8192") for n in data["notes"])
+    data, _ = _json(capsys, "predict", "--model", "llama3-8b", "--system", "h100-sxm-80gb",
+                    "--dp", "3", "--tp", "8", "--no-cache", "--json")
+    assert data["layout"]["global_batch"] == 513  # 512 -> the next multiple of dp 3
+    assert any("rounded up to a multiple of dp x micro-batch = 3 x 1" in n
+               for n in data["notes"])
+    data, _ = _json(capsys, "predict", "--model", "llama3-8b", "--system", "h100-sxm-80gb",
+                    "--dp", "8", "--tp", "1", "--zero-stage", "3", "--global-batch", "64",
+                    "--no-cache", "--json")
+    assert data["layout"]["global_batch"] == 64
+    assert not any(n.startswith("global batch") for n in data["notes"])
+    found, _ = _json(capsys, "search", "--model", "gpt-small", "--gpus", "8", "--tp", "1",
+                     "--pp", "1", "--no-cache", "--top", "1", "--json")
+    assert found["global_batch"] == 4096 and found["ranked"][0]["layout"]["global_batch"] == 4096
+    assert any(n.startswith("global batch 4096 sequences of 1024") for n in found["notes"])
+
+
 def test_predict_json_types_and_keys_match_search(capsys):
     """predict --json writes the layout as search --json does: integers, recompute and
     placement by name, search's keys first (issue 19: "tp": 8.0, "recompute": 1.0)."""

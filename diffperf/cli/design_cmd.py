@@ -130,6 +130,9 @@ def run(args) -> int:
     from diffperf.search import enumerate_layouts
 
     model, system, train = _build(args)
+    from diffperf.cli.options import print_notes
+
+    print_notes(args.batch_notes)  # stderr: how the default global batch was chosen
     cost = load_cost(args.cost)
     placements = placements_of(args.placements)
     if args.grid:

@@ -22,21 +22,36 @@ def add_model_system(p, system_help="name under configs/systems or a YAML") -> N
 
 def model_and_system(args):
     """(model, system) from the options of `add_model_system`: the model with --seq-len
-    applied (checked), the system with the --calibration overlay."""
+    applied (checked), the system with the --calibration overlay. A --global-batch not given
+    (None) becomes the model's own (`load.default_global_batch`); args.batch_notes says how
+    when it comes from the rule, args.global_batch_default that it was not given."""
     from diffperf import load_model, load_system
 
     if args.seq_len is not None and args.seq_len <= 0:
         raise SpecError(f"--seq-len={args.seq_len} must be > 0")
     model = load_model(args.model, seq_len=args.seq_len)
-    return model, load_system(args.system, calibration=args.calibration)
+    system = load_system(args.system, calibration=args.calibration)
+    args.batch_notes = []
+    if getattr(args, "global_batch", 0) is None:  # a command with --global-batch, not given
+        from diffperf.load import default_global_batch
+
+        args.global_batch, note = default_global_batch(args.model, args.seq_len)
+        args.global_batch_default = True
+        args.batch_notes = [note] if note else []
+    return model, system
+
+
+GLOBAL_BATCH_HELP = ("sequences per optimizer step (default: the model's published batch "
+                     "where its YAML states one, e.g. GPT-3 175B's 1536; else ~4M tokens / "
+                     "seq_len rounded to a power of two, and a note says so)")
 
 
 def add_job(p) -> None:
     """--gpus and --global-batch: the job whose layouts a search or a design enumerates, with
-    the shipped defaults (GPT-3 175B's 1024 devices and global batch 1536)."""
+    the shipped defaults (1024 devices; the model's global batch, `model_and_system`)."""
     p.add_argument("--gpus", type=int, default=1024, help="number of devices (default 1024)")
-    p.add_argument("--global-batch", dest="global_batch", type=int, default=1536,
-                   help="sequences per optimizer step (default 1536)")
+    p.add_argument("--global-batch", dest="global_batch", type=int, default=None,
+                   help=GLOBAL_BATCH_HELP)
 
 
 def add_placements(p, alias=False) -> None:

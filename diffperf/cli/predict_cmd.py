@@ -18,7 +18,6 @@ SHIPPED = dict(_LAYOUT, sequence_parallel=1, recompute="selective", dp_overlap=1
 NEUTRAL = SHIPPED | dict(tp=1, pp=1)
 SHIPPED_JOB = ("gpt3-175b", 1024)  # (model, GPUs) whose layout SHIPPED is
 LAYOUT_OPTIONS = ("dp", *SHIPPED)  # --global-batch belongs to the job, not the layout
-DEFAULT_GLOBAL_BATCH = 1536
 # Parallel fields with an option of their own (not settable through --set).
 _OWN_OPTIONS = set(LAYOUT_OPTIONS) | {"global_batch"}
 # The layout in --json, in the order and the names of `diffperf search --json`, then the
@@ -52,9 +51,10 @@ def add_layout_options(p, alias=False) -> None:
     p.add_argument("--gpus", type=int, default=None,
                    help="devices; dp = gpus / (tp cp pp gx gy gz) (default: 1024 for "
                    "GPT-3 175B, else required unless --dp is given)")
-    p.add_argument("--global-batch", dest="global_batch", type=int,
-                   default=DEFAULT_GLOBAL_BATCH, help="sequences per optimizer step "
-                   f"(default {DEFAULT_GLOBAL_BATCH})")
+    from diffperf.cli.options import GLOBAL_BATCH_HELP
+
+    p.add_argument("--global-batch", dest="global_batch", type=int, default=None,
+                   help=GLOBAL_BATCH_HELP)
     p.add_argument("--dp", type=int, help="data-parallel degree (default: from --gpus)")
     for name, default in _LAYOUT:
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=None,
@@ -137,6 +137,20 @@ def _resolve_layout(model, system, train, args, par_over) -> None:
         args.dp = chosen["dp"]
 
 
+def _fit_default_batch(args) -> None:
+    """A default global batch (not given) that dp x micro_batch does not divide becomes the
+    nearest multiple of dp x micro_batch at or above it (a note says so); a given one is
+    left to check_layout's error."""
+    step = args.dp * args.micro_batch
+    if not getattr(args, "global_batch_default", False) or step <= 0 or \
+            args.global_batch % step == 0:
+        return
+    batch = -(-args.global_batch // step) * step
+    args.notes.append(f"global batch {batch}: the default {args.global_batch} rounded up to a "
+                      f"multiple of dp x micro-batch = {args.dp} x {args.micro_batch}")
+    args.global_batch = batch
+
+
 def build(args):
     """(model, parallel, system, training) from parsed arguments, validated; args gains the
     layout values used, `layout_source` and `notes` (to print; `cli.options.print_notes`)."""
@@ -158,6 +172,7 @@ def build(args):
         raise SpecError(f"--set {own[0]}: the layout has its own option "
                         f"--{own[0].replace('_', '-')}; give it there")
     model, system = model_and_system(args)
+    args.notes += args.batch_notes
     train = training(args.precision, **tr_over)
     _resolve_layout(model, system, train, args, par_over)
     inner = args.tp * args.cp * args.pp * args.gx * args.gy * args.gz
@@ -169,6 +184,7 @@ def build(args):
                                       else "")
             raise SpecError(f"--gpus={args.gpus} must be a multiple of {names} = {inner}")
         args.dp = args.gpus // inner
+    _fit_default_batch(args)
     layout = {k: float(getattr(args, k)) for k, _ in _LAYOUT}
     parallel = Parallel(**layout, dp=float(args.dp), global_batch=float(args.global_batch),
                         sequence_parallel=float(args.sequence_parallel),

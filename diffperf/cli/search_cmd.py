@@ -82,7 +82,7 @@ def build(args):
     check_at_least(args, dict(gpus=1, global_batch=1, top=1, chunk=1))
     fixed, par, tr, notes = steering(args)
     model, system = model_and_system(args)
-    steer = dict(fixed=fixed, parallel=par, notes=notes)
+    steer = dict(fixed=fixed, parallel=par, notes=notes + args.batch_notes)
     return model, system, training(args.precision, **tr), placements_of(args.placements), steer
 
 

@@ -68,9 +68,11 @@ def steering(args) -> tuple:
     staged = [k for k in par if k in COLUMNS or k in ("pp_first_layers", "pp_last_layers")]
     if staged:
         k = staged[0]
-        raise SpecError(f"--set {k}: " + (
-            f"the search enumerates it; give --{k.replace('_', '-')} VALUES" if k in COLUMNS
-            else "the search balances the pipeline stages itself (give it to predict)"))
+        if k in COLUMNS:
+            raise SpecError(f"--set {k}: the search enumerates it; give "
+                            f"--{k.replace('_', '-')} VALUES")
+        raise SpecError(f"--set {k}: the search balances the pipeline stages itself (give it "
+                        f"to predict)")
     for name in ("tie_pct", "tokens", "usd_per_gpu_hour"):
         v = getattr(args, name, None)
         if v is not None and (not (v >= 0 and np.isfinite(v)) or (name == "tokens" and v == 0)):
