@@ -11,7 +11,9 @@ def add_model_system(p, system_help="name under configs/systems or a YAML") -> N
                    "or a Hugging Face config.json (default: gpt3-175b)")
     p.add_argument("--system", default="a100-sxm-80gb",
                    help=f"{system_help} (default: a100-sxm-80gb)")
-    p.add_argument("--calibration", help="efficiency overlay YAML (from diffperf calibrate)")
+    p.add_argument("--calibration", help="efficiency overlay YAML (from diffperf calibrate); "
+                   "predict, search and validate default to the shipped set of the system's "
+                   "GPU (configs/efficiency, docs/trust.md); 'none': the physics defaults")
     p.add_argument("--seq-len", type=int, help="override the model's sequence length")
     p.add_argument("--precision", default="bf16",
                    help="bf16, fp16, amp-bf16, xla-amp-bf16, bf16-pure, fp32")
@@ -19,7 +21,10 @@ def add_model_system(p, system_help="name under configs/systems or a YAML") -> N
 
 def model_and_system(args):
     """(model, system) from the options of `add_model_system`: the model with --seq-len
-    applied (checked), the system with the --calibration overlay."""
+    applied (checked), the system with the --calibration overlay. Commands whose parser sets
+    `efficiency_defaults` (predict, search, validate) take the shipped efficiency set of the
+    system's GPU when no overlay is given (`diffperf.trust.resolve`) and leave the set's
+    record in args.efficiency_set; the others keep the physics defaults."""
     from diffperf import load_model, load_system
 
     model = load_model(args.model)
@@ -27,7 +32,23 @@ def model_and_system(args):
         if args.seq_len <= 0:
             raise SpecError(f"--seq-len={args.seq_len} must be > 0")
         model = model.replace(seq_len=float(args.seq_len))
-    return model, load_system(args.system, calibration=args.calibration)
+    return model, system_with_set(args, args.system)
+
+
+def system_with_set(args, name):
+    """The system `name` with the efficiency set the command asks for (see
+    `model_and_system`)."""
+    from diffperf import load_system
+    from diffperf.trust import resolve
+
+    calibration = getattr(args, "calibration", None)
+    if not getattr(args, "efficiency_defaults", False):
+        if calibration in ("none", "physics"):
+            calibration = None
+        return load_system(name, calibration=calibration)
+    system, tset = resolve(load_system(name), calibration)
+    args.efficiency_set = tset
+    return system
 
 
 def add_job(p) -> None:
