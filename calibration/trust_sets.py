@@ -14,7 +14,6 @@ Regimes (each an envelope and the error of the set's predictions on runs it neve
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 

@@ -122,8 +122,10 @@ def test_published_fsdp_csv_loads_with_its_row_facts():
     assert len(runs) == 18 and np.all(np.isfinite(runs.step_time_s))
     by = dict(zip(runs.ids, range(len(runs))))
     tt, fms = by["tt-h100-l3-8b-n8-eager"], by["fms-h100-l2-7b-hsdp"]
-    assert float(runs.trainings[tt].grad_bytes) == 4 and float(runs.parallels[tt].zero3_copy_out) == 1
-    assert float(runs.trainings[fms].grad_bytes) == 2 and float(runs.parallels[fms].zero3_copy_out) == 0
+    assert float(runs.trainings[tt].grad_bytes) == 4
+    assert float(runs.parallels[tt].zero3_copy_out) == 1
+    assert float(runs.trainings[fms].grad_bytes) == 2
+    assert float(runs.parallels[fms].zero3_copy_out) == 0
     assert float(runs.parallels[fms].zero_shard) == 8 and float(runs.parallels[tt].zero_shard) == 0
     # step = global batch x seq / (tokens/s/GPU x GPUs): 16 x 8192 / (5762 x 8)
     assert runs.step_time_s[tt] == pytest.approx(16 * 8192 / (5762 * 8), rel=1e-5)
@@ -209,3 +211,19 @@ def test_cli_predict_json_reports_the_set_and_the_envelope(capsys):
     assert main(["predict", "--json", "--no-cache", "--gpus", "64", "--tp", "8", "--pp", "8",
                  "--global-batch", "64", "--calibration", "none"]) == 0
     assert json.loads(capsys.readouterr().out)["efficiency_set"]["name"] == tr.PHYSICS
+
+
+def test_cli_validate_reports_the_set_of_each_system(capsys, tmp_path):
+    """validate with no overlay: each system's GPU set (grand-teton-h100 -> h100, the fms
+    A100 cluster -> a100), named in --json and in the text."""
+    lines = PUBLISHED.read_text().splitlines()
+    pick = [lines[0]] + [ln for ln in lines if ln.startswith(("tt-h100-l3-8b-n8-eager,",
+                                                               "fms-a100-l2-7b-hsdp,"))]
+    p = tmp_path / "two.csv"
+    p.write_text("\n".join(pick) + "\n")
+    assert main(["validate", str(p), "--json"]) == 0
+    sets = json.loads(capsys.readouterr().out)["efficiency_sets"]
+    assert {k: v["name"] for k, v in sets.items()} == {
+        "grand-teton-h100": "h100-default", "a100-80gb-400gbps-node": "a100-default"}
+    assert main(["validate", str(p), "--calibration", "none"]) == 0
+    assert "physics-defaults" in capsys.readouterr().out
