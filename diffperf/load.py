@@ -362,8 +362,9 @@ def system_names() -> list[str]:
     return list(resources.config_files("systems"))
 
 
-SYSTEM_KEYS = ("name", "description", "sources", "matmul_TFLOPs", "matmul_fp32_TFLOPs",
-               "matmul_fp8_TFLOPs", "matmul_fp4_TFLOPs", "vector_TFLOPs", "hbm_bandwidth_GBps", "hbm_capacity_GiB", "power_W", "tiers",
+SYSTEM_KEYS = ("name", "gpu", "description", "sources", "matmul_TFLOPs", "matmul_fp32_TFLOPs",
+               "matmul_fp8_TFLOPs", "matmul_fp4_TFLOPs", "vector_TFLOPs", "hbm_bandwidth_GBps",
+               "hbm_capacity_GiB", "power_W", "tiers",
                "efficiency", "reliability")
 TIER_KEYS = ("name", "domain_size", "bandwidth_GBps", "latency_us", "oversubscription")
 RELIABILITY_KEYS = ("failure_rate_per_device_hour", "storage_write_GBps", "restart_s")
@@ -476,7 +477,20 @@ def system_from_dict(d: dict, where: str = "system") -> System:
         tiers=tuple(tiers),
         eff=efficiency_from_dict(d.get("efficiency") or {}, f"{where}.efficiency"),
         reliability=reliability_from_dict(d.get("reliability") or {}, f"{where}.reliability"),
-        name=str(d.get("name", where)))
+        name=str(d.get("name", where)), gpu=_gpu(d, where))
+
+
+def _gpu(d: dict, where: str) -> str:
+    """The system's GPU generation (`gpu:` key; '' when absent): which shipped default
+    efficiency set (calibration/defaults, diffperf.trust) a prediction without an overlay
+    uses. Allowed: diffperf.trust.GPU_GENERATIONS."""
+    from diffperf.trust import GPU_GENERATIONS
+
+    g = str(d.get("gpu") or "").strip()
+    if g and g not in GPU_GENERATIONS:
+        raise SpecError(f"{where}.gpu={g!r} is not allowed{closest(g, GPU_GENERATIONS)} "
+                        f"(allowed: {', '.join(GPU_GENERATIONS)})")
+    return g
 
 
 def load_system(name_or_path, calibration=None) -> System:
@@ -497,7 +511,7 @@ def system_to_dict(system: System) -> dict:
     d["tiers"] = [_to_human(TIER_UNITS, t) | {"name": t.name} for t in system.tiers]
     d["efficiency"] = {k: float(getattr(system.eff, k)) for k in EFFICIENCY_KEYS}
     d["reliability"] = _to_human(RELIABILITY_UNITS, system.reliability)
-    return d | {"name": system.name}
+    return d | {"name": system.name} | ({"gpu": system.gpu} if system.gpu else {})
 
 
 def sweep_fields(system: System) -> dict:
@@ -590,7 +604,9 @@ def sweep_axes(system: System, items) -> list[tuple]:
     return out
 
 
-OVERLAY_KEYS = ("efficiency", "fitted_on", "heldout", "description", "created_by")
+OVERLAY_KEYS = ("efficiency", "fitted_on", "heldout", "description", "created_by",
+                # an efficiency set of configs/efficiency (diffperf.trust, docs/trust.md)
+                "name", "gpu", "overlay", "regimes", "interval_coverage_published")
 
 
 def apply_overlay(system: System, overlay) -> System:
@@ -712,9 +728,13 @@ RUN_REQUIRED = ("id", "num_gpus", "num_layers", "hidden", "num_heads", "vocab", 
                 "tp", "pp", "dp", "global_batch", "micro_batch", "step_time_s")
 RUN_OPTIONAL_DEFAULTS = dict(system="", ffn_hidden="", num_kv_heads="", gated_mlp="0",
                              moe_experts="0", moe_topk="0", cp="1", ep="1", vp="1",
-                             sequence_parallel="0", zero_stage="0", recompute="none",
+                             sequence_parallel="0", zero_stage="0", zero_shard="0",
+                             recompute="none",
                              precision="bf16", status="ok", peak_memory_GB="")
 RUN_INFORMATIONAL = ("source", "model", "gpus_per_node", "notes")
+# `set`: the row's own framework facts, FIELD=VALUE separated by ';' (as --set takes them,
+# e.g. 'grad_bytes=4;zero3_regather=0'); they apply after the command's --set.
+RUN_FACTS = "set"
 RECOMPUTE_NAMES = {"none": 0, "selective": 1, "full": 2}
 
 
@@ -751,7 +771,7 @@ def _run_row(row: dict, where: str):
                         f" (allowed: {', '.join(RECOMPUTE_NAMES)})")
     par = {k: _number({k: get(k)}, k, where, integer=True, minimum=0)
            for k in ("tp", "pp", "dp", "cp", "ep", "vp", "global_batch", "micro_batch",
-                     "sequence_parallel", "zero_stage", "num_gpus")}
+                     "sequence_parallel", "zero_stage", "zero_shard", "num_gpus")}
     par["recompute"] = RECOMPUTE_NAMES[rec]
     return m, par, get("precision")
 
@@ -799,7 +819,7 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
     if precision is not None:
         training_from_name(precision, where="--precision")
     header, rows = _read_csv(path, RUN_REQUIRED)
-    known = (*RUN_REQUIRED, *RUN_OPTIONAL_DEFAULTS, *RUN_INFORMATIONAL)
+    known = (*RUN_REQUIRED, *RUN_OPTIONAL_DEFAULTS, *RUN_INFORMATIONAL, RUN_FACTS)
     for col in header:
         hint = closest(col, known)
         if col not in known and hint:
@@ -831,7 +851,13 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
         else:
             t = float("nan")
         m, par, precision = _run_row(row, where)
-        p = Parallel(**{k: float(v) for k, v in par.items() if k != "num_gpus"} | par_over)
+        facts = [f for f in (row.get(RUN_FACTS) or "").split(";") if f.strip()]
+        try:
+            row_par, row_tr = parse_overrides(facts)
+        except SpecError as err:
+            raise SpecError(f"{where}.set (the row's framework facts): {err}") from None
+        p = Parallel(**{k: float(v) for k, v in par.items() if k != "num_gpus"} | par_over
+                     | row_par)
         check_layout(m, p, par["num_gpus"], where, devices_field="num_gpus")
         mem = (row.get("peak_memory_GB") or "").strip()
         if status == "oom" and step:
@@ -841,7 +867,8 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
         models.append(m.replace(name="runs"))
         pars.append(p)
         trainings.append(training_from_name(precision_override or precision,
-                                            where=f"{where}.precision", **tr_over))
+                                            where=f"{where}.precision",
+                                            **(tr_over | row_tr)))
         systems.append((row.get("system") or "").strip())
         times.append(t)
         mems.append(_number({"peak_memory_GB": mem}, "peak_memory_GB", where, positive=True)

@@ -29,16 +29,16 @@ from diffperf.memory.xla import select_memory, xla_device_memory
 from diffperf.result import EXPOSED_PARTS, Breakdown, Goodput, Result
 from diffperf.schedule.goodput import (checkpoint_bytes, checkpoint_write_s, daly_interval_s,
                                       job_mtbf_s, lost_fracs)
-from diffperf.schedule.overlap import (axonn_exposed_s, dp_step_exposed_s, ring_exposed_s,
-                                       split_exposed, zero3_layer_exposed_s,
-                                       zero3_microbatch_edge_s)
+from diffperf.schedule.overlap import (axonn_exposed_s, dp_hidden_slowdown_s,
+                                       dp_step_exposed_s, ring_exposed_s, split_exposed,
+                                       zero3_layer_exposed_s, zero3_microbatch_edge_s)
 from diffperf.schedule.pipeline import (critical_stage, p2p_exposed_s, pipeline_times_s,
                                         stage_times_s)
 from diffperf.specs import Parallel
 from diffperf.workload.axonn import axonn_layer_volumes
 from diffperf.workload.cp import cp_kv_bytes, cp_ring_block_bytes, cp_ring_steps
-from diffperf.workload.dp import (dp_volumes_bytes, product_group, zero3_prefetch_frac,
-                                  zero_groups)
+from diffperf.workload.dp import (dp_volumes_bytes, product_group, zero3_copy_out_bytes,
+                                  zero3_prefetch_frac, zero_groups)
 from diffperf.workload.ep import ep_a2a_bytes, ep_a2a_per_layer
 from diffperf.workload.flops import (attention_io_bytes, head_ops, layer_ops,
                                      lowp_quantize_kernels, moe_layer_fraction)
@@ -360,6 +360,8 @@ def _dp_times(model, parallel, system, training, stages=None, features=FEATURES)
         t["own"] += params / jnp.where(parallel.zero_stage >= 1, n_s, 1.0)
     t["prefetch"] = zero3_prefetch_frac(parallel, groups[0][1])
     t["P"] = P
+    t["copy_out_s"] = memory_time_s(zero3_copy_out_bytes(
+        sum(g[1] for g in groups), training, parallel.zero3_copy_out), system)
     return t
 
 
@@ -369,11 +371,15 @@ def _zero3_layer_parts(dp, parallel, free_f, free_b, temperature):
     zero_stage = 3): 1 gather forward, 1 backward (+1 when full recompute re-gathers,
     `zero3_regather`), 1 reduce-scatter; windows free_f, free_b from `_layer_parts`."""
     full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
-    parts = zero3_layer_exposed_s(dp["layer_gather_s"], dp["layer_reduce_s"], free_f, free_b,
-                                  dp["prefetch"], 1.0 + full * parallel.zero3_regather,
-                                  parallel.dp_overlap, temperature)
+    g_b = 1.0 + full * parallel.zero3_regather
+    e_f, h_f, e_b, h_b = zero3_layer_exposed_s(dp["layer_gather_s"], dp["layer_reduce_s"],
+                                               free_f, free_b, dp["prefetch"], g_b,
+                                               parallel.dp_overlap, temperature)
+    # FSDP2's copy-out of each gathered layer runs on the compute stream: exposed, once per
+    # gather (workload.dp.zero3_copy_out_bytes).
+    e_f, e_b = e_f + dp["copy_out_s"], e_b + g_b * dp["copy_out_s"]
     z3 = jnp.where(parallel.zero_stage == 3, 1.0, 0.0)
-    return tuple(z3 * x for x in parts)
+    return tuple(z3 * x for x in (e_f, h_f, e_b, h_b))
 
 
 def _optimizer_s(own, system, training):
@@ -467,7 +473,10 @@ def predict_step(model, parallel, system, training, temperature=None,
         **{k: crit[k] for k in _PARTS}, pp_exposed_s=p2p_exposed_s(send, parallel),
         dp_exposed_s=dp_exposed, dp_hidden_s=dp_hidden, bubble_s=bubble,
         optimizer_s=_optimizer_s(dp["own"], system, training))
-    breakdown = breakdown.replace(overhead_s=breakdown.overhead_s + system.eff.step_s)
+    breakdown = breakdown.replace(
+        overhead_s=breakdown.overhead_s + system.eff.step_s,
+        overlap_slowdown_s=breakdown.overlap_slowdown_s
+        + dp_hidden_slowdown_s(dp_hidden, system.eff.overlap_slowdown))
     memory = device_memory(model, parallel, system, training, stages)
     if "xla" in features:
         # XLA's micro-batch scan adds each micro-batch's gradients to its carry; XLA's live

@@ -118,7 +118,8 @@ def test_predict_set_applies_framework_facts_like_the_api(capsys):
     from diffperf.specs.parallel import Recompute
 
     def step(*argv):
-        assert main(["predict", "--json", "--tp", "4", "--pp", "2", "--gpus", "64", *argv]) == 0
+        assert main(["predict", "--json", "--tp", "4", "--pp", "2", "--gpus", "64",
+                     "--calibration", "none", *argv]) == 0
         return json.loads(capsys.readouterr().out)["result"]["step_time_s"]
 
     base = step()

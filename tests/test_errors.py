@@ -448,6 +448,8 @@ LAYOUT_RULES = [
      "DeepSpeed's stage3_prefetch_bucket_size is 5e7)"),
     (dict(zero3_calls_per_layer=0), None, "zero3_calls_per_layer=0 must be a whole number >= 1"),
     (dict(zero3_regather=2), None, "zero3_regather=2 is not allowed (allowed: 0, 1)"),
+    (dict(zero3_copy_out=2), None, "zero3_copy_out=2 is not allowed (allowed: 0 FSDP1 / "
+     "DeepSpeed flat buffers, 1 FSDP2 copy-out)"),
     (dict(pp=4, pp_first_layers=2), None,
      "pp_first_layers=2 and pp_last_layers=0: give both (> 0) or neither (0: stages balanced "
      "automatically)"),
@@ -1188,3 +1190,38 @@ def test_predict_set_refuses_fields_with_their_own_option(capsys):
         "--set micro_batch: the layout has its own option --micro-batch; give it there")
     assert _cli_error(capsys, "predict", "--set", "flash_attention=x") == (
         "--set.flash_attention='x' must be a number")
+
+
+# --------------------------------------------------------------------------------------------
+# Trust: the system's GPU generation, a run's own facts, efficiency sets (docs/trust.md)
+# --------------------------------------------------------------------------------------------
+
+def test_system_gpu_generation_not_allowed(tmp_path):
+    p = _write_yaml(tmp_path, _system_dict() | {"gpu": "h10"})
+    with _raises(f"{p}.gpu='h10' is not allowed; did you mean 'h100'? (allowed: a100, h100, "
+                 f"h200, b200, mi300x, tpu-v5p)"):
+        load_system(p)
+
+
+def test_runs_row_facts_unknown_field(tmp_path):
+    p = _write_csv(tmp_path, [GOOD_ROW | {"set": "grad_bytes=4;dp_overlapp=0"}],
+                   RUN_COLUMNS + ["set"])
+    with _raises(f"{p}: row 2 (id r1).set (the row's framework facts): --set: unknown field "
+                 f"'dp_overlapp'"):
+        load_runs(p)
+
+
+@pytest.mark.parametrize("regimes,message", [
+    ([{"name": "other", "q95_log": 0.1, "envelope": {}}],
+     ": 'regimes' must start with the set's own regime 'fit'"),
+    ([{"name": "fit", "q95_log": -1, "envelope": {}}],
+     ": regime 'fit'.q95_log must be a number >= 0"),
+    ([{"name": "fit", "q95_log": 0.1, "envelope": [1]}],
+     ": regime 'fit'.envelope must be a mapping"),
+])
+def test_efficiency_set_regimes_checked(tmp_path, regimes, message):
+    from diffperf.trust import overlay_set
+
+    p = _write_yaml(tmp_path, {"efficiency": {"mm_max": 0.7}, "regimes": regimes}, "set.yaml")
+    with _raises(f"{p}{message}"):
+        overlay_set(p)

@@ -218,6 +218,11 @@ CHECK_GRAD_CASES = {
     "single-domain-llama3-8b-gb200": ("llama3-8b", "gb200-nvl72", dict(
         tp=4, pp=2, dp=4, micro_batch=1, global_batch=64, zero_stage=3, recompute=2,
         sequence_parallel=1, tp_overlap=0.5), {}),
+    # 16 GPUs on two nodes: FSDP2 (ZeRO-3 with the all-gather copy-out, one gather per
+    # forward and one per backward), fp32 gradient reduce-scatter (grad_bytes 4 below)
+    "fsdp2-llama3-8b-h100": ("llama3-8b", "h100-sxm-80gb", dict(
+        tp=1, pp=1, dp=16, micro_batch=1, global_batch=32, zero_stage=3, recompute=2,
+        zero3_regather=0, zero3_copy_out=1), {}),
     # 16 GPUs on two nodes: a DP group of 16 spans both tiers (8 x 2), tp = 1
     "multi-node-gpt-small-a100-4nic": ("gpt-small", "a100-4nic", dict(
         tp=1, pp=1, dp=16, micro_batch=2, global_batch=64), {}),
@@ -258,7 +263,8 @@ def test_check_grads_in_log_coordinates(x64, case, temperature):
     base, _, extra = model_name.partition("+")  # "+mtp": with one MTP module
     model = _model(base).replace(mtp_layers=1.0) if extra == "mtp" else _model(base)
     model, parallel = _floats(model), _floats(Parallel(**layout))
-    system, training = _floats(system), _floats(Training())
+    fp32_reduce = dict(grad_bytes=4.0) if case.startswith("fsdp2") else {}
+    system, training = _floats(system), _floats(Training(**fp32_reduce))
     f = _log_step_time(model, parallel, system, training, temperature)
     log_scale = jnp.zeros(len(jax.tree.leaves(system)))
     assert log_scale.dtype == jnp.float64

@@ -408,7 +408,13 @@ def _xfail(*values, reason):
     "before (gy 2, gz 2, dp 4, ZeRO-2, 8 micro-batches: 5.10 s) pays 8 reduce-scatters "
     "(5.51 s), and Z over 8 GPUs across two 4-GPU nodes with ZeRO-3 (5.39 s) beats the "
     "grids that keep Z on NVLink by 0.7 %: in 40 GB at 16 GPUs memory, not bandwidth, "
-    "decides, as in the strict xfail of the communication-minimising grid below")), 32, 64))
+    "decides, as in the strict xfail of the communication-minimising grid below")), 32,
+    _xfail(64, reason=(
+        "a tie since hidden DP / ZeRO communication slows compute (sigma x hidden seconds, "
+        "schedule.overlap.dp_hidden_slowdown_s; arXiv:2507.03114): the grid (1, 2, 4) with Z "
+        "over 8 GPUs across two 4-GPU nodes, ZeRO-1, mb 2, takes 5.2150 s against 5.2179 s "
+        "for the best grid that keeps Z on NVLink (1, 2, 2, dp 16): 0.06 % (0.79 % with "
+        "sigma 0.10)"))))
 def test_searched_best_axonn_grid_puts_the_largest_volume_on_nvlink(n_gpus):
     """The best AxoNN layout of `search` (every grid, micro-batch, ZeRO stage and recompute
     mode; one kernel shape for the three GPU counts). At 32 and 64 GPUs this holds only

@@ -50,8 +50,13 @@ def test_prediction_is_pinned(name):
 
 
 def test_cli_default_is_the_pinned_default(capsys):
-    """`diffperf predict` with no options is the first pinned case (DESIGN.md's default)."""
-    code = main(["predict", "--json"])
+    """`diffperf predict --calibration none` is the first pinned case (DESIGN.md's default,
+    physics efficiencies); with no options it is the same layout under the shipped A100
+    efficiency set (docs/trust.md)."""
+    from diffperf import Parallel, load_model, load_system, predict, training
+    from diffperf.trust import default_set
+
+    code = main(["predict", "--json", "--calibration", "none"])
     out, err = capsys.readouterr()
     assert code == 0, err
     result = json.loads(out)["result"]
@@ -61,6 +66,13 @@ def test_cli_default_is_the_pinned_default(capsys):
     for k in FIELDS:
         assert math.isclose(got[k], expected[k], rel_tol=REL), (k, got[k], expected[k],
                                                                 HOW_TO_UPDATE)
+    assert main(["predict", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["efficiency_set"]["name"] == "a100-default"
+    model, _, layout, precision = CASES["gpt3-175b/a100-sxm-80gb/cli-default"]
+    want = predict(load_model(model), Parallel(**layout),
+                   load_system("a100-sxm-80gb", default_set("a100")["path"]), training(precision))
+    assert math.isclose(data["result"]["step_time_s"], float(want.step_time_s), rel_tol=REL)
 
 
 def test_pins_file_is_where_the_script_writes():

@@ -440,3 +440,29 @@ def test_cli_search_table_and_errors(capsys):
     out, err = capsys.readouterr()
     assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1
     assert main(["search", "--gpus", "0", "--no-cache"]) == 2
+
+
+def test_cli_search_trust_columns_robust_and_in_envelope(capsys):
+    """The efficiency set and each ranked layout's envelope flag and 95 % interval in JSON;
+    --in-envelope keeps to layouts inside; --robust ranks by the interval's top (docs/trust.md)."""
+    base = ["search", "--model", "gpt-small", "--gpus", str(N_DEVICES), "--global-batch",
+            str(GLOBAL_BATCH), "--top", "5", "--no-cache", "--json"]
+    assert main(base) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["efficiency_set"]["name"] == "a100-default"
+    assert 0 <= data["feasible_in_envelope"] <= data["feasible"]
+    for r in data["ranked"]:
+        lo, hi = r["interval_95_s"]
+        assert lo < r["step_time_s"] < hi and isinstance(r["inside_envelope"], bool)
+        assert (r["envelope_score"] == 1.0) == r["inside_envelope"]
+    assert main(base + ["--in-envelope"]) == 0
+    inside = json.loads(capsys.readouterr().out)
+    assert inside["in_envelope"] and len(inside["ranked"]) == min(5, data["feasible_in_envelope"])
+    assert all(r["inside_envelope"] for r in inside["ranked"])
+    assert main(base + ["--robust"]) == 0
+    robust = json.loads(capsys.readouterr().out)["ranked"]
+    tops = [r["interval_95_s"][1] for r in robust]
+    assert tops == sorted(tops) and tops[0] <= min(r["interval_95_s"][1] for r in data["ranked"])
+    assert main(base[:-1]) == 0
+    out = capsys.readouterr().out
+    assert "envelope" in out and "hi95_s" in out and "efficiency set: a100-default" in out

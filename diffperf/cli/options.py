@@ -12,7 +12,9 @@ def add_model_system(p, system_help="name under configs/systems or a YAML") -> N
     p.add_argument("--system", default="a100-sxm-80gb",
                    help=f"{system_help} (default: a100-sxm-80gb)")
     p.add_argument("--calibration", help="efficiency overlay: a shipped name (diffperf list "
-                   "calibrations, e.g. vtrain-a100) or a YAML path (from diffperf calibrate)")
+                   "calibrations, e.g. vtrain-a100) or a YAML path (from diffperf calibrate); "
+                   "predict, search and validate default to the shipped set of the system's "
+                   "GPU (configs/efficiency, docs/trust.md); 'none': the physics defaults")
     p.add_argument("--seq-len", type=int, help="override the model's sequence length")
     p.add_argument("--precision", default="bf16",
                    help="bf16, fp16, amp-bf16, xla-amp-bf16, bf16-pure, fp32; low precision "
@@ -24,13 +26,17 @@ def model_and_system(args):
     """(model, system) from the options of `add_model_system`: the model with --seq-len
     applied (checked), the system with the --calibration overlay. A --global-batch not given
     (None) becomes the model's own (`load.default_global_batch`); args.batch_notes says how
-    when it comes from the rule, args.global_batch_default that it was not given."""
-    from diffperf import load_model, load_system
+    when it comes from the rule, args.global_batch_default that it was not given. Commands
+    whose parser sets `efficiency_defaults` (predict, search, validate) take the shipped
+    efficiency set of the system's GPU when no overlay is given (`diffperf.trust.resolve`)
+    and leave the set's record in args.efficiency_set; the others keep the physics
+    defaults."""
+    from diffperf import load_model
 
     if args.seq_len is not None and args.seq_len <= 0:
         raise SpecError(f"--seq-len={args.seq_len} must be > 0")
     model = load_model(args.model, seq_len=args.seq_len)
-    system = load_system(args.system, calibration=args.calibration)
+    system = system_with_set(args, args.system)
     args.batch_notes = []
     if getattr(args, "global_batch", 0) is None:  # a command with --global-batch, not given
         from diffperf.load import default_global_batch
@@ -39,6 +45,22 @@ def model_and_system(args):
         args.global_batch_default = True
         args.batch_notes = [note] if note else []
     return model, system
+
+
+def system_with_set(args, name):
+    """The system `name` with the efficiency set the command asks for (see
+    `model_and_system`)."""
+    from diffperf import load_system
+    from diffperf.trust import resolve
+
+    calibration = getattr(args, "calibration", None)
+    if not getattr(args, "efficiency_defaults", False):
+        if calibration in ("none", "physics"):
+            calibration = None
+        return load_system(name, calibration=calibration)
+    system, tset = resolve(load_system(name), calibration)
+    args.efficiency_set = tset
+    return system
 
 
 GLOBAL_BATCH_HELP = ("sequences per optimizer step (default: the model's published batch "
@@ -91,8 +113,8 @@ def framework_facts(args) -> tuple[list, list]:
     from diffperf.load import overlay_facts
 
     given = list(getattr(args, "set", None) or [])
-    if not getattr(args, "calibration", None):
-        return given, []
+    if getattr(args, "calibration", None) in (None, "", "none", "physics"):
+        return given, []  # no overlay (the shipped default sets carry no framework facts)
     facts, precision = overlay_facts(args.calibration)
     mine = {item.split("=", 1)[0].strip() for item in given}
     applied = [f for f in facts if f.split("=", 1)[0].strip() not in mine]

@@ -40,7 +40,7 @@ def add_parser(sub):
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-cache", action="store_true", help="do not keep the compiled program "
                    "in ~/.cache/diffperf (a later run then compiles it again, ~3 s)")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, efficiency_defaults=True)
     return p
 
 
@@ -272,6 +272,48 @@ def print_parameters(params: dict, notes: list) -> None:
         console.print(f"note: {note}", markup=False, highlight=False)
 
 
+def trust_of(args, parallel, system, train, step_time_s) -> dict:
+    """The efficiency set used and where this layout lies against its envelope (JSON record;
+    diffperf.trust, docs/trust.md)."""
+    from diffperf import trust as tr
+
+    tset = getattr(args, "efficiency_set", None) or tr.resolve(system, "none")[1]
+    t = tr.trust(tr.layout_columns(parallel, gpus=args.gpus), tset, train.name, system.gpu)
+    lo, hi = tr.interval(step_time_s, t["q"])
+    return dict(efficiency_set=tr.describe(tset),
+                trust=dict(inside_envelope=bool(t["inside"][0]),
+                           envelope_score=float(t["score"][0]), regime=str(t["regime"][0]),
+                           q95_log=float(t["q"][0]),
+                           interval_95_s=[float(lo[0]), float(hi[0])]))
+
+
+def render_trust(record) -> None:
+    from diffperf.trust import UNMEASURED_Q, describe_text
+
+    t = record["trust"]
+    console.print(describe_text(_set_for_text(record["efficiency_set"])))
+    where = ("inside its envelope" if t["inside_envelope"] else
+             f"OUTSIDE its envelope (score {t['envelope_score']:.2f}; interval widened by the "
+             f"error of the nearest measured regime: {t['regime']})")
+    unmeasured = "; no held-out error known" if t["regime"] == "unmeasured" and \
+        t["q95_log"] == UNMEASURED_Q else ""
+    lo, hi = t["interval_95_s"]
+    console.print(f"layout {where}{unmeasured}; 95 % interval of the step time: "
+                  f"{fmt(lo)} - {fmt(hi)} s")
+
+
+def _set_for_text(d: dict) -> dict:
+    """A describe() record back in the shape describe_text reads."""
+    out = dict(name=d["name"], gpu=d.get("gpu"), measured=d["measured"], path=d.get("path"),
+               note=d.get("note"))
+    if "heldout_q95_log" in d:
+        out["regimes"] = [dict(mape_pct=d["heldout_mape_pct"], q95_log=d["heldout_q95_log"],
+                               n=d["heldout_n"], runs=d["heldout_runs"])]
+    elif d.get("heldout_mape_pct") is not None:
+        out["heldout_mape_pct"] = d["heldout_mape_pct"]
+    return out
+
+
 def run(args) -> int:
     from diffperf import predict
     from diffperf.load import model_notes
@@ -290,13 +332,14 @@ def run(args) -> int:
     first, _, mid, last = (float(x) for x in stage_counts(P, dict(n_layers=L)))
     stages = [first, mid, last]
     params, notes = model_parameters(model), model_notes(args.model, args.seq_len)
+    trust = trust_of(args, parallel, system, train, float(result.step_time_s))
     if args.json:
         print_json(dict(model=model.name, system=system.name, gpus=args.gpus,
                         layout=layout_json(parallel, args.placement)
                         | {"stage_layers": [int(x) if x == int(x) else x for x in stages]},
                         layout_source=args.layout_source, notes=args.notes + notes,
                         parameters=params,
-                        result=result_dict(result)))
+                        result=result_dict(result)) | trust)
         return 0
     print_notes(args.notes)
     title = (f"{model.name} on {args.gpus} x {system.name}: tp {args.tp} pp {args.pp} "
@@ -309,4 +352,5 @@ def run(args) -> int:
              + (" (layout chosen by search)" if args.layout_source == "search" else ""))
     render(result, title, train)
     print_parameters(params, notes)
+    render_trust(trust)
     return 0

@@ -53,8 +53,13 @@ def add_parser(sub):
     p.add_argument("--chunk", type=int, default=None, help="layouts per batched call")
     p.add_argument("--no-cache", action="store_true", help="do not keep compiled code in "
                    "the persistent cache (~/.cache/diffperf/jax)")
+    p.add_argument("--robust", action="store_true", help="rank by the upper end of each "
+                   "layout's 95 %% interval (wider outside the efficiency set's envelope; "
+                   "docs/trust.md) instead of the predicted step time")
+    p.add_argument("--in-envelope", action="store_true", help="keep only layouts inside the "
+                   "envelope the efficiency set was measured on (docs/trust.md)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, efficiency_defaults=True)
     return p
 
 
@@ -130,9 +135,34 @@ def layout_dict(row, placements) -> dict:
     return out
 
 
-def _entry(result, i, row, placements, rank=None, detail=None) -> dict:
+def layout_trust(args, system, train, layouts) -> dict:
+    """diffperf.trust.trust of every layout of the table (numpy, vectorized) under the
+    efficiency set the command uses, plus the 95 % interval (low, high) of each step time
+    (filled in by `with_interval`)."""
+    from diffperf import trust as tr
+    from diffperf.search import COLUMNS
+
+    tset = getattr(args, "efficiency_set", None) or tr.resolve(system, "none")[1]
+    cols = tr.layout_columns(layouts, COLUMNS, gpus=args.gpus)
+    return tr.trust(cols, tset, train.name, system.gpu) | {"set": tset}
+
+
+def _ranked(result, trust, k, robust, in_envelope):
+    """Indices of the layouts that fit (and lie inside the envelope with --in-envelope),
+    fastest first, or by the interval's upper end with --robust (ties keep table order)."""
+    step = np.asarray(result.step_time_s, float)
+    key = step * np.exp(trust["q"]) if robust else step
+    keep = np.asarray(result.fits) & (trust["inside"] if in_envelope else True)
+    key = np.where(keep, key, np.inf)
+    order = np.argsort(key, kind="stable")
+    order = order[np.isfinite(key[order])]
+    return order[:k]
+
+
+def _entry(result, i, row, placements, rank=None, detail=None, trust=None) -> dict:
     """One layout in JSON: from `result` (RANK_FIELDS) by row i; with a rank, its breakdown
-    and memory parts from `detail` (the full Result of the ranked rows) at rank - 1."""
+    and memory parts from `detail` (the full Result of the ranked rows) at rank - 1; with
+    `trust` (`layout_trust`), whether it lies inside the envelope and its 95 % interval."""
     from diffperf.result import EXPOSED_PARTS, HIDDEN_PARTS, MEMORY_PARTS
 
     out = {} if rank is None else {"rank": rank}
@@ -141,6 +171,11 @@ def _entry(result, i, row, placements, rank=None, detail=None) -> dict:
                 memory_GiB=float(result.memory.total_bytes[i]) / 2**30,
                 fits=bool(result.fits[i]), mfu=float(result.mfu[i]),
                 tokens_per_s=float(result.tokens_per_s[i]))
+    if trust is not None:
+        T, q = float(result.step_time_s[i]), float(trust["q"][i])
+        out |= dict(inside_envelope=bool(trust["inside"][i]),
+                    envelope_score=float(trust["score"][i]), regime=str(trust["regime"][i]),
+                    interval_95_s=[T * float(np.exp(-q)), T * float(np.exp(q))])
     if rank is not None:
         b, m, j = detail.breakdown, detail.memory, rank - 1
         out["breakdown"] = {k: float(getattr(b, k)[j]) for k in (*EXPOSED_PARTS, *HIDDEN_PARTS)}
@@ -148,13 +183,18 @@ def _entry(result, i, row, placements, rank=None, detail=None) -> dict:
     return out
 
 
-def _rows(result, idx, layouts, placements, parts, moe, grid=False, detail=None):
-    """Table rows of the layouts idx; the breakdown `parts` from `detail` (row k for idx[k])."""
+def _rows(result, idx, layouts, placements, parts, moe, grid=False, detail=None, trust=None):
+    """Table rows of the layouts idx; the breakdown `parts` from `detail` (row k for idx[k]);
+    with `trust`, the envelope column ('in', or the score outside) and the interval's top."""
     rows = []
     for rank, i in enumerate(idx, 1):
         lay = layout_dict(layouts[i], placements)
         cells = [rank, fmt(result.step_time_s[i]), fmt(result.memory.total_bytes[i] / 2**30),
-                 f"{100 * float(result.mfu[i]):.1f}", lay["tp"], lay["pp"], lay["dp"], lay["cp"]]
+                 f"{100 * float(result.mfu[i]):.1f}"]
+        if trust is not None:
+            cells += ["in" if trust["inside"][i] else f"out {trust['score'][i]:.2f}",
+                      fmt(float(result.step_time_s[i]) * float(np.exp(trust["q"][i])))]
+        cells += [lay["tp"], lay["pp"], lay["dp"], lay["cp"]]
         cells += [lay["ep"]] if moe else []
         cells += [lay["gx"], lay["gy"], lay["gz"]] if grid else []
         cells += [lay["vp"], lay["micro_batch"], lay["zero_stage"], lay["recompute"],
@@ -164,8 +204,9 @@ def _rows(result, idx, layouts, placements, parts, moe, grid=False, detail=None)
     return rows
 
 
-def _columns(parts, moe, grid=False):
-    return ("#", "step_time_s", "mem_GiB", "MFU_%", "tp", "pp", "dp", "cp",
+def _columns(parts, moe, grid=False, trust=False):
+    return ("#", "step_time_s", "mem_GiB", "MFU_%", *(("envelope", "hi95_s") if trust else ()),
+            "tp", "pp", "dp", "cp",
             *(("ep",) if moe else ()), *(("gx", "gy", "gz") if grid else ()), "vp", "mb",
             "zero", "recompute", "sp", "placement", *parts)
 
@@ -178,7 +219,7 @@ def _wide():
 
 
 def render(model, system, args, layouts, placements, result, top, front, seconds, detail,
-           similar=None):
+           similar=None, trust=None):
     from diffperf.result import EXPOSED_PARTS
     from diffperf.search import COLUMNS, axonn_mask
 
@@ -196,15 +237,16 @@ def render(model, system, args, layouts, placements, result, top, front, seconds
     else:
         mean = {k: float(np.mean(getattr(detail.breakdown, k))) for k in EXPOSED_PARTS}
         parts = sorted(EXPOSED_PARTS, key=lambda k: -mean[k])[:_N_PARTS]
-        rows = _rows(result, top, layouts, placements, parts, moe, n_grid > 0, detail)
-        columns = _columns(parts, moe, n_grid > 0)
+        how = "by the 95 % interval's upper end" if args.robust else "fastest"
+        where = " inside the envelope" if args.in_envelope else ""
+        rows = _rows(result, top, layouts, placements, parts, moe, n_grid > 0, detail, trust)
+        columns = _columns(parts, moe, n_grid > 0, trust is not None)
         if similar is not None and any(similar):
             rows = [[*r, s] for r, s in zip(rows, similar)]
             columns = (*columns, f"near-ties (<= {args.tie_pct:g} %)")
         merged_note = " (near-ties merged)" if similar is not None and any(similar) else ""
-        out.print(table(f"fastest {len(top)} of {feasible:,} layouts that fit{merged_note}: "
-                        f"{head}",
-                        columns, rows))
+        out.print(table(f"{how}: {len(top)} of {feasible:,} layouts that fit{where}"
+                        f"{merged_note}: {head}", columns, rows))
         shown = front[np.unique(np.linspace(0, len(front) - 1, _FRONT_ROWS).round().astype(int))]
         note = f" ({len(shown)} of {len(front)} points; --json lists all)" if len(
             shown) < len(front) else ""
@@ -214,6 +256,19 @@ def render(model, system, args, layouts, placements, result, top, front, seconds
     grid = f", {n_grid:,} of them on the AxoNN grid" if args.axonn else ""
     out.print(f"evaluated {n:,} layouts{grid} ({feasible:,} fit) in {seconds:.2f} s, "
                   f"compiling or loading the kernels included ({n / seconds:,.0f} layouts/s)")
+    if trust is not None:
+        from diffperf.trust import describe_text
+
+        inside = int(np.sum(trust["inside"] & np.asarray(result.fits)))
+        out.print(describe_text(trust["set"]))
+        out.print(f"{inside:,} of the {feasible:,} layouts that fit lie inside its envelope "
+                  f"(envelope: 'in', or 'out' and a score 1 / (1 + distance); hi95_s: the top "
+                  f"of the 95 % interval, wider outside; docs/trust.md)")
+        if len(top) and not trust["inside"][top[0]]:
+            out.print(f"[yellow]the first layout lies OUTSIDE the envelope[/yellow] (nearest "
+                      f"measured regime: {trust['regime'][top[0]]}): its MFU "
+                      f"{100 * float(result.mfu[top[0]]):.1f} % is not backed by measurements; "
+                      f"--in-envelope keeps to it, --robust ranks by the interval's top")
 
 
 def run(args) -> int:
@@ -247,8 +302,13 @@ def run(args) -> int:
                         chunk=args.chunk or DEFAULT_CHUNK, validate=False, progress=progress,
                         devices=devices, store=store, fields=RANK_FIELDS,
                         parallel=steer["parallel"])
-        groups = merged(result, layouts, args.top or 10, args.tie_pct / 100)
-        top = np.array([g[0] for g in groups], dtype=np.int64)
+        trust = layout_trust(args, system, train, layouts)
+        if args.robust or args.in_envelope:  # the trust ranking; no near-tie merging
+            top = _ranked(result, trust, args.top or 10, args.robust, args.in_envelope)
+            groups = [np.array([i]) for i in top]
+        else:
+            groups = merged(result, layouts, args.top or 10, args.tie_pct / 100)
+            top = np.array([g[0] for g in groups], dtype=np.int64)
         detail = search(model, system, train, layouts[top], placements=placements,
                         validate=False, optimize=False, store=store,
                         parallel=steer["parallel"]) if len(top) else None
@@ -260,7 +320,7 @@ def run(args) -> int:
     if args.json:
         ranked_entries = []
         for r, (i, g) in enumerate(zip(top, groups), 1):
-            e = _entry(result, i, layouts[i], placements, r, detail)
+            e = _entry(result, i, layouts[i], placements, r, detail, trust)
             e["similar"] = [dict(layout=layout_dict(layouts[j], placements),
                                  step_time_s=float(result.step_time_s[j])) for j in g[1:]]
             ranked_entries.append(e)
@@ -275,13 +335,22 @@ def run(args) -> int:
             set=list(args.set or []), notes=steer["notes"], tie_pct=args.tie_pct,
             csv=None if args.csv is None else dict(path=str(args.csv), rows=written),
             budget=None if budget is None else dataclasses.asdict(budget),
+            efficiency_set=_describe(trust["set"]), robust=args.robust,
+            in_envelope=args.in_envelope,
+            feasible_in_envelope=int(np.sum(trust["inside"] & np.asarray(result.fits))),
             ranked=ranked_entries,
             pareto=[_entry(result, i, layouts[i], placements) for i in front]))
         return 0
     render(model, system, args, layouts, placements, result, top, front, seconds, detail,
-           similar_cells(groups, layouts, placements))
+           similar_cells(groups, layouts, placements), trust)
     if written is not None:
         _wide().print(f"wrote {written:,} layouts that fit to {args.csv}", highlight=False)
     if budget is not None:
         _wide().print(budget_line(budget), highlight=False)
     return 0
+
+
+def _describe(tset):
+    from diffperf.trust import describe
+
+    return describe(tset)

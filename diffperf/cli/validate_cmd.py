@@ -28,7 +28,9 @@ def add_parser(sub):
     add_runs_options(p)
     p.add_argument("--calibration", help="efficiency overlay: a shipped name (diffperf list "
                    "calibrations) or a YAML path; the framework facts it was fitted under "
-                   "(its fitted_on.set) are applied, with a note")
+                   "(its fitted_on.set) are applied, with a note (default: the shipped set of "
+                   "each system's GPU, configs/efficiency, docs/trust.md; 'none': the physics "
+                   "defaults)")
     p.add_argument("--out", help="write one row per run with the predictions")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("--json", action="store_true")
@@ -36,19 +38,31 @@ def add_parser(sub):
     return p
 
 
-def load_systems(runs, system, calibration) -> dict:
-    """System name -> System for the runs (or '*' -> the --system override)."""
+def load_systems(runs, system, calibration, sets=None) -> dict:
+    """System name -> System for the runs (or '*' -> the --system override). With a dict
+    `sets` (validate), a system without --calibration takes the shipped efficiency set of its
+    GPU (diffperf.trust.resolve) and `sets` receives {name: the set's record}; without it
+    (calibrate) the physics defaults are the start."""
     from diffperf import load_system
+    from diffperf.trust import resolve
+
+    def one(name):
+        if sets is None:
+            return load_system(name, None if calibration in ("none", "physics")
+                               else calibration)
+        s, rec = resolve(load_system(name), calibration)
+        sets[name] = rec
+        return s
 
     if system:
-        return {"*": load_system(system, calibration)}
+        return {"*": one(system)}
     names = sorted(set(runs.systems))
     if "" in names:
         blank = [i for i, s in zip(runs.ids, runs.systems) if s == ""]
         raise SpecError(f"{len(blank)} run(s) of the runs CSV have a blank 'system' cell "
                         f"(first: id {blank[0]}); pass --system (allowed: a name under "
                         f"configs/systems or a YAML file)")
-    return {n: load_system(n, calibration) for n in names}
+    return {n: one(n) for n in names}
 
 
 def summarize(runs, step, mem, fits) -> dict:
@@ -92,19 +106,27 @@ def run(args) -> int:
 
     items, notes = framework_facts(args)
     runs = load_runs(args.runs, args.precision, items)
-    systems = load_systems(runs, args.system, args.calibration)
+    sets = {}
+    systems = load_systems(runs, args.system, args.calibration, sets)
     step, mem, fits = predict_runs(runs, systems)
     summary = summarize(runs, step, mem, fits)
     if args.out:
         write_atomic(args.out, _csv_text(runs, step, mem, fits), args.force)
     if args.json:
-        print_json(dict(runs=args.runs, notes=notes, summary=summary))
+        from diffperf.trust import describe
+
+        print_json(dict(runs=args.runs, notes=notes, summary=summary,
+                        efficiency_sets={k: describe(v) for k, v in sets.items()}))
         return 0
     print_notes(notes)
     rows = [(k, v["n"], fmt(v["mape_pct"], 3), fmt(v["median_pct"], 3), fmt(v["max_pct"], 3))
             for k, v in summary.items() if "mape_pct" in v and k != "peak_memory"]
     console.print(table(f"step time error: {args.runs}", ("rows", "n", "MAPE_%", "median_%",
                                                          "max_%"), rows))
+    from diffperf.trust import describe_text
+
+    for name, rec in sets.items():
+        console.print(f"{'all rows' if name == '*' else name}: {describe_text(rec)}")
     if "peak_memory" in summary:
         v = summary["peak_memory"]
         console.print(f"peak memory: n {v['n']}  MAPE {fmt(v['mape_pct'], 3)} %  "

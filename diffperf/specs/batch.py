@@ -7,10 +7,12 @@ import numpy as np
 
 
 def anonymous(spec):
-    """The spec with its static labels (names) blanked, so specs that differ only by name share
-    one tree structure (and one compilation)."""
+    """The spec with its static labels (names, a system's GPU generation) blanked, so specs
+    that differ only by label share one tree structure (and one compilation)."""
     def strip(node):
-        return node.replace(name="") if hasattr(node, "name") and hasattr(node, "replace") else node
+        if not (hasattr(node, "name") and hasattr(node, "replace")):
+            return node
+        return node.replace(name="", **({"gpu": ""} if hasattr(node, "gpu") else {}))
 
     spec = strip(spec)
     if hasattr(spec, "tiers"):

@@ -80,6 +80,10 @@ class Parallel(struct.PyTreeNode):
                                 # (PyTorch FSDP, checkpoint inside the unit: 2)
     zero3_calls_per_layer: Any = 1  # gather / reduce-scatter calls per layer pass (FSDP: one
                                 # flat parameter per layer; DeepSpeed: one per sub-module)
+    zero3_copy_out: Any = 0     # 1: FSDP2 (per-parameter sharding): each gathered layer is
+                                # copied out of the all-gather buffer into its parameters on
+                                # the compute stream (workload.dp.zero3_copy_out_bytes);
+                                # 0: FSDP1 / DeepSpeed flat buffers, the parameters are views
     pp_first_layers: Any = 0    # layers on the first pipeline stage, and
     pp_last_layers: Any = 0     # on the last (both > 0, or both 0: balanced automatically,
                                 # the first and last stage giving up layers first; see

@@ -61,7 +61,10 @@ class Efficiency(struct.PyTreeNode):
     coll_base_s: Any = 15e-6    # fixed cost per collective call (launch + synchronisation)
     coll_eff_intra: Any = 0.80  # achieved / link bandwidth on the innermost tier (NCCL busbw)
     coll_eff_inter: Any = 0.80  # achieved / link bandwidth on the outer tiers
-    overlap_slowdown: Any = 0.10  # compute slows by this fraction of the communication it hides
+    overlap_slowdown: Any = 0.19  # compute slows by this fraction of the communication it hides:
+                                  # 18.9 % average compute slowdown under overlapped
+                                  # collectives on A100 / H100 / MI250 / MI210 (arXiv:2507.03114,
+                                  # 2025, abstract); schedule.overlap.dp_hidden_slowdown_s
     mem_usable_frac: Any = 0.95   # fraction of HBM capacity usable by tensors (fragmentation)
     mem_reserved_bytes: Any = 1.5e9  # runtime workspace (CUDA context, cuBLAS, NCCL buffers)
     act_mem_factor: Any = 1.0     # framework's saved activations / the Korthikanti count
@@ -115,3 +118,5 @@ class System(struct.PyTreeNode):
                                        # 0: none. Non-zero also marks block-scaled tensor
                                        # cores (Blackwell's MX / NVFP4 MMA), which MXFP8 needs
     name: str = struct.field(pytree_node=False, default="system")
+    gpu: str = struct.field(pytree_node=False, default="")  # GPU generation ('a100', 'h100',
+    # ...; '' unknown): picks the shipped default efficiency set (diffperf.trust)

@@ -54,7 +54,8 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         *DIMENSIONS, *GRID, "vp", "micro_batch", "global_batch", "zero_stage", "recompute",
         "sequence_parallel", "dp_overlap", "tp_overlap", "ep_overlap", "cp_ring",
         "axonn_overlap", "placement", "pp_first_layers", "pp_last_layers", "zero_shard",
-        "zero3_prefetch_params", "zero3_regather", "zero3_calls_per_layer")}
+        "zero3_prefetch_params", "zero3_regather", "zero3_calls_per_layer",
+        "zero3_copy_out")}
     M = {f: np.atleast_1d(_arr(getattr(model, f))) for f in (
         "n_heads", "n_kv_heads", "ffn_hidden", "n_layers", "seq_len", "n_experts", "hidden",
         "head_dim")}
@@ -231,7 +232,7 @@ def _check_stages(P, M, where, pick) -> None:
 def _check_zero(P, where, pick) -> None:
     """ZeRO implementation facts: zero_shard a whole number >= 0 dividing dp x cp (the ranks
     that hold the same weights), > 0 only with zero_stage >= 1; zero3_prefetch_params >= 0;
-    zero3_calls_per_layer a whole number >= 1."""
+    zero3_calls_per_layer a whole number >= 1; zero3_copy_out 0 or 1."""
     g, n = P["zero_shard"], P["dp"] * P["cp"]
     _fail((g < 0) | (g != np.round(g)), where, lambda i: (
         f"zero_shard={pick(g, i):g} must be a whole number >= 0 (0: shard over all dp x cp "
@@ -249,6 +250,10 @@ def _check_zero(P, where, pick) -> None:
     k = P["zero3_calls_per_layer"]
     _fail((k < 1) | (k != np.round(k)), where, lambda i: (
         f"zero3_calls_per_layer={pick(k, i):g} must be a whole number >= 1"))
+    c = P["zero3_copy_out"]
+    _fail((c != 0) & (c != 1), where, lambda i: (
+        f"zero3_copy_out={pick(c, i):g} is not allowed (allowed: 0 FSDP1 / DeepSpeed flat "
+        f"buffers, 1 FSDP2 copy-out)"))
 
 
 def check_precision(system, training, where: str = "precision") -> None:

@@ -1,0 +1,159 @@
+"""Write published_fsdp.csv and published_fsdp_fp8.csv from the published tables (see README.md
+beside this file for every source, commit and ambiguity). Run from the repository root:
+
+    python calibration/data/make_published_fsdp.py
+
+step_time_s = global_batch x seq_len / (tokens/s/GPU x num_gpus): each table gives tokens per
+second per GPU (TorchTitan: "WPS" / "TPS/GPU"; fms-fsdp: "tokens/sec/GPU"), i.e. the job's
+tokens per second divided by its GPUs, and global_batch = local batch x data-parallel ranks.
+"""
+
+import csv
+from pathlib import Path
+
+HERE = Path(__file__).parent
+COLUMNS = ["id", "source", "system", "num_gpus", "gpus_per_node", "model", "num_layers",
+           "hidden", "ffn_hidden", "num_heads", "num_kv_heads", "vocab", "seq_len", "gated_mlp",
+           "moe_experts", "moe_topk", "tp", "pp", "dp", "cp", "ep", "vp", "sequence_parallel",
+           "zero_stage", "zero_shard", "recompute", "global_batch", "micro_batch", "precision", "step_time_s",
+           "tokens_per_s_per_gpu", "torch_compile", "fields_exact", "set", "notes"]
+# Framework facts per row (the CSV's `set` column, diffperf.load.RUN_FACTS):
+#   FSDP (both): checkpoint inside the FSDP unit, so the backward's one all-gather serves the
+#     recomputed forward (zero3_regather=0); no vocabulary padding (vocab_pad_to=0); PyTorch's
+#     F.cross_entropy (loss_bytes_per_logit=40, Training docs).
+#   TorchTitan FSDP2: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32)
+#     (torchtitan config_manager.py --training.mixed_precision_reduce, default and only choice
+#     "float32"; parallelize_llama.apply_fsdp): the gradient reduce-scatter moves fp32,
+#     grad_bytes=4, the all-gather bf16 (weight_bytes=2 of the bf16 preset); FSDP2 copies each
+#     gathered parameter out of the all-gather buffer (zero3_copy_out=1, workload.dp).
+#   fms-fsdp FSDP1: MixedPrecision(param_dtype=reduce_dtype=bf16) (fms_fsdp/policies/
+#     mixed_precision.py bfSixteen): grad_bytes=2 (the preset's).
+FSDP_FACTS = "zero3_regather=0;vocab_pad_to=0;loss_bytes_per_logit=40"
+TITAN_FACTS = FSDP_FACTS + ";grad_bytes=4;zero3_copy_out=1"
+# Shapes: configs/models/*.yaml (Llama 3) and fms-fsdp fms_fsdp/utils/config_utils.py (Llama 2).
+SHAPES = {
+    "llama3-8b": (32, 4096, 14336, 32, 8, 128256),
+    "llama3-70b": (80, 8192, 28672, 64, 8, 128256),
+    "llama3-405b": (126, 16384, 53248, 128, 8, 128256),
+    "llama2-7b": (32, 4096, 11008, 32, 32, 32000),
+    "llama2-13b": (40, 5120, 13824, 40, 40, 32000),
+    "llama2-34b": (48, 8192, 22016, 64, 8, 32000),
+    "llama2-70b": (80, 8192, 28672, 64, 8, 32000),
+}
+
+
+def row(rid, source, system, model, n, tp, dp, seq, local_batch, recompute, tps, compile_,
+        exact, notes, pp=1, cp=1, precision="bf16", zero_shard=0):
+    L, h, f, a, kv, V = SHAPES[model]
+    gb = local_batch * dp
+    step = gb * seq / (tps * n)
+    return dict(id=rid, source=source, system=system, num_gpus=n, gpus_per_node=8, model=model,
+                num_layers=L, hidden=h, ffn_hidden=f, num_heads=a, num_kv_heads=kv, vocab=V,
+                seq_len=seq, gated_mlp=1, moe_experts=0, moe_topk=0, tp=tp, pp=pp, dp=dp,
+                cp=cp, ep=1, vp=1, sequence_parallel=int(tp > 1), zero_stage=3,
+                zero_shard=zero_shard,
+                set=TITAN_FACTS if source.startswith("torchtitan") else FSDP_FACTS,
+                recompute=recompute, global_batch=gb, micro_batch=local_batch,
+                precision=precision, step_time_s=f"{step:.6g}", tokens_per_s_per_gpu=tps,
+                torch_compile=int(compile_), fields_exact=int(exact), notes=notes)
+
+
+TT_A100 = "TorchTitan docs/performance.md @1ea476e9f (2024-04-24), Llama 3 table, 64 A100 80GB, FSDP2"
+TT_H100 = ("TorchTitan docs/performance.md @d4c86e375 (2025-01-30) = benchmarks/"
+           "llama3_h100_202412_torchtitan.md, Grand Teton H100 96GB HBM2e 500 W, torch 1963fc8")
+TT_405 = "TorchTitan docs/performance.md @3faaa1a0d (2024-08-23), Llama 3.1 405B on 128 H100 (94GB)"
+TT_ATP = ("TorchTitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md @820504e "
+          "(2025-06-13), Grand Teton H100, vanilla TP (async TP off)")
+FMS = "fms-fsdp README.md @5a296af (2025-07-10; table since 3b1ce15, 2024-05-09), FSDP1 bf16"
+
+bf16 = [
+    row("tt-a100-l3-8b-sac-layer", "torchtitan-a100", "a100-sxm-80gb", "llama3-8b", 64, 1, 64,
+        8192, 1, "selective", 2904, False, False,
+        f"{TT_A100}; selective LAYER AC (every k-th block fully checkpointed, k not stated): "
+        "diffperf 'selective' recomputes less; MFU 56.8 %"),
+    row("tt-a100-l3-8b-sac-op", "torchtitan-a100", "a100-sxm-80gb", "llama3-8b", 64, 1, 64,
+        8192, 1, "selective", 2973, False, False,
+        f"{TT_A100}; selective OP AC (saves mm outputs except every 2nd mm, and SDPA): "
+        "diffperf 'selective' recomputes less; MFU 58.2 %"),
+    row("tt-a100-l3-70b-full", "torchtitan-a100", "a100-sxm-80gb", "llama3-70b", 64, 1, 64,
+        8192, 1, "full", 331, False, True, f"{TT_A100}; full AC; MFU 51.7 %"),
+    row("tt-h100-l3-8b-n8-eager", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 8, 1, 8,
+        8192, 2, "selective", 5762, False, False,
+        f"{TT_H100}; Table 1; selective op AC (train_configs default)"),
+    row("tt-h100-l3-8b-n8-compile", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 8, 1,
+        8, 8192, 2, "selective", 6667, True, False, f"{TT_H100}; Table 1; selective op AC"),
+    row("tt-h100-l3-8b-n128-eager", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 128,
+        1, 128, 8192, 2, "selective", 5605, False, False,
+        f"{TT_H100}; Table 3; selective op AC"),
+    row("tt-h100-l3-8b-n128-compile", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 128,
+        1, 128, 8192, 2, "selective", 6514, True, False, f"{TT_H100}; Table 3; selective op AC"),
+    row("tt-h100-l31-405b-n128-tp8", "torchtitan-h100", "grand-teton-h100", "llama3-405b",
+        128, 8, 16, 8192, 2, "full", 109, True, True,
+        f"{TT_405}; FSDP 16 x TP 8 (sequence parallel), full AC, compile=true in "
+        "train_configs/llama3_405b.toml; MFU 29.0 % of the SXM peak"),
+    row("tt-h100-l3-70b-n256-tp8", "torchtitan-h100", "grand-teton-h100", "llama3-70b", 256,
+        8, 32, 8192, 16, "full", 597.3, True, True,
+        f"{TT_ATP}; FSDP 32 x TP 8, full AC, local batch 16"),
+    row("tt-h100-l3-8b-n64-tp8", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 64, 8, 8,
+        8192, 12, "selective", 4378, True, False,
+        f"{TT_ATP}; FSDP 8 x TP 8, per-op SAC, local batch 12"),
+    row("fms-a100-l2-7b-hsdp", "fms-fsdp-a100", "a100-80gb-400gbps-node", "llama2-7b", 128, 1,
+        128, 4096, 2, "none", 4550, True, True,
+        f"{FMS}; HSDP (shard in the node of 8, replicate across 16 nodes: zero_shard=8), no AC;"
+        " MFU 0.68", zero_shard=8),
+    row("fms-a100-l2-13b", "fms-fsdp-a100", "a100-80gb-400gbps-node", "llama2-13b", 128, 1, 128,
+        4096, 2, "full", 2150, True, False,
+        f"{FMS}; FSDP, 'Selective AC' = a fraction p of blocks checkpointed, p not stated "
+        "(HFU/MFU 0.69/0.61 suggests few); mapped to full"),
+    row("fms-a100-l2-34b", "fms-fsdp-a100", "a100-80gb-400gbps-node", "llama2-34b", 128, 1, 128,
+        4096, 2, "full", 820, True, False,
+        f"{FMS}; FSDP, selective AC fraction not stated (HFU/MFU 0.74/0.55 ~ 3/4 of blocks); "
+        "mapped to full"),
+    row("fms-a100-l2-70b", "fms-fsdp-a100", "a100-80gb-400gbps-node", "llama2-70b", 128, 1, 128,
+        4096, 2, "full", 410, True, False,
+        f"{FMS}; FSDP, selective AC fraction not stated (HFU/MFU 0.74/0.55); mapped to full"),
+    row("fms-h100-l2-7b-hsdp", "fms-fsdp-h100", "h100-80gb-800gbps-node", "llama2-7b", 96, 1, 96,
+        4096, 2, "none", 9600, True, True,
+        f"{FMS}; HSDP (zero_shard=8, 12 nodes), no AC; MFU 0.46", zero_shard=8),
+    row("fms-h100-l2-13b", "fms-fsdp-h100", "h100-80gb-800gbps-node", "llama2-13b", 96, 1, 96,
+        4096, 2, "full", 4850, True, False, f"{FMS}; FSDP, selective AC fraction not stated"),
+    row("fms-h100-l2-34b", "fms-fsdp-h100", "h100-80gb-800gbps-node", "llama2-34b", 96, 1, 96,
+        4096, 2, "full", 1830, True, False, f"{FMS}; FSDP, selective AC fraction not stated"),
+    row("fms-h100-l2-70b", "fms-fsdp-h100", "h100-80gb-800gbps-node", "llama2-70b", 96, 1, 96,
+        4096, 2, "full", 890, True, False, f"{FMS}; FSDP, selective AC fraction not stated"),
+]
+
+FP8 = "fp8-current"  # torchao float8 tensorwise dynamic scaling (SHARED_NAMES: fp8-current)
+fp8 = [
+    row("tt-h100-l3-8b-n8-fp8", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 8, 1, 8,
+        8192, 2, "selective", 8532, True, False, f"{TT_H100}; Table 1; Float8 linears",
+        precision=FP8),
+    row("tt-h100-l3-8b-n128-fp8", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 128, 1,
+        128, 8192, 2, "selective", 8380, True, False, f"{TT_H100}; Table 3; Float8 linears",
+        precision=FP8),
+    *[row(f"tt-h100-l3-8b-n8-cp{c}-fp8", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 8,
+          1, 8 // c, s, 1, "full", t, True, False,
+          f"{TT_H100}; Table 2; FSDP {8 // c} x CP {c}, full AC, Float8; whether TPS counts "
+          "the CP-split tokens once is not stated", cp=c, precision=FP8)
+      for c, s, t in ((1, 32768, 3890), (2, 65536, 2540), (4, 131072, 1071),
+                      (8, 262144, 548))],
+    row("tt-h100-l3-70b-n256-tp8-fp8", "torchtitan-h100", "grand-teton-h100", "llama3-70b", 256,
+        8, 32, 8192, 16, "full", 829, True, True, f"{TT_H100}; Table 4; Float8, TP not async",
+        precision=FP8),
+]
+# Left out: async-TP rows (overlap not modelled), PP rows of 405B (FSDP x TP x PP x Float8 with
+# a schedule diffperf's layout would need vp=... stated only as "interleaved"), Llama 2 13B/70B
+# on A100 (torchtitan April 2024: llama2 configs gone), 405B Float8 on 128 H100.
+
+
+def write(path, rows):
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+if __name__ == "__main__":
+    write(HERE / "published_fsdp.csv", bf16)
+    write(HERE / "published_fsdp_fp8.csv", fp8)
+    print(f"{len(bf16)} bf16 rows, {len(fp8)} fp8 rows")

@@ -1,0 +1,229 @@
+"""Trust (docs/trust.md): default efficiency sets per GPU generation, envelopes, intervals;
+the published FSDP runs (calibration/data); FSDP2 copy-out and the DP overlap slowdown."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from diffperf import Parallel, load_model, load_runs, load_system, predict, training
+from diffperf import trust as tr
+from diffperf.cli.main import main
+from diffperf.errors import SpecError
+from diffperf.predict import _dp_times
+from diffperf.schedule.overlap import dp_hidden_slowdown_s
+from diffperf.workload.dp import zero3_copy_out_bytes
+from diffperf.workload.params import layer_params_per_device
+
+ROOT = Path(__file__).resolve().parents[1]
+PUBLISHED = ROOT / "calibration" / "data" / "published_fsdp.csv"
+
+
+# ------------------------------------------------------------------ envelopes and intervals
+
+ENV = dict(gpu=["a100"], precision=["bf16"], tp=[1, 8], pp=[1, 8], dp=[1, 64], cp=[1, 1],
+           ep=[1, 1], gpus=[2, 512], micro_batch=[1, 8], zero_stage=[0, 1],
+           recompute=["full"])
+
+
+def _cols(**kw):
+    base = dict(tp=8, pp=4, dp=16, cp=1, ep=1, micro_batch=1, zero_stage=1, recompute=2,
+                gx=1, gy=1, gz=1)
+    return tr.layout_columns(Parallel(**(base | kw)))
+
+
+def test_envelope_distance_by_hand():
+    """0 inside; |log2| of how far a degree lies outside; CATEGORY_WEIGHT per category."""
+    assert tr.envelope_distance(_cols(), ENV, "bf16", "a100")[0] == 0.0  # 512 GPUs
+    assert tr.envelope_distance(_cols(tp=16, dp=8), ENV, "bf16", "a100")[0] == pytest.approx(1.0)
+    # 1024 GPUs (one doubling) and ZeRO-3 (a category): 1 + 4
+    d = tr.envelope_distance(_cols(dp=32, zero_stage=3), ENV, "bf16", "a100")[0]
+    assert d == pytest.approx(1.0 + tr.CATEGORY_WEIGHT)
+    # selective recompute, fp16, h100: three categories
+    d = tr.envelope_distance(_cols(recompute=1), ENV, "fp16", "h100")[0]
+    assert d == pytest.approx(3 * tr.CATEGORY_WEIGHT)
+    # micro-batch 32 against [1, 8]: log2(4) = 2
+    assert tr.envelope_distance(_cols(micro_batch=32), ENV, "bf16", "a100")[0] == pytest.approx(2)
+
+
+def _set(q_fit=0.2, q_other=0.3, validated=False):
+    other = dict(ENV, zero_stage=[3], gpus=[64, 128], tp=[1, 1], dp=[64, 128])
+    return dict(name="t", gpu="a100", measured=True, path=None, regimes=[
+        dict(name="fit", q95_log=q_fit, validated=True, envelope=ENV, mape_pct=5.0, n=10,
+             runs="r"),
+        dict(name="fsdp", q95_log=q_other, validated=validated, envelope=other)])
+
+
+def test_trust_inside_and_outside_by_hand():
+    """Inside the fit's envelope: q_fit; outside: max(q_fit, q of the nearest extrapolation
+    regime); a validated held-out regime joins the envelope with its own q, and a set with
+    no extrapolation regime widens to UNMEASURED_Q."""
+    cols = tr.layout_columns(np.array([[8, 4, 16, 1, 1, 1, 1, 1536, 1, 1, 1, 1, 2, 1, 0],
+                                       [1, 1, 64, 1, 1, 1, 1, 64, 1, 1, 1, 3, 2, 0, 0],
+                                       [4, 1, 256, 1, 1, 1, 3, 1536, 1, 1, 1, 3, 1, 1, 0]]),
+                             ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch",
+                              "global_batch", "gx", "gy", "gz", "zero_stage", "recompute",
+                              "sequence_parallel", "placement"))
+    t = tr.trust(cols, _set(), "bf16", "a100")
+    assert list(t["inside"]) == [True, False, False]
+    assert t["q"] == pytest.approx([0.2, 0.3, 0.3])
+    assert list(t["regime"]) == ["fit", "fsdp", "fsdp"]
+    assert t["score"][0] == 1.0 and 0 < t["score"][2] < t["score"][1] < 1
+    t = tr.trust(cols, _set(q_fit=0.4), "bf16", "a100")
+    assert t["q"] == pytest.approx([0.4, 0.4, 0.4])  # never narrower than inside
+    t = tr.trust(cols, _set(validated=True), "bf16", "a100")
+    assert list(t["inside"]) == [True, True, False]
+    assert t["q"] == pytest.approx([0.2, 0.3, tr.UNMEASURED_Q])
+    assert t["regime"][2] == "unmeasured"
+    lo, hi = tr.interval(np.array([10.0]), np.array([0.2]))
+    assert (lo[0], hi[0]) == pytest.approx((10 * np.exp(-0.2), 10 * np.exp(0.2)))
+
+
+def test_unmeasured_gpu_falls_back_to_physics_and_says_so():
+    s = tr.default_set("mi300x")
+    assert s["name"] == tr.PHYSICS and not s["measured"] and "no measured runs" in s["note"]
+    system, rec = tr.resolve(load_system("mi300x"), None)
+    assert system.eff == load_system("mi300x").eff and rec["name"] == tr.PHYSICS
+    t = tr.trust(_cols(), rec, "bf16", "mi300x")
+    assert not t["inside"][0] and t["q"][0] == tr.UNMEASURED_Q
+
+
+@pytest.mark.parametrize("gpu", ["a100", "h100"])
+def test_shipped_sets_record_their_error_and_regimes(gpu):
+    """configs/efficiency/GPU.yaml: the fitted efficiencies of its overlay, regimes starting
+    with the fit's own, each with an envelope and a held-out q; the set is applied by
+    default."""
+    s = tr.default_set(gpu)
+    assert s["measured"] and s["regimes"][0]["name"] == "fit"
+    assert all(r["q95_log"] > 0 and r["n"] > 0 and "envelope" in r for r in s["regimes"])
+    assert any(r["name"] == "fsdp-published" for r in s["regimes"])
+    name = {"a100": "a100-sxm-80gb", "h100": "h100-sxm-80gb"}[gpu]
+    system, rec = tr.resolve(load_system(name), None)
+    assert rec["path"] == s["path"]
+    assert float(system.eff.mm_max) == pytest.approx(s["efficiency"]["mm_max"])
+
+
+def test_system_gpu_key_is_checked(tmp_path):
+    d = (ROOT / "configs" / "systems" / "a100-sxm-80gb.yaml").read_text()
+    p = tmp_path / "s.yaml"
+    p.write_text(d.replace("gpu: a100", "gpu: a10O"))
+    with pytest.raises(SpecError, match=r"gpu='a10O' is not allowed.*allowed: a100, h100"):
+        load_system(p)
+    assert load_system("a100-sxm-80gb").gpu == "a100"
+
+
+# ------------------------------------------------------------------------ published runs
+
+def test_published_fsdp_csv_loads_with_its_row_facts():
+    """Each row's `set` facts reach its specs: FSDP2 rows reduce in fp32 and copy out, FSDP1
+    rows reduce in bf16; HSDP rows shard over the node (zero_shard 8)."""
+    runs = load_runs(PUBLISHED)
+    assert len(runs) == 18 and np.all(np.isfinite(runs.step_time_s))
+    by = dict(zip(runs.ids, range(len(runs))))
+    tt, fms = by["tt-h100-l3-8b-n8-eager"], by["fms-h100-l2-7b-hsdp"]
+    assert float(runs.trainings[tt].grad_bytes) == 4
+    assert float(runs.parallels[tt].zero3_copy_out) == 1
+    assert float(runs.trainings[fms].grad_bytes) == 2
+    assert float(runs.parallels[fms].zero3_copy_out) == 0
+    assert float(runs.parallels[fms].zero_shard) == 8 and float(runs.parallels[tt].zero_shard) == 0
+    # step = global batch x seq / (tokens/s/GPU x GPUs): 16 x 8192 / (5762 x 8)
+    assert runs.step_time_s[tt] == pytest.approx(16 * 8192 / (5762 * 8), rel=1e-5)
+
+
+def test_run_row_facts_are_checked(tmp_path):
+    text = PUBLISHED.read_text().replace("zero3_regather=0", "zero3_regathr=0", 1)
+    p = tmp_path / "r.csv"
+    p.write_text(text)
+    with pytest.raises(SpecError, match=r"framework facts\): --set: unknown field 'zero3_re"):
+        load_runs(p)
+
+
+# ------------------------------------------------------------------------------ physics
+
+def test_zero3_copy_out_bytes_by_hand():
+    """Llama 3 8B layer: 4096 (4096 + 2 x 1024 + 4096) + 3 x 4096 x 14336 + 2 x 4096 (norms)
+    = 218,112,000 parameters; bf16 gathers: 2 x 2 x P bytes per gather; 0 without FSDP2."""
+    P = float(layer_params_per_device(load_model("llama3-8b"), Parallel()))
+    assert P == 4096 * (4096 + 2 * 1024 + 4096) + 3 * 4096 * 14336 + 2 * 4096
+    tb = training("bf16")
+    assert float(zero3_copy_out_bytes(P, tb, 1.0)) == 4.0 * P
+    assert float(zero3_copy_out_bytes(P, tb, 0.0)) == 0.0
+    assert float(dp_hidden_slowdown_s(0.387, 0.1)) == pytest.approx(0.0387)
+
+
+def test_copy_out_adds_one_copy_per_gather_to_the_step():
+    """ZeRO-3 on one 8-GPU node, 1 stage, full recompute without re-gather (FSDP: 2 gathers
+    per layer pass), m = 2 micro-batches: the step grows by m L 2 t_copy exactly,
+    t_copy = 4 P / (BW_hbm mem_eff)."""
+    model, system = load_model("llama3-8b"), load_system("h100-sxm-80gb")
+    par = Parallel(dp=8, micro_batch=1, global_batch=16, zero_stage=3, recompute=2,
+                   zero3_regather=0)
+    tb = training("bf16")
+    base = predict(model, par, system, tb)
+    with_copy = predict(model, par.replace(zero3_copy_out=1), system, tb)
+    P = float(layer_params_per_device(model, par))
+    t_copy = 4.0 * P / (float(system.hbm_bandwidth_Bps) * float(system.eff.mem_eff))
+    assert float(_dp_times(model, par.replace(zero3_copy_out=1), system, tb)["copy_out_s"]) \
+        == pytest.approx(t_copy, rel=1e-5)
+    want = 2 * 32 * 2 * t_copy
+    assert float(with_copy.step_time_s - base.step_time_s) == pytest.approx(want, rel=1e-3)
+    assert float(with_copy.breakdown.dp_exposed_s - base.breakdown.dp_exposed_s) == \
+        pytest.approx(want, rel=1e-3)
+
+
+def test_hidden_dp_communication_slows_compute():
+    """The hidden DP seconds cost overlap_slowdown x themselves (arXiv:2507.03114): the
+    step difference between sigma and 0 is sigma x dp_hidden_s; none when nothing hides."""
+    model, system = load_model("llama3-8b"), load_system("h100-sxm-80gb")
+    par = Parallel(dp=64, micro_batch=2, global_batch=128, zero_stage=3, recompute=2)
+    tb = training("bf16")
+    off = system.replace(eff=system.eff.replace(overlap_slowdown=0.0))
+    r0, r1 = predict(model, par, off, tb), predict(model, par, system, tb)
+    hidden = float(r1.breakdown.dp_hidden_s)
+    assert hidden > 0
+    sigma = float(system.eff.overlap_slowdown)
+    assert float(r1.step_time_s - r0.step_time_s) == pytest.approx(sigma * hidden, rel=1e-4)
+    exposed = predict(model, par.replace(dp_overlap=0, zero_stage=1), system, tb)
+    assert float(exposed.breakdown.dp_hidden_s) == 0.0
+
+
+# --------------------------------------------------------------------------------- CLI
+
+def test_cli_predict_json_reports_the_set_and_the_envelope(capsys):
+    """No overlay: the A100 set; GPT-3 175B ZeRO-1, selective recompute lies outside the
+    envelope (recompute 'selective' was never measured) and its interval is widened."""
+    assert main(["predict", "--json", "--no-cache", "--gpus", "64", "--tp", "8", "--pp", "8",
+                 "--global-batch", "64"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    s = d["efficiency_set"]
+    assert s["name"] == "a100-default" and s["measured"] and s["heldout_mape_pct"] > 0
+    t = d["trust"]
+    assert t["inside_envelope"] is False and t["q95_log"] > s["heldout_q95_log"]
+    lo, hi = t["interval_95_s"]
+    T = d["result"]["step_time_s"]
+    assert lo < T < hi and hi / T == pytest.approx(np.exp(t["q95_log"]), rel=1e-6)
+    assert main(["predict", "--json", "--no-cache", "--gpus", "64", "--tp", "8", "--pp", "8",
+                 "--global-batch", "64", "--recompute", "full", "--zero-stage", "0",
+                 "--precision", "fp16"]) == 0
+    t = json.loads(capsys.readouterr().out)["trust"]
+    assert t["inside_envelope"] is True
+    assert main(["predict", "--json", "--no-cache", "--gpus", "64", "--tp", "8", "--pp", "8",
+                 "--global-batch", "64", "--calibration", "none"]) == 0
+    assert json.loads(capsys.readouterr().out)["efficiency_set"]["name"] == tr.PHYSICS
+
+
+def test_cli_validate_reports_the_set_of_each_system(capsys, tmp_path):
+    """validate with no overlay: each system's GPU set (grand-teton-h100 -> h100, the fms
+    A100 cluster -> a100), named in --json and in the text."""
+    lines = PUBLISHED.read_text().splitlines()
+    pick = [lines[0]] + [ln for ln in lines if ln.startswith(("tt-h100-l3-8b-n8-eager,",
+                                                               "fms-a100-l2-7b-hsdp,"))]
+    p = tmp_path / "two.csv"
+    p.write_text("\n".join(pick) + "\n")
+    assert main(["validate", str(p), "--json"]) == 0
+    sets = json.loads(capsys.readouterr().out)["efficiency_sets"]
+    assert {k: v["name"] for k, v in sets.items()} == {
+        "grand-teton-h100": "h100-default", "a100-80gb-400gbps-node": "a100-default"}
+    assert main(["validate", str(p), "--calibration", "none"]) == 0
+    assert "physics-defaults" in capsys.readouterr().out
