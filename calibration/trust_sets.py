@@ -8,7 +8,7 @@ Regimes (each an envelope and the error of the set's predictions on runs it neve
                   (the same seed-0 80/20 split as calibration/reproduce.sh), with its facts
   h100 / inside   5-fold cross-validation on shared/data/h100_single_gpu.csv (refitted per
                   fold as reproduce.sh does; the shipped overlay is the all-rows fit)
-  */ fsdp-published  calibration/data/published_fsdp.csv rows of that GPU (never fitted)
+  */ fsdp-published  data/published_fsdp.csv rows of that GPU (never fitted)
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from diffperf.intervals import conformal_quantile  # noqa: E402
 from diffperf.validation import predict_runs  # noqa: E402
 
 VTRAIN_FACTS = ["dp_overlap=0", "flash_attention=0", "fused_softmax_max_seq=2048"]
-PUBLISHED = ROOT / "calibration" / "data" / "published_fsdp.csv"
+PUBLISHED = ROOT / "data" / "published_fsdp.csv"
 
 
 def stats(log_r, ids, note) -> dict:
@@ -207,7 +207,7 @@ def main():
     h1 = load_runs(DATA / "h100_single_gpu.csv", "amp-bf16", None)
     FSDP = ("PyTorch FSDP: TorchTitan FSDP2 (bf16 all-gather, fp32 reduce-scatter) and "
             "fms-fsdp FSDP1 (bf16), flash attention, no vocabulary padding; "
-            "calibration/data/README.md")
+            "data/published_fsdp.md")
     env_sc21 = dict(gpu=["a100"], precision=["fp16", "bf16"], tp=[1, 8], pp=[1, 64],
                     dp=[6, 32], cp=[1, 1], ep=[1, 1], gpus=[32, 3072], micro_batch=[1, 16],
                     zero_stage=[0], recompute=["full"])
@@ -222,14 +222,14 @@ def main():
                    "(docs/published_megatron.py, interleaved reading; the micro-batch and vp "
                    "are not published: the fastest predicted that fits)", env_sc21,
                    "Megatron-LM (2021), the same facts as the fit"),
-            regime("fsdp-published", pa["a100"][0], "calibration/data/published_fsdp.csv, "
+            regime("fsdp-published", pa["a100"][0], "data/published_fsdp.csv, "
                    "A100 rows", envelope_of(by_gpu["a100"], "a100", ["bf16"]), FSDP),
         ],
         "h100": [
             regime("fit", None, None, envelope_of(h1, "h100", ["amp-bf16", "bf16"]),
                    "PyTorch 2.11 eager, one GPU, fp32 weights under bf16 autocast, SDPA flash "
                    "attention (shared/data/README.md)", measured=dict(fit_h)),
-            regime("fsdp-published", pa["h100"][0], "calibration/data/published_fsdp.csv, "
+            regime("fsdp-published", pa["h100"][0], "data/published_fsdp.csv, "
                    "H100 rows", envelope_of(by_gpu["h100"], "h100", ["bf16"]), FSDP),
         ]}
     for gpu, regs in regimes.items():

@@ -72,8 +72,10 @@ def default_set(gpu: str) -> dict:
 def overlay_set(path) -> dict:
     """The efficiency set of a user's overlay YAML: its envelope and regimes when it has them
     (a set under configs/efficiency), else measured=True with no envelope."""
+    from diffperf import resources
     from diffperf.load import read_yaml
 
+    path = resources.overlay_path(path)  # a shipped name ('vtrain-a100') or a path
     d = read_yaml(Path(path))
     if "regimes" in d:
         return _checked(d, str(path)) | dict(path=str(path), measured=True)

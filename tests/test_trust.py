@@ -1,5 +1,5 @@
 """Trust (docs/trust.md): default efficiency sets per GPU generation, envelopes, intervals;
-the published FSDP runs (calibration/data); FSDP2 copy-out and the DP overlap slowdown."""
+the published FSDP runs (data/published_fsdp.csv); FSDP2 copy-out and the DP overlap slowdown."""
 
 import json
 from pathlib import Path
@@ -17,7 +17,7 @@ from diffperf.workload.dp import zero3_copy_out_bytes
 from diffperf.workload.params import layer_params_per_device
 
 ROOT = Path(__file__).resolve().parents[1]
-PUBLISHED = ROOT / "calibration" / "data" / "published_fsdp.csv"
+PUBLISHED = ROOT / "data" / "published_fsdp.csv"
 
 
 # ------------------------------------------------------------------ envelopes and intervals

@@ -1,7 +1,7 @@
-"""Write published_fsdp.csv and published_fsdp_fp8.csv from the published tables (see README.md
-beside this file for every source, commit and ambiguity). Run from the repository root:
+"""Write data/published_fsdp.csv and data/published_fsdp_fp8.csv from the published tables
+(see data/published_fsdp.md for every source, commit and ambiguity). Run from the repository root:
 
-    python calibration/data/make_published_fsdp.py
+    python calibration/make_published_fsdp.py
 
 step_time_s = global_batch x seq_len / (tokens/s/GPU x num_gpus): each table gives tokens per
 second per GPU (TorchTitan: "WPS" / "TPS/GPU"; fms-fsdp: "tokens/sec/GPU"), i.e. the job's
@@ -11,7 +11,7 @@ tokens per second divided by its GPUs, and global_batch = local batch x data-par
 import csv
 from pathlib import Path
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parent.parent / "data"
 COLUMNS = ["id", "source", "system", "num_gpus", "gpus_per_node", "model", "num_layers",
            "hidden", "ffn_hidden", "num_heads", "num_kv_heads", "vocab", "seq_len", "gated_mlp",
            "moe_experts", "moe_topk", "tp", "pp", "dp", "cp", "ep", "vp", "sequence_parallel",
