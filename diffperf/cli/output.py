@@ -62,11 +62,11 @@ _UMASK = _read_umask()
 
 
 @contextmanager
-def atomic_path(path, suffix=".tmp"):
+def atomic_path(path, suffix=".tmp", mode=None):
     """A temporary file beside `path` for the block to write; on success it replaces `path`
     (a rename: an interrupted run never leaves a truncated file) with the permissions of the
     file it replaces, or those a new file gets under the process's umask (mkstemp alone
-    makes it private); on failure it is removed, and an OSError becomes a SpecError naming
+    makes it private), or `mode` when given; on failure it is removed, and an OSError becomes a SpecError naming
     the path."""
     path = Path(path)
     try:
@@ -76,7 +76,8 @@ def atomic_path(path, suffix=".tmp"):
     os.close(fd)
     try:
         yield tmp
-        os.chmod(tmp, stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_UMASK)
+        os.chmod(tmp, mode if mode is not None else stat.S_IMODE(path.stat().st_mode)
+                 if path.exists() else 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)
