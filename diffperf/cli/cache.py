@@ -123,9 +123,9 @@ class KernelStore(MutableMapping):
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or not _owned_private(st):
-                raise PermissionError(f"{path}: not a private file of this user")
+                raise PermissionError(path)  # not a private file of this user
             if limit is not None and st.st_size > limit:
-                raise ValueError(f"{path}: {st.st_size} bytes")
+                raise ValueError(path)  # too large to be metadata
             with os.fdopen(fd, "rb") as fh:
                 fd = None
                 return fh.read()
