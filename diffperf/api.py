@@ -19,7 +19,9 @@ from diffperf.result import Result
 from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel, Recompute, ZeroStage
 from diffperf.specs.training import Training
-from diffperf.specs.validate import check_layout
+from diffperf.specs.validate import (check_finite_result, check_inputs, check_job,
+                                     check_layout, check_model, check_system,
+                                     check_training)
 
 _RECOMPUTE = {r.name.lower(): int(r) for r in Recompute}
 
@@ -87,10 +89,17 @@ def predict(model, parallel, system, training=None, *, temperature=None,
     parallel = _normalize(parallel)
     if temperature is not None and not temperature >= 0:
         raise SpecError(f"temperature={temperature} must be >= 0 (or None for the exact model)")
-    if _is_concrete((model, parallel)):
-        check_layout(model, parallel)
     if not _is_concrete((model, parallel, system, training)):
+        if _is_concrete((model, parallel)):
+            check_layout(model, parallel)
         return predict_step(model, parallel, system, training, temperature)
+    check_inputs(model, parallel, system, training)
+    result = _predict_concrete(model, parallel, system, training, temperature, store)
+    check_finite_result(result, model, parallel)
+    return result
+
+
+def _predict_concrete(model, parallel, system, training, temperature, store) -> Result:
     args = _as_float((anonymous(model), anonymous(parallel), anonymous(system),
                       anonymous(training)))
     static = dict(temperature=temperature or None, features=FEATURES)
@@ -110,7 +119,11 @@ def predict_batch(models, parallels, system, trainings, *, temperature=None) -> 
     Validates every entry, then runs one jitted vmap: the fast path of validate and search.
     """
     parallels = _normalize(parallels)
+    check_model(models)
+    check_system(system)
+    check_training(trainings)
     check_layout(models, parallels)
+    check_job(parallels, system)
     args = _as_float((anonymous(models), anonymous(parallels), anonymous(system),
                       anonymous(trainings)))
     return _predict_vmap(*args, temperature=temperature or None, features=FEATURES)

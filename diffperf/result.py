@@ -85,3 +85,10 @@ class Result(struct.PyTreeNode):
     hardware_flops: Any       # per step, executed (recompute and flash backward included)
     n_devices: Any
     goodput: Goodput          # effective throughput under failures and checkpoints
+    valid: Any = True         # the inputs pass every rule of specs.validate (layout divides
+                              # the model, positive whole degrees, physical system, 0/1
+                              # switches, job within the last tier). Under jit / vmap an
+                              # invalid entry cannot raise: it gets valid = False,
+                              # step_time_s = +inf, tokens_per_s = mfu = 0 and fits = False
+                              # (its other fields mean nothing); predict() on concrete values
+                              # raises a SpecError instead

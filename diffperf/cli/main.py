@@ -19,7 +19,9 @@ DEFAULT_SYSTEM = "a100-sxm-80gb"
 def _parser() -> argparse.ArgumentParser:
     from diffperf.cli import calibrate_cmd, predict_cmd, validate_cmd
 
-    p = argparse.ArgumentParser(prog="diffperf", description=(
+    from diffperf.cli.args import Parser, bound_types
+
+    p = Parser(prog="diffperf", description=(
         "Differentiable performance model of distributed Transformer training."))
     sub = p.add_subparsers(dest="command", required=True)
     predict_cmd.add_parser(sub)
@@ -32,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     plot_cmd.add_parser(sub)
     from diffperf.cli import design_cmd, sensitivity_cmd
     for cmd in (sensitivity_cmd, design_cmd): cmd.add_parser(sub)  # noqa: E701
+    bound_types(p)
     return p
 
 
@@ -39,12 +42,16 @@ def _run(argv) -> int:
     from diffperf.cli.output import err_console
 
     try:
-        args = _parser().parse_args(argv)
+        try:
+            args = _parser().parse_args(argv)
+        except SystemExit as done:  # argparse: --help (0) or its one-line refusal (2)
+            return done.code if isinstance(done.code, int) else 2
         return args.run(args) or 0
     except SpecError as err:
         from rich.markup import escape
 
-        err_console.print(f"[red]error:[/red] {escape(str(err))}", highlight=False,
+        message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(err))
+        err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False,
                           soft_wrap=True)
         return 2
     except KeyboardInterrupt:

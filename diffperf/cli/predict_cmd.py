@@ -88,6 +88,7 @@ def result_dict(result) -> dict:
         out[f.name] = ({g.name: float(getattr(v, g.name)) for g in dataclasses.fields(v)}
                        if dataclasses.is_dataclass(v) else float(v))
     out["fits"] = bool(result.fits)
+    out["valid"] = bool(result.valid)
     return out
 
 
