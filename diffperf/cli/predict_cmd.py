@@ -55,7 +55,7 @@ def build(args):
     from diffperf.cli.options import model_and_system
     from diffperf.load import parse_overrides
     from diffperf.specs.parallel import Recompute, placement_index
-    from diffperf.specs.validate import check_layout
+    from diffperf.specs.validate import check_inputs
 
     par_over, tr_over = parse_overrides(args.set)
     own = [k for k in par_over if k in _OWN_OPTIONS]
@@ -76,8 +76,9 @@ def build(args):
                         recompute=float(Recompute[args.recompute.upper()]),
                         dp_overlap=float(args.dp_overlap),
                         placement=float(placement_index(args.placement)), **par_over)
-    check_layout(model, parallel, args.gpus, "layout")
-    return model, parallel, system, training(args.precision, **tr_over)
+    train = training(args.precision, **tr_over)
+    check_inputs(model, parallel, system, train, args.gpus, "layout")
+    return model, parallel, system, train
 
 
 def result_dict(result) -> dict:

@@ -442,7 +442,7 @@ def check_job(parallel, system, where: str = "layout") -> None:
         f"allowed: at most {pick(last, i):g} devices"))
 
 
-def check_inputs(model, parallel, system, training, n_devices=None, where: str = "layout",
+def check_inputs(model, parallel, system, training, n_devices=None, where: str = "parallel",
                  devices_field: str = "number of devices") -> None:
     """Every input of a prediction, before anything is traced (SpecError on the first
     failure): model, system, training, the layout against the model, the job against the
