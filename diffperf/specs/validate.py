@@ -338,8 +338,8 @@ def check_model(model, where: str = "model") -> None:
         _fail(~(v >= 0) | (v != xp.round(v)) | (v > INT_MAX), where, lambda i, f=f, v=v: (
             f"{f}={pick(v, i):g} must be a whole number >= 0 (at most {INT_MAX})"))
     k, e = _arr(model.moe_topk, where), _arr(model.n_experts, where)
-    _fail(k > e, where, lambda i: f"moe_topk={pick(k, i):g} must be <= "
-                                  f"n_experts={pick(e, i):g}")
+    _fail((e > 0) & (k > e), where, lambda i: f"moe_topk={pick(k, i):g} must be <= "
+                                              f"n_experts={pick(e, i):g}")
     _check_finite_leaves(model, "model", where)
 
 
@@ -393,9 +393,9 @@ def check_system(system, where: str = "system") -> None:
         v = getattr(eff, f)
         if f in EFF_FRACTIONS:
             rule(v, lambda v: (v >= 1e-3) & (v <= 1), f"eff.{f}", "[0.001, 1]")
-        elif f in EFF_POSITIVE:
+        elif f in EFF_POSITIVE:  # > 0 in a file; 0 here: a tiny value underflows float32
             hi = 20 if f.endswith("exponent") else _FINITE_MAX
-            rule(v, lambda v, hi=hi: (v > 0) & (v <= hi), f"eff.{f}", f"(0, {hi:g}]")
+            rule(v, lambda v, hi=hi: (v >= 0) & (v <= hi), f"eff.{f}", f"[0, {hi:g}]")
         else:
             rule(v, lambda v: v >= 0, f"eff.{f}", ">= 0")
     rel = system.reliability
