@@ -212,8 +212,9 @@ def _floats(tree):
 def _predict_all(tally: Tally, configs):
     """Predict (model, parallel, system, training, reproducer) tuples, BATCH at a time with
     one compilation, those that pass `check_inputs` (predict's first step; the others are
-    refusals); every leaf of every Result must be finite, and valid True. Systems whose number of tiers
-    differs from the shipped two would need another compilation and are skipped."""
+    refusals); every leaf of every Result must be finite (an invalid entry's step is +inf).
+    Systems whose number of tiers differs from the shipped two would need another
+    compilation and are skipped."""
     from diffperf.specs.validate import check_inputs
 
     configs = [c for c in configs if len(c[2].tiers) == 2]

@@ -94,8 +94,8 @@ def test_print_json_refuses_non_finite_numbers(capsys):
 
 
 def test_a_job_that_overflows_float32_is_an_error_not_inf():
-    """hidden = ffn = layers = vocab = seq_len = global_batch ~ 2^31: the step's FLOPs exceed float32's
-    3.4e38; predict names the cause instead of returning inf / NaN."""
+    """hidden = ffn = layers = vocab = seq_len = global_batch ~ 2^31: the step's FLOPs exceed
+    float32's 3.4e38; predict names the cause instead of returning inf / NaN."""
     big = MODEL.replace(**{k: float(INT_MAX) for k in ("hidden", "seq_len", "vocab",
                                                        "ffn_hidden", "n_layers")})
     par = Parallel(tp=1.0, pp=1.0, dp=1.0, global_batch=float(INT_MAX))
