@@ -94,8 +94,8 @@ def test_print_json_refuses_non_finite_numbers(capsys):
 
 
 def test_a_job_that_overflows_float32_is_an_error_not_inf():
-    """hidden = ffn = layers = vocab = seq_len = global_batch ~ 2^31: the step's FLOPs exceed float32's
-    3.4e38; predict names the cause instead of returning inf / NaN."""
+    """hidden = ffn = layers = vocab = seq_len = global_batch ~ 2^31: the step's FLOPs exceed
+    float32's 3.4e38; predict names the cause instead of returning inf / NaN."""
     big = MODEL.replace(**{k: float(INT_MAX) for k in ("hidden", "seq_len", "vocab",
                                                        "ffn_hidden", "n_layers")})
     par = Parallel(tp=1.0, pp=1.0, dp=1.0, global_batch=float(INT_MAX))
@@ -293,3 +293,66 @@ def test_out_links_are_written_through_and_dangling_needs_force(tmp_path, capsys
     assert dangling.is_symlink() and (tmp_path / "missing.txt").read_text() == "x"
     assert sorted(os.listdir(tmp_path)) == ["dangling.txt", "link.txt", "missing.txt",
                                             "real.txt"]
+
+
+def test_new_messages_whole(tmp_path, capsys):
+    """Each new refusal, quoted whole (tests/test_error_audit.py)."""
+    import argparse
+
+    from diffperf.cli.args import finite, whole
+    from diffperf.cli.output import write_atomic
+
+    dangling = tmp_path / "d.png"
+    dangling.symlink_to(tmp_path / "gone.png")
+    with pytest.raises(SpecError, match=re.escape(
+            f"{dangling} is a link to a missing file ({tmp_path / 'gone.png'}); pass --force "
+            f"to write that file")):
+        write_atomic(dangling, "x", force=False)
+    p = tmp_path / "pred.csv"
+    p.write_text("id,step_time_s,predicted_step_time_s\nr1,1.0\n")
+    assert _one_line_exit_2(capsys, ["plot", "validation", str(p), "--out",
+                                     str(tmp_path / "a.png")]) == (
+        f"error: {p}: run 'r1' has no predicted_step_time_s cell (a short row)")
+    p.write_text("id,step_time_s,predicted_step_time_s\nr1,1.0,2.0,3.0\n")
+    assert _one_line_exit_2(capsys, ["plot", "validation", str(p), "--out",
+                                     str(tmp_path / "a.png")]) == (
+        f"error: {p}: run 'r1' has more cells than the header")
+    for text, message in (("x", "'x' is not a whole number (allowed: 1 to 2147483647)"),
+                          ("2147483648", "'2147483648' is out of range (allowed: 1 to "
+                                         "2147483647)")):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(message)):
+            whole(1)(text)
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape("'y' is not a number")):
+        finite("y")
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape(
+            "'inf' is out of range (allowed: finite numbers, magnitude at most 1e30)")):
+        finite("inf")
+    moe = MODEL.replace(n_experts=2.0, moe_topk=4.0, moe_ffn_hidden=3072.0)
+    cases = (
+        (lambda: predict(moe, LAYOUT, SYSTEM), "model: moe_topk=4 must be <= n_experts=2"),
+        (lambda: predict(MODEL, LAYOUT, SYSTEM.replace(tiers=SYSTEM.tiers * 5)),
+         "system: tiers has 10 network tiers (allowed: 1 to 8): real fabrics have at most"),
+        (lambda: predict(MODEL, LAYOUT.replace(tp=float(2**31)), SYSTEM),
+         "parallel: tp=2.14748e+09 must be a whole number >= 1 (at most 2147483647)"),
+        (lambda: predict(MODEL.replace(n_layers=0.0), LAYOUT, SYSTEM),
+         "model: n_layers=0 must be a whole number >= 1 (at most 2147483647)"),
+        (lambda: predict(MODEL.replace(n_experts=-1.0), LAYOUT, SYSTEM),
+         "model: n_experts=-1 must be a whole number >= 0 (at most 2147483647)"),
+        (lambda: predict(MODEL, LAYOUT, SYSTEM.replace(power_W=float("inf"))),
+         "system: power_W=inf must be a finite number (magnitude at most 1e+30)"))
+    for call, message in cases:
+        with pytest.raises(SpecError, match=re.escape(message)):
+            call()
+
+
+def test_the_mask_leaves_range_edges_to_concrete_checks():
+    """Finite differences step across oversubscription = 1 and fractions = 1 under jit
+    (tests/test_sensitivity.py); concrete values are still refused there."""
+    f = jax.jit(predict_step)
+    t = SYSTEM.tiers
+    for s in (SYSTEM.replace(tiers=(t[0].replace(oversubscription=0.99),) + t[1:]),
+              SYSTEM.replace(eff=SYSTEM.eff.replace(coll_eff_intra=1.01))):
+        r = f(MODEL, LAYOUT, s, Training())
+        assert bool(r.valid) and np.isfinite(r.step_time_s)
+        with pytest.raises(SpecError):
+            predict(MODEL, LAYOUT, s)

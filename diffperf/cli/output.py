@@ -102,8 +102,8 @@ def atomic_path(path, suffix=".tmp", mode=None):
     """A temporary file beside `path` for the block to write; on success it replaces `path`
     (a rename: an interrupted run never leaves a truncated file) with the permissions of the
     file it replaces, or those a new file gets under the process's umask (mkstemp alone
-    makes it private), or `mode` when given; on failure it is removed, and an OSError becomes a SpecError naming
-    the path. A symbolic link is written through (`_through_links`)."""
+    makes it private), or `mode` when given; on failure it is removed, and an OSError
+    becomes a SpecError naming the path. A symbolic link is written through (`_through_links`)."""
     path = _through_links(Path(path))
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)

@@ -338,8 +338,8 @@ def check_model(model, where: str = "model") -> None:
         _fail(~(v >= 0) | (v != xp.round(v)) | (v > INT_MAX), where, lambda i, f=f, v=v: (
             f"{f}={pick(v, i):g} must be a whole number >= 0 (at most {INT_MAX})"))
     k, e = _arr(model.moe_topk, where), _arr(model.n_experts, where)
-    _fail(k > e, where, lambda i: f"moe_topk={pick(k, i):g} must be <= "
-                                  f"n_experts={pick(e, i):g}")
+    _fail((e > 0) & (k > e), where, lambda i: f"moe_topk={pick(k, i):g} must be <= "
+                                              f"n_experts={pick(e, i):g}")
     _check_finite_leaves(model, "model", where)
 
 
@@ -357,13 +357,19 @@ def _check_finite_leaves(tree, name, where) -> None:
 def check_system(system, where: str = "system") -> None:
     """A System built anywhere (a file, Python): peak FLOP/s, HBM bandwidth and capacity,
     power > 0; tiers: domain_size >= 1 and nested (non-decreasing), bandwidth > 0,
-    latency >= 0, oversubscription >= 1; efficiency fractions in [0.001, 1], shape
+    latency >= 0, oversubscription >= 1; efficiency fractions in (0, 1] (a file: [0.001, 1];
+    calibration's sigmoid may go below), shape
     parameters > 0, exponents <= 20, times and bytes >= 0; reliability: failure rate,
     storage bandwidth > 0, restart >= 0; every leaf finite."""
     xp = _xp(where)
     pick = lambda a, i: a.ravel()[min(i, a.size - 1)]  # noqa: E731
 
-    def rule(v, ok, field, allowed):
+    def rule(v, ok, field, allowed, traced=True):
+        """traced=False: a range whose edge is a common value (oversubscription 1, a
+        fraction of 1, nested tiers a co-design may cross): concrete values only, so that
+        finite differences and sweeps under jit may step across it."""
+        if not traced and isinstance(where, _Collect):
+            return
         v = _arr(v, where)
         _fail(~ok(v), where, lambda i: f"{field}={pick(v, i):g} is not allowed "
                                        f"(allowed: {allowed})")
@@ -382,20 +388,23 @@ def check_system(system, where: str = "system") -> None:
         rule(t.bandwidth_Bps, lambda v: v > 0, f"tiers[{j}].bandwidth_Bps", "> 0")
         rule(t.latency_s, lambda v: v >= 0, f"tiers[{j}].latency_s", ">= 0")
         rule(t.oversubscription, lambda v: v >= 1, f"tiers[{j}].oversubscription",
-             ">= 1 (1: non-blocking)")
+             ">= 1 (1: non-blocking)", traced=False)
         if prev is not None:
             p = _arr(prev, where)
             rule(t.domain_size, lambda v, p=p: v >= p, f"tiers[{j}].domain_size",
-                 f">= tiers[{j - 1}].domain_size (tiers are nested, innermost first)")
+                 f">= tiers[{j - 1}].domain_size (tiers are nested, innermost first)",
+                 traced=False)
         prev = t.domain_size
     eff = system.eff
     for f in type(eff).__dataclass_fields__:
         v = getattr(eff, f)
         if f in EFF_FRACTIONS:
-            rule(v, lambda v: (v >= 1e-3) & (v <= 1), f"eff.{f}", "[0.001, 1]")
-        elif f in EFF_POSITIVE:
+            rule(v, lambda v: v > 0, f"eff.{f}", "(0, 1]")
+            rule(v, lambda v: v <= 1, f"eff.{f}", "(0, 1]", traced=False)
+        elif f in EFF_POSITIVE:  # > 0 in a file; 0 here: a tiny value underflows float32
             hi = 20 if f.endswith("exponent") else _FINITE_MAX
-            rule(v, lambda v, hi=hi: (v > 0) & (v <= hi), f"eff.{f}", f"(0, {hi:g}]")
+            rule(v, lambda v: v >= 0, f"eff.{f}", f"[0, {hi:g}]")
+            rule(v, lambda v, hi=hi: v <= hi, f"eff.{f}", f"[0, {hi:g}]", traced=False)
         else:
             rule(v, lambda v: v >= 0, f"eff.{f}", ">= 0")
     rel = system.reliability
@@ -416,7 +425,7 @@ def check_training(training, where: str = "training") -> None:
     _check_finite_leaves(training, "training", where)
     for f in (f.name for f in dataclasses.fields(training) if f.metadata.get("pytree_node", True)):
         v = _arr(getattr(training, f), where)
-        if f in TRAINING_SWITCHES:
+        if f in TRAINING_SWITCHES and not isinstance(where, _Collect):  # (valid_mask: >= 0)
             _fail(~((v == 0) | (v == 1)), where, lambda i, f=f, v=v: (
                 f"{f}={pick(v, i):g} is not allowed (allowed: 0, 1)"))
         elif f in TRAINING_POSITIVE:
@@ -456,7 +465,10 @@ def check_inputs(model, parallel, system, training, n_devices=None, where: str =
 
 def valid_mask(model, parallel, system, training):
     """The rules of `check_inputs` under jit / vmap (jax.numpy, traced values): a boolean,
-    True where every one holds (Result.valid)."""
+    True where every one holds (Result.valid). Left to concrete values: the ranges whose
+    edge is a common value (oversubscription >= 1, efficiency fractions <= 1, exponents
+    <= 20, nested tiers, training's 0/1 switches), which finite differences, sweeps and
+    calibration step across smoothly; the tier count (static)."""
     import jax.numpy as jnp
 
     where = _Collect(jnp)
