@@ -8,6 +8,7 @@ layout, a new model of the same kind or new hardware values reuse the compiled f
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,9 @@ from diffperf.result import Result
 from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel, Recompute, ZeroStage, placement_index
 from diffperf.specs.training import Training
-from diffperf.specs.validate import check_layout, check_precision
+from diffperf.specs.validate import (check_finite_result, check_inputs, check_job,
+                                     check_layout, check_model, check_precision,
+                                     check_system, check_training)
 
 _RECOMPUTE = {r.name.lower(): int(r) for r in Recompute}
 
@@ -54,9 +57,49 @@ def _normalize(parallel: Parallel) -> Parallel:
 # The public predict keeps every term (features=FEATURES): one compiled program serves every
 # layout and model of a kind (DESIGN.md: a new layout never recompiles); search and the
 # sensitivities, which compile per table anyway, leave out the terms that are 0 there.
-@functools.partial(jax.jit, static_argnames=("temperature", "features"))
-def _predict_jit(model, parallel, system, training, temperature, features):
+def _predict_impl(model, parallel, system, training, temperature, features):
     return predict_step(model, parallel, system, training, temperature, features)
+
+
+_predict_jit = jax.jit(_predict_impl, static_argnames=("temperature", "features"))
+# On XLA:CPU, one prediction is compiled with the search's quick options (LLVM -O0, the
+# classic emitters: search.kernel._CPU_QUICK_OPTIONS): 1.3 s of compilation instead of 4.3 s
+# (CPU seconds, GPT-3 175B on 2 cores), and the program runs in ~1 ms either way; the values
+# agree with XLA's default options to float32 rounding (at most 6.2e-7 relative over every
+# leaf of the 9 pinned cases; tests/test_regression.py).
+@functools.cache
+def _predict_jit_cpu():
+    from diffperf.search.kernel import _CPU_QUICK_OPTIONS
+
+    return jax.jit(_predict_impl, static_argnames=("temperature", "features"),
+                   compiler_options=_CPU_QUICK_OPTIONS)
+
+
+def _predict_program():
+    """(jitted predict, its name in a program store) for the default backend."""
+    if jax.default_backend() == "cpu":
+        return _predict_jit_cpu(), "predict-cpu-legacy-O0"
+    return _predict_jit, "predict"
+
+
+NO_CACHE_ENV = "DIFFPERF_NO_CACHE"
+DEFAULT_STORE = "default"
+_STORES: dict = {}
+
+
+def default_store():
+    """The program store `predict` uses by default: the on-disk `cli.cache.KernelStore` under
+    $XDG_CACHE_HOME/diffperf (~/.cache/diffperf), or None where the environment variable
+    DIFFPERF_NO_CACHE is set to anything but '' or '0' (nothing read or written). One store per
+    cache folder and process."""
+    if os.environ.get(NO_CACHE_ENV, "") not in ("", "0"):
+        return None
+    from diffperf.cli.cache import KernelStore, cache_dir
+
+    folder = cache_dir()
+    if folder not in _STORES:
+        _STORES[folder] = KernelStore()
+    return _STORES[folder]
 
 
 @functools.partial(jax.jit, static_argnames=("temperature", "features"))
@@ -66,7 +109,7 @@ def _predict_vmap(model, parallel, system, training, temperature, features):
 
 
 def predict(model, parallel, system, training=None, *, temperature=None,
-            store=None) -> Result:
+            store=DEFAULT_STORE) -> Result:
     """Step time, breakdown, memory, MFU, tokens/s and goodput of one configuration.
 
     Args:
@@ -76,9 +119,13 @@ def predict(model, parallel, system, training=None, *, temperature=None,
         training: a `Training` (default: bf16 mixed precision with fp32 master weights and Adam).
         temperature: None for the exact (hard max) model; > 0 for the smooth variant used by
             calibration and the differentiable search.
-        store: None, or a mapping key -> bytes of serialized executables (the CLI's on-disk
-            `KernelStore`): a later process loads the compiled program from it instead of
-            tracing and compiling it (~3.5 s on 2 CPU cores; diffperf.executables).
+        store: where the compiled program is kept between processes: by default
+            (`"default"`) the on-disk `KernelStore` of the CLI under
+            $XDG_CACHE_HOME/diffperf (~/.cache/diffperf; `default_store`), so the first
+            prediction of a later process loads the program instead of compiling it (~1.3 s
+            of CPU on 2 cores; diffperf.executables); the environment variable
+            DIFFPERF_NO_CACHE=1 turns the default off. None: nothing is read or written (the
+            program is compiled in the process). Or any mapping key -> bytes.
     Returns:
         A `Result` pytree (step time, breakdown, memory, MFU, tokens/s, and `goodput`: the
         effective tokens/s under failures, checkpoints and restarts, from
@@ -89,23 +136,34 @@ def predict(model, parallel, system, training=None, *, temperature=None,
     parallel = _normalize(parallel)
     if temperature is not None and not temperature >= 0:
         raise SpecError(f"temperature={temperature} must be >= 0 (or None for the exact model)")
-    if _is_concrete((model, parallel)):
-        check_layout(model, parallel)
-    if _is_concrete((system, training)):
-        check_precision(system, training)
     if not _is_concrete((model, parallel, system, training)):
+        if _is_concrete((model, parallel)):
+            check_layout(model, parallel)
+        if _is_concrete((system, training)):
+            check_precision(system, training)
         return predict_step(model, parallel, system, training, temperature)
+    check_inputs(model, parallel, system, training)
+    check_precision(system, training)
+    result = _predict_concrete(model, parallel, system, training, temperature, store)
+    check_finite_result(result, model, parallel)
+    return result
+
+
+def _predict_concrete(model, parallel, system, training, temperature, store) -> Result:
     args = _as_float((anonymous(model), anonymous(parallel), anonymous(system),
                       anonymous(training)))
     static = dict(temperature=temperature or None, features=FEATURES)
+    fn, name = _predict_program()
+    if isinstance(store, str) and store == DEFAULT_STORE:
+        store = default_store()
     if store is None:
-        return _predict_jit(*args, **static)
+        return fn(*args, **static)
     if not all(callable(getattr(store, m, None)) for m in ("get", "__setitem__")):
         raise SpecError(f"store={store!r} must be None or a mapping key -> bytes (a dict, "
                         "cli.cache.KernelStore)")
     from diffperf.executables import executable
 
-    return executable(_predict_jit, "predict", args, static, store)(*args)
+    return executable(fn, name, args, static, store)(*args)
 
 
 def predict_batch(models, parallels, system, trainings, *, temperature=None) -> Result:
@@ -114,8 +172,12 @@ def predict_batch(models, parallels, system, trainings, *, temperature=None) -> 
     Validates every entry, then runs one jitted vmap: the fast path of validate and search.
     """
     parallels = _normalize(parallels)
+    check_model(models)
+    check_system(system)
+    check_training(trainings)
     check_layout(models, parallels)
     check_precision(system, trainings)
+    check_job(parallels, system)
     args = _as_float((anonymous(models), anonymous(parallels), anonymous(system),
                       anonymous(trainings)))
     return _predict_vmap(*args, temperature=temperature or None, features=FEATURES)

@@ -116,8 +116,11 @@ def set_features(sets) -> frozenset:
     return FEATURES if xla else FEATURES - {"xla"}
 
 
+@functools.partial(jax.jit, static_argnames=("temperature", "with_margin", "features"))
 def run_predictions(eff, rs: RunSet, temperature, with_margin=False, features=FEATURES):
-    """(step time, memory total[, fit margin]) of every run of a RunSet with `eff`."""
+    """(step time, memory total[, fit margin]) of every run of a RunSet with `eff`; jitted
+    (one compile per shape: called eagerly, the vmapped model would compile op by op, ~100 s
+    for the vTrain CSV), inlined where it is traced (`loss_fn`)."""
     system = rs.system.replace(eff=eff)
     res = jax.vmap(functools.partial(predict_step, features=features),
                    in_axes=(0, 0, None, 0, None))(
@@ -159,10 +162,6 @@ def loss_fn(u, base, sets, benches, prior, temperature, mem_weight, features=FEA
     return loss + sum(prior["strength"][f] * jnp.sum((u[f] - u0[f]) ** 2) for f in u)
 
 
-_value_and_grad = jax.jit(jax.value_and_grad(loss_fn),
-                          static_argnames=("temperature", "mem_weight", "features"))
-
-
 class Fit(NamedTuple):
     eff: Efficiency
     fields: tuple
@@ -175,6 +174,117 @@ def fitted_runs(sets) -> float:
                for rs in sets)
 
 
+def _optimizer(learning_rate, steps):
+    """Adam with a cosine decay of the learning rate to 5 % over `steps`."""
+    return optax.adam(optax.cosine_decay_schedule(learning_rate, steps, alpha=0.05))
+
+
+CHUNK_STEPS = 40  # optimizer steps per call of the compiled fit (a progress update each)
+
+
+def _chunking(steps) -> tuple:
+    """(calls, steps per call): about CHUNK_STEPS steps a call, the same number in every call
+    (one compiled program); the last call runs at most calls - 1 steps past `steps`, which
+    change nothing (`_fit_chunk`)."""
+    calls = -(-steps // CHUNK_STEPS)
+    return calls, -(-steps // calls)
+
+
+def _fit_chunk(u, state, weights, prior, base, done, sets, benches, *, length, learning_rate,
+               steps, temperature, mem_weight, features):
+    """`length` Adam steps (optimizer steps done + 1 ... done + length; those past `steps`
+    leave u and the optimizer's state as they were) of a batch of fits, one per leading
+    index of u, state, weights (one array per RunSet: the runs each fit weighs, e.g. a fold
+    of a cross-validation), prior and base (the efficiencies not fitted): one compiled
+    program (lax.scan of the steps, vmap of the fits) for every start and every fold of a
+    calibration. Non-finite gradient entries are taken as 0. Returns (u, state, loss before each step [fits, length])."""
+    opt = _optimizer(learning_rate, steps)
+    grad = jax.value_and_grad(loss_fn)
+
+    def one(u, state, weights, prior, base):
+        fsets = tuple(rs._replace(weight=w) for rs, w in zip(sets, weights))
+
+        def step(carry, i):
+            u, state = carry
+            loss, g = grad(u, base, fsets, benches, prior, temperature, mem_weight, features)
+            g = jax.tree.map(lambda x: jnp.where(jnp.isfinite(x), x, 0.0), g)
+            updates, new_state = opt.update(g, state, u)
+            new_u = optax.apply_updates(u, updates)
+            live = done + i < steps
+            keep = lambda new, old: jax.tree.map(  # noqa: E731
+                lambda a, b: jnp.where(live, a, b), new, old)
+            return (keep(new_u, u), keep(new_state, state)), loss
+
+        (u, state), losses = jax.lax.scan(step, (u, state), jnp.arange(length))
+        return u, state, losses
+
+    return jax.vmap(one)(u, state, weights, prior, base)
+
+
+_FIT_STATIC = ("length", "learning_rate", "steps", "temperature", "mem_weight", "features")
+# Below this many run-steps (runs x fits x steps) on XLA:CPU, the fit is compiled with the
+# quick options (search._CPU_QUICK_OPTIONS): measured on 2 cores for the vTrain CSV (1,549
+# runs), compiling value_and_grad takes 3.6 s of CPU instead of 13.3 s and a step 14.4 ms
+# instead of 6.9 ms, so the quick program wins below ~1.3 M run-steps (a test, a small CSV)
+# and the optimized one above (vTrain's 5-fold CV: 11 M).
+FIT_QUICK_BELOW = 1_300_000
+
+
+@functools.cache
+def _fit_programs() -> dict:
+    """The jitted `_fit_chunk`: 'optimized' (XLA's default options) and, on CPU, 'quick'."""
+    from diffperf.search.kernel import _CPU_QUICK_OPTIONS
+
+    return {"optimized": jax.jit(_fit_chunk, static_argnames=_FIT_STATIC),
+            "quick": jax.jit(_fit_chunk, static_argnames=_FIT_STATIC,
+                             compiler_options=_CPU_QUICK_OPTIONS)}
+
+
+def fit_program(run_steps: int):
+    """The compiled fit for a calibration of `run_steps` (see FIT_QUICK_BELOW)."""
+    quick = jax.default_backend() == "cpu" and run_steps < FIT_QUICK_BELOW
+    return _fit_programs()["quick" if quick else "optimized"]
+
+
+def fit_many(starts, weights, sets, fields=STEP_FIELDS, benches=(), *, steps=600,
+             learning_rate=0.05, temperature=0.02, mem_weight=1.0, progress=None) -> list:
+    """`fit` from each of `starts` with the run weights of the same index (weights[i]: one
+    array per RunSet; the sets' own weights are ignored), all at once: one compiled program
+    (`_fit_chunk`) whatever the number of starts and folds. Returns one Fit per start.
+
+    progress: optional callable(steps) called after each chunk of CHUNK_STEPS optimizer
+    steps with the steps every fit has advanced.
+    """
+    sets = tuple(sets)
+    us = [to_unconstrained(s, fields) for s in starts]
+    priors = [{"u0": dict(u), "strength": {
+        f: jnp.float32(v) for f, v in prior_strengths(fields, fitted_runs(
+            [rs._replace(weight=jnp.asarray(w, jnp.float32)) for rs, w in zip(sets, ws)])
+        ).items()}} for u, ws in zip(us, weights)]
+    stack = lambda trees: jax.tree.map(lambda *x: jnp.stack(x), *trees)  # noqa: E731
+    u, prior = stack(us), stack(priors)
+    w = tuple(jnp.stack([jnp.asarray(ws[k], jnp.float32) for ws in weights])
+              for k in range(len(sets)))
+    state = jax.vmap(_optimizer(learning_rate, steps).init)(u)
+    base = stack([jax.tree.map(lambda x: jnp.asarray(x, jnp.result_type(float)), s)
+                  for s in starts])
+    calls, length = _chunking(steps)
+    rows = sum(int(np.asarray(rs.log_step).shape[0]) for rs in sets)
+    program = fit_program(rows * len(starts) * steps)
+    history = []
+    for c in range(calls):
+        u, state, losses = program(
+            u, state, w, prior, base, jnp.int32(c * length), sets, tuple(benches),
+            length=length, learning_rate=learning_rate, steps=steps, temperature=temperature,
+            mem_weight=mem_weight, features=set_features(sets))
+        history.append(np.asarray(losses))
+        if progress is not None:
+            progress(min(steps, (c + 1) * length) - min(steps, c * length))
+    history = np.concatenate(history, axis=1)[:, :steps]
+    return [Fit(from_unconstrained(start, jax.tree.map(lambda x: x[i], u)), tuple(fields),
+                history[i]) for i, start in enumerate(starts)]
+
+
 def fit(base: Efficiency, sets, fields=STEP_FIELDS, benches=(), *, steps=600,
         learning_rate=0.05, temperature=0.02, mem_weight=1.0,
         progress=None) -> Fit:
@@ -184,27 +294,11 @@ def fit(base: Efficiency, sets, fields=STEP_FIELDS, benches=(), *, steps=600,
         base: starting efficiencies (also the prior's centre).
         sets: RunSets (one per system); runs with weight 0 are held out.
         benches: (Microbench, System) pairs: kernel measurements on that system's GPU.
-        progress: optional callable(step, loss) for a progress bar.
+        progress: optional callable(steps) for a progress bar (see `fit_many`).
     """
-    u = to_unconstrained(base, fields)
-    prior = {"u0": dict(u),
-             "strength": {f: jnp.float32(v)
-                          for f, v in prior_strengths(fields, fitted_runs(sets)).items()}}
-    opt = optax.adam(optax.cosine_decay_schedule(learning_rate, steps, alpha=0.05))
-    state = opt.init(u)
-    features = set_features(sets)
-    history = []
-    for i in range(steps):
-        loss, g = _value_and_grad(u, base, tuple(sets), tuple(benches), prior,
-                                  temperature=temperature, mem_weight=mem_weight,
-                                  features=features)
-        g = jax.tree.map(lambda x: jnp.where(jnp.isfinite(x), x, 0.0), g)
-        updates, state = opt.update(g, state, u)
-        u = optax.apply_updates(u, updates)
-        history.append(float(loss))
-        if progress is not None:
-            progress(i, float(loss))
-    return Fit(from_unconstrained(base, u), tuple(fields), np.array(history))
+    return fit_many([base], [tuple(rs.weight for rs in sets)], sets, fields, benches,
+                    steps=steps, learning_rate=learning_rate, temperature=temperature,
+                    mem_weight=mem_weight, progress=progress)[0]
 
 
 def gemm_bench(m, n, k, time_s) -> Microbench:
@@ -258,8 +352,18 @@ def bench_time_s(mb: Microbench, system):
     return memory_time_s(nbytes, system) + eff.kernel_s
 
 
-def log_jacobian(eff: Efficiency, fields, rs: RunSet, temperature, features=FEATURES):
-    """d log(step time) / d u for every run (u = unconstrained fitted parameters)."""
+def _quick_jit(fn, **kwargs):
+    """`jax.jit` with XLA:CPU's quick-compiling options on CPU (search._CPU_QUICK_OPTIONS),
+    for the programs a calibration runs once per fold after the fit (predictions, Jacobian):
+    their compilation, not their run, is what takes time (as in sensitivity._quick_jit)."""
+    from diffperf.search.kernel import _CPU_QUICK_OPTIONS
+
+    quick = jax.jit(fn, compiler_options=_CPU_QUICK_OPTIONS, **kwargs)
+    plain = jax.jit(fn, **kwargs)
+    return lambda *a, **k: (quick if jax.default_backend() == "cpu" else plain)(*a, **k)
+
+
+def _jacobian_impl(eff: Efficiency, fields, rs: RunSet, temperature, features):
     u = to_unconstrained(eff, fields)
 
     def f(u):
@@ -267,7 +371,19 @@ def log_jacobian(eff: Efficiency, fields, rs: RunSet, temperature, features=FEAT
                                   features=features)
         return jnp.log(step)
 
-    jac = jax.jacrev(f)(u)
+    # Forward mode: one tangent per fitted field (~20) against one cotangent per run (1,549
+    # for vTrain) in reverse mode, whose compile XLA:CPU reports as "very slow".
+    return jax.jacfwd(f)(u)
+
+
+_jacobian = _quick_jit(_jacobian_impl, static_argnames=("fields", "temperature", "features"))
+_exact_predictions = _quick_jit(run_predictions.__wrapped__,
+                                static_argnames=("temperature", "with_margin", "features"))
+
+
+def log_jacobian(eff: Efficiency, fields, rs: RunSet, temperature, features=FEATURES):
+    """d log(step time) / d u for every run (u = unconstrained fitted parameters)."""
+    jac = _jacobian(eff, tuple(fields), rs, temperature, features)
     return np.concatenate([np.asarray(jac[k]).reshape(len(np.asarray(rs.log_step)), -1)
                            for k in fields], axis=1)
 
@@ -390,25 +506,53 @@ def calibrate_runs(runs, systems: dict, fit_mask, *, benches=(), fields=None, st
     The efficiencies start from the first system's and are shared by all systems (an overlay
     holds efficiencies only, so it transfers to another system's datasheet).
     """
-    fit_mask = np.asarray(fit_mask, bool)
-    sets = run_sets(runs, systems, fit_mask.astype(float))
-    if fields is None:
-        fields = default_fields(runs, fit_mask)
-    base = sets[0][1].system.eff
-    best = best_start = None
-    for start in starting_points(base, fields):
-        f = fit(start, [rs for _, rs in sets], fields, benches, steps=steps,
-                temperature=temperature, progress=progress)
-        if best is None or f.loss_history[-1] < best.loss_history[-1]:
-            best, best_start = f, start
-    best = _unfitted_to_base(best, best_start, base)
+    return calibrate_folds(runs, systems, [fit_mask], benches=benches, fields=fields,
+                           steps=steps, temperature=temperature, progress=progress)[0]
+
+
+def calibrate_folds(runs, systems: dict, fit_masks, *, benches=(), fields=None, steps=400,
+                    temperature=0.02, progress=None) -> list:
+    """`calibrate_runs` for each of `fit_masks` (the folds of a cross-validation, and the
+    fit on every row), one Calibration each: the fits of every mask and every starting point
+    run together, one compiled program for all of them (`fit_many`; masks whose fitted rows
+    call for other fields, `default_fields`, are fitted in a batch of their own).
+
+    progress: optional callable(steps) (see `fit_many`); every fit advances `steps` in all,
+    so a bar's total is steps x (number of batches: 1 where the masks' fields agree).
+    """
+    masks = [np.asarray(m, bool) for m in fit_masks]
+    sets = run_sets(runs, systems, masks[0].astype(float))
+    idxs, rsets = [i for i, _ in sets], tuple(rs for _, rs in sets)
+    base = rsets[0].system.eff
+    fields_of = [tuple(fields) if fields is not None else default_fields(runs, m)
+                 for m in masks]
+    best = [None] * len(masks)
+    for group in dict.fromkeys(fields_of):
+        jobs = [(k, start) for k, m in enumerate(masks) if fields_of[k] == group
+                for start in starting_points(base, group)]
+        fits = fit_many([s for _, s in jobs],
+                        [tuple(m[i].astype(np.float32) for i in idxs)
+                         for m in (masks[k] for k, _ in jobs)],
+                        rsets, group, benches, steps=steps, temperature=temperature,
+                        progress=progress)
+        for (k, start), f in zip(jobs, fits):
+            if best[k] is None or f.loss_history[-1] < best[k][0].loss_history[-1]:
+                best[k] = (f, start)
+    return [_predict_with_intervals(runs, sets, m, _unfitted_to_base(f, start, base),
+                                    fields_of[k], temperature)
+            for k, (m, (f, start)) in enumerate(zip(masks, best))]
+
+
+def _predict_with_intervals(runs, sets, fit_mask, best: Fit, fields, temperature):
+    """Every run predicted with the fitted efficiencies (exact model), with the 95 %
+    prediction intervals of the Laplace approximation (`laplace_covariance`)."""
     n = len(runs)
     step, mem, fits_, hw = (np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, bool),
                             np.full(n, np.nan))
     jac_all, resid_fit, jac_fit = {}, [], []
     features = set_features([rs for _, rs in sets])
     for idx, rs in sets:
-        s, m = run_predictions(best.eff, rs, None, features=features)
+        s, m = _exact_predictions(best.eff, rs, None, features=features)
         step[idx], mem[idx] = np.asarray(s), np.asarray(m) / 1e9
         cap = rs.system.hbm_capacity_bytes * best.eff.mem_usable_frac
         fits_[idx] = np.asarray(m) <= np.asarray(cap)

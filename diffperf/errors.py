@@ -13,7 +13,31 @@ class SpecError(ValueError):
     """
 
 
+_CLOSEST_MAX = 64  # characters: difflib is quadratic, and a key is never longer
+
+
 def closest(word: str, choices) -> str:
-    """'; did you mean X?' for the closest of `choices`, or '' when nothing is close."""
-    hit = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    """'; did you mean X?' for the closest of `choices`, or '' when nothing is close (or the
+    word, or a choice, is longer than _CLOSEST_MAX characters: never a typo of a name)."""
+    if not isinstance(word, (str, int, float)) or len(str(word)) > _CLOSEST_MAX:
+        return ""
+    names = [str(c) for c in choices if len(str(c)) <= _CLOSEST_MAX][:1000]
+    hit = difflib.get_close_matches(str(word), names, n=1, cutoff=0.6)
     return f"; did you mean '{hit[0]}'?" if hit else ""
+
+
+_NAME_MAX = 120  # characters of a name shown in titles
+
+
+def printable(text, limit: int = _NAME_MAX) -> str:
+    """A name from a file (YAML `name`, config.json `_name_or_path`) safe for a terminal:
+    control characters and escape sequences removed (C0, DEL, C1, and the rest of an ANSI
+    sequence), at most `limit` characters. Rich markup is not interpreted by the CLI's
+    stdout console (cli.output)."""
+    import re
+    import unicodedata
+
+    text = str(text)[:4 * limit]
+    text = re.sub(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)?|\x1b.?", "", text)
+    text = "".join(ch for ch in text if unicodedata.category(ch)[0] != "C")
+    return text[:limit] if len(text) <= limit else text[:limit - 3] + "..."

@@ -16,7 +16,7 @@ import numpy as np
 import yaml
 
 from diffperf import resources
-from diffperf.errors import SpecError, closest
+from diffperf.errors import SpecError, closest, printable
 from diffperf.specs.model import Model
 from diffperf.specs.system import Efficiency, Reliability, System, Tier
 from diffperf.specs.training import PRECISIONS, Training
@@ -108,7 +108,16 @@ def read_text(path) -> str:
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (YAML keeps the last)."""
+    """SafeLoader that refuses a key given twice in one mapping (YAML keeps the last) and
+    any alias (*name): a chain of aliases expands a 1 KB file into gigabytes (issue 20)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"YAML aliases are not allowed (*{str(event.anchor)[:40]}; write "
+                "the value out)", event.start_mark)
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -188,7 +197,7 @@ def model_from_dict(d: dict, where: str = "model") -> Model:
         moe_ffn_hidden=float(n("moe_ffn_hidden", integer=True, minimum=0, default=0)),
         n_shared_experts=float(n("moe_shared_experts", integer=True, minimum=0, default=0)),
         capacity_factor=n("moe_capacity_factor", positive=True, default=1.0),
-        **arch, name=str(d.get("name", where)))
+        **arch, name=printable(d.get("name", where)))
 
 
 def _architecture_features(d, where, n, experts) -> dict:
@@ -453,7 +462,7 @@ def system_from_dict(d: dict, where: str = "system") -> System:
             "bandwidth_GBps": _number(t, "bandwidth_GBps", tw, positive=True),
             "latency_us": _number(t, "latency_us", tw, minimum=0.0),
             "oversubscription": _number(t, "oversubscription", tw, minimum=1.0, default=1.0)}),
-            name=str(t.get("name", f"tier{i}"))))
+            name=printable(t.get("name", f"tier{i}"))))
     for i in range(1, len(tiers)):
         if tiers[i].domain_size < tiers[i - 1].domain_size:
             raise SpecError(f"{where}.tiers[{i}].domain_size={tiers[i].domain_size:g} must be "
@@ -477,7 +486,7 @@ def system_from_dict(d: dict, where: str = "system") -> System:
         tiers=tuple(tiers),
         eff=efficiency_from_dict(d.get("efficiency") or {}, f"{where}.efficiency"),
         reliability=reliability_from_dict(d.get("reliability") or {}, f"{where}.reliability"),
-        name=str(d.get("name", where)), gpu=_gpu(d, where))
+        name=printable(d.get("name", where)), gpu=_gpu(d, where))
 
 
 def _gpu(d: dict, where: str) -> str:
@@ -707,7 +716,7 @@ def _read_csv(path: Path, required) -> tuple[list, list]:
     """(header, rows as dicts) of a UTF-8 CSV that has the `required` columns; clear errors
     for a missing, unreadable, binary or malformed file and for a missing column."""
     try:
-        with path.open(newline="", encoding="utf-8") as fh:
+        with path.open(newline="", encoding="utf-8-sig") as fh:  # a BOM is not a column
             reader = csv.DictReader(fh)
             header = reader.fieldnames or []
             rows = list(reader)

@@ -35,6 +35,7 @@ from diffperf.schedule.overlap import (axonn_exposed_s, dp_hidden_slowdown_s,
 from diffperf.schedule.pipeline import (critical_stage, p2p_exposed_s, pipeline_times_s,
                                         stage_times_s)
 from diffperf.specs import Parallel
+from diffperf.specs.validate import valid_mask
 from diffperf.workload.axonn import axonn_layer_volumes
 from diffperf.workload.cp import cp_kv_bytes, cp_ring_block_bytes, cp_ring_steps
 from diffperf.workload.dp import (dp_volumes_bytes, product_group, zero3_copy_out_bytes,
@@ -489,14 +490,17 @@ def predict_step(model, parallel, system, training, temperature=None,
         breakdown = breakdown.replace(compute_s=breakdown.compute_s + accumulate)
         memory = select_memory(training, xla_device_memory(model, parallel, system, training,
                                                            stages), memory)
-    step = sum(getattr(breakdown, k) for k in EXPOSED_PARTS)
+    # Inputs that break a rule of specs.validate (traced: they cannot raise) get an infinite
+    # step, no throughput and valid = False: never mistaken for a prediction (Result.valid).
+    valid = valid_mask(model, parallel, system, training)
+    step = jnp.where(valid, sum(getattr(breakdown, k) for k in EXPOSED_PARTS), jnp.inf)
     model_flops, hw_flops = _flops_per_step(model, parallel, training)
     n = parallel.n_devices
-    tokens_per_s = parallel.global_batch * model.seq_len / step
+    tokens_per_s = jnp.where(valid, parallel.global_batch * model.seq_len / step, 0.0)
     return Result(
         step_time_s=step, breakdown=breakdown, memory=memory,
-        fits=memory.total_bytes <= memory.capacity_bytes,
+        fits=valid & (memory.total_bytes <= memory.capacity_bytes),
         fit_margin_frac=(memory.capacity_bytes - memory.total_bytes) / memory.capacity_bytes,
-        mfu=model_flops / (step * n * matmul_peak(system, training)),
+        mfu=jnp.where(valid, model_flops / (step * n * matmul_peak(system, training)), 0.0),
         tokens_per_s=tokens_per_s, model_flops=model_flops, hardware_flops=hw_flops,
-        n_devices=n, goodput=_goodput(model, system, training, n, tokens_per_s))
+        n_devices=n, goodput=_goodput(model, system, training, n, tokens_per_s), valid=valid)

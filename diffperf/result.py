@@ -86,6 +86,13 @@ class Result(struct.PyTreeNode):
     hardware_flops: Any       # per step, executed (recompute and flash backward included)
     n_devices: Any
     goodput: Goodput          # effective throughput under failures and checkpoints
+    valid: Any = True         # the inputs pass every rule of specs.validate (layout divides
+                              # the model, positive whole degrees, physical system, 0/1
+                              # switches, job within the last tier). Under jit / vmap an
+                              # invalid entry cannot raise: it gets valid = False,
+                              # step_time_s = +inf, tokens_per_s = mfu = 0 and fits = False
+                              # (its other fields mean nothing); predict() on concrete values
+                              # raises a SpecError instead
 
 
 def as_dict(result, flat: bool = False) -> dict:
@@ -112,5 +119,5 @@ def as_dict(result, flat: bool = False) -> dict:
             out |= ({f"{f.name}.{k}": x for k, x in inner.items()} if flat
                     else {f.name: inner})
         else:
-            out[f.name] = value(v, boolean=f.name == "fits")
+            out[f.name] = value(v, boolean=f.name in ("fits", "valid"))
     return out

@@ -24,3 +24,23 @@ def x64():
         yield
     finally:
         jax.config.update("jax_enable_x64", previous)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The fuzz suite's counts (tests/test_fuzz.py TOTALS) in the summary of any run that
+    included it, also under -q: inputs tried, refused, loaded, predicted, crashes."""
+    import sys
+
+    totals = [t for name, mod in list(sys.modules.items()) if name.endswith("test_fuzz")
+              for t in getattr(mod, "TOTALS", ())]
+    if not totals:
+        return
+    terminalreporter.section("fuzz counts")
+    for t in totals:
+        terminalreporter.write_line(
+            f"{t.family}: {t.tried} inputs, {t.refused} refused, {t.loaded} loaded, "
+            f"{t.predicted} predicted, {len(t.crashes)} crashes")
+    terminalreporter.write_line(
+        f"total: {sum(t.tried for t in totals)} inputs, "
+        f"{sum(len(t.crashes) for t in totals)} crashes (tracebacks, hangs, non-finite "
+        f"outputs, bad values accepted)")

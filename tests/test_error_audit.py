@@ -42,7 +42,8 @@ ALLOWED = {
         "_fail's wrapper ('where[i]: rule'); every rule's own message is audited as a _fail site",
     ("diffperf/cli/cache.py", "{}"):
         "KernelStore.__getitem__'s KeyError(key) is the Mapping protocol (get() turns a missing "
-        "entry into None), not a message to a user",
+        "entry into None), not a message to a user; KernelStore._read's PermissionError(path) "
+        "and ValueError(path) become that KeyError",
 }
 
 

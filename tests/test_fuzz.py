@@ -210,9 +210,22 @@ def _floats(tree):
 
 def _predict_all(tally: Tally, configs):
     """Predict (model, parallel, system, training, reproducer) tuples, BATCH at a time with
-    one compilation; every leaf of every Result must be finite. Systems whose number of tiers
-    differs from the shipped two would need another compilation and are skipped."""
+    one compilation, those that pass `check_inputs` (predict's first step; the others are
+    refusals); every leaf of every Result must be finite (an invalid entry's step is +inf).
+    Systems whose number of tiers differs from the shipped two would need another
+    compilation and are skipped."""
+    from diffperf.specs.validate import check_inputs
+
     configs = [c for c in configs if len(c[2].tiers) == 2]
+    kept = []
+    for c in configs:  # what `predict` checks first (e.g. a job beyond the last tier)
+        try:
+            check_inputs(*c[:4])
+        except SpecError:
+            tally.refused += 1
+            continue
+        kept.append(c)
+    configs = kept
     for start in range(0, len(configs), BATCH):
         chunk = configs[start:start + BATCH]
         padded = chunk + [chunk[-1]] * (BATCH - len(chunk))
@@ -733,12 +746,14 @@ def test_fuzz_runs_csv(tmp_path):
 
 # CLI -----------------------------------------------------------------------------------------
 
-_ARGPARSE_ERROR = re.compile(r"^diffperf(?: \w+)?: error: ")
+_ARGPARSE_ERROR = re.compile(r"^diffperf(?: \w+)*: error: ")
+_ONE_LINE_ERROR = re.compile(r"^(?:diffperf(?: \w+)*: )?error: ")
 
 
-def _cli(tally, capsys, argv):
-    """One CLI run: exit 0, or 2 with one `error:` line (argparse: usage lines, then one
-    `diffperf ...: error:` line); never an exception or a traceback."""
+def _cli(tally, capsys, argv, refuse=False):
+    """One CLI run: exit 0, or 2 with one `error:` line (argparse's: `diffperf ...: error:`);
+    never an exception or a traceback. `refuse`: the input is invalid, exit 0 is a crash
+    ('bad value accepted'). Output of an exit 0 must hold no NaN or Infinity."""
     tally.tried += 1
     reproducer = "diffperf " + " ".join(argv)
     try:
@@ -764,12 +779,16 @@ def _cli(tally, capsys, argv):
         tally.crash(f"{type(err).__name__} at {_where(err)} (traceback, exit 1)",
                     f"{reproducer} -> {err!r}")
         return
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     if code == 0:
         tally.loaded += 1
+        if refuse:
+            tally.crash("bad value accepted (exit 0)", reproducer)
+        if re.search(r"\b(nan|NaN|-?Infinity|inf)\b", out):
+            tally.crash("non-finite number in the output", f"{reproducer} -> {_short(out)}")
         return
     lines = err.strip().splitlines()
-    if code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err:
+    if code == 2 and len(lines) == 1 and _ONE_LINE_ERROR.match(lines[0]) and "Traceback" not in err:
         tally.refused += 1
     else:
         tally.crash(f"exit {code} with {len(lines)} stderr lines", f"{reproducer} -> {err!r}")
@@ -898,3 +917,303 @@ def test_fuzz_sanity():
         "ZeroDivisionError", "SpecError message is not one line",
         "SpecError does not name the field 'x'"]
     assert math.isfinite(TIME_LIMIT_S)
+
+
+# ------------------------------------------------------------------------- issue 20 classes
+# The classes of issue 20 (nonsense accepted, tracebacks, YAML expansion, the program store,
+# errors that do not help), driven in bulk: >= 5,000 CLI argument vectors and >= 500 bad
+# files, every one of which must be refused (exit 2, one line) before anything is traced:
+# predict's and search's computations are replaced by a sentinel that counts as a crash
+# ('reached the prediction'), so the whole family runs in seconds.
+
+class Reached(Exception):
+    """An input that should have been refused reached the prediction."""
+
+
+@pytest.fixture
+def no_prediction(monkeypatch):
+    import diffperf.api
+    import diffperf.search.evaluate
+
+    def reached(*args, **kwargs):
+        raise Reached("an invalid input reached the prediction")
+
+    monkeypatch.setattr(diffperf.api, "_predict_concrete", reached)
+    monkeypatch.setattr(diffperf.search.evaluate, "_evaluate", reached)
+
+
+INT_OPTIONS = {
+    "predict": ("--gpus", "--dp", "--tp", "--pp", "--cp", "--ep", "--vp", "--micro-batch",
+                "--global-batch", "--zero-stage", "--cp-ring", "--gx", "--gy", "--gz",
+                "--pp-first-layers", "--pp-last-layers", "--seq-len"),
+    "search": ("--gpus", "--global-batch", "--top", "--chunk", "--seq-len"),
+    "sensitivity": ("--gpus", "--tp", "--pp", "--max-candidates", "--top"),
+    "design": ("--steps", "--max-candidates", "--top"),
+}
+FLOAT_OPTIONS = {"sensitivity": ("--smooth", "--temperature"),
+                 "design": ("--budget", "--tokens", "--learning-rate", "--temperature")}
+# Values no integer option may take: beyond int32 in magnitude, or not a whole number.
+BAD_INTS = ("2147483648", "-2147483648", "99999999999999999999", "1" + "0" * 400,
+            "-" + "9" * 60, "1.5", "1e3", "x", "", " ", "nan", "inf", "-inf", "0x10", "--",
+            "1 2", "+", "٫", "1e400", "0.0")
+BAD_FLOATS = ("nan", "inf", "-inf", "1e400", "-1e400", "x", "", "--", "1e31", "0x1p3")
+SWITCH_VALUES = ("2", "3", "5", "-1", "128", "1e18", "0.5", "nan", "inf", "1e400", "x", "")
+PARALLEL_BAD = (("zero_shard", "-1"), ("zero_shard", "3"), ("zero3_calls_per_layer", "0"),
+                ("zero3_calls_per_layer", "1.5"), ("tp_overlap", "2"), ("ep_overlap", "1.5"),
+                ("zero3_prefetch_params", "inf"), ("axonn_overlap", "2"),
+                ("zero3_regather", "7"), ("nonexistent", "1"), ("", "1"), ("dropout", ""))
+
+
+def _mass_vectors(rng, lean_model, lean_system):
+    """(argv, must_refuse) for the issue 20 classes; deterministic."""
+    from diffperf.specs.validate import TRAINING_SWITCHES
+
+    small = ["--model", lean_model, "--system", lean_system, "--gpus", "8", "--tp", "2",
+             "--pp", "2", "--global-batch", "8"]
+    out = []
+    for cmd, opts in INT_OPTIONS.items():
+        for opt in opts:
+            drawn = [str(rng.randrange(2**31, 2**rng.randrange(32, 1400))) for _ in range(8)]
+            drawn += [f"-{rng.randrange(2**31, 2**200)}" for _ in range(4)]
+            drawn += ["".join(rng.choice("0123456789.e-+x ,_") for _ in range(rng.randrange(
+                2, 12))) + "z" for _ in range(8)]
+            for v in BAD_INTS + tuple(drawn):
+                out.append(([cmd, opt, v], True))
+                out.append(([cmd, f"{opt}={v}"], True))
+                out.append(([cmd, *small, f"{opt}={v}"], True))
+                out.append(([cmd, f"{opt}={v}", *small], True))
+    for cmd, opts in FLOAT_OPTIONS.items():
+        for opt in opts:
+            for v in BAD_FLOATS:
+                out.append(([cmd, f"{opt}={v}"], True))
+    for field in TRAINING_SWITCHES:
+        for v in SWITCH_VALUES:
+            out.append((["predict", *small, "--set", f"{field}={v}"], True))
+            out.append((["sensitivity", *small, "--set", f"{field}={v}"], True))
+    for field, v in PARALLEL_BAD:
+        out.append((["predict", *small, "--set", f"{field}={v}"], True))
+    for opt, values in (("--recompute", ("partial", "FULL", "", "2")),
+                        ("--sequence-parallel", ("2", "-1", "x")), ("--dp-overlap", ("3",)),
+                        ("--precision", ("bf61", "", "\x1b[31m", "x" * 5000))):
+        for v in values:
+            out.append((["predict", *small, opt, v], True))
+    # Layouts that do not fit gpt-small (12 heads, 12 layers) or the devices.
+    layouts = []
+    for tp in (0, 5, 7, 24, -2):
+        layouts.append(["--gpus", str(max(tp, 1) * 2), "--tp", str(tp), "--pp", "1"])
+    for pp in (13, 100):
+        layouts.append(["--gpus", str(pp), "--tp", "1", "--pp", str(pp)])
+    layouts += [["--gpus", "8", "--tp", "1", "--pp", "1", "--dp", "3"],
+                ["--gpus", "8", "--tp", "2", "--pp", "1", "--micro-batch", "5"],
+                ["--gpus", "8", "--tp", "1", "--pp", "1", "--cp", "3"],
+                ["--gpus", "2097152", "--tp", "1", "--pp", "1", "--global-batch", "2097152"]]
+    for lay in layouts:
+        out.append((["predict", "--model", lean_model, "--system", lean_system, *lay], True))
+    # Names: control characters, markup, huge (did-you-mean must stay cheap).
+    for name in ("\x1b[2Jgpt", "[red]x[/red]", "gpt-smal", "x" * 100000, "\x00", "a\nb",
+                 "../../etc/passwd", "\u202egpt"):
+        out.append((["predict", "--model", name], True))
+        out.append((["predict", "--model", lean_model, "--system", name], True))
+        out.append((["search", "--model", name], True))
+    rng.shuffle(out)
+    return out
+
+
+def test_fuzz_issue20_cli(tmp_path, capsys, no_prediction):
+    """>= 5,000 argument vectors of the issue 20 classes, each refused in one line (exit
+    2), none reaching a prediction; counted."""
+    rng = random.Random(20)
+    tally = Tally("issue 20 CLI vectors")
+    lean_model, lean_system = tmp_path / "m.yaml", tmp_path / "s.yaml"
+    lean_model.write_text(yaml.safe_dump(_lean(CONFIGS / "models" / "gpt-small.yaml")))
+    lean_system.write_text(yaml.safe_dump(_lean(CONFIGS / "systems" / "a100-sxm-80gb.yaml")))
+    vectors = _mass_vectors(rng, str(lean_model), str(lean_system))
+    for argv, refuse in vectors:
+        _cli(tally, capsys, argv, refuse=refuse)
+    _finish(tally, 5000)
+
+
+# Bad files --------------------------------------------------------------------------------
+
+def _alias_bomb(levels, width, where):
+    lines = [f"a0: &a0 [{', '.join(['x'] * width)}]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels)]
+    return f"{where}:\n  " + "\n  ".join(lines) + f"\nname: *a{levels - 1}\n"
+
+
+def _bad_files(tmp_path, rng):
+    """(label, path, loader, fragment the refusal must contain) of >= 500 bad files."""
+    import diffperf.cli.plot_cmd  # noqa: F401
+
+    model = (CONFIGS / "models" / "gpt-small.yaml").read_text()
+    system = _lean(CONFIGS / "systems" / "a100-sxm-80gb.yaml")
+    out = []
+
+    def put(label, data, suffix, loader, fragment):
+        p = tmp_path / f"bad{len(out)}{suffix}"
+        p.write_bytes(data if isinstance(data, bytes) else data.encode())
+        out.append((label, p, loader, fragment))
+
+    for levels in range(2, 12):
+        for width in (2, 5, 10):
+            for where in ("sources", "attention", "description", "tiers"):
+                put(f"alias bomb {levels}x{width} under {where}",
+                    _alias_bomb(levels, width, where), ".yaml", load_model, "aliases")
+                put(f"alias bomb {levels}x{width} under {where} (system)",
+                    _alias_bomb(levels, width, where), ".yaml", load_system, "aliases")
+    for key in ("num_layers", "hidden", "num_heads", "vocab", "seq_len", "ffn_hidden"):
+        for v in (2**31 + 1, 10**30, "1e400", ".nan", "-.inf", -5):
+            put(f"model {key}: {v}", re.sub(rf"(?m)^{key}:.*$", f"{key}: {v}", model), ".yaml",
+                load_model, key)
+    for flag in ("gated_mlp", "tied_embeddings", "biases"):
+        for v in (2, -1, 128, "maybe", 0.5):
+            put(f"model {flag}: {v}", model + f"\n{flag}: {v}\n", ".yaml", load_model, flag)
+    for key, values in (("matmul_TFLOPs", (0, -1, ".nan", "1e400")),
+                        ("hbm_bandwidth_GBps", (0, -25, ".inf")),
+                        ("hbm_capacity_GiB", (0, ".nan"))):
+        for v in values:
+            d = dict(system)
+            d[key] = v if not isinstance(v, str) else {"1e400": 1e400, ".nan": NAN,
+                                                        ".inf": INF}[v]
+            put(f"system {key}: {v}", yaml.safe_dump(d).replace("1e+400", "1e400"),
+                ".yaml", load_system, key)
+    for n in (9, 12, 16, 40, 100):
+        d = dict(system, tiers=[dict(name=f"t{i}", domain_size=8 * (i + 1), bandwidth_GBps=100,
+                                     latency_us=1) for i in range(n)])
+        put(f"system with {n} tiers", yaml.safe_dump(d), ".yaml",
+            lambda p: _checked_system(p), "network tiers (allowed: 1 to 8)")
+    for i in range(40):
+        tiers = [dict(t) for t in system["tiers"]]
+        j = rng.randrange(len(tiers))
+        key = rng.choice(("bandwidth_GBps", "domain_size", "oversubscription", "latency_us"))
+        tiers[j][key] = rng.choice((0, -1, -25, 0.5 if key == "oversubscription" else -1e-9))
+        put(f"tiers[{j}].{key} = {tiers[j][key]}", yaml.safe_dump(dict(system, tiers=tiers)),
+            ".yaml", load_system, key)
+    # Plot validation CSVs: short rows, long rows, huge cells, junk.
+    head = "id,step_time_s,predicted_step_time_s\n"
+    for i in range(60):
+        k = rng.randrange(3)
+        if k == 0:
+            body = f"r{i},1.0\n"
+        elif k == 1:
+            body = f"r{i},1.0,2.0,{'x' * rng.randrange(1, 9)}\n"
+        else:
+            body = f"r{i},1.0," + "9" * (131073 + rng.randrange(100000)) + "\n"
+        put(f"plot csv {('short row', 'long row', 'huge cell')[k]}", head + body, ".csv",
+            _plot_validation, ("no predicted_step_time_s", "more cells", "malformed CSV")[k])
+    for v in ("nan", "inf", "-1", "0", "x", "1e400"):
+        put(f"plot csv predicted = {v}", head + f"r1,1.0,{v}\n", ".csv", _plot_validation,
+            "predicted_step_time_s")
+    # Runs CSVs whose cells break a bound (int32, switches) or that are binary.
+    runs_head = ("id,system,num_gpus,num_layers,hidden,num_heads,vocab,seq_len,tp,pp,dp,"
+                 "global_batch,micro_batch,step_time_s")
+    good = ["r1", "a100-sxm-80gb", "1", "12", "768", "12", "50257", "1024", "1", "1", "1", "8",
+            "1", "0.5"]
+    cols = runs_head.split(",")
+    for col in cols[2:]:
+        for v in ("2147483649", "1e400", "nan", "-3", "x"):
+            if col == "step_time_s" and v == "2147483649":
+                continue  # a time, not a count: 68 years is not out of range
+            row = list(good)
+            row[cols.index(col)] = v
+            put(f"runs {col} = {v}", "\ufeff" + runs_head + "\n" + ",".join(row) + "\n",
+                ".csv", load_runs, col)
+    # Hugging Face config.json that is not a model.
+    for i in range(50):
+        cfg = dict(HF_CONFIGS["llama3-8b"])
+        key = rng.choice(["num_hidden_layers", "hidden_size", "num_attention_heads",
+                          "vocab_size"])
+        cfg[key] = rng.choice([2**31 + 7, -1, 0, 1e300, "abc", None, [1]])
+        put(f"config.json {key} = {cfg[key]!r}", json.dumps(cfg), ".json", load_model, ())
+    return out
+
+
+def _checked_system(path):
+    from diffperf.specs.validate import check_system
+
+    system = load_system(path)
+    check_system(system)
+    return system
+
+
+def _plot_validation(path):
+    """Marker loader: `test_fuzz_issue20_files` runs `diffperf plot validation PATH`."""
+    raise AssertionError(f"{path}: run through the CLI by the test")
+
+
+def test_fuzz_issue20_files(tmp_path, capsys):
+    """>= 500 bad files of the issue 20 classes (alias bombs, bounds, switches, tiers,
+    physics, plot and runs CSVs), each refused with a one-line SpecError that says why;
+    counted."""
+    rng = random.Random(21)
+    tally = Tally("issue 20 bad files")
+    for label, path, loader, fragment in _bad_files(tmp_path, rng):
+        def load(path=path, loader=loader):
+            if loader is _plot_validation:
+                code = main(["plot", "validation", str(path), "--out",
+                             str(path.with_suffix(".png"))])
+                err = capsys.readouterr().err.strip()
+                if code == 2 and len(err.splitlines()) == 1:
+                    raise SpecError(err.removeprefix("error: "))
+                return code
+            return loader(path)
+        names = (fragment,) if isinstance(fragment, str) else fragment
+        result = tally.attempt(load, f"{label} ({path.name})", names)
+        tally.must_refuse(result, label, "a bad file")
+    _finish(tally, 500)
+
+
+# Inputs the suite has not seen ------------------------------------------------------------
+
+def test_fuzz_issue20_unseen(tmp_path, capsys):
+    """hypothesis (derandomized: the same examples each run) draws option values the lists
+    above never name, for predict with --json: every run exits 0 with strict JSON whose
+    numbers are finite and which says valid, or 2 with one line. One compilation serves all
+    (one program shape); at least 50 of them predict (67 do)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from diffperf import executables
+
+    tally = Tally("issue 20 unseen (hypothesis)")
+    lean_model, lean_system = tmp_path / "m.yaml", tmp_path / "s.yaml"
+    lean_model.write_text(yaml.safe_dump(_lean(CONFIGS / "models" / "gpt-small.yaml")))
+    lean_system.write_text(yaml.safe_dump(_lean(CONFIGS / "systems" / "a100-sxm-80gb.yaml")))
+    ints = st.one_of(st.integers(-2**40, 2**40), st.integers(0, 64))
+    text = st.one_of(ints.map(str), st.text(max_size=12), st.floats().map(repr))
+    option = st.sampled_from(["--tp", "--pp", "--gpus", "--dp", "--micro-batch",
+                              "--global-batch", "--seq-len", "--vp", "--cp", "--zero-stage"])
+    switch = st.sampled_from(["dropout", "matmul_fp32", "flash_attention", "tp_overlap",
+                              "grad_buffers_persist", "checkpoint_interval_s", "zero_shard",
+                              "xla_compiled", "ep_overlap"])
+    # gpt-small: 12 heads and layers; a layout drawn near the valid ones, then 0-2 raw
+    # options and switches the lists above never name.
+    layout = st.tuples(st.sampled_from([1, 2, 3, 4, 5, 6, 12]), st.sampled_from([1, 2, 3, 4, 7]),
+                       st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]),
+                       st.sampled_from([1, 2, 3, 8]), st.sampled_from([64, 128, 1000, 1024,
+                                                                       4096]))
+    values = st.one_of(st.sampled_from(["0", "1", "0.5", "3600"]), text)
+
+    @settings(max_examples=400, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(layout, st.lists(st.tuples(option, text), max_size=2),
+           st.lists(st.tuples(switch, values), max_size=2))
+    def run(lay, opts, sets):
+        tp, pp, dp, mb, steps, seq = lay
+        argv = ["predict", "--model", str(lean_model), "--system", str(lean_system), "--json",
+                "--no-cache", "--tp", str(tp), "--pp", str(pp), "--gpus", str(tp * pp * dp),
+                "--micro-batch", str(mb), "--global-batch", str(mb * dp * steps),
+                "--seq-len", str(seq)]
+        for o, v in opts:
+            argv.append(f"{o}={v}")
+        for f, v in sets:
+            argv += ["--set", f"{f}={v}"]
+        before = tally.loaded
+        _cli(tally, capsys, argv)
+        if tally.loaded > before:
+            tally.predicted += 1
+
+    executables._LOADED.clear()
+    run()
+    _finish(tally, 400)
+    assert tally.predicted >= 50, tally.report()

@@ -153,15 +153,16 @@ def _stub_calibration(monkeypatch):
 
     calls = []
 
-    def stub(runs, systems, fit_mask, *, benches=(), fields=None, steps=400, **kw):
+    def stub(runs, systems, fit_masks, *, benches=(), fields=None, steps=400, **kw):
         calls.append(steps)
         eff = next(iter(systems.values())).eff
         n = len(runs)
         step = np.where(np.isfinite(runs.step_time_s), runs.step_time_s, 1.0)
         fit = cal.Fit(eff, ("mm_max", "kernel_s"), np.zeros(steps))
-        return cal.Calibration(fit, step, np.ones(n), np.ones(n, bool), np.full(n, 0.1))
+        return [cal.Calibration(fit, step, np.ones(n), np.ones(n, bool), np.full(n, 0.1))
+                for _ in fit_masks]
 
-    monkeypatch.setattr(cal, "calibrate_runs", stub)
+    monkeypatch.setattr(cal, "calibrate_folds", stub)
     return calls
 
 

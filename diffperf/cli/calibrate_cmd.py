@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 
 import numpy as np
@@ -111,9 +112,42 @@ def _summary(pred, runs, mask):
     return error_summary(pred[mask], runs.step_time_s[mask])
 
 
-def run(args) -> int:
-    from rich.progress import Progress
+@contextlib.contextmanager
+def fit_progress(fits, steps):  # steps: of every fit, over all of calibrate_folds' batches
+    """Progress of the optimizer steps on stderr (stdout stays the report, --json included):
+    a rich progress bar redrawn in place where stderr is a terminal; where it is a file or a
+    pipe (rich draws live bars on terminals only), a line when compilation starts and at each
+    tenth of the steps. Yields `advance(steps)`, the `progress` of calibrate.fit_many."""
+    import time
 
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn)
+
+    from diffperf.cli.output import err_console
+
+    label = f"fitting {fits} fit{'s' if fits != 1 else ''} x {steps} steps"
+    if err_console.is_terminal:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=err_console, transient=True) as bar:
+            task = bar.add_task(label, total=steps)
+            yield lambda n: bar.advance(task, n)
+        return
+    start, done, shown = time.perf_counter(), [0], [0]
+
+    def line(text):
+        err_console.print(f"{label}: {text}", highlight=False, markup=False, soft_wrap=True)
+
+    def advance(n):
+        done[0] += n
+        if 10 * done[0] // steps > shown[0]:
+            shown[0] = 10 * done[0] // steps
+            line(f"{done[0]}/{steps} steps, {time.perf_counter() - start:.1f} s")
+
+    line("compiling ...")
+    yield advance
+
+
+def run(args) -> int:
     from diffperf import calibrate as cal
     from diffperf import load_runs
     from diffperf.cli.validate_cmd import load_systems
@@ -135,29 +169,19 @@ def run(args) -> int:
     heldout_mem = np.full(len(runs), np.nan)
     heldout_fits = np.zeros(len(runs), bool)
     covered = np.zeros(len(runs), bool)
-    results = []
-    # The bar goes to stderr, so that it shows when stdout is piped (and never mixes with
-    # the table or the JSON); one unit per optimizer step, the final fit after CV included.
-    fits = len(splits) + (1 if args.folds else 0)
-    with Progress(console=err_console, transient=True, disable=args.json) as bar:
-        task = bar.add_task("fitting", total=fits * 2 * args.steps)
-        tick = lambda i, loss: bar.advance(task)  # noqa: E731
-        for k, (fit_mask, held) in enumerate(splits, 1):
-            bar.update(task, description=f"fitting fold {k}/{len(splits)}" if args.folds
-                       else "fitting")
-            c = cal.calibrate_runs(runs, systems, fit_mask, benches=terms, steps=args.steps,
-                                   progress=tick)
-            heldout_pred[held] = c.step_time_s[held]
-            heldout_mem[held], heldout_fits[held] = c.memory_GB[held], c.fits[held]
-            err = np.abs(np.log(c.step_time_s) - np.log(runs.step_time_s))
-            covered[held] = err[held] <= c.half_width_log[held]
-            results.append((fit_mask, held, c))
-        fit_mask, held, c = results[-1]
-        if args.folds:  # the shipped overlay is fitted on every fittable row; CV gave the error
-            bar.update(task, description="fitting every row (the overlay)")
-            fit_mask = cand
-            c = cal.calibrate_runs(runs, systems, cand, benches=terms, steps=args.steps,
-                                   progress=tick)
+    masks = [fit for fit, _ in splits] + ([cand] if args.folds else [])
+    batches = len({cal.default_fields(runs, m) for m in masks})  # fit_many calls
+    with fit_progress(len(masks), args.steps * batches) as advance:
+        cals = cal.calibrate_folds(runs, systems, masks, benches=terms, steps=args.steps,
+                                   progress=advance)
+    for (fit_mask, held), c in zip(splits, cals):
+        heldout_pred[held] = c.step_time_s[held]
+        heldout_mem[held], heldout_fits[held] = c.memory_GB[held], c.fits[held]
+        err = np.abs(np.log(c.step_time_s) - np.log(runs.step_time_s))
+        covered[held] = err[held] <= c.half_width_log[held]
+    fit_mask, c = splits[-1][0], cals[-1]
+    if args.folds:  # the shipped overlay is fitted on every fittable row; CV gave the error
+        fit_mask = cand
     measured_held = np.isfinite(runs.step_time_s) & np.isnan(heldout_pred) == False  # noqa
     report = dict(
         fitted=_summary(c.step_time_s, runs, fit_mask),

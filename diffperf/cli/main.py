@@ -7,6 +7,7 @@ line and exit code 2; anything else is a bug (traceback, exit 1).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -16,10 +17,15 @@ DEFAULT_MODEL = "gpt3-175b"
 DEFAULT_SYSTEM = "a100-sxm-80gb"
 
 
+@functools.lru_cache(maxsize=1)
 def _parser() -> argparse.ArgumentParser:
+    """The command line's parser, built once a process (~20 ms; parsing does not change it,
+    and each parse gets a fresh namespace)."""
     from diffperf.cli import calibrate_cmd, predict_cmd, validate_cmd
 
-    p = argparse.ArgumentParser(prog="diffperf", description=(
+    from diffperf.cli.args import Parser, bound_types
+
+    p = Parser(prog="diffperf", description=(
         "Differentiable performance model of distributed Transformer training."))
     sub = p.add_subparsers(dest="command", required=True)
     predict_cmd.add_parser(sub)
@@ -34,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     for cmd in (sensitivity_cmd, design_cmd): cmd.add_parser(sub)  # noqa: E701
     from diffperf.cli import list_cmd
     list_cmd.add_parser(sub)
+    bound_types(p)
     return p
 
 
@@ -41,12 +48,16 @@ def _run(argv) -> int:
     from diffperf.cli.output import err_console
 
     try:
-        args = _parser().parse_args(argv)
+        try:
+            args = _parser().parse_args(argv)
+        except SystemExit as done:  # argparse: --help (0) or its one-line refusal (2)
+            return done.code if isinstance(done.code, int) else 2
         return args.run(args) or 0
     except SpecError as err:
         from rich.markup import escape
 
-        err_console.print(f"[red]error:[/red] {escape(str(err))}", highlight=False,
+        message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(err))
+        err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False,
                           soft_wrap=True)
         return 2
     except KeyboardInterrupt:

@@ -123,16 +123,21 @@ def _search(args) -> int:
 def _read_csv(path, required) -> list:
     from diffperf.load import read_text
 
-    text = read_text(path)
+    text = read_text(path).removeprefix("\ufeff")  # a UTF-8 BOM is not part of a column
     reader = csv.DictReader(text.splitlines())
-    missing = [c for c in required if c not in (reader.fieldnames or [])]
-    if missing:
-        raise SpecError(f"{path}: missing column '{missing[0]}' (have: "
-                        f"{', '.join(reader.fieldnames or [])})")
-    return list(reader)
+    try:
+        missing = [c for c in required if c not in (reader.fieldnames or [])]
+        if missing:
+            raise SpecError(f"{path}: missing column '{missing[0]}' (have: "
+                            f"{', '.join(reader.fieldnames or [])})")
+        return list(reader)
+    except csv.Error as err:
+        raise SpecError(f"{path}: malformed CSV ({err})") from None
 
 
 def _float(text, path, column, row_id):
+    if text is None:  # a row shorter than the header
+        raise SpecError(f"{path}: run '{row_id}' has no {column} cell (a short row)")
     try:
         v = float(text)
     except ValueError:
@@ -153,6 +158,9 @@ def _validation(args) -> int:
         sources = {r["id"]: (r.get("source") or "all") for r in runs}
     meas, pred, src = [], [], []
     for r in preds:
+        if r.get(None) is not None:
+            raise SpecError(f"{args.predictions}: run '{r['id']}' has more cells than the "
+                            f"header")
         if not (r["step_time_s"] or "").strip():  # a run that did not run (OOM): no time
             continue
         if args.runs and r["id"] not in sources:

@@ -158,7 +158,7 @@ def build(args):
     from diffperf.cli.options import framework_facts, model_and_system
     from diffperf.load import parse_overrides
     from diffperf.specs.parallel import Recompute, placement_index
-    from diffperf.specs.validate import check_layout
+    from diffperf.specs.validate import check_inputs
 
     items, args.notes = framework_facts(args)
     par_over, tr_over = parse_overrides(items)
@@ -191,7 +191,7 @@ def build(args):
                         recompute=float(Recompute[args.recompute.upper()]),
                         dp_overlap=float(args.dp_overlap),
                         placement=float(placement_index(args.placement)), **par_over)
-    check_layout(model, parallel, args.gpus, "layout")
+    check_inputs(model, parallel, system, train, args.gpus, "layout")
     return model, parallel, system, train
 
 

@@ -85,6 +85,20 @@ def summarize(runs, step, mem, fits) -> dict:
     return out
 
 
+def _undefined_as_null(summary) -> dict:
+    """Error statistics of a group with no measured row (n = 0: every run of it is oom) are
+    undefined: None (JSON null) with a note, never NaN."""
+    out = {}
+    for k, v in summary.items():
+        v = dict(v)
+        if v.get("n") == 0 and "mape_pct" in v:
+            v.update(mape_pct=None, median_pct=None, max_pct=None,
+                     note="no row with a measured step time (every run is oom): errors "
+                          "undefined")
+        out[k] = v
+    return out
+
+
 def _csv_text(runs, step, mem, fits) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
@@ -112,6 +126,7 @@ def run(args) -> int:
     summary = summarize(runs, step, mem, fits)
     if args.out:
         write_atomic(args.out, _csv_text(runs, step, mem, fits), args.force)
+    summary = _undefined_as_null(summary)
     if args.json:
         from diffperf.trust import describe
 
@@ -119,7 +134,8 @@ def run(args) -> int:
                         efficiency_sets={k: describe(v) for k, v in sets.items()}))
         return 0
     print_notes(notes)
-    rows = [(k, v["n"], fmt(v["mape_pct"], 3), fmt(v["median_pct"], 3), fmt(v["max_pct"], 3))
+    num = lambda x: "n/a" if x is None else fmt(x, 3)  # noqa: E731
+    rows = [(k, v["n"], num(v["mape_pct"]), num(v["median_pct"]), num(v["max_pct"]))
             for k, v in summary.items() if "mape_pct" in v and k != "peak_memory"]
     console.print(table(f"step time error: {args.runs}", ("rows", "n", "MAPE_%", "median_%",
                                                          "max_%"), rows))
@@ -129,8 +145,11 @@ def run(args) -> int:
         console.print(f"{'all rows' if name == '*' else name}: {describe_text(rec)}")
     if "peak_memory" in summary:
         v = summary["peak_memory"]
-        console.print(f"peak memory: n {v['n']}  MAPE {fmt(v['mape_pct'], 3)} %  "
-                      f"max {fmt(v['max_pct'], 3)} %")
+        console.print(f"peak memory: n {v['n']}  MAPE {num(v['mape_pct'])} %  "
+                      f"max {num(v['max_pct'])} %")
+    for k, v in summary.items():
+        if "note" in v:
+            console.print(f"{k}: {v['note']}", highlight=False)
     if "feasibility" in summary:
         v = summary["feasibility"]
         console.print(f"fits agreement: {v['agree']}/{v['n']}  (ran but predicted OOM: "

@@ -21,7 +21,8 @@ from diffperf.search.kernel import (DEFAULT_CHUNK, QUICK_BELOW, _chunk_parallel,
 from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel
 from diffperf.specs.training import Training
-from diffperf.specs.validate import check_layout, check_precision
+from diffperf.specs.validate import (check_job, check_layout, check_model, check_precision,
+                                     check_system, check_training)
 
 
 def _evaluate(args, keys, per, temperature, devices, optimize, progress, store=None,
@@ -66,6 +67,17 @@ def _check_table(model, layouts, placements):
     fields = {c: layouts[:, i].astype(np.float64) for i, c in enumerate(COLUMNS[:-1])}
     check_layout(model, Parallel(**fields), where="layouts")
     return layouts
+
+
+def _check_inputs(model, system, training, layouts) -> None:
+    """Model, system and training (specs.validate), and the largest job of the table
+    against the system's last network tier, before anything is traced."""
+    check_model(model)
+    check_system(system)
+    check_training(training)
+    cols = {c: np.asarray(layouts)[:, i].astype(np.float64)
+            for i, c in enumerate(COLUMNS[:-1]) if c in Parallel.__dataclass_fields__}
+    check_job(Parallel(**cols), system, where="layouts")
 
 
 def _check_fields(fields):
@@ -138,6 +150,7 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
     fields = _check_fields(fields)
     training = Training() if training is None else training
     check_precision(system, training)
+    _check_inputs(model, system, training, layouts)
     args = _as_float((anonymous(model), anonymous(system), anonymous(training)))
     devices = None if devices is None else list(devices)
     keys, cell, per = _grid(layouts, placements, int(chunk),

@@ -1,7 +1,15 @@
-"""Validation of a layout against its model (and device count), on concrete values.
+"""The one validation of diffperf's inputs: layout, model, system, training and the job, on
+concrete values (CLI options, files and Python objects alike), before anything is traced.
 
 Works on one configuration or a batch (leaves with a leading axis): the first invalid entry
-is reported with its index. Called by `predict` before tracing; never inside jit.
+is reported with its index, as a SpecError naming the field, the value and what is allowed.
+Called by `predict`, `predict_batch`, `search` and the CLI before tracing.
+
+The same rules run under jit / vmap, where values are traced and cannot raise: `valid_mask`
+evaluates them with jax.numpy into a boolean (True where every rule holds), which
+`predict_step` puts in `Result.valid` (invalid entries get step_time_s = +inf: never a
+prediction). The rules are written once: each `_fail(mask, where, message)` raises on
+concrete values, or, when `where` is a `_Collect`, ands `~mask` into its result.
 """
 
 from __future__ import annotations
@@ -12,8 +20,25 @@ from diffperf.errors import SpecError
 from diffperf.specs.parallel import DIMENSIONS, GRID, ORDERS
 
 
-def _arr(x):
-    return np.asarray(x, dtype=np.float64)
+INT_MAX = 2**31 - 1  # every count (degrees, batch, layers, heads, sequence): an int32
+
+
+class _Collect:
+    """`where` of the rules in mask mode: `ok` is the and of every rule's ~mask (xp: the
+    array module, jax.numpy under jit)."""
+
+    def __init__(self, xp):
+        self.xp, self.ok = xp, True
+
+
+def _xp(where):
+    return where.xp if isinstance(where, _Collect) else np
+
+
+def _arr(x, where=None):
+    if isinstance(where, _Collect):
+        return where.xp.asarray(x)
+    return np.atleast_1d(np.asarray(x, dtype=np.float64))
 
 
 def _divisors(x: float) -> str:
@@ -24,7 +49,11 @@ def _divisors(x: float) -> str:
 
 
 def _fail(mask, where, message):
-    """Raise SpecError for the first True entry of mask; message(i) formats it."""
+    """Raise SpecError for the first True entry of mask; message(i) formats it. In mask
+    mode (`where` a _Collect) record ~mask instead."""
+    if isinstance(where, _Collect):
+        where.ok = where.ok & ~mask
+        return
     mask = np.atleast_1d(mask)
     if mask.any():
         i = int(np.argmax(mask))
@@ -32,10 +61,10 @@ def _fail(mask, where, message):
         raise SpecError(f"{where}{at}: {message(i)}")
 
 
-def _divides(a, b):
+def _divides(a, b, xp=np):
     """a divides b exactly (whole numbers held as floats: exact up to 2^53)."""
-    a, b = np.round(a), np.round(b)
-    return np.mod(b, np.maximum(a, 1.0)) == 0.0
+    a, b = xp.round(a), xp.round(b)
+    return xp.mod(b, xp.maximum(a, 1.0)) == 0.0
 
 
 def check_layout(model, parallel, n_devices=None, where: str = "parallel",
@@ -48,72 +77,75 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     divides global_batch; interleaving needs pp > 1 and micro-batches a multiple of pp;
     zero_stage in 0..3; recompute in 0..2; cp_ring and axonn_overlap in {0, 1}; placement
     indexes ORDERS; tp_overlap and ep_overlap in [0, 1]; the AxoNN grid rules (`_check_grid`);
-    tp x cp x dp x pp x gx x gy x gz = n_devices when given.
+    tp x cp x dp x pp x gx x gy x gz = n_devices when given; every degree, batch and
+    count at most INT_MAX (and finite).
     """
-    P = {f: np.atleast_1d(_arr(getattr(parallel, f))) for f in (
+    xp = _xp(where)
+    P = {f: _arr(getattr(parallel, f), where) for f in (
         *DIMENSIONS, *GRID, "vp", "micro_batch", "global_batch", "zero_stage", "recompute",
         "sequence_parallel", "dp_overlap", "tp_overlap", "ep_overlap", "cp_ring",
         "axonn_overlap", "placement", "pp_first_layers", "pp_last_layers", "zero_shard",
         "zero3_prefetch_params", "zero3_regather", "zero3_calls_per_layer",
         "zero3_copy_out")}
-    M = {f: np.atleast_1d(_arr(getattr(model, f))) for f in (
+    M = {f: _arr(getattr(model, f), where) for f in (
         "n_heads", "n_kv_heads", "ffn_hidden", "n_layers", "seq_len", "n_experts", "hidden",
         "head_dim")}
     pick = lambda a, i: a[i] if a.size > 1 else a[0]  # noqa: E731
     for f in (*DIMENSIONS, *GRID, "vp", "micro_batch", "global_batch"):
         v = P[f]
-        _fail((v < 1) | (v != np.round(v)), where,
-              lambda i, f=f: f"{f}={pick(P[f], i):g} must be a whole number >= 1")
+        _fail(~(v >= 1) | (v != xp.round(v)) | (v > INT_MAX), where,
+              lambda i, f=f: f"{f}={pick(P[f], i):g} must be a whole number >= 1 (at "
+                             f"most {INT_MAX})")
     for f, hi in (("zero_stage", 3), ("recompute", 2), ("sequence_parallel", 1),
                   ("dp_overlap", 1), ("cp_ring", 1), ("axonn_overlap", 1), ("zero3_regather", 1)):
         v = P[f]
-        _fail((v < 0) | (v > hi) | (v != np.round(v)), where,
+        _fail((v < 0) | (v > hi) | (v != xp.round(v)), where,
               lambda i, f=f, hi=hi: f"{f}={pick(P[f], i):g} is not allowed (allowed: "
                                     f"{', '.join(str(k) for k in range(hi + 1))})")
     v = P["placement"]
-    _fail((v < 0) | (v >= len(ORDERS)) | (v != np.round(v)), where,
+    _fail((v < 0) | (v >= len(ORDERS)) | (v != xp.round(v)), where,
           lambda i: f"placement={pick(v, i):g} is not allowed (allowed: 0..{len(ORDERS) - 1}, "
                     f"an index into specs.parallel.ORDERS; 0 is tp-cp-dp-pp)")
     for f in ("tp_overlap", "ep_overlap"):
-        _fail((P[f] < 0) | (P[f] > 1), where,
+        _fail(~((P[f] >= 0) & (P[f] <= 1)), where,
               lambda i, f=f: f"{f}={pick(P[f], i):g} must be in [0, 1]")
     _check_grid(P, M, where, pick)
     _check_zero(P, where, pick)
     tp, heads = P["tp"], M["n_heads"]
-    _fail(~_divides(tp, heads), where, lambda i: (
+    _fail(~_divides(tp, heads, xp), where, lambda i: (
         f"tp={pick(tp, i):g} must divide model.num_heads={pick(heads, i):g}; "
         f"allowed tp: {_divisors(pick(heads, i))}"))
     kv = M["n_kv_heads"]
-    _fail(~(_divides(tp, kv) | _divides(kv, tp)), where, lambda i: (
+    _fail(~(_divides(tp, kv, xp) | _divides(kv, tp, xp)), where, lambda i: (
         f"tp={pick(tp, i):g} and model.num_kv_heads={pick(kv, i):g}: one must divide the "
         f"other (KV heads are split, or replicated, across TP ranks)"))
-    _fail(~_divides(tp, M["ffn_hidden"]), where, lambda i: (
+    _fail(~_divides(tp, M["ffn_hidden"], xp), where, lambda i: (
         f"tp={pick(tp, i):g} must divide model.ffn_hidden={pick(M['ffn_hidden'], i):g}"))
     _check_stages(P, M, where, pick)
-    _fail(~_divides(P["cp"], M["seq_len"]), where, lambda i: (
+    _fail(~_divides(P["cp"], M["seq_len"], xp), where, lambda i: (
         f"cp={pick(P['cp'], i):g} must divide model.seq_len={pick(M['seq_len'], i):g}"))
     ep = P["ep"]
     _fail((ep > 1) & (M["n_experts"] == 0), where, lambda i: (
         f"ep={pick(ep, i):g} needs an MoE model (model.moe_experts=0); allowed ep: 1"))
-    _fail(~_divides(ep, P["dp"]), where, lambda i: (
+    _fail(~_divides(ep, P["dp"], xp), where, lambda i: (
         f"ep={pick(ep, i):g} must divide dp={pick(P['dp'], i):g}"))
-    _fail((M["n_experts"] > 0) & ~_divides(ep, np.maximum(M["n_experts"], 1)), where,
+    _fail((M["n_experts"] > 0) & ~_divides(ep, xp.maximum(M["n_experts"], 1), xp), where,
           lambda i: f"ep={pick(ep, i):g} must divide model.moe_experts="
                     f"{pick(M['n_experts'], i):g}")
     per_step = P["micro_batch"] * P["dp"]
-    _fail(~_divides(per_step, P["global_batch"]), where, lambda i: (
+    _fail(~_divides(per_step, P["global_batch"], xp), where, lambda i: (
         f"global_batch={pick(P['global_batch'], i):g} must be a multiple of micro_batch x dp="
         f"{pick(P['micro_batch'], i):g} x {pick(P['dp'], i):g}"))
     m = P["global_batch"] / (per_step * P["gz"])
     inter = P["vp"] > 1
     _fail(inter & (P["pp"] < 2), where, lambda i: f"vp={pick(P['vp'], i):g} needs pp > 1")
-    _fail(inter & ~_divides(P["pp"], m), where, lambda i: (
+    _fail(inter & ~_divides(P["pp"], m, xp), where, lambda i: (
         f"interleaved schedule (vp={pick(P['vp'], i):g}) needs micro-batches per step "
         f"m={pick(m, i):g} to be a multiple of pp={pick(P['pp'], i):g}"))
     if n_devices is not None:
         grid = P["gx"] * P["gy"] * P["gz"]
         total = P["tp"] * P["cp"] * P["dp"] * P["pp"] * grid
-        nd = np.atleast_1d(_arr(n_devices))
+        nd = _arr(n_devices, where)
         names = lambda i: "tp x cp x dp x pp" + (  # noqa: E731
             " x gx x gy x gz" if pick(grid, i) > 1 else "")
         _fail(total != nd, where, lambda i: (
@@ -127,6 +159,7 @@ def _check_grid(P, M, where, pick) -> None:
     num_heads (and num_kv_heads, or the reverse) and ffn_hidden, gz divides each
     (n_out k_in)/(gx gy) shard; micro_batch x dp x gz divides global_batch (the batch is split
     over dp x gz)."""
+    xp = _xp(where)
     gx, gy, gz = P["gx"], P["gy"], P["gz"]
     on = gx * gy * gz > 1
     grid = lambda i: f"the AxoNN grid gx x gy x gz={pick(gx, i):g} x {pick(gy, i):g} x " \
@@ -138,24 +171,24 @@ def _check_grid(P, M, where, pick) -> None:
         f"{grid(i)} needs a dense model, got model.moe_experts={pick(M['n_experts'], i):g}; "
         f"allowed: gx = gy = gz = 1 for MoE models"))
     h, a, akv, f = M["hidden"], M["n_heads"], M["n_kv_heads"], M["ffn_hidden"]
-    _fail(~_divides(gx, h), where, lambda i: (
+    _fail(~_divides(gx, h, xp), where, lambda i: (
         f"gx={pick(gx, i):g} must divide model.hidden={pick(h, i):g}; allowed gx: "
         f"{_divisors(pick(h, i))}"))
     for name, v in (("num_heads", a), ("ffn_hidden", f)):
-        _fail(~_divides(gy, v), where, lambda i, name=name, v=v: (
+        _fail(~_divides(gy, v, xp), where, lambda i, name=name, v=v: (
             f"gy={pick(gy, i):g} must divide model.{name}={pick(v, i):g}; allowed gy: "
             f"{_divisors(pick(v, i))}"))
-    _fail(~(_divides(gy, akv) | _divides(akv, gy)), where, lambda i: (
+    _fail(~(_divides(gy, akv, xp) | _divides(akv, gy, xp)), where, lambda i: (
         f"gy={pick(gy, i):g} and model.num_kv_heads={pick(akv, i):g}: one must divide the "
         f"other"))
     dh = M["head_dim"]
     for label, elems in (("attention output", h * a * dh), ("MLP", h * f)):
-        shard = elems / np.maximum(gx * gy, 1)
-        _fail(~_divides(gz, shard), where, lambda i, label=label, shard=shard: (
+        shard = elems / xp.maximum(gx * gy, 1)
+        _fail(~_divides(gz, shard, xp), where, lambda i, label=label, shard=shard: (
             f"gz={pick(gz, i):g} must divide the {label} weight shard (n_out k_in)/(gx gy)="
             f"{pick(shard, i):g} elements"))
     per_step = P["micro_batch"] * P["dp"] * gz
-    _fail((gz > 1) & ~_divides(per_step, P["global_batch"]), where, lambda i: (
+    _fail((gz > 1) & ~_divides(per_step, P["global_batch"], xp), where, lambda i: (
         f"global_batch={pick(P['global_batch'], i):g} must be a multiple of micro_batch x dp "
         f"x gz={pick(P['micro_batch'], i):g} x {pick(P['dp'], i):g} x {pick(gz, i):g}"))
 
@@ -165,7 +198,7 @@ def _check_grid(P, M, where, pick) -> None:
 _STAGE_ROUND_TOL = 1e-6
 
 
-def stage_counts(P, M):
+def stage_counts(P, M, xp=np):
     """(first, smallest middle, largest middle, last) layers per stage, the numpy twin of
     `workload.pp.stage_layers` (same rules and the same rounding tolerance; tested against it
     in tests/test_stage_counts.py):
@@ -176,28 +209,28 @@ def stage_counts(P, M):
         p = 2:  no middle stage (both 0);  p = 1: the one stage holds all L (all four = L)
     """
     L, p = M["n_layers"], P["pp"]
-    c = np.ceil(L / np.maximum(p, 1) - _STAGE_ROUND_TOL)
+    c = xp.ceil(L / xp.maximum(p, 1) - _STAGE_ROUND_TOL)
     D = p * c - L
     auto = (P["pp_first_layers"] <= 0) & (P["pp_last_layers"] <= 0)
-    first = np.where(auto, c - (D >= 2), P["pp_first_layers"])
-    last = np.where(auto, c - (D >= 1), P["pp_last_layers"])
-    rest, middles = L - first - last, np.maximum(p - 2, 1)
+    first = xp.where(auto, c - (D >= 2), P["pp_first_layers"])
+    last = xp.where(auto, c - (D >= 1), P["pp_last_layers"])
+    rest, middles = L - first - last, xp.maximum(p - 2, 1)
     has_mid = p > 2
-    mid_min = np.where(has_mid, np.floor(rest / middles + _STAGE_ROUND_TOL), 0.0)
-    mid_max = np.where(has_mid, np.ceil(rest / middles - _STAGE_ROUND_TOL), 0.0)
+    mid_min = xp.where(has_mid, xp.floor(rest / middles + _STAGE_ROUND_TOL), 0.0)
+    mid_max = xp.where(has_mid, xp.ceil(rest / middles - _STAGE_ROUND_TOL), 0.0)
     single = p <= 1
-    return tuple(np.where(single, L, x) for x in (first, mid_min, mid_max, last))
+    return tuple(xp.where(single, L, x) for x in (first, mid_min, mid_max, last))
 
 
-def stages_hold(P, M):
+def stages_hold(P, M, xp=np):
     """True where every middle stage holds at least vp layers and the first and the last at
     least max(vp - 1, 1): their first / last chunk may hold only the embedding / the output
     layer and the loss (Llama 3 405B, Dubey et al. 2024, 3.3.2)."""
-    first, mid_min, _, last = stage_counts(P, M)
+    first, mid_min, _, last = stage_counts(P, M, xp)
     pp, vp = P["pp"], P["vp"]
-    edge = np.maximum(vp - 1, 1)
-    short = np.where(pp > 2, (np.minimum(first, last) < edge) | (mid_min < vp),
-                     np.where(pp == 2, np.minimum(first, last) < edge, M["n_layers"] < vp))
+    edge = xp.maximum(vp - 1, 1)
+    short = xp.where(pp > 2, (xp.minimum(first, last) < edge) | (mid_min < vp),
+                     xp.where(pp == 2, xp.minimum(first, last) < edge, M["n_layers"] < vp))
     return ~short
 
 
@@ -208,10 +241,11 @@ def _check_stages(P, M, where, pick) -> None:
     layers (one per virtual chunk) and the first and last at least max(vp - 1, 1): their
     first / last chunk may hold only the embedding / the output layer (Llama 3 405B). Chunks
     of a stage need not hold equal layer counts."""
+    xp = _xp(where)
     f, l, pp, vp, L = (P["pp_first_layers"], P["pp_last_layers"], P["pp"], P["vp"],
                        M["n_layers"])
     for name, v in (("pp_first_layers", f), ("pp_last_layers", l)):
-        _fail((v < 0) | (v != np.round(v)), where, lambda i, name=name, v=v: (
+        _fail((v < 0) | (v != xp.round(v)), where, lambda i, name=name, v=v: (
             f"{name}={pick(v, i):g} must be a whole number >= 0 (0: balanced automatically)"))
     _fail((f > 0) != (l > 0), where, lambda i: (
         f"pp_first_layers={pick(f, i):g} and pp_last_layers={pick(l, i):g}: give both "
@@ -221,8 +255,8 @@ def _check_stages(P, M, where, pick) -> None:
     _fail((f > 0) & (pp == 2) & (f + l != L), where, lambda i: (
         f"pp=2: pp_first_layers + pp_last_layers={pick(f + l, i):g} must equal "
         f"model.num_layers={pick(L, i):g}"))
-    first, mid_min, mid_max, last = stage_counts(P, M)
-    _fail(~stages_hold(P, M), where, lambda i: (
+    first, mid_min, mid_max, last = stage_counts(P, M, xp)
+    _fail(~stages_hold(P, M, xp), where, lambda i: (
         f"pp={pick(pp, i):g}, vp={pick(vp, i):g}: every middle pipeline stage must hold at "
         f"least vp layers, the first and last at least max(vp - 1, 1); "
         f"model.num_layers={pick(L, i):g} gives the first, middle and last stages "
@@ -233,22 +267,23 @@ def _check_zero(P, where, pick) -> None:
     """ZeRO implementation facts: zero_shard a whole number >= 0 dividing dp x cp (the ranks
     that hold the same weights), > 0 only with zero_stage >= 1; zero3_prefetch_params >= 0;
     zero3_calls_per_layer a whole number >= 1; zero3_copy_out 0 or 1."""
+    xp = _xp(where)
     g, n = P["zero_shard"], P["dp"] * P["cp"]
-    _fail((g < 0) | (g != np.round(g)), where, lambda i: (
+    _fail((g < 0) | (g != xp.round(g)), where, lambda i: (
         f"zero_shard={pick(g, i):g} must be a whole number >= 0 (0: shard over all dp x cp "
         f"ranks)"))
     _fail((g > 0) & (P["zero_stage"] < 1), where, lambda i: (
         f"zero_shard={pick(g, i):g} needs zero_stage >= 1 (got zero_stage="
         f"{pick(P['zero_stage'], i):g}: nothing is sharded)"))
-    _fail((g > 0) & ~_divides(g, n), where, lambda i: (
+    _fail((g > 0) & ~_divides(g, n, xp), where, lambda i: (
         f"zero_shard={pick(g, i):g} must divide dp x cp={pick(n, i):g} (the ranks that hold "
         f"the same weights); allowed: {_divisors(pick(n, i))}"))
     w = P["zero3_prefetch_params"]
-    _fail(w < 0, where, lambda i: (
+    _fail(~((w >= 0) & (w <= 1e18)), where, lambda i: (
         f"zero3_prefetch_params={pick(w, i):g} must be >= 0 (0: the next layer whole, as "
         f"PyTorch FSDP; DeepSpeed's stage3_prefetch_bucket_size is 5e7)"))
     k = P["zero3_calls_per_layer"]
-    _fail((k < 1) | (k != np.round(k)), where, lambda i: (
+    _fail((k < 1) | (k != xp.round(k)), where, lambda i: (
         f"zero3_calls_per_layer={pick(k, i):g} must be a whole number >= 1"))
     c = P["zero3_copy_out"]
     _fail((c != 0) & (c != 1), where, lambda i: (
@@ -288,3 +323,216 @@ def check_precision(system, training, where: str = "precision") -> None:
                         f"Blackwell) but system '{getattr(system, 'name', '?')}' has none "
                         f"(matmul_fp4_TFLOPs absent or 0); on Hopper use fp8-delayed, "
                         f"fp8-current or fp8-blockwise")
+
+
+# ------------------------------------------------------------------- model, system, training
+
+_MODEL_COUNTS = ("n_layers", "hidden", "ffn_hidden", "n_heads", "n_kv_heads", "head_dim",
+                 "vocab", "seq_len")
+_MODEL_SWITCHES = ("gated_mlp", "causal", "rms_norm", "tied_embeddings", "biases",
+                   "learned_positions")
+# Efficiency ranges (those of load.efficiency_from_dict, on the Python object).
+EFF_FRACTIONS = ("mm_max", "attn_max", "mem_eff", "coll_eff_intra", "coll_eff_inter",
+                 "mem_usable_frac")
+EFF_POSITIVE = ("mm_half_dim", "mm_exponent", "attn_half_work", "attn_exponent",
+                "attn_half_head_dim", "floor_pnorm", "act_mem_factor")
+# Training: 0/1 switches, and byte counts that must be > 0 (the others: finite, >= 0).
+TRAINING_SWITCHES = ("grad_buffers_persist", "matmul_fp32", "flash_attention", "dropout",
+                     "xla_compiled", "lowp_fprop", "lowp_dgrad", "lowp_wgrad", "lowp_fp4",
+                     "lowp_amax_pass", "lowp_weight_cache", "lowp_param_gather")
+TRAINING_POSITIVE = ("weight_bytes", "grad_bytes", "activation_bytes", "residual_bytes")
+# Network tiers: static structure, each tier adds its collectives' terms to the compiled
+# program. Measured (gpt-small, 2-core CPU under load, 2026-11-26): first predict 22 s with
+# 2 tiers, 26 s with 8, 46 s with 16 (a 40-tier system ran past 60 s, issue 20).
+MAX_TIERS = 8
+_TIERS_WHY = ("real fabrics have at most 4-5 nested levels (the deepest shipped, Meta's 24K "
+              "H100 cluster: NVLink, rack, AI zone, data center); every tier adds its terms "
+              "to the compiled program (16 tiers compile 2x slower than 8)")
+_FINITE_MAX = 1e30  # any leaf: finite and below this (float32 holds 3.4e38)
+
+
+def _finite(v, xp):
+    return xp.isfinite(v) & (xp.abs(v) <= _FINITE_MAX)
+
+
+def _fmt(v) -> str:
+    return f"{float(v):g}"
+
+
+def check_model(model, where: str = "model") -> None:
+    """Counts (layers, widths, heads, head_dim, vocab, seq_len) whole numbers from 1 to
+    INT_MAX; 0/1 switches; MoE fields whole numbers >= 0 (top-k <= experts); every other
+    leaf finite."""
+    xp = _xp(where)
+    pick = lambda a, i: a[i] if a.size > 1 else a[0]  # noqa: E731
+    for f in _MODEL_COUNTS:
+        v = _arr(getattr(model, f), where)
+        _fail(~(v >= 1) | (v != xp.round(v)) | (v > INT_MAX), where, lambda i, f=f, v=v: (
+            f"{f}={pick(v, i):g} must be a whole number >= 1 (at most {INT_MAX})"))
+    for f in _MODEL_SWITCHES:
+        v = _arr(getattr(model, f), where)
+        _fail(~((v == 0) | (v == 1)), where, lambda i, f=f, v=v: (
+            f"{f}={pick(v, i):g} is not allowed (allowed: 0, 1)"))
+    for f in ("n_experts", "moe_topk", "moe_ffn_hidden", "n_shared_experts"):
+        v = _arr(getattr(model, f), where)
+        _fail(~(v >= 0) | (v != xp.round(v)) | (v > INT_MAX), where, lambda i, f=f, v=v: (
+            f"{f}={pick(v, i):g} must be a whole number >= 0 (at most {INT_MAX})"))
+    k, e = _arr(model.moe_topk, where), _arr(model.n_experts, where)
+    _fail((e > 0) & (k > e), where, lambda i: f"moe_topk={pick(k, i):g} must be <= "
+                                              f"n_experts={pick(e, i):g}")
+    _check_finite_leaves(model, "model", where)
+
+
+def _check_finite_leaves(tree, name, where) -> None:
+    import jax
+
+    xp = _xp(where)
+    for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        v = _arr(v, where)
+        _fail(~_finite(v, xp), where, lambda i, path=path, v=v: (
+            f"{jax.tree_util.keystr(path).lstrip('.')}={_fmt(v.ravel()[min(i, v.size - 1)])} must "
+            f"be a finite number (magnitude at most {_FINITE_MAX:g})"))
+
+
+def check_system(system, where: str = "system") -> None:
+    """A System built anywhere (a file, Python): peak FLOP/s, HBM bandwidth and capacity,
+    power > 0; tiers: domain_size >= 1 and nested (non-decreasing), bandwidth > 0,
+    latency >= 0, oversubscription >= 1; efficiency fractions in (0, 1] (a file: [0.001, 1];
+    calibration's sigmoid may go below), shape
+    parameters > 0, exponents <= 20, times and bytes >= 0; reliability: failure rate,
+    storage bandwidth > 0, restart >= 0; every leaf finite."""
+    xp = _xp(where)
+    pick = lambda a, i: a.ravel()[min(i, a.size - 1)]  # noqa: E731
+
+    def rule(v, ok, field, allowed, traced=True):
+        """traced=False: a range whose edge is a common value (oversubscription 1, a
+        fraction of 1, nested tiers a co-design may cross): concrete values only, so that
+        finite differences and sweeps under jit may step across it."""
+        if not traced and isinstance(where, _Collect):
+            return
+        v = _arr(v, where)
+        _fail(~ok(v), where, lambda i: f"{field}={pick(v, i):g} is not allowed "
+                                       f"(allowed: {allowed})")
+
+    n_tiers = len(system.tiers)
+    if not 1 <= n_tiers <= MAX_TIERS and not isinstance(where, _Collect):
+        raise SpecError(f"{where}: tiers has {n_tiers} network tiers (allowed: 1 to "
+                        f"{MAX_TIERS}): {_TIERS_WHY}")
+    _check_finite_leaves(system, "system", where)
+    for f in ("matmul_flops_per_s", "matmul_fp32_flops_per_s", "vector_flops_per_s",
+              "hbm_bandwidth_Bps", "hbm_capacity_bytes", "power_W"):
+        rule(getattr(system, f), lambda v: v > 0, f, "> 0")
+    prev = None
+    for j, t in enumerate(system.tiers):
+        rule(t.domain_size, lambda v: v >= 1, f"tiers[{j}].domain_size", ">= 1")
+        rule(t.bandwidth_Bps, lambda v: v > 0, f"tiers[{j}].bandwidth_Bps", "> 0")
+        rule(t.latency_s, lambda v: v >= 0, f"tiers[{j}].latency_s", ">= 0")
+        rule(t.oversubscription, lambda v: v >= 1, f"tiers[{j}].oversubscription",
+             ">= 1 (1: non-blocking)", traced=False)
+        if prev is not None:
+            p = _arr(prev, where)
+            rule(t.domain_size, lambda v, p=p: v >= p, f"tiers[{j}].domain_size",
+                 f">= tiers[{j - 1}].domain_size (tiers are nested, innermost first)",
+                 traced=False)
+        prev = t.domain_size
+    eff = system.eff
+    for f in type(eff).__dataclass_fields__:
+        v = getattr(eff, f)
+        if f in EFF_FRACTIONS:
+            rule(v, lambda v: v > 0, f"eff.{f}", "(0, 1]")
+            rule(v, lambda v: v <= 1, f"eff.{f}", "(0, 1]", traced=False)
+        elif f in EFF_POSITIVE:  # > 0 in a file; 0 here: a tiny value underflows float32
+            hi = 20 if f.endswith("exponent") else _FINITE_MAX
+            rule(v, lambda v: v >= 0, f"eff.{f}", f"[0, {hi:g}]")
+            rule(v, lambda v, hi=hi: v <= hi, f"eff.{f}", f"[0, {hi:g}]", traced=False)
+        else:
+            rule(v, lambda v: v >= 0, f"eff.{f}", ">= 0")
+    rel = system.reliability
+    rule(rel.failure_rate_per_s, lambda v: v > 0, "reliability.failure_rate_per_s",
+         "> 0 (failures per device per second)")
+    rule(rel.storage_write_Bps, lambda v: v > 0, "reliability.storage_write_Bps", "> 0")
+    rule(rel.restart_s, lambda v: v >= 0, "reliability.restart_s", ">= 0")
+
+
+def check_training(training, where: str = "training") -> None:
+    """0/1 switches (TRAINING_SWITCHES) are 0 or 1; bytes of weights, gradients,
+    activations and the residual > 0; every other leaf finite and >= 0; vocab_pad_to a
+    whole number."""
+    import dataclasses
+
+    xp = _xp(where)
+    pick = lambda a, i: a.ravel()[min(i, a.size - 1)]  # noqa: E731
+    _check_finite_leaves(training, "training", where)
+    for f in (f.name for f in dataclasses.fields(training) if f.metadata.get("pytree_node", True)):
+        v = _arr(getattr(training, f), where)
+        if f in TRAINING_SWITCHES and not isinstance(where, _Collect):  # (valid_mask: >= 0)
+            _fail(~((v == 0) | (v == 1)), where, lambda i, f=f, v=v: (
+                f"{f}={pick(v, i):g} is not allowed (allowed: 0, 1)"))
+        elif f in TRAINING_POSITIVE:
+            _fail(~(v > 0), where, lambda i, f=f, v=v: (
+                f"{f}={pick(v, i):g} must be > 0"))
+        else:
+            _fail(~(v >= 0), where, lambda i, f=f, v=v: (
+                f"{f}={pick(v, i):g} must be >= 0"))
+    v = _arr(training.vocab_pad_to, where)
+    _fail(v != xp.round(v), where, lambda i: (
+        f"vocab_pad_to={pick(v, i):g} must be a whole number >= 0"))
+
+
+def check_job(parallel, system, where: str = "layout") -> None:
+    """The job fits the system: tp x cp x dp x pp x gx x gy x gz devices at most the last
+    network tier's domain (the whole cluster)."""
+    n = _arr(parallel.n_devices, where)
+    last = _arr(system.tiers[-1].domain_size, where)
+    pick = lambda a, i: a.ravel()[min(i, a.size - 1)]  # noqa: E731
+    _fail(n > last, where, lambda i: (
+        f"the job's {pick(n, i):g} devices exceed the system's last network tier "
+        f"('{system.tiers[-1].name}', domain_size={pick(last, i):g}: the whole cluster); "
+        f"allowed: at most {pick(last, i):g} devices"))
+
+
+def check_inputs(model, parallel, system, training, n_devices=None, where: str = "parallel",
+                 devices_field: str = "number of devices") -> None:
+    """Every input of a prediction, before anything is traced (SpecError on the first
+    failure): model, system, training, the layout against the model, the job against the
+    system's tiers."""
+    check_model(model)
+    check_system(system)
+    check_training(training)
+    check_layout(model, parallel, n_devices, where, devices_field)
+    check_job(parallel, system, where)
+
+
+def valid_mask(model, parallel, system, training):
+    """The rules of `check_inputs` under jit / vmap (jax.numpy, traced values): a boolean,
+    True where every one holds (Result.valid). Left to concrete values: the ranges whose
+    edge is a common value (oversubscription >= 1, efficiency fractions <= 1, exponents
+    <= 20, nested tiers, training's 0/1 switches), which finite differences, sweeps and
+    calibration step across smoothly; the tier count (static)."""
+    import jax.numpy as jnp
+
+    where = _Collect(jnp)
+    check_model(model, where)
+    check_system(system, where)
+    check_training(training, where)
+    check_layout(model, parallel, None, where)
+    check_job(parallel, system, where)
+    return jnp.asarray(where.ok, dtype=bool)
+
+
+def check_finite_result(result, model, parallel, where: str = "prediction") -> None:
+    """A SpecError when any number of a Result (one configuration) is not finite (NaN or
+    infinite: float32 overflow of a job too large for the model's arithmetic), naming the
+    quantity and the sizes that drive it; no non-finite number leaves diffperf."""
+    import jax
+
+    bad = [jax.tree_util.keystr(p) for p, v in jax.tree_util.tree_flatten_with_path(result)[0]
+           if not np.all(np.isfinite(np.asarray(v, dtype=np.float64)))]
+    if bad:
+        tokens = float(np.max(np.asarray(parallel.global_batch, np.float64)
+                              * np.asarray(model.seq_len, np.float64)))
+        raise SpecError(
+            f"{where}: {bad[0].lstrip('.')} is not a finite number (float32 overflow): the job "
+            f"is too large to predict (seq_len={float(np.max(model.seq_len)):g}, "
+            f"global_batch={float(np.max(parallel.global_batch)):g}, {tokens:g} tokens per "
+            f"step); allowed: sizes whose step FLOPs stay below 3.4e38")
