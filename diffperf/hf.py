@@ -171,7 +171,8 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
         d["ffn_hidden"] = ffn
     d["vocab"] = take("vocab_size")
     if d["vocab"] is None:
-        raise SpecError(f"{where}: missing vocab_size")
+        raise SpecError(f"{where}: missing vocab_size (the tokenizer's vocabulary size, a "
+                        f"whole number >= 1)")
 
     # Training sequence: never max_position_embeddings.
     ctx = _first(cfg, "max_position_embeddings", "n_positions", "seq_length")[1]

@@ -163,7 +163,7 @@ def parse_values(option: str, text, names=None) -> tuple:
         except ValueError:
             lo = hi = None
         if lo is None or lo < 0 or hi < lo or hi - lo > 1_000_000:
-            allowed = f"names {', '.join(names)} or " if names else ""
+            allowed = f"{', '.join(names)} or " if names else ""
             raise SpecError(f"--{option}={text!r} must be {allowed}whole numbers >= 0: V, "
                             f"A-B (A <= B, at most 10^6 apart) or V1,V2,...")
         out.update(range(lo, hi + 1))

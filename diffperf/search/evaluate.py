@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from diffperf.api import _as_float
-from diffperf.errors import SpecError
+from diffperf.errors import SpecError, closest
 from diffperf.result import Result
 from diffperf.search.enumerate import COLUMNS, INNER_GRID, PLACEMENTS, _placement_codes
 from diffperf.search.kernel import (DEFAULT_CHUNK, QUICK_BELOW, _chunk_parallel, _grid, _kernel,
@@ -101,12 +101,15 @@ def _base_parallel(fields):
     if staged:
         raise SpecError(f"parallel: '{staged[0]}' depends on pp, which the table varies; "
                         f"the search balances the stages automatically (give it to predict)")
-    bad = [k for k in fields if k in COLUMNS or k not in Parallel.__dataclass_fields__]
+    columns = [k for k in fields if k in COLUMNS]
+    if columns:
+        raise SpecError(f"parallel: '{columns[0]}' is a column of the layout table; fix it in "
+                        f"the table (enumerate_layouts' fixed)")
+    bad = [k for k in fields if k not in Parallel.__dataclass_fields__]
     if bad:
         allowed = [f for f in Parallel.__dataclass_fields__ if f not in COLUMNS]
-        raise SpecError(f"parallel: '{bad[0]}' is " + (
-            "a column of the layout table; fix it in the table (enumerate_layouts' fixed)"
-            if bad[0] in COLUMNS else f"not a Parallel field (allowed: {', '.join(allowed)})"))
+        raise SpecError(f"parallel: '{bad[0]}' is not a Parallel field"
+                        f"{closest(str(bad[0]), allowed)} (allowed: {', '.join(allowed)})")
     return Parallel(**{k: float(v) for k, v in fields.items()})
 
 
