@@ -269,6 +269,20 @@ def test_unknown_model_name_suggests():
     (dict(norm="rmsnorn"), ".norm='rmsnorn' is not allowed; did you mean 'rmsnorm'? "
                            "(allowed: layernorm, rmsnorm)"),
     (dict(gated_mlp="maybe"), ".gated_mlp='maybe' must be true or false"),
+    # architecture features (load.py _architecture_features; docs/models.md)
+    (dict(qk_rope_head_dim=64), ": qk_rope_head_dim / q_lora_rank describe multi-head latent "
+                                "attention and need kv_lora_rank > 0 (got kv_lora_rank=0)"),
+    (dict(q_lora_rank=128), ": qk_rope_head_dim / q_lora_rank describe multi-head latent "
+                            "attention and need kv_lora_rank > 0 (got kv_lora_rank=0)"),
+    (dict(kv_lora_rank=64, qk_rope_head_dim=64, head_dim=64),
+     ": qk_rope_head_dim=64 must be < head_dim=64 (head_dim = qk_nope_head_dim + "
+     "qk_rope_head_dim under MLA)"),
+    (dict(moe_dense_layers=1), ": moe_dense_layers=1 needs moe_experts > 0"),
+    (dict(moe_dense_layers=4, moe_experts=8, moe_topk=2, moe_ffn_hidden=64),
+     ": moe_dense_layers=4 must be < num_layers=4 (for a dense model set moe_experts: 0)"),
+    (dict(sliding_window=64, sliding_window_layers=5),
+     ": sliding_window_layers=5 must be <= num_layers=4"),
+    (dict(sliding_window_layers=2), ": sliding_window_layers=2 needs sliding_window > 0"),
 ])
 def test_model_rules(tmp_path, over, message):
     p = _write_yaml(tmp_path, _model_dict(**over), "m.yaml")
@@ -375,6 +389,39 @@ def test_hf_malformed_json(tmp_path):
 def test_hf_json_not_an_object(tmp_path):
     p = _write_json(tmp_path, [1, 2, 3])
     with _raises(f"{p}: expected a JSON object at the top level"):
+        load_model(p)
+
+
+@pytest.mark.parametrize("over,message", [
+    (dict(model_type=3), ": model_type=3 must be a string"),
+    (dict(vocab_size=None), ": missing vocab_size (the tokenizer's vocabulary size, a whole "
+                            "number >= 1)"),
+    # Qwen2-MoE's dense layers are a list of indices
+    (dict(model_type="qwen2_moe", num_experts=8, num_experts_per_tok=2,
+          moe_intermediate_size=64, mlp_only_layers=3),
+     ": mlp_only_layers=3 must be a list of layer indices"),
+    (dict(model_type="qwen2_moe", num_experts=8, num_experts_per_tok=2,
+          moe_intermediate_size=64, mlp_only_layers=[0, -1]),
+     ": mlp_only_layers[]=-1 must be a whole number in 0..2^31"),
+    # DeepSeek's leading dense layers are a count
+    (dict(model_type="deepseek_v3", n_routed_experts=8, num_experts_per_tok=2,
+          moe_intermediate_size=64, first_k_dense_replace=1.5),
+     ": first_k_dense_replace=1.5 must be a whole number in 0..2^31"),
+    (dict(model_type="deepseek_v3", n_routed_experts=8, num_experts_per_tok=2,
+          moe_intermediate_size=64, first_k_dense_replace=1, moe_layer_freq=-1),
+     ": moe_layer_freq=-1 must be a whole number in 1..2^31"),
+])
+def test_hf_field_rules(tmp_path, over, message):
+    p = _write_json(tmp_path, LLAMA3_8B_HF | over)
+    with _raises(f"{p}{message}"):
+        load_model(p)
+
+
+def test_hf_missing_vocab_size(tmp_path):
+    cfg = {k: v for k, v in LLAMA3_8B_HF.items() if k != "vocab_size"}
+    p = _write_json(tmp_path, cfg)
+    with _raises(f"{p}: missing vocab_size (the tokenizer's vocabulary size, a whole number "
+                 ">= 1)"):
         load_model(p)
 
 
@@ -893,6 +940,13 @@ def test_enumerate_layouts_arguments():
         enumerate_layouts(m, 0, 8)
     with _raises("zero_stages=(4,) must be a non-empty subset of 0..3"):
         enumerate_layouts(m, 8, 8, zero_stages=(4,))
+    with _raises("fixed: unknown layout column 'tpp' (allowed: tp, pp, dp, cp, ep, vp, "
+                 "micro_batch, gx, gy, gz, zero_stage, recompute, sequence_parallel)"):
+        enumerate_layouts(m, 8, 8, fixed={"tpp": 2})
+    with _raises("fixed tp=(1.5,) must be whole numbers >= 0, at least one"):
+        enumerate_layouts(m, 8, 8, fixed={"tp": 1.5})
+    with _raises("fixed tp=() must be whole numbers >= 0, at least one"):
+        enumerate_layouts(m, 8, 8, fixed={"tp": []})
     with _raises("no valid layout of n_devices=13 with global_batch=8: tp x pp x cp x dp must "
                  "equal n_devices with tp dividing num_heads=24, pp at most num_layers=12, cp "
                  "dividing seq_len=2048 and micro_batch x dp dividing global_batch"):
@@ -1225,3 +1279,154 @@ def test_efficiency_set_regimes_checked(tmp_path, regimes, message):
     p = _write_yaml(tmp_path, {"efficiency": {"mm_max": 0.7}, "regimes": regimes}, "set.yaml")
     with _raises(f"{p}{message}"):
         overlay_set(p)
+
+
+# --------------------------------------------------------------------------------------------
+# Audit: the package's lazy attributes, overlays, shipped datasets, the search's framework
+# facts, low-precision recipes against the tensor cores (all refused before tracing)
+# --------------------------------------------------------------------------------------------
+
+def test_unknown_package_attribute():
+    # diffperf/__init__.py's __getattr__ imports the lazy submodules; any other name is
+    # Python's AttributeError (so hasattr and getattr's default keep working).
+    with pytest.raises(AttributeError, match=re.escape("module 'diffperf' has no attribute "
+                                                       "'serach'")):
+        diffperf.serach  # noqa: B018
+    assert not hasattr(diffperf, "serach")
+    assert diffperf.search.__name__ == "diffperf.search"
+
+
+def test_write_overlay_checks(tmp_path):
+    from diffperf import write_overlay
+
+    with _raises("overlay.fitted_on must be a mapping, got list"):
+        write_overlay(tmp_path / "o.yaml", {"mm_max": 0.7}, fitted_on=["vtrain_a100"])
+    with _raises("overlay.fitted_on.set='grad_bytes=4' must be a list of FIELD=VALUE strings"):
+        write_overlay(tmp_path / "o.yaml", {"mm_max": 0.7}, fitted_on={"set": "grad_bytes=4"})
+    assert not (tmp_path / "o.yaml").exists()  # checked before writing
+    write_overlay(tmp_path / "o.yaml", {"mm_max": 0.7})
+    with _raises(f"{tmp_path / 'o.yaml'} exists; pass force=True to overwrite it"):
+        write_overlay(tmp_path / "o.yaml", {"mm_max": 0.6})
+    write_overlay(tmp_path / "o.yaml", {"mm_max": 0.6}, force=True)
+    assert yaml.safe_load((tmp_path / "o.yaml").read_text())["efficiency"] == {"mm_max": 0.6}
+
+
+@pytest.mark.parametrize("fitted_on,message", [
+    (["vtrain_a100"], ".fitted_on must be a mapping, got list"),
+    ({"set": [4]}, ".fitted_on.set=[4] must be a list of FIELD=VALUE strings"),
+])
+def test_cli_calibration_overlay_facts(capsys, tmp_path, fitted_on, message):
+    p = _write_yaml(tmp_path, {"efficiency": {"mm_max": 0.7}, "fitted_on": fitted_on},
+                    "overlay.yaml")
+    assert _cli_error(capsys, "predict", "--calibration", p) == f"{p}{message}"
+
+
+def test_unknown_dataset_suggests():
+    from diffperf.resources import dataset_files
+
+    shipped = ", ".join(dataset_files())
+    assert "vtrain_a100" in shipped
+    with _raises(f"unknown dataset 'vtrain_a10'; did you mean 'vtrain_a100'? (shipped: "
+                 f"{shipped}; or give a path to a .csv file)"):
+        load_runs("vtrain_a10")
+
+
+@pytest.mark.parametrize("facts,message", [
+    ({"pp_first_layers": 2}, "parallel: 'pp_first_layers' depends on pp, which the table "
+                             "varies; the search balances the stages automatically (give it "
+                             "to predict)"),
+    ({"tp": 2}, "parallel: 'tp' is a column of the layout table; fix it in the table "
+                "(enumerate_layouts' fixed)"),
+    ({"dp_overlapp": 0}, "parallel: 'dp_overlapp' is not a Parallel field; did you mean "
+                         "'dp_overlap'? (allowed: dp_overlap, tp_overlap, ep_overlap, cp_ring, axonn_overlap, zero_shard, "
+                         "zero3_prefetch_params, zero3_regather, zero3_calls_per_layer, "
+                         "zero3_copy_out, pp_first_layers, pp_last_layers)"),
+    ({"zz": 0}, "parallel: 'zz' is not a Parallel field (allowed: dp_overlap, tp_overlap, "
+                "ep_overlap, cp_ring, axonn_overlap, zero_shard, zero3_prefetch_params, "
+                "zero3_regather, zero3_calls_per_layer, zero3_copy_out, pp_first_layers, "
+                "pp_last_layers)"),
+])
+def test_search_framework_facts(facts, message):
+    from diffperf.search import enumerate_layouts, search
+
+    m = _small()
+    with _raises(message):
+        search(m, diffperf.load_system("h100-sxm-80gb"), None, enumerate_layouts(m, 2, 4)[:1],
+               parallel=facts)
+
+
+@pytest.mark.parametrize("precision,system,message", [
+    ("fp8-delayed", "a100-sxm-80gb",
+     "precision='fp8-delayed' runs GEMMs in FP8/FP4 but system 'a100-sxm-80gb' has no FP8 "
+     "tensor cores (matmul_fp8_TFLOPs absent or 0); use bf16, fp16 or another 16-bit preset "
+     "there (fp8-delayed, fp8-current (fp8), fp8-blockwise, mxfp8, nvfp4 need an FP8 GPU: "
+     "H100, H200, B200, B300, GB200, GB300)"),
+    ("mxfp8", "h100-sxm-80gb",
+     "precision='mxfp8' needs block-scaled tensor cores (MXFP8 / NVFP4: Blackwell) but system "
+     "'h100-sxm-80gb' has none (matmul_fp4_TFLOPs absent or 0); on Hopper use fp8-delayed, "
+     "fp8-current or fp8-blockwise"),
+    ("nvfp4", "h100-sxm-80gb",
+     "precision='nvfp4' needs block-scaled tensor cores (MXFP8 / NVFP4: Blackwell) but system "
+     "'h100-sxm-80gb' has none (matmul_fp4_TFLOPs absent or 0); on Hopper use fp8-delayed, "
+     "fp8-current or fp8-blockwise"),
+])
+def test_low_precision_needs_its_tensor_cores(precision, system, message):
+    with _raises(message):
+        diffperf.predict(_small(), Parallel(), diffperf.load_system(system),
+                         diffperf.training(precision))
+
+
+# --------------------------------------------------------------------------------------------
+# Audit: predict's and search's layout options on the command line
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv,message", [
+    (("--tp", "3-1"), "--tp='3-1' must be whole numbers >= 0: V, A-B (A <= B, at most 10^6 "
+                      "apart) or V1,V2,..."),
+    (("--pp", "x"), "--pp='x' must be whole numbers >= 0: V, A-B (A <= B, at most 10^6 apart) "
+                    "or V1,V2,..."),
+    (("--recompute", "sometimes"), "--recompute='sometimes' must be none, selective, full or "
+                                   "whole numbers >= 0: V, A-B (A <= B, at most 10^6 apart) "
+                                   "or V1,V2,..."),
+    (("--sweep", "hbm_bandwidth_GBps=1000,2000", "--set", "tp_overlap=0"),
+     "--sweep takes the layout values and the Training facts of --set, not yet --set FIELD of "
+     "Parallel, --csv or --tokens"),
+    (("--sweep", "hbm_bandwidth_GBps=1000,2000", "--tokens", "1e9"),
+     "--sweep takes the layout values and the Training facts of --set, not yet --set FIELD of "
+     "Parallel, --csv or --tokens"),
+])
+def test_cli_search_layout_values(capsys, argv, message):
+    assert _cli_error(capsys, "search", *argv) == message
+
+
+@pytest.mark.parametrize("argv,give", [
+    ((), "--gpus N (predict then searches the fastest layout that fits) or a layout with --dp "
+         "(--tp, --pp, --dp, ...)"),
+    (("--tp", "2"), "--gpus N or --dp N beside the layout options given"),
+])
+def test_cli_predict_needs_gpus_or_a_layout(capsys, argv, give):
+    assert _cli_error(capsys, "predict", "--model", "llama3-8b", *argv) == (
+        f"--model llama3-8b: give {give}; the default of 1024 GPUs is GPT-3 175B's shipped job")
+
+
+def test_cli_predict_when_no_layout_fits(capsys, monkeypatch):
+    # GPT-3 175B on one A100 fits no layout (its smallest needs ~2610 GiB); the search itself
+    # is tests/test_search.py's, so here a result of two layouts that do not fit, without
+    # compiling the batched kernel: the message names the smaller of the two.
+    import types
+
+    import numpy as np
+
+    import diffperf.search
+
+    def no_fit(model, system, train, layouts, **kw):
+        n = len(layouts)
+        return types.SimpleNamespace(
+            fits=np.zeros(n, dtype=bool), step_time_s=np.ones(n),
+            memory=types.SimpleNamespace(total_bytes=np.linspace(3000, 2610, n) * 2**30,
+                                         capacity_bytes=np.full(n, 76 * 2**30)))
+
+    monkeypatch.setattr(diffperf.search, "search", no_fit)
+    assert _cli_error(capsys, "predict", "--gpus", "1", "--global-batch", "1", "--no-cache") == (
+        "no layout of gpt3-175b on --gpus=1 x a100-sxm-80gb with --global-batch=1 fits in memory "
+        "(the smallest needs 2610 GiB per device, usable 76 GiB): give more --gpus")
