@@ -51,7 +51,12 @@ class Parallel(struct.PyTreeNode):
     pp: Any = 1                 # pipeline stages p
     dp: Any = 1                 # data-parallel degree d
     cp: Any = 1                 # context-parallel degree c (sequence split, ring attention)
-    ep: Any = 1                 # expert-parallel degree e (divides dp)
+    ep: Any = 1                 # expert-parallel degree e (divides dp; with etp > 0, e x etp
+                                # divides t x c x d: Megatron-Core's expert layout)
+    etp: Any = 0                # expert tensor-parallel degree t_e of the routed experts:
+                                # 0 = tp with the experts inside dp (the layout before etp);
+                                # 1 = experts not split by TP, the ep group taking the t x c x d
+                                # ranks (Megatron-Core --expert-tensor-parallel-size 1); workload.ep
     vp: Any = 1                 # interleaved virtual stages per device v
     micro_batch: Any = 1        # sequences per micro-batch b
     global_batch: Any = 1       # sequences per optimizer step B

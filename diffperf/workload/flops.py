@@ -119,7 +119,10 @@ def layer_ops(model, parallel, training) -> LayerOps:
         MLP up    n = (1 + gated) f / t, k = h            (4 or 6) T h f / t  (with down)
         MLP down  n = h, k = f / t
         router    n = E, k = h                            (MoE)
-        experts   m = T k C_f e / E, count = E / e        top-k routed tokens on local experts
+        experts   m = T (t_e/t) k C_f e / E, count = E / e, n and k split by t_e (not t):
+                  the routed tokens on a rank's local experts (t_e = `workload.ep.expert_tp`;
+                  the per-expert m is the grouped GEMM's shape, so its efficiency falls at
+                  small m as each expert's own GEMM does)
     Attention core per head (count = b a / t): QK^T (s/c x d_h)(d_h x s), AV (s/c x s)(s x d_h),
     each 2 (s/c) s d_h kappa FLOP (kappa: `attention_kappa`).
     AxoNN grid (PAPERS.md section 4.2): t = G_y (`head_shards`) and the h side of the four
@@ -133,12 +136,13 @@ def layer_ops(model, parallel, training) -> LayerOps:
     dense_w, moe_w = _moe_weights(model)
     fe, E, ep = model.moe_ffn_hidden, jnp.maximum(model.n_experts, 1.0), parallel.ep
     gate = 1.0 + model.gated_mlp
-    tokens_per_expert = T * model.moe_topk * model.capacity_factor * ep / E
+    t_e = jnp.where(parallel.etp > 0, parallel.etp, t)  # workload.ep.expert_tp
+    tokens_per_expert = T * (t_e / t) * model.moe_topk * model.capacity_factor * ep / E
     dense = Gemms(
         m=jnp.stack([T, T, T, T, T, tokens_per_expert, tokens_per_expert, T, T]),
-        n=jnp.stack([(a + 2 * akv) * dh / t, hx, gate * f / t, hx, E, gate * fe / t, h,
+        n=jnp.stack([(a + 2 * akv) * dh / t, hx, gate * f / t, hx, E, gate * fe / t_e, h,
                      gate * fe / t, h]),
-        k=jnp.stack([hx, a * dh / t, hx, f / t, h, h, fe / t, h, fe / t]),
+        k=jnp.stack([hx, a * dh / t, hx, f / t, h, h, fe / t_e, h, fe / t]),
         count=jnp.stack([1.0, 1.0, dense_w, dense_w, moe_w, moe_w * E / ep, moe_w * E / ep,
                          model.n_shared_experts, model.n_shared_experts]),
     )

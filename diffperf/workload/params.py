@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from diffperf.workload.ep import expert_tp
 from diffperf.workload.flops import hidden_shards
 from diffperf.workload.stages import each
 
@@ -79,11 +80,11 @@ def grid_shards(parallel):
 
 
 def layer_params_per_device(model, parallel):
-    """Parameters of one layer on one device: matrices / (t G), routed experts / (t e),
-    vectors (replicated)."""
+    """Parameters of one layer on one device: matrices / (t G), routed experts / (t_e e)
+    (t_e: `workload.ep.expert_tp`), vectors (replicated)."""
     mats, experts = layer_matrix_params(model)
     return (mats / (parallel.tp * grid_shards(parallel))
-            + experts / (parallel.tp * parallel.ep) + layer_vector_params(model))
+            + experts / (expert_tp(parallel) * parallel.ep) + layer_vector_params(model))
 
 
 def active_ffn_width(model):
@@ -115,8 +116,9 @@ def residual_shards(parallel):
 def stage_expert_params_per_device(model, parallel, layers):
     """Routed-expert parameters of a stage of n = `layers` layers on one device:
 
-        n E (2 + gated) h f_e / (t e)
-    each of the E experts' 2 + gated matrices (h x f_e) split over the t TP ranks, the E
+        n E (2 + gated) h f_e / (t_e e)
+    each of the E experts' 2 + gated matrices (h x f_e) split over the t_e expert-TP ranks
+    (`workload.ep.expert_tp`: t unless etp says otherwise), the E
     experts over the e EP ranks (`layer_matrix_params`; Megatron-Core MoE: expert weights
     sharded by expert-tensor and expert parallelism; PAPERS.md section 5.8). They are
     replicated over the expert-data-parallel ranks (`workload.ep.expert_dp_degree`), not over
@@ -125,7 +127,7 @@ def stage_expert_params_per_device(model, parallel, layers):
     8 x 8 x 3 x 4096 x 14336 / 16 = 704.6e6.
     """
     _, experts = layer_matrix_params(model)
-    return layers * experts / (parallel.tp * parallel.ep)
+    return layers * experts / (expert_tp(parallel) * parallel.ep)
 
 
 def stage_params_per_device(model, parallel, stages):
