@@ -19,7 +19,7 @@ from diffperf.result import Result
 from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel, Recompute, ZeroStage
 from diffperf.specs.training import Training
-from diffperf.specs.validate import check_layout
+from diffperf.specs.validate import check_layout, check_precision
 
 _RECOMPUTE = {r.name.lower(): int(r) for r in Recompute}
 
@@ -89,6 +89,8 @@ def predict(model, parallel, system, training=None, *, temperature=None,
         raise SpecError(f"temperature={temperature} must be >= 0 (or None for the exact model)")
     if _is_concrete((model, parallel)):
         check_layout(model, parallel)
+    if _is_concrete((system, training)):
+        check_precision(system, training)
     if not _is_concrete((model, parallel, system, training)):
         return predict_step(model, parallel, system, training, temperature)
     args = _as_float((anonymous(model), anonymous(parallel), anonymous(system),
@@ -111,6 +113,7 @@ def predict_batch(models, parallels, system, trainings, *, temperature=None) -> 
     """
     parallels = _normalize(parallels)
     check_layout(models, parallels)
+    check_precision(system, trainings)
     args = _as_float((anonymous(models), anonymous(parallels), anonymous(system),
                       anonymous(trainings)))
     return _predict_vmap(*args, temperature=temperature or None, features=FEATURES)

@@ -281,13 +281,15 @@ def system_names() -> list[str]:
 
 
 SYSTEM_KEYS = ("name", "description", "sources", "matmul_TFLOPs", "matmul_fp32_TFLOPs",
-               "vector_TFLOPs", "hbm_bandwidth_GBps", "hbm_capacity_GiB", "power_W", "tiers",
+               "matmul_fp8_TFLOPs", "matmul_fp4_TFLOPs", "vector_TFLOPs", "hbm_bandwidth_GBps", "hbm_capacity_GiB", "power_W", "tiers",
                "efficiency", "reliability")
 TIER_KEYS = ("name", "domain_size", "bandwidth_GBps", "latency_us", "oversubscription")
 RELIABILITY_KEYS = ("failure_rate_per_device_hour", "storage_write_GBps", "restart_s")
 # Keys of a system YAML (human units) and the System leaf each one sets, with its SI factor.
 SYSTEM_UNITS = {"matmul_TFLOPs": ("matmul_flops_per_s", 1e12),
                 "matmul_fp32_TFLOPs": ("matmul_fp32_flops_per_s", 1e12),
+                "matmul_fp8_TFLOPs": ("matmul_fp8_flops_per_s", 1e12),
+                "matmul_fp4_TFLOPs": ("matmul_fp4_flops_per_s", 1e12),
                 "vector_TFLOPs": ("vector_flops_per_s", 1e12),
                 "hbm_bandwidth_GBps": ("hbm_bandwidth_Bps", 1e9),
                 "hbm_capacity_GiB": ("hbm_capacity_bytes", 2.0**30), "power_W": ("power_W", 1.0)}
@@ -380,6 +382,11 @@ def system_from_dict(d: dict, where: str = "system") -> System:
         **_to_si(SYSTEM_UNITS, {
             "matmul_TFLOPs": matmul,
             "matmul_fp32_TFLOPs": n("matmul_fp32_TFLOPs", default=matmul / 2),
+            # absent: the device has no FP8 / FP4 tensor cores (0; low precision is refused)
+            "matmul_fp8_TFLOPs": _number(d, "matmul_fp8_TFLOPs", where, minimum=0.0,
+                                         default=0.0),
+            "matmul_fp4_TFLOPs": _number(d, "matmul_fp4_TFLOPs", where, minimum=0.0,
+                                         default=0.0),
             "vector_TFLOPs": n("vector_TFLOPs", default=matmul / 16),
             "hbm_bandwidth_GBps": n("hbm_bandwidth_GBps"),
             "hbm_capacity_GiB": n("hbm_capacity_GiB"),

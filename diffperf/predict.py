@@ -18,7 +18,8 @@ from diffperf.costs.axonn import axonn_times_s
 from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s, ring_group,
                                         ring_phase_calls_s, ring_phase_s, ring_step_s,
                                         send_recv_s)
-from diffperf.costs.compute import gemms_time_s, layer_times_s, matmul_peak, memory_time_s
+from diffperf.costs.compute import (gemms_time_s, layer_pass_gemm_times_s, layer_times_s,
+                                    lowp_quantize_times_s, matmul_peak, memory_time_s)
 from diffperf.costs.smooth import pnorm_max
 from diffperf.costs.xla import kernel_fixed_s
 from diffperf.memory.device import device_memory
@@ -39,7 +40,8 @@ from diffperf.workload.dp import (dp_volumes_bytes, product_group, zero3_prefetc
                                   zero_groups)
 from diffperf.workload.ep import (ep_a2a_bytes, ep_a2a_per_layer, ep_stride, expert_dp_degree,
                                   expert_tp, moe_mlp_on_tp)
-from diffperf.workload.flops import attention_io_bytes, head_ops, layer_ops
+from diffperf.workload.flops import (attention_io_bytes, head_ops, layer_ops,
+                                     lowp_quantize_kernels)
 from diffperf.workload.groups import stride
 from diffperf.workload.params import (grid_shards, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device,
@@ -120,7 +122,7 @@ def _axonn_parts(model, parallel, system, training, dense_rows, fwd_window, bwd_
     collectives of one layer, one micro-batch (PAPERS.md sections 4.2-4.3; all 0 without the
     grid). The dW GEMM of each linear (same FLOPs as its forward GEMM) hides its dX
     all-reduce; full recompute re-runs the forward's collectives. `dense_rows`: the layer's
-    dense GEMM times, one per row (`costs.compute.layer_times_s`)."""
+    weight-gradient GEMM times, one per row (`costs.compute.layer_pass_gemm_times_s`)."""
     vol = axonn_layer_volumes(model, parallel, training)
     t = axonn_times_s(vol, parallel, stride(_placed(parallel), "tp"), system)
     dw = dense_rows[:4]
@@ -199,10 +201,18 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     same compute [D]."""
     e = system.eff
     ops = layer_ops(model, parallel, training)
-    dense_rows, attn, other = layer_times_s(ops, system, training,
-                                            attention_io_bytes(model, parallel, training),
-                                            temperature)
+    _, attn, other = layer_times_s(ops, system, training,
+                                   attention_io_bytes(model, parallel, training), temperature)
+    # Dense GEMM rows of the forward (fprop) and of the backward's two GEMMs (dgrad, wgrad):
+    # each at its own precision (16-bit presets: dgrad = wgrad = fprop, dense_b = 2 dense).
+    dense_rows, dgrad_rows, wgrad_rows = layer_pass_gemm_times_s(ops, system, training,
+                                                                 temperature)
     dense = jnp.sum(dense_rows)
+    dense_b = jnp.sum(dgrad_rows + wgrad_rows)
+    # Low precision: the quantization kernels of the layer's inputs, output gradients and
+    # weights (0 for 16-bit presets; costs.compute.lowp_quantize_times_s).
+    quant_f, quant_b = lowp_quantize_times_s(ops.dense, system, training,
+                                             parallel.n_microbatches)
     n_f, n_b = tp_collectives_per_layer(parallel)
     # An MoE layer whose experts are not TP-split has no TP collectives around its MLP: half
     # of them (workload.ep.moe_mlp_on_tp; the attention's pair stays).
@@ -214,16 +224,16 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     c_tp = _tp_collective_s(model, parallel, system, training) + (
         (calls - 1.0) * tp_on * e.coll_base_s)
     tp_f, tp_fh = split_exposed(n_f * c_tp, parallel.tp_overlap * dense, temperature)
-    tp_b, tp_bh = split_exposed(n_b * c_tp, parallel.tp_overlap * 2.0 * dense, temperature)
+    tp_b, tp_bh = split_exposed(n_b * c_tp, parallel.tp_overlap * dense_b, temperature)
     # Attention backward: 2 x forward, + the recomputed scores of flash attention (0.5 x).
     attn_bwd = (2.0 + 0.5 * training.flash_attention) * attn
     cp_f, cp_fh, cp_b, cp_bh = (_cp_parts(model, parallel, system, training, attn, attn_bwd,
                                           temperature) if "cp" in features else _zeros(attn, 4))
     ep_f, ep_fh, ep_b, ep_bh = (_ep_parts(model, parallel, system, training, dense - tp_fh,
-                                          2.0 * dense - tp_bh, temperature)
+                                          dense_b - tp_bh, temperature)
                                 if "ep" in features else _zeros(dense, 4))
     ax_f, ax_fh, ax_b, ax_bh, ax_calls = (_axonn_parts(
-        model, parallel, system, training, dense_rows, dense + attn, 2.0 * dense + attn_bwd,
+        model, parallel, system, training, wgrad_rows, dense + attn, dense_b + attn_bwd,
         temperature) if "axonn" in features else _zeros(dense, 5))
     full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
     selective = jnp.where(parallel.recompute == 1, 1.0, 0.0)
@@ -233,20 +243,26 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         skipped = jnp.sum(dense_rows * remat_skipped_gemms(training))
         # XLA writes the layer scan's residuals in the forward and reads them in the backward.
         stacked = memory_time_s(stacked_pass_traffic_bytes(model, parallel, training), system)
-    recompute = full * (dense - skipped + attn + other) + selective * attn
+    recompute = full * (dense - skipped + attn + other + quant_f) + selective * attn
     other_f, other_b = other + stacked, 2.0 * other + stacked
     hidden_f = tp_fh + cp_fh + ep_fh + ax_fh
     hidden_b = tp_bh + cp_bh + ep_bh + ax_bh
     gpu_f = (dense + attn + other_f + tp_f + cp_f + ep_f + ax_f
-             + e.overlap_slowdown * hidden_f)
-    gpu_b = (2.0 * dense + attn_bwd + other_b + recompute + tp_b + cp_b + ep_b + ax_b
-             + e.overlap_slowdown * hidden_b)
+             + e.overlap_slowdown * hidden_f + quant_f)
+    gpu_b = (dense_b + attn_bwd + other_b + recompute + tp_b + cp_b + ep_b + ax_b
+             + e.overlap_slowdown * hidden_b + quant_b)
     is_moe = jnp.where(model.n_experts > 0, 1.0, 0.0)
     kernels = (ops.n_kernels + tp_on * calls * n_f
                + jnp.where(parallel.ep > 1, 2.0 * is_moe, 0.0)  # dispatch, combine
                + 2.0 * parallel.cp_ring * cp_ring_steps(parallel)  # block attention + p2p
                + ax_calls)
     sync_f, sync_b = _tp_host_sync_s(parallel, n_f, n_b, e)
+    # Quantization kernels (0 for 16-bit presets): the weights' casts once per step if cached.
+    qk_f, qk_b, qk_w = lowp_quantize_kernels(ops.dense, training)
+    qk_f = qk_f + qk_w * jnp.where(training.lowp_weight_cache > 0,
+                                   1.0 / parallel.n_microbatches, 1.0)
+    sync_f = sync_f + qk_f * e.host_kernel_s
+    sync_b = sync_b + (qk_b + full * qk_f) * e.host_kernel_s
     # One XLA program has no host work per layer or kernel (the step is enqueued as a whole).
     eager = 1.0 - training.xla_compiled
     host_f = eager * (kernels * e.host_kernel_s + e.host_layer_s + sync_f)
@@ -256,7 +272,8 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
                       + full * e.host_recompute_s + sync_b)
     t_f = pnorm_max(gpu_f, host_f, e.floor_pnorm)
     t_b = pnorm_max(gpu_b, host_b, e.floor_pnorm)
-    parts = dict(compute_s=3.0 * dense + attn + attn_bwd + 3.0 * other + 2.0 * stacked,
+    parts = dict(compute_s=(dense + dense_b + attn + attn_bwd + 3.0 * other + 2.0 * stacked
+                            + quant_f + quant_b),
                  recompute_s=recompute,
                  tp_exposed_s=tp_f + tp_b, cp_exposed_s=cp_f + cp_b, ep_exposed_s=ep_f + ep_b,
                  axonn_exposed_s=ax_f + ax_b,

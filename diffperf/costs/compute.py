@@ -11,12 +11,67 @@ import jax.numpy as jnp
 from diffperf.costs.xla import kernel_fixed_s
 from diffperf.costs.roofline import (alignment_factor, gemm_size, roofline_time_s,
                                      saturating_efficiency)
+from diffperf.workload.flops import (lowp_pass_fracs, lowp_quantize_bytes,
+                                     lowp_quantize_kernels, quantized_elem_bytes)
 
 
 def matmul_peak(system, training):
     """F_peak of the precision the matmuls run in (16-bit tensor cores, or TF32/fp32)."""
     return jnp.where(training.matmul_fp32 > 0, system.matmul_fp32_flops_per_s,
                      system.matmul_flops_per_s)
+
+
+def lowp_peak(system, training):
+    """F_peak of the low-precision GEMMs: the dense FP4 peak when training.lowp_fp4 (NVFP4),
+    else the dense FP8 peak (System.matmul_fp8_flops_per_s / matmul_fp4_flops_per_s, from
+    the datasheets, configs/systems). A device without that peak (0: no FP8 / FP4 tensor
+    cores) falls back to the 16-bit peak here so that every time stays finite under tracing;
+    `specs.validate.check_precision` refuses such a run before it gets here.
+    """
+    lp = jnp.where(training.lowp_fp4 > 0, system.matmul_fp4_flops_per_s,
+                   system.matmul_fp8_flops_per_s)
+    return jnp.where(lp > 0, lp, matmul_peak(system, training))
+
+
+def lowp_gemm_times_s(gemms, system, training, eff_max, half_dim, temperature=None):
+    """Per-GEMM  count x roofline time with both inputs quantized (one per row), as
+    `gemm_times_s` but
+
+        t = roofline(2 m n k, e_q (m k + k n) + q m n;  F_lp, eta(d))
+    F_lp = `lowp_peak` (FP8 or FP4), eta the same shape efficiency as the 16-bit GEMM (the
+    same tile and wave quantization), e_q = `workload.flops.quantized_elem_bytes` per input
+    element, q = training.activation_bytes per output element (TE's FP8 GEMMs write BF16).
+    Example: an 8192^3 FP8 GEMM on an H100 SXM (1978.9 TFLOP/s dense FP8), eta = 0.8 x
+    1 / (1 + (64 / 8192)^1.5) = 0.79945: 2 x 8192^3 / (1978.9e12 x 0.79945) = 0.695 ms
+    (1.390 ms in BF16 at 989.4 TFLOP/s).
+    Source: Transformer Engine user guide, FP8 primer (the FP8 tensor-core GEMM at twice the
+    BF16 rate on Hopper); NVIDIA datasheets for the peaks (configs/systems) [B].
+    """
+    m, n, k = (jnp.maximum(x, 1.0) for x in (gemms.m, gemms.n, gemms.k))
+    eff = saturating_efficiency(gemm_size(m, n, k), eff_max, half_dim, system.eff.mm_exponent)
+    eff = eff * alignment_factor(gemms.n, gemms.k, training.activation_bytes,
+                                 system.eff.mm_align_exponent)
+    flops = 2.0 * m * n * k
+    bytes_moved = quantized_elem_bytes(training) * (m * k + k * n) + (
+        training.activation_bytes * m * n)
+    each = roofline_time_s(flops, bytes_moved, lowp_peak(system, training), eff,
+                           system.hbm_bandwidth_Bps, system.eff.mem_eff, temperature)
+    return gemms.count * each
+
+
+def layer_pass_gemm_times_s(ops, system, training, temperature=None):
+    """(fprop, dgrad, wgrad) times of a layer's dense GEMMs, one per row, one micro-batch:
+
+        t_pass[r] = t16[r] + l_pass[r] (t_lp[r] - t16[r])
+    t16 = `gemm_times_s` (16-bit), t_lp = `lowp_gemm_times_s`, l_pass =
+    `workload.flops.lowp_pass_fracs` (0 for every row in the 16-bit presets, so each pass is
+    exactly t16: the backward's dgrad + wgrad = 2 x forward, as before). dgrad (dY W) and
+    wgrad (X^T dY) have the forward's FLOPs and are timed at its shape (PAPERS.md 5.1).
+    """
+    e = system.eff
+    t16 = gemm_times_s(ops.dense, system, training, e.mm_max, e.mm_half_dim, temperature)
+    tlp = lowp_gemm_times_s(ops.dense, system, training, e.mm_max, e.mm_half_dim, temperature)
+    return tuple(t16 + frac * (tlp - t16) for frac in lowp_pass_fracs(training))
 
 
 def gemms_time_s(gemms, system, training, eff_max, half_dim, temperature=None):
@@ -94,3 +149,25 @@ def layer_times_s(ops, system, training, attn_io_bytes, temperature=None):
              + ops.vector_flops / system.vector_flops_per_s
              + ops.n_kernels * kernel_fixed_s(system, training))
     return dense, attn, other
+
+
+def lowp_quantize_times_s(dense, system, training, n_microbatches):
+    """(forward, backward) seconds of a layer's quantization kernels, one micro-batch:
+
+        t_f = [B_X + B_W / m_w] / (BW_hbm eta_mem) + (K_X + K_W / m_w) t_k
+        t_b = B_dY / (BW_hbm eta_mem) + K_dY t_k
+    B_X, B_dY, B_W = `workload.flops.lowp_quantize_bytes` (inputs, output gradients, weights),
+    K = `lowp_quantize_kernels`, t_k = the fixed time per kernel (`costs.xla.kernel_fixed_s`),
+    m_w = m micro-batches when the quantized weights are cached for the step
+    (training.lowp_weight_cache = 1: TE casts them in the first micro-batch, here spread
+    over the m), 1 otherwise. Memory-bound kernels (cast, cast-transpose, amax): PAPERS.md
+    5.2, intensity << 1 FLOP/B. Both 0 for the 16-bit presets.
+    Example: fp8-current, one 8192 x 8192 BF16 input quantized row- and column-wise:
+    402.7 MB / (3350 GB/s x 0.85) = 0.1414 ms on an H100 SXM.
+    """
+    fwd, bwd, wts = lowp_quantize_bytes(dense, training)
+    k_f, k_b, k_w = lowp_quantize_kernels(dense, training)
+    per_step = jnp.where(training.lowp_weight_cache > 0, 1.0 / n_microbatches, 1.0)
+    k_s = kernel_fixed_s(system, training)
+    return (memory_time_s(fwd + per_step * wts, system) + (k_f + per_step * k_w) * k_s,
+            memory_time_s(bwd, system) + k_b * k_s)

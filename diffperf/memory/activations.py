@@ -15,9 +15,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from diffperf.workload.cp import cp_kv_bytes
-from diffperf.workload.flops import (head_shards, score_elements, softmax_fallback,
-                                     softmax_fallback_costs, tokens_per_device,
-                                     vocab_rows_per_rank)
+from diffperf.workload.flops import (head_shards, quantized_elem_bytes, score_elements,
+                                     softmax_fallback, softmax_fallback_costs,
+                                     tokens_per_device, vocab_rows_per_rank)
 from diffperf.workload.params import active_ffn_width, residual_shards
 
 
@@ -50,10 +50,35 @@ def layer_activation_parts(model, parallel, training):
     stats = training.flash_attention * 4.0 * parallel.micro_batch * a * model.seq_len / (
         parallel.cp * t)
     full = training.residual_bytes * sbh / t_sp
-    whole = replicated + sharded + stats  # + scores, which recompute (1, 2) does not keep
+    whole = (replicated + sharded + stats  # + scores, which recompute (1, 2) does not keep
+             - lowp_saved_input_saving(model, parallel, training))
     no_recompute = jnp.where(parallel.recompute == 0, 1.0, 0.0)
     kept = jnp.where(parallel.recompute == 2, full, whole + no_recompute * scores)
     return kept, jnp.where(parallel.recompute == 2, whole + scores, 0.0)
+
+
+def lowp_saved_input_saving(model, parallel, training):
+    """Bytes a layer no longer keeps because its linears save their inputs quantized, one
+    micro-batch, on one device (0 for 16-bit presets):
+
+        dA = lambda w [ 2 s b h / t_sp + s b f' / t ] (q_a - e_q)
+    the inputs that only a linear's weight-gradient GEMM reads: the two norm outputs (QKV and
+    MLP-up inputs, in the replicated 2 q_a term of `layer_activation_parts`) and the MLP-down
+    input (f' = f, or the routed width of MoE, `params.active_ffn_width`). Transformer Engine
+    saves the quantized column-wise copy that wgrad uses (e_q bytes,
+    `workload.flops.quantized_elem_bytes`) instead of the 16-bit tensor. The attention output
+    (the projection's input) stays 16-bit: flash attention's backward reads it. lambda =
+    lowp_layer_frac, w = lowp_wgrad. Source: Transformer Engine Linear / LayerNormLinear /
+    LayerNormMLP forward (the quantized input is what ctx saves when the recipe is on) [B].
+    Example: Llama 3 70B, s 8192, b 1, t 4 with SP, FP8: (2 x 8192 x 8192 / 4 + 8192 x 28672
+    / 4) x (2 - 1) = 92.3 MB per layer (of ~1 GB).
+    """
+    t = head_shards(parallel)
+    sbh = tokens_per_device(model, parallel) * model.hidden
+    inputs = 2.0 * sbh / residual_shards(parallel) + (
+        tokens_per_device(model, parallel) * active_ffn_width(model) / t)
+    return (training.lowp_layer_frac * training.lowp_wgrad * inputs
+            * (training.activation_bytes - quantized_elem_bytes(training)))
 
 
 def layer_activation_bytes(model, parallel, training):

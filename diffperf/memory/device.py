@@ -10,9 +10,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from diffperf.memory import activations as act
-from diffperf.memory.weights import gradient_bytes, optimizer_bytes, weight_bytes
+from diffperf.memory.weights import (gradient_bytes, lowp_weight_cache_bytes, optimizer_bytes,
+                                     weight_bytes)
 from diffperf.result import MEMORY_PARTS, Memory
 from diffperf.workload.dp import zero3_prefetch_frac
+from diffperf.workload.flops import layer_ops, lowp_weight_cache_elems
 from diffperf.workload.params import (layer_matrix_params, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device)
 from diffperf.workload.stages import at_largest, each, pipeline_stages
@@ -29,9 +31,11 @@ def _gradients_at_peak(grads, activations, parallel, training):
     return jnp.where(persist, grads, jnp.maximum(grads - activations, 0.0))
 
 
-def _stage_memory(params, expert_params, activations, buffers, parallel, training):
+def _stage_memory(params, expert_params, activations, buffers, parallel, training,
+                  lowp_cache=0.0):
     grads = gradient_bytes(params, parallel, training, expert_params)
-    return dict(weights_bytes=weight_bytes(params, parallel, training, expert_params),
+    return dict(weights_bytes=weight_bytes(params, parallel, training, expert_params)
+                + lowp_cache,
                 gradients_bytes=_gradients_at_peak(grads, activations, parallel, training),
                 optimizer_bytes=optimizer_bytes(params, parallel, training, expert_params),
                 activations_bytes=activations, buffers_bytes=buffers)
@@ -102,7 +106,8 @@ def device_memory(model, parallel, system, training, stages=None) -> Memory:
     flight), the largest middle one (most layers, one micro-batch fewer in flight) and the
     last (output layer, logits):
 
-        total_i = weights + gradients (live at the peak) + optimizer + activations + buffers
+        total_i = weights (+ quantized weight copies, `memory.weights.lowp_weight_cache_bytes`)
+                  + gradients (live at the peak) + optimizer + activations + buffers
         activations_i = A_layer x layers_in_flight(n_i, i) + working (+ logits, last stage)
         working = the layer rebuilt under full recompute + CP's K/V buffers
         buffers = ZeRO-3: the gathered layer in use, the part (f) of the next one prefetched
@@ -123,8 +128,12 @@ def device_memory(model, parallel, system, training, stages=None) -> Memory:
     activations = each(lambda n, i, o: k * kept * act.layers_in_flight(n, i, parallel)
                        + working + o * logits, stages.layers, stages.position, stages.output)
     buffers = gathered_buffer_bytes(model, parallel, training) + system.eff.mem_reserved_bytes
+    # Low precision: the quantized weight copies of the stage's layers (0 for 16-bit presets).
+    cache_layer = lowp_weight_cache_elems(layer_ops(model, parallel, training).dense, training)
+    cache = lowp_weight_cache_bytes(each(lambda n: n * cache_layer, stages.layers), parallel,
+                                    training)
     # The three stages at once: a leading axis of 3 (first, middle, last).
-    parts = _stage_memory(params, expert_P, activations, buffers, parallel, training)
+    parts = _stage_memory(params, expert_P, activations, buffers, parallel, training, cache)
     total = sum(parts[k] for k in MEMORY_PARTS)  # every part but the buffers has the axis
     picked, peak_total = peak_parts({k: parts[k] for k in MEMORY_PARTS
                                      if k != "buffers_bytes"}, total)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from diffperf.workload.dp import zero_groups
 from diffperf.workload.ep import expert_dp_degree
+from diffperf.workload.flops import quantized_elem_bytes
 
 
 def _sharded(params, expert_params, parallel, from_stage):
@@ -47,3 +48,20 @@ def optimizer_bytes(params, parallel, training, expert_params=0.0):
     """Psi (q_master + q_opt) = K Psi, sharded under ZeRO-1, -2 and -3."""
     return _sharded(params, expert_params, parallel, 1) * (
         training.master_bytes + training.optimizer_bytes)
+
+
+def lowp_weight_cache_bytes(cache_elems, parallel, training):
+    """Quantized weight copies held beside the 16-bit weights and the fp32 master (FP8 / FP4
+    recipes), sharded under ZeRO-3 like the weights:
+
+        N_cache e_q            (/ N_d under ZeRO-3)
+    N_cache = the stage's quantized weight elements (`workload.flops.lowp_weight_cache_elems`
+    x layers: a row-wise copy for fprop and a column-wise one for dgrad of every quantized
+    linear), e_q = `workload.flops.quantized_elem_bytes`. 0 for 16-bit presets.
+    Example: Llama 3 70B, tp 4, pp 4 (20 layers), FP8 current scaling: a layer's linears
+    hold h (a + 2 a_kv) d_h + a d_h h + 3 h f = 8.556e8 weights, 2.139e8 per tp rank;
+    20 x 2.139e8 x 2 copies x 1 B = 8.56 GB. Source: Transformer Engine, the FP8 weight workspace
+    kept across micro-batches (is_first_microbatch) of Linear / LayerNormLinear /
+    LayerNormMLP, with its transpose for the backward on Hopper [B].
+    """
+    return _sharded(cache_elems, 0.0, parallel, 3) * quantized_elem_bytes(training)

@@ -109,4 +109,9 @@ class System(struct.PyTreeNode):
     eff: Efficiency = Efficiency()
     power_W: Any = 700.0          # board power, for energy per token
     reliability: Reliability = Reliability()  # failures, checkpoints, restarts (goodput)
+    matmul_fp8_flops_per_s: Any = 0.0  # dense FP8 (E4M3 / E5M2) tensor-core peak; 0: the
+                                       # device has no FP8 tensor cores (A100, MI250, TPU v5p)
+    matmul_fp4_flops_per_s: Any = 0.0  # dense FP4 (E2M1, block-scaled NVFP4 / MXFP4) peak;
+                                       # 0: none. Non-zero also marks block-scaled tensor
+                                       # cores (Blackwell's MX / NVFP4 MMA), which MXFP8 needs
     name: str = struct.field(pytree_node=False, default="system")

@@ -43,8 +43,31 @@ class Training(struct.PyTreeNode):
     xla_compiled: Any = 0.0      # 1: the whole step is one XLA program (JAX jit): memory is
                                  # what XLA keeps live (memory/xla.py), kernels are fused and
                                  # issued back to back; 0: an eager / Megatron framework
+    # Low-precision GEMMs (Transformer Engine recipes; PRECISIONS below, docs/precision.md).
+    # All 0 (the default): every GEMM at the 16-bit peak, no quantization work.
+    lowp_fprop: Any = 0.0        # 1: the forward GEMM of each linear layer (QKV, proj, MLP,
+                                 # experts) runs in the low-precision format
+    lowp_dgrad: Any = 0.0        # 1: its data-gradient GEMM (dY W) does
+    lowp_wgrad: Any = 0.0        # 1: its weight-gradient GEMM (X^T dY) does
+    lowp_fp4: Any = 0.0          # 1: those GEMMs run at the FP4 peak (NVFP4), 0: the FP8 peak
+    lowp_bytes: Any = 1.0        # bytes per quantized element (1: FP8, 0.5: FP4)
+    lowp_block: Any = 0.0        # elements per scale factor (0: one scale per tensor)
+    lowp_scale_bytes: Any = 0.0  # bytes per scale factor (E8M0 / E4M3: 1, fp32: 4)
+    lowp_amax_pass: Any = 0.0    # 1: a separate amax read of each 16-bit tensor before its
+                                 # cast (current scaling; NVFP4's per-tensor fp32 scale)
+    lowp_layer_frac: Any = 1.0   # fraction of the transformer layers whose linears run in low
+                                 # precision (NVFP4 keeps some layers in BF16)
+    lowp_weight_cache: Any = 1.0  # 1: the quantized weights (row- and column-wise) are cast
+                                 # once per step and kept for all micro-batches (TE's
+                                 # is_first_microbatch cache: memory); 0: cast per micro-batch
+    lowp_param_gather: Any = 0.0  # 1: ZeRO-3 / FSDP parameter all-gathers move the quantized
+                                 # weights (Megatron --fp8-param-gather), 0: 16-bit weights
     name: str = struct.field(pytree_node=False, default="bf16")
 
+
+_MEGATRON_MIXED = dict(weight_bytes=2.0, grad_bytes=2.0, master_bytes=4.0, optimizer_bytes=8.0,
+                      activation_bytes=2.0, matmul_fp32=0.0)
+_LINEARS_LOWP = dict(lowp_fprop=1.0, lowp_dgrad=1.0, lowp_wgrad=1.0)
 
 PRECISIONS = {
     # Megatron-style mixed precision: 16-bit weights and grads, fp32 master + Adam (16 B/param).
@@ -70,7 +93,38 @@ PRECISIONS = {
     # Pure bf16 (weights, grads and Adam states in bf16: 8 B/param).
     "bf16-pure": dict(weight_bytes=2.0, grad_bytes=2.0, master_bytes=0.0, optimizer_bytes=4.0,
                       activation_bytes=2.0, matmul_fp32=0.0),
+    # ---- Low precision as Transformer Engine runs it (docs/precision.md has every source).
+    # Megatron-style mixed precision underneath (bf16 weights and grads, fp32 master + Adam);
+    # the three GEMMs of every linear layer (fprop, dgrad, wgrad) in the low format; attention
+    # (softmax(QK^T) V), the output layer, embeddings, norms and the router stay in BF16.
+    # TE DelayedScaling: one fp32 scale per tensor from the amax history of earlier steps; the
+    # amax of the current tensor is taken inside the cast kernel (no extra pass).
+    "fp8-delayed": _MEGATRON_MIXED | _LINEARS_LOWP | dict(
+        lowp_bytes=1.0, lowp_block=0.0, lowp_scale_bytes=0.0, lowp_amax_pass=0.0),
+    # TE Float8CurrentScaling: the scale of each tensor from its own amax, computed by a
+    # separate reduction before the cast (one more read of the 16-bit tensor).
+    "fp8-current": _MEGATRON_MIXED | _LINEARS_LOWP | dict(
+        lowp_bytes=1.0, lowp_block=0.0, lowp_scale_bytes=0.0, lowp_amax_pass=1.0),
+    # TE Float8BlockScaling (DeepSeek-V3 report, Section 3.3.1): 1 x 128 tiles of activations
+    # and gradients, 128 x 128 blocks of weights, fp32 scales (4 B per 128 elements counted
+    # on every tensor: the weights' 4 B per 16384 is an over-count of < 0.03 B per element).
+    "fp8-blockwise": _MEGATRON_MIXED | _LINEARS_LOWP | dict(
+        lowp_bytes=1.0, lowp_block=128.0, lowp_scale_bytes=4.0, lowp_amax_pass=0.0),
+    # TE MXFP8BlockScaling (OCP MX v1.0): 1 x 32 blocks, E8M0 (1 B) scales; Blackwell.
+    "mxfp8": _MEGATRON_MIXED | _LINEARS_LOWP | dict(
+        lowp_bytes=1.0, lowp_block=32.0, lowp_scale_bytes=1.0, lowp_amax_pass=0.0),
+    # TE NVFP4BlockScaling: E2M1 (0.5 B), 1 x 16 blocks with E4M3 (1 B) scales, plus one fp32
+    # scale per tensor from its amax (a separate pass); the GEMMs at the FP4 peak; Blackwell.
+    "nvfp4": _MEGATRON_MIXED | _LINEARS_LOWP | dict(
+        lowp_bytes=0.5, lowp_block=16.0, lowp_scale_bytes=1.0, lowp_amax_pass=1.0,
+        lowp_fp4=1.0),
     "fp32": dict(weight_bytes=4.0, grad_bytes=4.0, master_bytes=0.0, optimizer_bytes=8.0,
                  activation_bytes=4.0, matmul_fp32=1.0, grad_buffers_persist=0.0,
                  residual_bytes=4.0),
 }
+
+PRECISIONS["fp8"] = PRECISIONS["fp8-current"]  # alias (SHARED_NAMES.md): Megatron-Bridge "FP8-CS"
+# Precisions whose GEMMs need FP8 tensor cores (System.matmul_fp8_flops_per_s > 0), and those
+# that need Blackwell's block-scaled MMA (MX / NVFP4: System.matmul_fp4_flops_per_s > 0).
+NEEDS_FP8 = ("fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8", "nvfp4", "fp8")
+NEEDS_BLOCK_SCALED_MMA = ("mxfp8", "nvfp4")

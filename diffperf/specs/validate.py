@@ -263,3 +263,37 @@ def _check_zero(P, where, pick) -> None:
     k = P["zero3_calls_per_layer"]
     _fail((k < 1) | (k != np.round(k)), where, lambda i: (
         f"zero3_calls_per_layer={pick(k, i):g} must be a whole number >= 1"))
+
+
+def check_precision(system, training, where: str = "precision") -> None:
+    """Refuse a low-precision recipe on a device that lacks the tensor cores it needs:
+
+        any GEMM in FP8 (training.lowp_fprop / dgrad / wgrad)    needs matmul_fp8_TFLOPs > 0
+        FP4 GEMMs (lowp_fp4) or blocks of < 128 elements (MXFP8's 1 x 32, NVFP4's 1 x 16:
+        block-scaled MMA, Blackwell's 5th-generation tensor cores)  need matmul_fp4_TFLOPs > 0
+    DeepSeek-V3's 128-element blocks run on Hopper's FP8 tensor cores (the scales are applied
+    outside the MMA, DeepSeek-V3 report Section 3.3.2), so fp8-blockwise needs only FP8.
+    Batched training leaves are checked element-wise; traced ones are skipped.
+    """
+    leaves = (training.lowp_fprop, training.lowp_dgrad, training.lowp_wgrad,
+              training.lowp_fp4, training.lowp_block, system.matmul_fp8_flops_per_s,
+              system.matmul_fp4_flops_per_s)
+    try:
+        f, d, w, fp4, block, p8, p4 = (np.asarray(x, dtype=float) for x in leaves)
+    except Exception:  # tracers: values unknown
+        return
+    lowp = np.maximum(np.maximum(f, d), w) > 0
+    name = getattr(training, "name", "?")
+    low_names = "fp8-delayed, fp8-current (fp8), fp8-blockwise, mxfp8, nvfp4"
+    if np.any(lowp & ~(p8 > 0)):
+        raise SpecError(f"{where}={name!r} runs GEMMs in FP8/FP4 but system "
+                        f"'{getattr(system, 'name', '?')}' has no FP8 tensor cores "
+                        f"(matmul_fp8_TFLOPs absent or 0); use bf16, fp16 or another "
+                        f"16-bit preset there ({low_names} need an FP8 GPU: H100, H200, "
+                        f"B200, B300, GB200, GB300)")
+    blocked = lowp & ((fp4 > 0) | ((block > 0) & (block < 128)))
+    if np.any(blocked & ~(p4 > 0)):
+        raise SpecError(f"{where}={name!r} needs block-scaled tensor cores (MXFP8 / NVFP4: "
+                        f"Blackwell) but system '{getattr(system, 'name', '?')}' has none "
+                        f"(matmul_fp4_TFLOPs absent or 0); on Hopper use fp8-delayed, "
+                        f"fp8-current or fp8-blockwise")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from diffperf.workload.flops import quantized_elem_bytes
+
 
 def dp_volumes_bytes(params_local, layer_params_local, training):
     """Per-step DP volumes on one device (NCCL convention S):
@@ -15,9 +17,33 @@ def dp_volumes_bytes(params_local, layer_params_local, training):
         parameters S_w = Psi_local q_w       (all-gather after the step under ZeRO 1-2)
         per layer  S_lw = Psi_layer q_w, S_lg = Psi_layer q_g   (ZeRO-3 gathers per layer)
     Ring cost is the same for AR as for RS + AG: 2 Psi elements moved (ZeRO table, section 5.5).
+    q_w is `gathered_weight_bytes` (the quantized bytes under an FP8 parameter all-gather).
     """
-    return (params_local * training.grad_bytes, params_local * training.weight_bytes,
-            layer_params_local * training.weight_bytes, layer_params_local * training.grad_bytes)
+    q_w = gathered_weight_bytes(training)
+    return (params_local * training.grad_bytes, params_local * q_w,
+            layer_params_local * q_w, layer_params_local * training.grad_bytes)
+
+
+def gathered_weight_bytes(training):
+    """Bytes per parameter of the ZeRO / FSDP parameter all-gathers:
+
+        q_gather = q_w                          (16-bit weights; the default)
+        q_gather = e_q = q_lp + q_s / B         (training.lowp_param_gather = 1 with a
+                                                 low-precision recipe: FP8 parameters)
+    Megatron-LM --fp8-param-gather (Megatron-Core DistributedOptimizer / Megatron FSDP with
+    Transformer Engine's FP8 primary weights) casts the updated shards to FP8 before the
+    all-gather, halving its bytes against BF16 (`workload.flops.quantized_elem_bytes` for
+    e_q). Every parameter is counted at e_q: the embedding and output layer, which stay
+    16-bit, are ~3 % of a 70B model's. Source: Megatron-LM arguments (--fp8-param-gather,
+    "keep the compute param in fp8 and use fp8 all-gather"); Transformer Engine
+    fp8_model_init (FP8 primary weights) [B].
+    Example: bf16 weights, fp8-current with the FP8 gather: 2 -> 1 B per parameter.
+    """
+    lowp = jnp.maximum(jnp.maximum(training.lowp_fprop, training.lowp_dgrad),
+                       training.lowp_wgrad)
+    on = jnp.where((training.lowp_param_gather > 0) & (lowp > 0), 1.0, 0.0)
+    return training.weight_bytes + on * (quantized_elem_bytes(training)
+                                         - training.weight_bytes)
 
 
 def product_group(n_a, stride_a, n_b, stride_b):

@@ -264,3 +264,113 @@ def vocab_rows_per_rank(model, parallel, training):
     d = jnp.maximum(training.vocab_pad_to, 1.0)
     padded = jnp.ceil(model.vocab / (d * t) - 1e-6) * d
     return jnp.where(training.vocab_pad_to > 0, padded, jnp.floor(model.vocab / t + 1e-6))
+
+
+# ---------------------------------------------------------------- low precision (FP8 / FP4)
+# Rows of `layer_ops(...).dense` that are linear layers, whose GEMMs a Transformer Engine
+# low-precision recipe runs in FP8 / FP4: QKV, output projection, MLP up and down, routed
+# experts up and down, shared experts up and down. The router (row 4) is not a TE linear
+# (Megatron-Core computes its logits in fp32/bf16), and the attention core and the output
+# layer are separate ops that stay 16-bit (docs/precision.md).
+LOWP_LINEAR_ROWS = (1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0)
+
+
+def lowp_pass_fracs(training):
+    """(fprop, dgrad, wgrad) fraction of each dense GEMM row that runs in low precision:
+
+        l_pass[r] = linear[r] x lambda x on_pass
+    linear = `LOWP_LINEAR_ROWS`, lambda = training.lowp_layer_frac (the share of layers whose
+    linears the recipe quantizes; the others run in BF16), on_pass = training.lowp_fprop /
+    lowp_dgrad / lowp_wgrad. Averaging over layers is exact: a layer is either quantized or
+    not, and the layer time is summed over layers. All 0 for the 16-bit presets.
+    Source: Transformer Engine user guide, "Using FP8 with Transformer Engine": the
+    fp8_autocast region runs the forward GEMM and both backward GEMMs (dgrad, wgrad) of every
+    TE Linear / LayerNormLinear / LayerNormMLP / GroupedLinear in FP8 [B].
+    """
+    rows = jnp.asarray(LOWP_LINEAR_ROWS) * training.lowp_layer_frac
+    return (rows * training.lowp_fprop, rows * training.lowp_dgrad, rows * training.lowp_wgrad)
+
+
+def quantized_elem_bytes(training):
+    """Bytes per quantized element, scales included:
+
+        e_q = q_lp + q_s / B        (B = 0: one scale per tensor, nothing per element)
+    q_lp = training.lowp_bytes (FP8: 1, FP4 E2M1: 0.5), q_s = lowp_scale_bytes, B =
+    lowp_block. Examples: MXFP8 (OCP MX v1.0: 1 x 32 blocks, E8M0 scale) 1 + 1/32 = 1.03125;
+    NVFP4 (1 x 16, E4M3 scale) 0.5 + 1/16 = 0.5625; DeepSeek-V3 blockwise (1 x 128, fp32)
+    1 + 4/128 = 1.03125; per-tensor FP8 1.
+    """
+    block = training.lowp_block
+    return training.lowp_bytes + jnp.where(block > 0, training.lowp_scale_bytes
+                                           / jnp.maximum(block, 1.0), 0.0)
+
+
+def cast_bytes(elements, read_bytes, copies, needed, training):
+    """HBM bytes of quantizing one 16-bit tensor of `elements` into `copies` quantized copies:
+
+        bytes = N [ needed q_in (1 + a) + c e_q ]
+    q_in = read_bytes (the 16-bit source), a = training.lowp_amax_pass (current scaling reads
+    the tensor once more for its amax before the cast; delayed scaling takes the amax inside
+    the cast kernel; block scaling finds each block's amax in the kernel itself), c = copies
+    (row-wise for one GEMM operand, column-wise / transposed for the other: TE's fused
+    cast-transpose reads once and writes both), e_q = `quantized_elem_bytes`, needed = 1 when
+    any copy is made (then the source is read), else 0.
+    Example: a BF16 activation of 8192 x 8192 into FP8 row- and column-wise with current
+    scaling: 67.1e6 x (2 x 2 + 2 x 1) = 402.7 MB; delayed scaling: 67.1e6 x 4 = 268.4 MB.
+    Source: Transformer Engine, Float8CurrentScaling / DelayedScaling recipe docs (per-tensor
+    amax: current vs history), MXFP8BlockScaling docs (both row-wise and column-wise MXFP8
+    copies, each scaled along its own GEMM-reduction direction) [B].
+    """
+    return elements * (needed * read_bytes * (1.0 + training.lowp_amax_pass)
+                       + copies * quantized_elem_bytes(training))
+
+
+def lowp_quantize_bytes(dense, training):
+    """(forward, backward, weight) HBM bytes of a layer's quantization work, one micro-batch:
+
+        forward   sum_r c_r l_r  cast(m k, q_a; copies f + w)     inputs X of each linear
+        backward  sum_r c_r l_r  cast(m n, q_a; copies d + w)     output gradients dY
+        weights   sum_r c_r l_r  cast(k n, q_w; copies f + d)     weights W (once a step
+                                                                   when cached, `lowp_weight_cache`)
+    for each dense GEMM row r = (m x k)(k x n) done c_r times; l_r = `LOWP_LINEAR_ROWS` x
+    lowp_layer_frac; f, d, w = training.lowp_fprop, lowp_dgrad, lowp_wgrad. X feeds fprop
+    (row-wise) and wgrad (column-wise, X^T), dY feeds dgrad (row-wise) and wgrad
+    (column-wise), W feeds fprop and dgrad (W^T). Source: Transformer Engine, "Using FP8 with
+    Transformer Engine" (each GEMM's two inputs in FP8; Hopper FP8 GEMMs take only the TN
+    layout, so the transposed copies are materialised) and the MXFP8 / NVFP4 recipe docs
+    (row-wise and column-wise quantized copies) [B]. Not modelled: the fusion of the cast
+    into the preceding LayerNorm (TE LayerNormLinear with delayed scaling writes FP8
+    directly), which saves one 16-bit write and read of that input.
+    """
+    f, d, w = training.lowp_fprop, training.lowp_dgrad, training.lowp_wgrad
+    rows = jnp.asarray(LOWP_LINEAR_ROWS) * training.lowp_layer_frac * dense.count
+    q_a, q_w = training.activation_bytes, training.weight_bytes
+    fwd = cast_bytes(dense.m * dense.k, q_a, f + w, jnp.maximum(f, w), training)
+    bwd = cast_bytes(dense.m * dense.n, q_a, d + w, jnp.maximum(d, w), training)
+    wts = cast_bytes(dense.k * dense.n, q_w, f + d, jnp.maximum(f, d), training)
+    return jnp.sum(rows * fwd), jnp.sum(rows * bwd), jnp.sum(rows * wts)
+
+
+def lowp_quantize_kernels(dense, training):
+    """(forward, backward, weight) kernels of the quantization, one layer, one micro-batch:
+    one fused cast(-transpose) kernel per quantized tensor, + one amax reduction kernel each
+    under current scaling; tensors = the active linear rows (c_r > 0) x lowp_layer_frac."""
+    f, d, w = training.lowp_fprop, training.lowp_dgrad, training.lowp_wgrad
+    rows = jnp.asarray(LOWP_LINEAR_ROWS) * training.lowp_layer_frac * jnp.where(
+        dense.count > 0, 1.0, 0.0)
+    per = jnp.sum(rows) * (1.0 + training.lowp_amax_pass)
+    return per * jnp.maximum(f, w), per * jnp.maximum(d, w), per * jnp.maximum(f, d)
+
+
+def lowp_weight_cache_elems(dense, training):
+    """Quantized weight elements one layer keeps per device (the FP8 / FP4 weight cache):
+
+        sum_r c_r l_r k_r n_r (f + d)
+    a row-wise copy for fprop and a column-wise (transposed) one for dgrad, held from the
+    first micro-batch's forward to the step's last backward when training.lowp_weight_cache
+    (Megatron passes is_first_microbatch to TE, which casts the weights once per step and
+    caches them). Multiply by `quantized_elem_bytes` for bytes. 0 for 16-bit presets.
+    """
+    f, d = training.lowp_fprop, training.lowp_dgrad
+    rows = jnp.asarray(LOWP_LINEAR_ROWS) * training.lowp_layer_frac * dense.count
+    return training.lowp_weight_cache * (f + d) * jnp.sum(rows * dense.k * dense.n)
