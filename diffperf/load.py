@@ -141,7 +141,9 @@ MODEL_KEYS = ("name", "description", "sources", "num_layers", "hidden", "ffn_hid
               "num_heads", "num_kv_heads", "head_dim", "vocab", "seq_len", "gated_mlp",
               "attention", "norm", "tied_embeddings", "biases", "learned_positions",
               "moe_experts", "moe_topk", "moe_ffn_hidden", "moe_shared_experts",
-              "moe_capacity_factor")
+              "moe_capacity_factor", "moe_dense_layers", "moe_shared_ffn_hidden",
+              "v_head_dim", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
+              "sliding_window", "sliding_window_layers", "attention_sinks", "mtp_layers")
 
 
 def model_from_dict(d: dict, where: str = "model") -> Model:
@@ -165,6 +167,7 @@ def model_from_dict(d: dict, where: str = "model") -> Model:
         raise SpecError(f"{where}: moe_ffn_hidden must be > 0 when moe_experts={experts}")
     attention = _choice(d, "attention", where, ("causal", "full"), "causal")
     norm = _choice(d, "norm", where, ("layernorm", "rmsnorm"), "layernorm")
+    arch = _architecture_features(d, where, n, experts)
     return Model(
         n_layers=float(n("num_layers", integer=True, positive=True)), hidden=float(hidden),
         ffn_hidden=float(n("ffn_hidden", integer=True, positive=True, default=4 * hidden)),
@@ -181,7 +184,47 @@ def model_from_dict(d: dict, where: str = "model") -> Model:
         moe_ffn_hidden=float(n("moe_ffn_hidden", integer=True, minimum=0, default=0)),
         n_shared_experts=float(n("moe_shared_experts", integer=True, minimum=0, default=0)),
         capacity_factor=n("moe_capacity_factor", positive=True, default=1.0),
-        name=str(d.get("name", where)))
+        **arch, name=str(d.get("name", where)))
+
+
+def _architecture_features(d, where, n, experts) -> dict:
+    """The Model leaves of MLA, dense layers of an MoE model, shared-expert width, sliding
+    windows, attention sinks and MTP (docs/models.md), checked."""
+    layers = n("num_layers", integer=True, positive=True)
+    kv_lora = n("kv_lora_rank", integer=True, minimum=0, default=0)
+    rope = n("qk_rope_head_dim", integer=True, minimum=0, default=0)
+    q_lora = n("q_lora_rank", integer=True, minimum=0, default=0)
+    if not kv_lora and (rope or q_lora):
+        raise SpecError(f"{where}: qk_rope_head_dim / q_lora_rank describe multi-head latent "
+                        f"attention and need kv_lora_rank > 0 (got kv_lora_rank=0)")
+    if kv_lora:
+        dh = n("head_dim", integer=True, positive=True)
+        if rope >= dh:
+            raise SpecError(f"{where}: qk_rope_head_dim={rope} must be < head_dim={dh} "
+                            f"(head_dim = qk_nope_head_dim + qk_rope_head_dim under MLA)")
+    dense = n("moe_dense_layers", integer=True, minimum=0, default=0)
+    if dense and not experts:
+        raise SpecError(f"{where}: moe_dense_layers={dense} needs moe_experts > 0")
+    if dense >= layers:
+        raise SpecError(f"{where}: moe_dense_layers={dense} must be < num_layers={layers} "
+                        f"(for a dense model set moe_experts: 0)")
+    window = n("sliding_window", integer=True, minimum=0, default=0)
+    sliding = n("sliding_window_layers", integer=True, minimum=0,
+                default=layers if window else 0)
+    if sliding > layers:
+        raise SpecError(f"{where}: sliding_window_layers={sliding} must be <= "
+                        f"num_layers={layers}")
+    if sliding and not window:
+        raise SpecError(f"{where}: sliding_window_layers={sliding} needs sliding_window > 0")
+    sinks = _flag(d, "attention_sinks", where, False)
+    return dict(
+        v_head_dim=float(n("v_head_dim", integer=True, minimum=0, default=0)),
+        kv_lora_rank=float(kv_lora), q_lora_rank=float(q_lora), qk_rope_head_dim=float(rope),
+        moe_dense_layers=float(dense),
+        shared_expert_ffn_hidden=float(n("moe_shared_ffn_hidden", integer=True, minimum=0,
+                                         default=0)),
+        sliding_window=float(window), sliding_layers=float(sliding), attention_sinks=sinks,
+        mtp_layers=float(n("mtp_layers", integer=True, minimum=0, default=0)))
 
 
 def _divisors(x: int) -> list[int]:

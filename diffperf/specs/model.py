@@ -39,4 +39,16 @@ class Model(struct.PyTreeNode):
     moe_ffn_hidden: Any = 0.0  # expert MLP width f_e
     n_shared_experts: Any = 0.0  # always-active experts (DeepSeek-MoE)
     capacity_factor: Any = 1.0   # C_f: tokens per expert padded to C_f x the mean
+    # Architecture features of current models (docs/models.md); every default is the
+    # architecture above (no MLA, every layer MoE when n_experts > 0, no sliding window).
+    v_head_dim: Any = 0.0        # d_v: value / attention-output head width (0: = head_dim)
+    kv_lora_rank: Any = 0.0      # MLA (DeepSeek-V2/V3): K/V latent width d_c (0: no MLA)
+    q_lora_rank: Any = 0.0       # MLA: query latent width d_c' (0: full-rank query projection)
+    qk_rope_head_dim: Any = 0.0  # MLA: decoupled RoPE dims d_R of each head (part of head_dim)
+    moe_dense_layers: Any = 0.0  # layers of an MoE model with a dense MLP of ffn_hidden
+    shared_expert_ffn_hidden: Any = 0.0  # width of each shared expert (0: = moe_ffn_hidden)
+    sliding_window: Any = 0.0    # w: keys a sliding-window layer attends to (0: none)
+    sliding_layers: Any = 0.0    # layers with sliding-window attention (the rest: full)
+    attention_sinks: Any = 0.0   # 1: a learned logit per head in the softmax (GPT-OSS)
+    mtp_layers: Any = 0.0        # multi-token prediction modules (DeepSeek-V3), trained too
     name: str = struct.field(pytree_node=False, default="model")

@@ -13,37 +13,120 @@ from diffperf.workload.flops import hidden_shards
 from diffperf.workload.stages import each
 
 
-def layer_matrix_params(model):
-    """Weights of one layer's matrices (sharded by TP):
+def v_dim(model):
+    """d_v: the value / attention-output width of a head (model.v_head_dim, or head_dim
+    when 0; MLA models set it: DeepSeek-V3 d_v 128 against d_qk = 192)."""
+    return jnp.where(model.v_head_dim > 0, model.v_head_dim, model.head_dim)
 
-        h (a + 2 a_kv) d_h + a d_h h                  attention
-        (2 + gated) h f                               dense MLP   (or, for MoE:)
-        h E + (E + E_shared)(2 + gated) h f_e         router, routed and shared experts
-    Returns (attention + dense MLP + shared experts, routed experts): the routed experts are
-    sharded over EP as well.
+
+def is_mla(model):
+    """1 for multi-head latent attention (kv_lora_rank > 0), else 0."""
+    return jnp.where(model.kv_lora_rank > 0, 1.0, 0.0)
+
+
+def moe_layer_fraction(model):
+    """phi = fraction of the L layers whose MLP is MoE:
+
+        phi = [E > 0] (1 - L_dense / L)
+    L_dense = model.moe_dense_layers: DeepSeek-V2/V3 `first_k_dense_replace` (V3: 3 of 61),
+    Qwen-MoE `mlp_only_layers` / `decoder_sparse_step`. Per-layer costs are the mean layer:
+    (1 - phi) x dense MLP + phi x MoE MLP, exact for totals over the model (parameters, FLOPs,
+    bytes) [D]; a pipeline stage's share of the dense layers is the mean, not where they sit
+    (the first stage of a real pipeline holds DeepSeek-V3's 3 dense layers).
+    Example: DeepSeek-V3 (L 61, 3 dense): 58/61 = 0.951; Mixtral (no dense layer): 1.
     """
-    h, dh = model.hidden, model.head_dim
-    attn = h * (model.n_heads + 2 * model.n_kv_heads) * dh + model.n_heads * dh * h
     is_moe = jnp.where(model.n_experts > 0, 1.0, 0.0)
+    return is_moe * (1.0 - model.moe_dense_layers / model.n_layers)
+
+
+def shared_expert_width(model):
+    """f_s = width of one shared expert: shared_expert_ffn_hidden (Qwen2-MoE's
+    `shared_expert_intermediate_size`, 20480 in Qwen2-57B-A14B), else the routed expert
+    width f_e (DeepSeek: `moe_intermediate_size` x `n_shared_experts`)."""
+    return jnp.where(model.shared_expert_ffn_hidden > 0, model.shared_expert_ffn_hidden,
+                     model.moe_ffn_hidden)
+
+
+def attention_matrix_params(model):
+    """Attention weights of one layer sharded by TP (by heads):
+
+        standard (GQA):  h (a + a_kv) d_qk + h a_kv d_v + a d_v h        (q, k, v, o)
+        MLA:             r_q a d_qk + r_kv a (d_qk - d_R + d_v) + a d_v h
+                         (W^UQ, W^QR of the query latent; W^UK, W^UV of the K/V latent; o)
+    d_qk = head_dim (d_nope + d_R for MLA), d_v = `v_dim`, r_q = q_lora_rank (h when 0: the
+    full-rank W^Q of DeepSeek-V2-Lite), r_kv = kv_lora_rank, d_R = qk_rope_head_dim.
+    Source: DeepSeek-V2 (arXiv:2405.04434) Section 2.1.2-2.1.3, eqs. (9)-(13): c^KV = W^DKV h,
+    k^C = W^UK c^KV, v^C = W^UV c^KV, c^Q = W^DQ h, q^C = W^UQ c^Q, q^R = RoPE(W^QR c^Q),
+    k^R = RoPE(W^KR h) (one shared d_R key per token); Hugging Face modeling_deepseek_v3
+    (q_b_proj: q_lora_rank -> a (d_nope + d_R), kv_b_proj: kv_lora_rank -> a (d_nope + d_v)).
+    Example: DeepSeek-V3 (h 7168, a 128, d_qk 192, d_R 64, d_v 128, r_q 1536, r_kv 512):
+    37.7e6 + 16.8e6 + 117.4e6 = 171.9e6 (+ 15.1e6 down projections, `mla_down_params`).
+    """
+    h, dqk, dv, a, akv = model.hidden, model.head_dim, v_dim(model), model.n_heads, \
+        model.n_kv_heads
+    standard = h * (a + akv) * dqk + h * akv * dv + a * dv * h
+    r_q = jnp.where(model.q_lora_rank > 0, model.q_lora_rank, h)
+    mla = (r_q * a * dqk + model.kv_lora_rank * a * (dqk - model.qk_rope_head_dim + dv)
+           + a * dv * h)
+    return jnp.where(model.kv_lora_rank > 0, mla, standard)
+
+
+def mla_down_params(model):
+    """MLA's down projections and latent norms (one layer; 0 without MLA), replicated over TP
+    (Megatron-Core MLASelfAttention builds linear_q_down_proj / linear_kv_down_proj
+    unsharded, "duplicated", on every TP rank [S]):
+
+        h r_q + h (r_kv + d_R) + r_q + r_kv    (W^DQ, [W^DKV; W^KR], the two RMSNorms)
+    DeepSeek-V2 Section 2.1.2 eqs. (9), (12), (14). Example: DeepSeek-V3: 11.01e6 + 4.13e6
+    + 2048 = 15.14e6.
+    """
+    h = model.hidden
+    q_down = jnp.where(model.q_lora_rank > 0, h * model.q_lora_rank + model.q_lora_rank, 0.0)
+    kv_down = h * (model.kv_lora_rank + model.qk_rope_head_dim) + model.kv_lora_rank
+    return is_mla(model) * (q_down + kv_down)
+
+
+def layer_matrix_params(model):
+    """Weights of one layer's matrices (sharded by TP), the mean layer (`moe_layer_fraction`):
+
+        `attention_matrix_params`                              attention
+        (1 - phi) (2 + gated) h f                              dense MLP
+        phi [h E + E_s (2 + gated) h f_s]                      router, shared experts
+        phi E (2 + gated) h f_e                                routed experts
+    Returns (attention + dense MLP + router + shared experts, routed experts): the routed
+    experts are sharded over EP as well.
+    """
+    h = model.hidden
+    phi = moe_layer_fraction(model)
     mlp_mats = 2.0 + model.gated_mlp
-    dense_mlp = (1.0 - is_moe) * mlp_mats * h * model.ffn_hidden
-    shared = is_moe * (model.n_shared_experts * mlp_mats * h * model.moe_ffn_hidden
-                       + h * model.n_experts)
-    experts = is_moe * model.n_experts * mlp_mats * h * model.moe_ffn_hidden
-    return attn + dense_mlp + shared, experts
+    dense_mlp = (1.0 - phi) * mlp_mats * h * model.ffn_hidden
+    shared = phi * (model.n_shared_experts * mlp_mats * h * shared_expert_width(model)
+                    + h * model.n_experts)
+    experts = phi * model.n_experts * mlp_mats * h * model.moe_ffn_hidden
+    return attention_matrix_params(model) + dense_mlp + shared, experts
 
 
 def layer_vector_params(model):
-    """Norm weights and biases of one layer (replicated across TP):
+    """Norm weights, biases, attention sinks and MLA down projections of one layer
+    (replicated across TP):
 
         norms: 2 h (RMSNorm) or 4 h (LayerNorm: scale and shift), two per layer
-        biases: (a + 2 a_kv) d_h + h + (1 + gated) f + h     (GPT: 9 h; with norms 13 h)
+        biases, dense MLP:  (a + 2 a_kv) d_h + h + (1 + gated) f + h   (GPT: 9 h; with norms 13 h)
+        biases, MoE MLP (GPT-OSS: attention, router and every expert's linears have biases):
+                 (a d_qk + a_kv (d_qk + d_v)) + h + E + (E + E_s) ((1 + gated) f_e + h)
+        sinks:   a                      (one learned logit per head, GPT-OSS)
+        MLA:     `mla_down_params`
+    Routed-expert biases are counted here, replicated: at most 0.03 % of GPT-OSS-120B.
     """
-    h = model.hidden
+    h, a, akv, dh = model.hidden, model.n_heads, model.n_kv_heads, model.head_dim
+    phi = moe_layer_fraction(model)
     norms = 2.0 * h * (2.0 - model.rms_norm)
-    biases = model.biases * ((model.n_heads + 2 * model.n_kv_heads) * model.head_dim + 2 * h
-                             + (1.0 + model.gated_mlp) * model.ffn_hidden)
-    return norms + biases
+    attn_b = a * dh + akv * (dh + v_dim(model)) + h
+    dense_b = (1.0 + model.gated_mlp) * model.ffn_hidden + h
+    moe_b = model.n_experts + (model.n_experts + model.n_shared_experts) * (
+        (1.0 + model.gated_mlp) * model.moe_ffn_hidden + h)
+    biases = model.biases * (attn_b + (1.0 - phi) * dense_b + phi * moe_b)
+    return norms + biases + model.attention_sinks * a + mla_down_params(model)
 
 
 def layer_params(model):
@@ -71,6 +154,47 @@ def total_params(model):
     final_norm = model.hidden * (2.0 - model.rms_norm)
     return model.n_layers * layer_params(model) + embedding_params(model) + output_params(
         model) + final_norm
+
+
+def inactive_expert_params(model):
+    """Routed-expert parameters a token does not use, over the model:
+
+        L phi (E - k) [(2 + gated) h f_e + biases ((1 + gated) f_e + h)]
+    """
+    per_expert = ((2.0 + model.gated_mlp) * model.hidden * model.moe_ffn_hidden
+                  + model.biases * ((1.0 + model.gated_mlp) * model.moe_ffn_hidden
+                                    + model.hidden))
+    unused = jnp.maximum(model.n_experts - model.moe_topk, 0.0)
+    return model.n_layers * moe_layer_fraction(model) * unused * per_expert
+
+
+def active_params(model):
+    """N_active = N - `inactive_expert_params`: the parameters one token's forward uses (the
+    k routed experts of each MoE layer, shared experts, attention, dense layers, both
+    embedding tables). Equal to N for a dense model.
+
+    Conventions differ in what the published figures include: Mixtral (46.7B / 12.9B, Jiang
+    et al. 2024) and DeepSeek-V3 (671B / 37B) count both embedding tables; OpenAI's GPT-OSS
+    model card (5.13B of 116.83B) counts the output layer but not the input embedding
+    (`active_params - embedding_params` there). MTP modules are not included (`mtp_params`).
+    """
+    return total_params(model) - inactive_expert_params(model)
+
+
+def mtp_params(model):
+    """Parameters of the D = model.mtp_layers multi-token prediction modules, reported apart
+    from N as DeepSeek-V3 reports them (671B main model + MTP):
+
+        D [N_layer + 2 h h + 2 h (RMSNorms of h_i and Emb(t_{i+k})) + h (final norm)]
+    each module is one Transformer layer (an MoE layer in an MoE model) fed by the projection M_k (h x 2h) of the two normed
+    inputs; the embedding and output head are shared with the main model (DeepSeek-V3,
+    arXiv:2412.19437, Section 2.2, eq. (21)-(23)). The released checkpoint holds its own
+    copies of the two tables: DeepSeek-V3 11.61e9 here + 2 V h = 1.85e9 = 13.5e9, the "14B"
+    of its 685B checkpoint (671B + 14B, DeepSeek-V3 README).
+    """
+    h = model.hidden
+    moe_layer = layer_params(model.replace(moe_dense_layers=0.0 * model.moe_dense_layers))
+    return model.mtp_layers * (moe_layer + 2.0 * h * h + 3.0 * h)
 
 
 def grid_shards(parallel):
