@@ -169,13 +169,17 @@ def runs(container, row, heading, page):
                 mtp = 0
             elif remark == "tokendrop":
                 drop = 1
+        invalid = (tp * cp * dp) % ep != 0
+        if invalid:
+            notes.append(f"layout as printed is not a Megatron-Core layout: ep {ep} does not "
+                         f"divide the tp x cp x dp = {tp * cp * dp} ranks of a pipeline stage")
         step = gbs * seq / (tok * n)
         rid = (f"mb-{container}-{system_page.lower()}-{name}-{prec}-{n}g"
                .replace(".", "_"))
         out.append(dict(
             id=rid, source=f"megatron-bridge-{container}", source_page=page,
             container=container, system=system, system_page=system_page, model=name,
-            model_page=model_page, model_config=name if name in MODELS.values() else "",
+            model_page=model_page, model_config=name if name in MODELS.values() and not invalid else "",
             num_gpus=n, gpus_per_node=GPUS_PER_NODE[system], precision=prec,
             precision_page=prec_page, **ARCH.get(name, {}), seq_len=seq, global_batch=gbs,
             micro_batch=mbs, tp=tp, pp=pp, cp=cp, vp=vp, ep=ep,
@@ -204,6 +208,10 @@ def main(summary: str, archive: str, outdir: str = "data") -> None:
     for name, keep in (("megatron_bridge.csv", lambda r: r["model_config"]),
                        ("megatron_bridge_unmodelled.csv", lambda r: not r["model_config"])):
         sel = [r for r in rows if keep(r)]
+        if not keep(dict(model_config="x")):  # the unmodelled file: no architecture columns
+            for r in sel:
+                for k in ARCH["llama3-8b"]:
+                    r[k] = ""
         with open(Path(outdir) / name, "w", newline="") as f:
             w = csv.DictWriter(f, COLUMNS, extrasaction="raise")
             w.writeheader()
