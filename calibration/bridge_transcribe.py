@@ -67,12 +67,18 @@ ARCH = {
                             num_kv_heads=4, vocab=151936, gated_mlp=1, moe_experts=128,
                             moe_topk=8),
 }
+# EP token exchange of each MoE model's Bridge recipe at the snapshot commit: 1 = the flex
+# dispatcher's DeepEP / HybridEP backend (recipes/deepseek/h100/deepseek_v3.py: hybridep;
+# recipes/gpt_oss/h100/gpt_oss.py: deepep), 0 = the alltoall dispatcher (recipes/qwen sets
+# no flex backend). An assumption for older containers (data/megatron_bridge.md).
+EP_DISPATCH = {"deepseek-v3": 1, "gpt-oss-120b": 1, "qwen3-30b-a3b": 0, "qwen3-235b-a22b": 0}
 COLUMNS = ["id", "source", "source_page", "container", "system", "system_page", "model",
            "model_page", "model_config", "num_gpus", "gpus_per_node", "precision",
            "precision_page", "num_layers", "hidden", "ffn_hidden", "num_heads", "num_kv_heads",
            "vocab", "gated_mlp", "moe_experts", "moe_topk", "seq_len", "global_batch",
            "micro_batch", "tp", "pp", "cp", "vp", "ep", "etp", "dp", "fsdp", "zero_stage",
-           "grad_accum", "sequence_parallel", "recompute", "moe_token_drop", "mtp",
+           "grad_accum", "sequence_parallel", "recompute", "ep_dispatch", "moe_token_drop",
+           "mtp",
            "tokens_per_s_per_gpu", "model_tflops_per_gpu", "step_time_s", "notes"]
 
 
@@ -185,6 +191,7 @@ def runs(container, row, heading, page):
             micro_batch=mbs, tp=tp, pp=pp, cp=cp, vp=vp, ep=ep,
             etp=1 if ep > 1 else "", dp=dp, fsdp=fsdp, zero_stage=3 if fsdp > 0 else 0,
             grad_accum=ga or "", sequence_parallel=1 if tp > 1 else 0, recompute="none",
+            ep_dispatch=EP_DISPATCH.get(name, 0) if ep > 1 else 0,
             moe_token_drop=drop, mtp=mtp, tokens_per_s_per_gpu=c["Tokens / sec / GPU"],
             model_tflops_per_gpu=tfl, step_time_s=f"{step:.6g}", notes="; ".join(notes)))
     return out

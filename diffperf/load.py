@@ -600,6 +600,7 @@ RUN_REQUIRED = ("id", "num_gpus", "num_layers", "hidden", "num_heads", "vocab", 
                 "tp", "pp", "dp", "global_batch", "micro_batch", "step_time_s")
 RUN_OPTIONAL_DEFAULTS = dict(system="", ffn_hidden="", num_kv_heads="", gated_mlp="0",
                              moe_experts="0", moe_topk="0", cp="1", ep="1", vp="1", etp="0",
+                             ep_dispatch="0",
                              sequence_parallel="0", zero_stage="0", recompute="none",
                              precision="bf16", status="ok", peak_memory_GB="", model_config="")
 RUN_INFORMATIONAL = ("source", "model", "gpus_per_node", "notes",
@@ -672,7 +673,8 @@ def _run_row(row: dict, where: str):
         raise SpecError(f"{where}.recompute={rec!r} is not allowed{closest(rec, RECOMPUTE_NAMES)}"
                         f" (allowed: {', '.join(RECOMPUTE_NAMES)})")
     par = {k: _number({k: get(k)}, k, where, integer=True, minimum=0)
-           for k in ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "global_batch", "micro_batch",
+           for k in ("tp", "pp", "dp", "cp", "ep", "etp", "ep_dispatch", "vp", "global_batch",
+                     "micro_batch",
                      "sequence_parallel", "zero_stage", "num_gpus")}
     par["recompute"] = RECOMPUTE_NAMES[rec]
     return m, par, get("precision")

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from diffperf.costs.axonn import axonn_times_s
-from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s, ring_group,
+from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s,
+                                        hierarchical_all_to_all_s, ring_group,
                                         ring_phase_calls_s, ring_phase_s, ring_step_s,
                                         send_recv_s)
 from diffperf.costs.compute import (gemms_time_s, layer_pass_gemm_times_s, layer_times_s,
@@ -84,8 +85,12 @@ def _ep_parts(model, parallel, system, training, free_f, free_b, temperature):
     `free_f`, `free_b`: forward and backward GEMM time not hiding TP (one GEMM cannot hide
     two collectives at once)."""
     n_f, n_b = ep_a2a_per_layer(parallel)
-    c = all_to_all_s(ep_a2a_bytes(model, parallel, training), parallel.ep,
-                     ep_stride(parallel, stride(_placed(parallel), "ep")), system)
+    S = ep_a2a_bytes(model, parallel, training)
+    s_ep = ep_stride(parallel, stride(_placed(parallel), "ep"))
+    c = jnp.where(parallel.ep_dispatch > 0,
+                  hierarchical_all_to_all_s(S, parallel.ep, s_ep, model.moe_topk,
+                                            model.n_experts, system),
+                  all_to_all_s(S, parallel.ep, s_ep, system))
     f, fh = split_exposed(n_f * c, parallel.ep_overlap * free_f, temperature)
     b, bh = split_exposed(n_b * c, parallel.ep_overlap * free_b, temperature)
     return f, fh, b, bh

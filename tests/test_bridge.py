@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 from diffperf import Parallel, SpecError, Training, load_runs, predict
-from diffperf.costs.collectives import all_to_all_s
+from diffperf.costs.collectives import (all_to_all_s, domain_hit_fraction,
+                                        hierarchical_all_to_all_s)
+from diffperf.workload.flops import moe_permute_bytes
 from diffperf.specs.validate import check_layout
 from diffperf.workload.ep import (ep_a2a_bytes, ep_stride, expert_dp_degree, expert_token_share,
                                   expert_tp, moe_mlp_on_tp)
@@ -137,6 +139,67 @@ def test_moe_layer_cost_gradient_contract_with_etp_1(x64):
     assert float(grad[0]) < 0.0 and float(grad[2]) < 0.0  # FLOP/s and NVLink both matter
 
 
+def test_moe_permutation_traffic_by_hand():
+    # Qwen3-30B-A3B-like MoE: h 2048, k 8; b 4, s 4096, t = 1, e = 8, bf16: permute +
+    # unpermute 2 (1 + 8) and two chunk sorts 4 x 8 copies of T h q bytes.
+    qwen = MIXTRAL.replace(hidden=2048.0, moe_topk=8.0, n_experts=128.0)
+    par = Parallel(dp=8, ep=8, micro_batch=4)
+    T = 4 * 4096
+    assert float(moe_permute_bytes(qwen, par, BF16)) == 2 * 2048 * T * (2 * 9 + 32)
+    # e = 1: no chunk sorts; dense: nothing.
+    assert float(moe_permute_bytes(qwen, par.replace(ep=1), BF16)) == 2 * 2048 * T * 18
+    assert float(moe_permute_bytes(_model("llama3-8b"), par.replace(ep=1), BF16)) == 0.0
+    # etp = 1 < t = 2 under SP: each rank permutes its sequence shard only (T / 2).
+    sp = Parallel(tp=2, dp=4, ep=8, etp=1, micro_batch=4, sequence_parallel=1)
+    assert float(moe_permute_bytes(qwen, sp, BF16)) == 2 * 2048 * (T / 2) * (2 * 9 + 32)
+
+
+def test_hierarchical_dispatch_sends_one_copy_per_remote_domain():
+    from math import comb
+
+    # Hypergeometric: P(a token's 8 of 128 experts include one of the other node's 64).
+    np.testing.assert_allclose(float(domain_hit_fraction(8.0, 128.0, 2.0)),
+                               1 - comb(64, 8) / comb(128, 8), rtol=1e-6)
+    np.testing.assert_allclose(float(domain_hit_fraction(8.0, 256.0, 8.0)),
+                               1 - comb(224, 8) / comb(256, 8), rtol=1e-5)
+    assert float(domain_hit_fraction(8.0, 128.0, 1.0)) == 0.0
+    h100 = _system("h100-sxm-80gb")
+    nvl, ib = h100.tiers[0], h100.tiers[1]
+    e = h100.eff
+    S = 134e6
+    # Inside one node: the pairwise all-to-all exactly.
+    np.testing.assert_allclose(float(hierarchical_all_to_all_s(S, 8.0, 1.0, 8.0, 128.0, h100)),
+                               float(all_to_all_s(S, 8.0, 1.0, h100)), rtol=1e-6)
+    # Two nodes (n 16, k 8, E 128): InfiniBand carries N p / k = 2 p / 8 of the pairwise
+    # volume 8/16 S; NVLink the local 7/16 S and the forwarded 8/16 x 7/8 S.
+    p = 1 - comb(64, 8) / comb(128, 8)
+    hand = (e.coll_base_s + 15 * ib.latency_s
+            + S * (7 / 16 + 8 / 16 * 7 / 8) / (nvl.bandwidth_Bps * e.coll_eff_intra)
+            + 2 * p / 8 * 8 / 16 * S / (ib.bandwidth_Bps * e.coll_eff_inter))
+    got = float(hierarchical_all_to_all_s(S, 16.0, 1.0, 8.0, 128.0, h100))
+    np.testing.assert_allclose(got, hand, rtol=1e-5)
+    assert got < float(all_to_all_s(S, 16.0, 1.0, h100))
+
+
+def test_hierarchical_dispatch_gradient_contract(x64):
+    from jax.test_util import check_grads
+
+    h100 = _system("h100-sxm-80gb")
+
+    def t(logs):
+        tiers = tuple(tr.replace(bandwidth_Bps=tr.bandwidth_Bps * jnp.exp(x))
+                      for tr, x in zip(h100.tiers, logs[:2]))
+        nvl = tiers[0].replace(domain_size=tiers[0].domain_size * jnp.exp(logs[2]))
+        return hierarchical_all_to_all_s(134e6, 32.0, 1.0, 8.0, 128.0,
+                                         h100.replace(tiers=(nvl, tiers[1])))
+
+    x = jnp.zeros(3)
+    check_grads(t, (x,), order=1, modes=("rev",), eps=1e-4)
+    g = np.asarray(jax.grad(t)(x))
+    assert np.all(np.isfinite(g)) and g[0] < 0 and g[1] < 0  # faster links: faster
+    assert g[2] < 0  # a larger NVLink domain: fewer domains to cross
+
+
 def _write(tmp_path, rows):
     path = tmp_path / "runs.csv"
     with open(path, "w", newline="") as f:
@@ -165,7 +228,7 @@ def test_every_bridge_row_loads_and_predicts_finite():
     from diffperf.validation import predict_runs
 
     rows = list(csv.DictReader(open(CSV)))
-    assert len(rows) == 223
+    assert len(rows) == 222
     for r in rows[:5]:  # step time derived from the printed throughput
         step = int(r["global_batch"]) * int(r["seq_len"]) / (
             float(r["tokens_per_s_per_gpu"]) * int(r["num_gpus"]))

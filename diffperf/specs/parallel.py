@@ -66,6 +66,10 @@ class Parallel(struct.PyTreeNode):
     dp_overlap: Any = 1         # 1: gradient reduction overlaps the backward (bucketed DDP)
     tp_overlap: Any = 0         # fraction of TP communication that can hide behind GEMMs
     ep_overlap: Any = 0         # fraction of the EP all-to-alls that can hide behind GEMMs
+    ep_dispatch: Any = 0        # EP token exchange: 0 pairwise all-to-all (NCCL; Megatron-Core's
+                                # alltoall dispatcher), 1 DeepEP-style hierarchical dispatch with
+                                # one scale-out copy per remote NVLink domain (flex dispatcher,
+                                # deepep / hybridep); costs.collectives.hierarchical_all_to_all_s
     cp_ring: Any = 1            # CP form: 1 ring (p2p K/V blocks, Megatron-Core's default "p2p"),
                                 # 0 all-gather of K/V (NERSC 2D-seqp, PAPERS.md 3.5)
     gx: Any = 1                 # AxoNN 3D tensor grid G_x (innermost; replaces tp when > 1)

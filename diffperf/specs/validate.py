@@ -56,7 +56,8 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         *DIMENSIONS, *GRID, "vp", "micro_batch", "global_batch", "zero_stage", "recompute",
         "sequence_parallel", "dp_overlap", "tp_overlap", "ep_overlap", "cp_ring",
         "axonn_overlap", "placement", "pp_first_layers", "pp_last_layers", "zero_shard",
-        "zero3_prefetch_params", "zero3_regather", "zero3_calls_per_layer", "etp")}
+        "zero3_prefetch_params", "zero3_regather", "zero3_calls_per_layer", "etp",
+        "ep_dispatch")}
     M = {f: np.atleast_1d(_arr(getattr(model, f))) for f in (
         "n_heads", "n_kv_heads", "ffn_hidden", "n_layers", "seq_len", "n_experts", "hidden",
         "head_dim")}
@@ -96,6 +97,9 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     ep = P["ep"]
     _fail((ep > 1) & (M["n_experts"] == 0), where, lambda i: (
         f"ep={pick(ep, i):g} needs an MoE model (model.moe_experts=0); allowed ep: 1"))
+    _fail(~np.isin(P["ep_dispatch"], (0.0, 1.0)), where, lambda i: (
+        f"ep_dispatch={pick(P['ep_dispatch'], i):g} is not allowed (allowed: 0 pairwise "
+        f"all-to-all, 1 DeepEP-style hierarchical dispatch)"))
     etp = P["etp"]
     _fail(~np.isin(etp, (0.0, 1.0)) & (etp != P["tp"]), where, lambda i: (
         f"etp={pick(etp, i):g} is not allowed (allowed: 0 (= tp, experts inside dp), 1, "

@@ -156,7 +156,10 @@ def layer_ops(model, parallel, training) -> LayerOps:
         dense=dense,
         attention=attention,
         elementwise_bytes=elementwise_bytes(model, parallel, training, fallback),
-        n_kernels=(4.0 + dense_w + 3.0 * moe_w + _ELEMENTWISE_KERNELS + model.gated_mlp
+        # MoE: router, 2 grouped GEMMs; permute, unpermute and (e > 1) the two chunk sorts
+        # (`moe_permute_bytes`).
+        n_kernels=(4.0 + dense_w + moe_w * (5.0 + 2.0 * (parallel.ep > 1))
+                   + _ELEMENTWISE_KERNELS + model.gated_mlp
                    + (1.0 - training.flash_attention) * _UNFUSED_ATTENTION_EXTRA_KERNELS
                    + fallback * softmax_fallback_costs(training)[0]),
         vector_flops=vector_flops(model, parallel, training),
@@ -189,7 +192,35 @@ def elementwise_bytes(model, parallel, training, fallback=None):
     scores = score_elements(model, parallel) * (
         (1.0 - training.flash_attention) * 4.0 * q
         + fallback * softmax_fallback_costs(training)[1])
-    return q * (T_sp * h * 10.0 + T * f_act * (2.0 + model.gated_mlp) / t) + scores
+    return (q * (T_sp * h * 10.0 + T * f_act * (2.0 + model.gated_mlp) / t) + scores
+            + moe_permute_bytes(model, parallel, training))
+
+
+def moe_permute_bytes(model, parallel, training):
+    """HBM traffic of an MoE layer's token permutation (forward, one device, one micro-batch):
+
+        q_a h T_e [ 2 (1 + k C_f) + 4 k C_f [e > 1] ],      T_e = T t_e / t
+    permute (read the T_e tokens, write their k C_f copies grouped by expert) and unpermute
+    (read the k C_f expert outputs, write the T_e probability-weighted sums): 2 (1 + k C_f);
+    with e > 1 the received tokens are sorted by local expert after the dispatch all-to-all and
+    back before the combine (read + write k C_f T_e each): 4 k C_f. T_e: the tokens a rank's
+    experts serve (`workload.ep.expert_token_share`: T / t routed from the sequence shard when
+    t_e = 1 < t, T after the TP gather when t_e = t). Fused or not (TE's fused permute kernels
+    move the same bytes), these are memory-bound copies (PAPERS.md section 5.2).
+    Source: Megatron-Core MoE token dispatcher (megatron/core/transformer/moe/
+    token_dispatcher.py, MoEAlltoAllTokenDispatcher: permute -> all-to-all ->
+    sort_chunks_by_idxs -> experts -> sort_chunks_by_idxs -> all-to-all -> unpermute;
+    moe_utils.permute / unpermute) [S]. 0 for a dense model.
+    Example (Qwen3-30B-A3B: h 2048, k 8, C_f 1; b 4, s 4096, t = t_e = 1, e = 8, bf16):
+    2 x 2048 x 16384 x (2 x 9 + 32) = 3.36e9 B.
+    """
+    is_moe = jnp.where(model.n_experts > 0, 1.0, 0.0)
+    t = head_shards(parallel)
+    t_e = jnp.where(parallel.etp > 0, parallel.etp, t)
+    T_e = tokens_per_device(model, parallel) * t_e / t
+    kc = model.moe_topk * model.capacity_factor
+    sort = jnp.where(parallel.ep > 1, 4.0 * kc, 0.0)
+    return is_moe * training.activation_bytes * model.hidden * T_e * (2.0 * (1.0 + kc) + sort)
 
 
 def attention_io_bytes(model, parallel, training):
