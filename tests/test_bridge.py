@@ -234,5 +234,11 @@ def test_every_bridge_row_loads_and_predicts_finite():
             float(r["tokens_per_s_per_gpu"]) * int(r["num_gpus"]))
         np.testing.assert_allclose(float(r["step_time_s"]), step, rtol=1e-5)
     runs = load_runs(CSV)
-    step, _, _ = predict_runs(runs, load_systems(runs, None, None))
+    systems = load_systems(runs, None, None)
+    step, _, _ = predict_runs(runs, systems)  # one program: the system batched per row
     assert np.all(np.isfinite(step)) and np.all(step > 0)
+    # The same as predicting one row alone with its own system (two systems checked).
+    for i in (0, runs.systems.index("h100-sxm-80gb")):
+        one = predict(runs.models[i], runs.parallels[i], systems[runs.systems[i]],
+                      runs.trainings[i]).step_time_s
+        np.testing.assert_allclose(step[i], float(one), rtol=2e-5)
