@@ -50,7 +50,9 @@ COST_KEYS = ("name", "description", "illustrative", "sources", "unit", "base",
              "budget", "lifetime_years")
 TIER_COST_KEYS = ("name", "bandwidth_per_GBps", "domain_size_per_device")
 _SECONDS_PER_YEAR = 365.25 * 24 * 3600.0
-_LINKED = ("matmul_fp32_flops_per_s", "vector_flops_per_s")  # scale with matmul_flops_per_s
+# scale with matmul_flops_per_s (a faster tensor core is faster in every format it has)
+_LINKED = ("matmul_fp32_flops_per_s", "vector_flops_per_s", "matmul_fp8_flops_per_s",
+           "matmul_fp4_flops_per_s")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -62,8 +62,10 @@ def grid_design(model, system, training, layouts, cost_model, axes,
     budget = _budget(cost_model, budget)
     _check(objective, budget, 0, 1.0, 1.0, tokens, 1)
     _knobs(cost_model, system)  # a SpecError when it prices nothing or not these tiers
+    # (a peak the device does not have, 0 such as FP8 on an A100, stays 0: nothing to tie)
     tied = {p: ("matmul_flops_per_s", float(getattr(system, p)) / float(
-        system.matmul_flops_per_s)) for p in _LINKED} if "matmul_flops_per_s" in axes else {}
+        system.matmul_flops_per_s)) for p in _LINKED
+        if float(getattr(system, p)) > 0} if "matmul_flops_per_s" in axes else {}
     sw = sweep(model, system, training, layouts, axes, placements=placements, top=1,
                devices=devices, progress=progress, store=store, tied=tied)
     n, per_step = _job(model, layouts)

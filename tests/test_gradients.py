@@ -37,7 +37,8 @@ SMOOTH = 0.05  # the temperature of the smooth variant (calibration, differentia
 
 # Hardware rates (DESIGN.md): raising one never makes a step slower (d step / d leaf <= 0).
 HARDWARE_RATES = ("matmul_flops_per_s", "matmul_fp32_flops_per_s", "vector_flops_per_s",
-                  "hbm_bandwidth_Bps", "tiers[*].bandwidth_Bps")
+                  "hbm_bandwidth_Bps", "tiers[*].bandwidth_Bps", "matmul_fp8_flops_per_s",
+                  "matmul_fp4_flops_per_s")
 # Efficiencies multiply a peak rate, so they are rates too (those of them the System has).
 RATE_LEAVES = HARDWARE_RATES + ("eff.mm_max", "eff.attn_max", "eff.mem_eff",
                                 "eff.coll_eff_intra", "eff.coll_eff_inter")
@@ -252,6 +253,65 @@ def test_check_grads_in_log_coordinates(x64, case, temperature):
     assert log_scale.dtype == jnp.float64
     assert np.isfinite(f(log_scale))
     check_grads(f, (log_scale,), order=1, modes=["rev"])
+
+
+# Low-precision steps (docs/precision.md): FP8 with current scaling on Hopper (the amax pass,
+# the weight cache over 4 micro-batches, ZeRO-3 with the FP8 parameter gather) and NVFP4 on
+# Blackwell (the FP4 peak), both across nodes, away from kinks.
+LOWP_CASES = {
+    "fp8-current-llama3-8b-h100": ("llama3-8b", "h100-sxm-80gb", dict(
+        tp=4, pp=2, dp=4, micro_batch=1, global_batch=64, zero_stage=3, recompute=1,
+        sequence_parallel=1, tp_overlap=0.5), "fp8-current", dict(lowp_param_gather=1.0)),
+    "nvfp4-llama3-8b-dgx-b200": ("llama3-8b", "dgx-b200", dict(
+        tp=2, pp=2, dp=8, micro_batch=1, global_batch=64, zero_stage=1, recompute=2,
+        sequence_parallel=1), "nvfp4", {}),
+}
+
+
+def _lowp_case(case):
+    from diffperf.load import training_from_name
+
+    model_name, system_name, layout, precision, over = LOWP_CASES[case]
+    return (_model(model_name), Parallel(**layout), _system(system_name),
+            training_from_name(precision, **over))
+
+
+@pytest.mark.parametrize("case", sorted(LOWP_CASES))
+def test_check_grads_low_precision(x64, case):
+    """d ln T / d ln(every System leaf) of a low-precision step matches finite differences
+    (float64), and the peak its GEMMs run at has a negative elasticity."""
+    model, parallel, system, training = (_floats(x) for x in _lowp_case(case))
+    f = _log_step_time(model, parallel, system, training, None)
+    log_scale = jnp.zeros(len(jax.tree.leaves(system)))
+    assert np.isfinite(f(log_scale))
+    check_grads(f, (log_scale,), order=1, modes=["rev"])
+    grad = _system_grad(model, parallel, system, training, None)
+    peak = "matmul_fp4_flops_per_s" if training.lowp_fp4 > 0 else "matmul_fp8_flops_per_s"
+    assert float(getattr(grad, peak)) < 0
+
+
+@pytest.mark.parametrize("temperature", [None, SMOOTH], ids=["hard", "smooth"])
+@pytest.mark.parametrize("case", sorted(LOWP_CASES))
+def test_more_low_precision_peak_never_slows_a_step(case, temperature):
+    """Finite float32 gradients in every System leaf; d step / d (FP8, FP4, 16-bit peak)
+    <= 0; the FP8 / FP4 peak x 1.5 and x 3 never gives a slower step; a bf16 step has no
+    gradient in the FP8 / FP4 peaks."""
+    model, parallel, system, training = _lowp_case(case)
+    grad = _system_grad(model, parallel, system, training, temperature)
+    bad = {name: float(g) for name, _, g in _named_leaves(grad) if not np.isfinite(g)}
+    assert not bad, f"non-finite d step / d leaf ({case}): {bad}"
+    for leaf in ("matmul_flops_per_s", "matmul_fp8_flops_per_s", "matmul_fp4_flops_per_s"):
+        assert not float(getattr(grad, leaf)) > 0, (case, leaf)
+    base = _value(model, parallel, system, training, temperature)
+    for leaf in ("matmul_fp8_flops_per_s", "matmul_fp4_flops_per_s"):
+        last = base
+        for factor in (1.5, 3.0):
+            t = _value(model, parallel, _scale_leaves(system, leaf, factor), training,
+                       temperature)
+            assert t <= last * (1 + 1e-6), (case, leaf, factor, t, last)
+            last = t
+    g16 = _system_grad(model, parallel, system, Training(), temperature)
+    assert float(g16.matmul_fp8_flops_per_s) == 0 and float(g16.matmul_fp4_flops_per_s) == 0
 
 
 # One XLA-compiled step (the H100 JAX runs' program, Training.xla_compiled = 1): its own

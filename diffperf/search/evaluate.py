@@ -21,7 +21,7 @@ from diffperf.search.kernel import (DEFAULT_CHUNK, QUICK_BELOW, _chunk_parallel,
 from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel
 from diffperf.specs.training import Training
-from diffperf.specs.validate import check_layout
+from diffperf.specs.validate import check_layout, check_precision
 
 
 def _evaluate(args, keys, per, temperature, devices, optimize, progress, store=None,
@@ -117,6 +117,7 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
     layouts = _check_table(model, layouts, placements) if validate else np.asarray(layouts)
     fields = _check_fields(fields)
     training = Training() if training is None else training
+    check_precision(system, training)
     args = _as_float((anonymous(model), anonymous(system), anonymous(training)))
     devices = None if devices is None else list(devices)
     keys, cell, per = _grid(layouts, placements, int(chunk),

@@ -40,6 +40,7 @@ from diffperf.search.kernel import (_CPU_COMPILER_OPTIONS, INNER_GRID, _batched,
 from diffperf.specs.batch import anonymous
 from diffperf.specs.paths import leaf_path
 from diffperf.specs.training import Training
+from diffperf.specs.validate import check_precision
 
 _SWEEP_FIELDS = ("step_time_s", "fits", "memory.total_bytes")  # what a point keeps
 SWEEP_CELLS = 1 << 16  # grid cells (layouts x hardware points) per scan step and device
@@ -202,6 +203,7 @@ def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=
         raise SpecError(f"top={top} must be a whole number >= 1")
     layouts = _check_table(model, layouts, placements) if validate else np.asarray(layouts)
     training = Training() if training is None else training
+    check_precision(system, training)
     model_, system_, training_ = _as_float((anonymous(model), anonymous(system),
                                            anonymous(training)))
     dtype = jnp.result_type(float)

@@ -51,7 +51,7 @@ def scaled_system(system, *, flops=1.0, hbm_bw=1.0, hbm_capacity=1.0, fast_bw=1.
                   fast_domain=1.0, net_bw=1.0, power=1.0, name=None):
     """The system with its leaves multiplied by factors (traced factors are fine: grad works).
 
-    flops scales every peak rate (16-bit matrix, fp32 matrix, vector); fast_bw and fast_domain
+    flops scales every peak rate (16-bit, fp32, FP8 and FP4 matrix, vector); fast_bw and fast_domain
     the innermost tier (NVLink) bandwidth and domain size; net_bw every outer tier's bandwidth.
     """
     inner, *outer = system.tiers
@@ -61,6 +61,8 @@ def scaled_system(system, *, flops=1.0, hbm_bw=1.0, hbm_capacity=1.0, fast_bw=1.
     out = system.replace(
         matmul_flops_per_s=system.matmul_flops_per_s * flops,
         matmul_fp32_flops_per_s=system.matmul_fp32_flops_per_s * flops,
+        matmul_fp8_flops_per_s=system.matmul_fp8_flops_per_s * flops,
+        matmul_fp4_flops_per_s=system.matmul_fp4_flops_per_s * flops,
         vector_flops_per_s=system.vector_flops_per_s * flops,
         hbm_bandwidth_Bps=system.hbm_bandwidth_Bps * hbm_bw,
         hbm_capacity_bytes=system.hbm_capacity_bytes * hbm_capacity,

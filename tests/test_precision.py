@@ -1,0 +1,308 @@
+"""Low precision as it runs (FP8 / MXFP8 / NVFP4 recipes, docs/precision.md) and the Blackwell
+systems: every new term against a value computed by hand from its formula and the datasheet.
+
+The gradient contract of the low-precision step (finite, check_grads under x64, more FP8 / FP4
+peak never slows a step) is in tests/test_gradients.py, which shares its compilations.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from diffperf import Parallel, predict
+from diffperf.cli.main import main
+from diffperf.costs.compute import (gemm_times_s, lowp_gemm_times_s, lowp_peak,
+                                    lowp_quantize_times_s)
+from diffperf.errors import SpecError
+from diffperf.load import training
+from diffperf.specs.training import PRECISIONS
+from diffperf.workload.dp import dp_volumes_bytes, gathered_weight_bytes
+from diffperf.workload.flops import (cast_bytes, lowp_pass_fracs, lowp_quantize_bytes,
+                                     quantized_elem_bytes)
+from diffperf.workload.ops import Gemms
+from shipped import model as _model, system as _system
+
+LOW = ("fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8", "nvfp4")
+N = 8192.0
+
+
+def _one_gemm(m, n, k):
+    return Gemms(m=jnp.array([m]), n=jnp.array([n]), k=jnp.array([k]), count=jnp.array([1.0]))
+
+
+def _nine_rows(m, n, k, rows=(0, 4)):
+    """A layer_ops-shaped Gemms (9 rows) with count 1 on `rows` only (row 4 = the router)."""
+    count = np.zeros(9)
+    count[list(rows)] = 1.0
+    full = lambda x: jnp.full(9, float(x))  # noqa: E731
+    return Gemms(m=full(m), n=full(n), k=full(k), count=jnp.asarray(count))
+
+
+# ------------------------------------------------------------------------------ presets
+
+def test_the_shared_names_exist_and_fp8_is_fp8_current():
+    for name in LOW + ("fp8", "bf16"):
+        assert name in PRECISIONS
+        assert training(name).name == name
+    assert PRECISIONS["fp8"] == PRECISIONS["fp8-current"]
+    for name in LOW:
+        t = training(name)
+        # TE: fprop, dgrad and wgrad of every linear in the low format
+        assert (t.lowp_fprop, t.lowp_dgrad, t.lowp_wgrad) == (1.0, 1.0, 1.0)
+        # Megatron mixed precision underneath: bf16 weights and grads, fp32 master + Adam
+        assert (t.weight_bytes, t.grad_bytes, t.master_bytes, t.optimizer_bytes) == (
+            2.0, 2.0, 4.0, 8.0)
+
+
+def test_bf16_presets_quantize_nothing():
+    for name in ("bf16", "fp16", "amp-bf16", "xla-amp-bf16", "bf16-pure", "fp32"):
+        for frac in lowp_pass_fracs(training(name)):
+            assert float(jnp.sum(frac)) == 0.0
+        f, b, w = lowp_quantize_bytes(_nine_rows(64, 64, 64), training(name))
+        assert (float(f), float(b), float(w)) == (0.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("name, e_q", [
+    ("fp8-delayed", 1.0), ("fp8-current", 1.0),
+    ("fp8-blockwise", 1.0 + 4.0 / 128.0),   # fp32 scale per 1 x 128 tile (DeepSeek-V3 3.3)
+    ("mxfp8", 1.0 + 1.0 / 32.0),            # E8M0 scale per 32 (OCP MX v1.0)
+    ("nvfp4", 0.5 + 1.0 / 16.0)])           # E2M1 + E4M3 scale per 16
+def test_quantized_bytes_per_element(name, e_q):
+    assert float(quantized_elem_bytes(training(name))) == pytest.approx(e_q, rel=1e-7)
+
+
+def test_linear_rows_only_the_router_stays_16_bit():
+    f, d, w = lowp_pass_fracs(training("fp8-current"))
+    assert np.asarray(f).tolist() == [1, 1, 1, 1, 0, 1, 1, 1, 1]
+    half = training("nvfp4", lowp_layer_frac=0.5)
+    assert np.asarray(lowp_pass_fracs(half)[2]).tolist() == [.5, .5, .5, .5, 0, .5, .5, .5, .5]
+
+
+# ------------------------------------------------------------------- GEMM time (golden)
+
+def _eta(m, n, k, eff):
+    """Shape efficiency by hand: eta = mm_max / (1 + (d_half / d)^gamma), d = soft-min p=4."""
+    d = (m ** -4 + n ** -4 + k ** -4) ** -0.25
+    return eff.mm_max / (1.0 + (eff.mm_half_dim / d) ** eff.mm_exponent)
+
+
+def test_fp8_gemm_on_h100_from_the_datasheet_peak():
+    """8192^3 GEMM on an H100 SXM: 2 N^3 / (1978.9 TFLOP/s x eta), eta = 0.8 / (1 +
+    (64 / (3^-1/4 8192))^1.5) = 0.79917 -> 0.6952 ms; compute-bound (its 268 MB of FP8 inputs
+    and BF16 output take 0.094 ms at 3350 GB/s x 0.85). BF16: the same eta at 989.4: 2x."""
+    h100 = _system("h100-sxm-80gb")
+    t8 = training("fp8-current")
+    g = _one_gemm(N, N, N)
+    eta = _eta(N, N, N, h100.eff)
+    hand = 2 * N ** 3 / (1978.9e12 * eta)
+    assert hand == pytest.approx(6.952e-4, rel=1e-3)
+    got = float(lowp_gemm_times_s(g, h100, t8, h100.eff.mm_max, h100.eff.mm_half_dim)[0])
+    assert got == pytest.approx(hand, rel=1e-5)
+    bf16 = float(gemm_times_s(g, h100, t8, h100.eff.mm_max, h100.eff.mm_half_dim)[0])
+    assert bf16 / got == pytest.approx(1978.9 / 989.4, rel=1e-5)
+
+
+def test_nvfp4_gemm_on_b200_runs_at_the_fp4_peak():
+    """NVFP4 GEMMs at 9000 TFLOP/s dense (HGX B200): 4x the 2250 BF16 peak, same eta."""
+    b200 = _system("dgx-b200")
+    t4 = training("nvfp4")
+    assert float(lowp_peak(b200, t4)) == pytest.approx(9000e12, rel=1e-6)
+    assert float(lowp_peak(b200, training("mxfp8"))) == pytest.approx(4500e12, rel=1e-6)
+    g = _one_gemm(N, N, N)
+    e = b200.eff
+    fp4 = float(lowp_gemm_times_s(g, b200, t4, e.mm_max, e.mm_half_dim)[0])
+    assert fp4 == pytest.approx(2 * N ** 3 / (9000e12 * _eta(N, N, N, e)), rel=1e-5)
+    bf16 = float(gemm_times_s(g, b200, t4, e.mm_max, e.mm_half_dim)[0])
+    assert bf16 / fp4 == pytest.approx(4.0, rel=1e-5)
+
+
+def test_memory_bound_fp8_gemm_moves_one_byte_per_input_element():
+    """A skinny GEMM (m = 16) is memory-bound: e_q (m k + k n) + q m n bytes at BW x eta_mem."""
+    h100 = _system("h100-sxm-80gb")
+    m, n, k = 16.0, N, N
+    got = float(lowp_gemm_times_s(_one_gemm(m, n, k), h100, training("fp8-delayed"),
+                                  h100.eff.mm_max, h100.eff.mm_half_dim)[0])
+    by_bytes = (1.0 * (m * k + k * n) + 2.0 * m * n) / (3350e9 * h100.eff.mem_eff)
+    by_flops = 2 * m * n * k / (1978.9e12 * _eta(m, n, k, h100.eff))
+    assert by_bytes > by_flops
+    assert got == pytest.approx(by_bytes, rel=1e-5)
+
+
+# ------------------------------------------------------------- quantization work (golden)
+
+def test_cast_bytes_of_a_bf16_activation():
+    """8192 x 8192 BF16 -> FP8 row- and column-wise: current scaling reads it twice (amax,
+    then cast) and writes 2 x 1 B: 67108864 x 6 = 402653184 B; delayed: x 4; MXFP8 adds
+    1 B per 32 to each copy: x (2 + 2 x 1.03125)."""
+    n = N * N
+    assert float(cast_bytes(n, 2.0, 2.0, 1.0, training("fp8-current"))) == 402653184.0
+    assert float(cast_bytes(n, 2.0, 2.0, 1.0, training("fp8-delayed"))) == 268435456.0
+    assert float(cast_bytes(n, 2.0, 2.0, 1.0, training("mxfp8"))) == n * (2 + 2 * 1.03125)
+    assert float(cast_bytes(n, 2.0, 1.0, 1.0, training("nvfp4"))) == n * (2 * 2 + 0.5625)
+
+
+@pytest.mark.parametrize("name, fwd, bwd, wts", [
+    # X 4 x 8 (32), dY 4 x 6 (24), W 8 x 6 (48) of one linear row; the router row is skipped.
+    ("fp8-current", 32 * (2 * 2 + 2), 24 * (2 * 2 + 2), 48 * (2 * 2 + 2)),
+    ("fp8-delayed", 32 * (2 + 2), 24 * (2 + 2), 48 * (2 + 2)),
+    ("mxfp8", 32 * (2 + 2 * 1.03125), 24 * (2 + 2 * 1.03125), 48 * (2 + 2 * 1.03125)),
+    ("nvfp4", 32 * (4 + 2 * 0.5625), 24 * (4 + 2 * 0.5625), 48 * (4 + 2 * 0.5625))])
+def test_layer_quantize_bytes_by_hand(name, fwd, bwd, wts):
+    got = lowp_quantize_bytes(_nine_rows(4, 6, 8), training(name))
+    assert [float(x) for x in got] == pytest.approx([fwd, bwd, wts], rel=1e-6)
+    # wgrad in BF16 (fprop, dgrad FP8): X and dY one copy each, W still two
+    only = training(name, lowp_wgrad=0.0)
+    e_q, amax = float(quantized_elem_bytes(only)), only.lowp_amax_pass
+    got = lowp_quantize_bytes(_nine_rows(4, 6, 8), only)
+    assert [float(x) for x in got] == pytest.approx(
+        [32 * (2 * (1 + amax) + e_q), 24 * (2 * (1 + amax) + e_q),
+         48 * (2 * (1 + amax) + 2 * e_q)], rel=1e-6)
+
+
+def test_quantize_time_on_h100():
+    """fp8-current, one 8192^2 linear (count 1), 4 micro-batches, weights cached: forward
+    (402.65 MB + 402.65 MB / 4) / (3350 GB/s x 0.85) + 2.5 kernels x 4 us; backward
+    402.65 MB / (...) + 2 kernels."""
+    h100 = _system("h100-sxm-80gb")
+    e = h100.eff
+    f, b = lowp_quantize_times_s(_nine_rows(N, N, N, rows=(0,)), h100, training("fp8-current"),
+                                 4.0)
+    bw = 3350e9 * e.mem_eff
+    assert float(f) == pytest.approx(402653184 * 1.25 / bw + 2.5 * e.kernel_s, rel=1e-5)
+    assert float(b) == pytest.approx(402653184 / bw + 2.0 * e.kernel_s, rel=1e-5)
+    assert 402653184 / bw == pytest.approx(1.414e-4, rel=1e-3)
+
+
+# ------------------------------------------------------------------- memory and gathers
+
+def test_weight_cache_and_quantized_saved_inputs():
+    """Llama 3 8B, tp 8 with SP, one stage: FP8 keeps 32 layers x 2.181e8 / 8 weights x 2
+    copies x 1 B more (the quantized weight cache), and its saved linear inputs (2 s b h / t
+    + s b f / t per layer, 32 layers, one micro-batch in flight) at 1 B instead of 2."""
+    model, system = _model("llama3-8b"), _system("h100-sxm-80gb")
+    parallel = Parallel(tp=8, pp=1, dp=1, micro_batch=1, global_batch=8, sequence_parallel=1)
+    h, f, a, akv, d = 4096.0, 14336.0, 32.0, 8.0, 128.0
+    per_layer = h * (a + 2 * akv) * d + a * d * h + 3 * h * f
+    assert per_layer == pytest.approx(2.181e8, rel=1e-3)
+    r16 = predict(model, parallel, system, training("bf16"))
+    r8 = predict(model, parallel, system, training("fp8-current"))
+    cache = 32 * per_layer / 8 * 2 * 1.0
+    assert float(r8.memory.weights_bytes - r16.memory.weights_bytes) == pytest.approx(
+        cache, rel=1e-5)
+    T = 8192.0
+    saved = 32 * (2 * T * h / 8 + T * f / 8) * (2.0 - 1.0)
+    assert float(r16.memory.activations_bytes - r8.memory.activations_bytes) == pytest.approx(
+        saved, rel=1e-4)
+    # NVFP4 keeps 0.5625 B per element instead
+    r4 = predict(model, parallel, _system("dgx-b200"), training("nvfp4"))
+    r16b = predict(model, parallel, _system("dgx-b200"), training("bf16"))
+    assert float(r4.memory.weights_bytes - r16b.memory.weights_bytes) == pytest.approx(
+        32 * per_layer / 8 * 2 * 0.5625, rel=1e-5)
+
+
+def test_fp8_parameter_gather_halves_the_gathered_bytes():
+    assert float(gathered_weight_bytes(training("fp8-current"))) == 2.0   # off by default
+    on = training("fp8-current", lowp_param_gather=1.0)
+    assert float(gathered_weight_bytes(on)) == 1.0
+    assert float(gathered_weight_bytes(training("mxfp8", lowp_param_gather=1.0))) == 1.03125
+    assert float(gathered_weight_bytes(training("bf16", lowp_param_gather=1.0))) == 2.0
+    g, w, lw, lg = dp_volumes_bytes(1e9, 1e7, on)
+    assert (float(g), float(w), float(lw), float(lg)) == (2e9, 1e9, 1e7, 2e7)
+    # ZeRO-3 over 2 nodes: the per-layer gathers are half as long, the step no slower
+    model, system = _model("llama3-8b"), _system("h100-sxm-80gb")
+    parallel = Parallel(tp=1, pp=1, dp=16, micro_batch=1, global_batch=16, zero_stage=3)
+    off = predict(model, parallel, system, training("fp8-current"))
+    gathered = predict(model, parallel, system, on)
+    assert float(gathered.step_time_s) < float(off.step_time_s)
+
+
+# ------------------------------------------------------------------------ whole steps
+
+def test_step_time_ordering_llama3_70b():
+    """Compute-bound Llama 3 70B: every low-precision recipe is faster than bf16; current
+    scaling's amax pass makes it slower than delayed scaling; on B200 NVFP4 (FP4 peak) is
+    the fastest, MXFP8 and per-tensor FP8 share the FP8 peak."""
+    model = _model("llama3-70b")
+    parallel = Parallel(tp=4, pp=4, dp=4, vp=5, micro_batch=1, global_batch=128,
+                        sequence_parallel=1, zero_stage=1)
+
+    def step(system, precision):
+        return float(predict(model, parallel, _system(system), training(precision)).step_time_s)
+
+    h = {p: step("h100-sxm-80gb", p) for p in ("bf16", "fp8-delayed", "fp8-current")}
+    assert h["fp8-delayed"] < h["fp8-current"] < h["bf16"]
+    b = {p: step("dgx-b200", p) for p in ("bf16", "fp8-current", "mxfp8", "nvfp4")}
+    assert b["nvfp4"] < b["mxfp8"] < b["bf16"] and b["nvfp4"] < b["fp8-current"] < b["bf16"]
+    # the gain is below the 2x (4x) of the peaks: attention, the output layer, memory-bound
+    # kernels and communication stay as they are, and the casts are added
+    assert 1.0 < h["bf16"] / h["fp8-delayed"] < 2.0
+    assert 1.0 < b["bf16"] / b["nvfp4"] < 4.0
+
+
+def test_bf16_ignores_the_low_precision_peaks():
+    """A bf16 step does not change when the FP8 / FP4 peaks change (exactly)."""
+    model, system = _model("llama3-8b"), _system("dgx-b200")
+    parallel = Parallel(tp=2, pp=1, dp=4, micro_batch=1, global_batch=8)
+    base = float(predict(model, parallel, system).step_time_s)
+    other = system.replace(matmul_fp8_flops_per_s=1e15, matmul_fp4_flops_per_s=3e16)
+    assert float(predict(model, parallel, other).step_time_s) == base
+
+
+# --------------------------------------------------------------------------- refusals
+
+@pytest.mark.parametrize("system, precision, needs", [
+    ("a100-sxm-80gb", "fp8", "no FP8 tensor cores"),
+    ("a100-sxm-80gb", "fp8-blockwise", "no FP8 tensor cores"),
+    ("h100-sxm-80gb", "mxfp8", "block-scaled"),
+    ("h200-sxm-141gb", "nvfp4", "block-scaled")])
+def test_low_precision_needs_its_tensor_cores(system, precision, needs):
+    model = _model("llama3-8b")
+    with pytest.raises(SpecError, match=needs):
+        predict(model, Parallel(tp=1, dp=8, micro_batch=1, global_batch=8), _system(system),
+                training(precision))
+
+
+def test_cli_refuses_fp8_on_a100_with_exit_2(capsys):
+    code = main(["predict", "--model", "llama3-8b", "--system", "a100-sxm-80gb",
+                 "--precision", "fp8"])
+    assert code == 2
+    assert "no FP8 tensor cores" in capsys.readouterr().err
+
+
+def test_cli_runs_every_precision_on_b300(capsys):
+    for p in LOW + ("fp8",):
+        code = main(["predict", "--model", "llama3-8b", "--system", "dgx-b300", "--gpus", "8",
+                     "--tp", "1", "--precision", p, "--json"])
+        assert code == 0, capsys.readouterr().err
+        capsys.readouterr()
+
+
+# ----------------------------------------------------------------------------- systems
+
+@pytest.mark.parametrize(
+    "name, domain, nvlink_GBps, nic_GBps, bf16, fp8, fp4, hbm_GBps, cap_GiB, watts", [
+        ("dgx-b200", 8, 900, 50, 2250, 4500, 9000, 7700, 179.06, 1000),
+        ("dgx-b300", 8, 900, 100, 2250, 4500, 13500, 7700, 268.59, 1100),
+        ("gb200-nvl72", 72, 900, 50, 2500, 5000, 10000, 8000, 185.03, 1200),
+        ("gb300-nvl72", 72, 900, 100, 2500, 5000, 15000, 8000, 277.55, 1400),
+        ("h100-sxm-80gb", 8, 450, 50, 989.4, 1978.9, 0, 3350, 79.65, 700),
+        ("h200-sxm-141gb", 8, 450, 50, 989.4, 1978.9, 0, 4800, 140.4, 700)])
+def test_systems_as_built(name, domain, nvlink_GBps, nic_GBps, bf16, fp8, fp4, hbm_GBps,
+                          cap_GiB, watts):
+    """The datasheet numbers of configs/systems (dense peaks; bandwidth per direction:
+    NVLink5 1.8 TB/s and NVLink4 900 GB/s bidirectional halved; one NIC per GPU, ConnectX-7
+    400 Gb/s or ConnectX-8 800 Gb/s, / 8 bits)."""
+    s = _system(name)
+    assert float(s.tiers[0].domain_size) == domain
+    assert float(s.tiers[0].bandwidth_Bps) == nvlink_GBps * 1e9
+    assert float(s.tiers[-1].bandwidth_Bps) == nic_GBps * 1e9
+    assert math.isclose(float(s.matmul_flops_per_s), bf16 * 1e12, rel_tol=1e-6)
+    assert math.isclose(float(s.matmul_fp8_flops_per_s), fp8 * 1e12, rel_tol=1e-6)
+    assert math.isclose(float(s.matmul_fp4_flops_per_s), fp4 * 1e12, rel_tol=1e-6)
+    assert math.isclose(float(s.hbm_bandwidth_Bps), hbm_GBps * 1e9, rel_tol=1e-6)
+    assert math.isclose(float(s.hbm_capacity_bytes), cap_GiB * 2 ** 30, rel_tol=1e-6)
+    assert float(s.power_W) == watts
