@@ -234,71 +234,61 @@ def _divisors(x: int) -> list[int]:
     return sorted(set(small + [x // i for i in small]))
 
 
-# Hugging Face config.json keys -> our keys (Llama, Mistral, Mixtral, Qwen, GPT-2 families).
-_HF_MAP = {
-    "num_hidden_layers": "num_layers", "n_layer": "num_layers", "hidden_size": "hidden",
-    "n_embd": "hidden", "intermediate_size": "ffn_hidden", "n_inner": "ffn_hidden",
-    "num_attention_heads": "num_heads", "n_head": "num_heads",
-    "num_key_value_heads": "num_kv_heads", "head_dim": "head_dim", "vocab_size": "vocab",
-    "max_position_embeddings": "seq_len", "n_positions": "seq_len",
-    "tie_word_embeddings": "tied_embeddings", "num_local_experts": "moe_experts",
-    "n_routed_experts": "moe_experts", "num_experts": "moe_experts",
-    "num_experts_per_tok": "moe_topk", "moe_intermediate_size": "moe_ffn_hidden",
-    "n_shared_experts": "moe_shared_experts",
-}
-# Fields that change the architecture in ways the cost model does not represent.
-_HF_UNSUPPORTED = ("q_lora_rank", "kv_lora_rank", "first_k_dense_replace", "num_nextn_predict_layers",
-                   "layer_types", "cross_attention_layers", "vision_config")
+# Hugging Face fields refused by name (diffperf.hf; re-exported for the fuzz tests).
+from diffperf.hf import _REFUSED as _HF_UNSUPPORTED  # noqa: E402
 
 
-def model_from_hf(cfg: dict, where: str) -> Model:
-    """A Model from a Hugging Face config.json: Llama/Mistral/Mixtral/Qwen/GPT-2 keys.
+def model_from_hf(cfg: dict, where: str, seq_len=None) -> Model:
+    """A Model from a parsed Hugging Face config.json (`diffperf.hf.hf_to_dict`: the families,
+    defaults and notes of docs/models.md). The training sequence is `seq_len`, else
+    hf.DEFAULT_SEQ_LEN (never max_position_embeddings)."""
+    from diffperf.hf import hf_to_dict
 
-    SiLU activations mean a gated (SwiGLU) MLP; `rms_norm_eps` means RMSNorm; GPT-2 has
-    biases, learned positions and tied embeddings. Fields that change the architecture beyond
-    what the model represents (e.g. DeepSeek's MLA `kv_lora_rank`) are refused by name.
-    """
-    bad = [k for k in _HF_UNSUPPORTED if cfg.get(k) not in (None, 0)]
-    if bad:
-        raise SpecError(f"{where}: Hugging Face fields not supported by diffperf's model: "
-                        f"{', '.join(bad)} (write a diffperf model YAML instead)")
-    d = {ours: cfg[theirs] for theirs, ours in _HF_MAP.items() if cfg.get(theirs) is not None}
-    if "num_layers" not in d or "hidden" not in d or "num_heads" not in d:
-        raise SpecError(f"{where}: not a recognised Hugging Face config.json (needs "
-                        f"num_hidden_layers, hidden_size, num_attention_heads)")
-    act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu")))
-    d["gated_mlp"] = act in ("silu", "swiglu", "swish")
-    d["norm"] = "rmsnorm" if "rms_norm_eps" in cfg else "layernorm"
-    is_gpt2 = cfg.get("model_type") == "gpt2"
-    d["biases"] = is_gpt2 or bool(cfg.get("attention_bias", False))
-    d["learned_positions"] = is_gpt2
-    d.setdefault("tied_embeddings", is_gpt2)
-    if d.get("moe_experts") and "moe_ffn_hidden" not in d and "ffn_hidden" in d:
-        d["moe_ffn_hidden"] = d["ffn_hidden"]
-    d["name"] = str(cfg.get("_name_or_path") or cfg.get("model_type") or Path(where).stem)
-    return model_from_dict(d, where)
+    return model_from_dict(hf_to_dict(cfg, where, seq_len)[0], where)
 
 
-def load_model(name_or_path) -> Model:
+def _read_json(path: Path) -> dict:
+    text = read_text(path)
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SpecError(f"{path}: malformed JSON: {err.msg} at line {err.lineno}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: malformed JSON: nested too deeply") from None
+    if not isinstance(cfg, dict):
+        raise SpecError(f"{path}: expected a JSON object at the top level")
+    return cfg
+
+
+def load_model(name_or_path, seq_len=None) -> Model:
     """A model by name (configs/models/NAME.yaml), YAML path, Hugging Face config.json, or a
-    mapping of the YAML schema's keys (configs/README.md), validated."""
+    mapping of the YAML schema's keys (configs/README.md), validated. `seq_len` (tokens)
+    replaces the file's training sequence (a config.json has none: hf.DEFAULT_SEQ_LEN)."""
     if isinstance(name_or_path, dict):
-        return model_from_dict(name_or_path, where="model")
-    path = Path(name_or_path)
-    if path.suffix == ".json":
-        text = read_text(path)
-        try:
-            cfg = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise SpecError(f"{path}: malformed JSON: {err.msg} at line {err.lineno}") from None
-        except RecursionError:
-            raise SpecError(f"{path}: malformed JSON: nested too deeply") from None
-        if not isinstance(cfg, dict):
-            raise SpecError(f"{path}: expected a JSON object at the top level")
-        return model_from_hf(cfg, str(path))
-    if path.suffix not in (".yaml", ".yml"):
-        path = _named(name_or_path, "models")
-    return model_from_dict(read_yaml(path), str(path))
+        model = model_from_dict(name_or_path, where="model")
+    elif Path(name_or_path).suffix == ".json":
+        path = Path(name_or_path)
+        return model_from_hf(_read_json(path), str(path), seq_len)
+    else:
+        path = Path(name_or_path)
+        if path.suffix not in (".yaml", ".yml"):
+            path = _named(name_or_path, "models")
+        model = model_from_dict(read_yaml(path), str(path))
+    return model if seq_len is None else model.replace(seq_len=float(seq_len))
+
+
+def model_notes(name_or_path, seq_len=None) -> list[str]:
+    """What loading the model chose or left out, for `predict` to print: for a Hugging Face
+    config.json the notes of `diffperf.hf.hf_to_dict` (training sequence, defaults, fields
+    read but not modeled, fields not read); for a YAML or name, where seq_len came from."""
+    if not isinstance(name_or_path, dict) and Path(name_or_path).suffix == ".json":
+        from diffperf.hf import hf_to_dict
+
+        path = Path(name_or_path)
+        return hf_to_dict(_read_json(path), str(path), seq_len)[1]
+    if seq_len is not None:
+        return [f"seq_len={seq_len} from --seq-len"]
+    return []
 
 
 def _named(name, kind) -> Path:

@@ -42,7 +42,7 @@ from diffperf.workload.dp import (dp_volumes_bytes, product_group, zero3_prefetc
 from diffperf.workload.ep import (ep_a2a_bytes, ep_a2a_per_layer, ep_stride, expert_dp_degree,
                                   expert_tp, moe_mlp_on_tp)
 from diffperf.workload.flops import (attention_io_bytes, head_ops, layer_ops,
-                                     lowp_quantize_kernels)
+                                     lowp_quantize_kernels, moe_layer_fraction)
 from diffperf.workload.groups import stride
 from diffperf.workload.params import (grid_shards, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device,
@@ -256,7 +256,7 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
              + e.overlap_slowdown * hidden_f + quant_f)
     gpu_b = (dense_b + attn_bwd + other_b + recompute + tp_b + cp_b + ep_b + ax_b
              + e.overlap_slowdown * hidden_b + quant_b)
-    is_moe = jnp.where(model.n_experts > 0, 1.0, 0.0)
+    is_moe = moe_layer_fraction(model)  # the mean layer's share of MoE layers
     kernels = (ops.n_kernels + tp_on * calls * n_f
                + jnp.where(parallel.ep > 1, 2.0 * is_moe, 0.0)  # dispatch, combine
                + 2.0 * parallel.cp_ring * cp_ring_steps(parallel)  # block attention + p2p
@@ -302,8 +302,10 @@ def _head_parts(model, parallel, system, training, temperature):
     c_tp = _tp_collective_s(model, parallel, system, training)
     zero = jnp.zeros_like(logits)
     first = {k: zero for k in _PARTS} | dict(compute_s=2.0 * emb, tp_exposed_s=c_tp)
-    last = {k: zero for k in _PARTS} | dict(compute_s=3.0 * logits + 2.0 * loss,
-                                            tp_exposed_s=c_tp)
+    # each MTP module computes its own logits and loss with the shared output layer
+    mtp = 1.0 + model.mtp_layers
+    last = {k: zero for k in _PARTS} | dict(compute_s=mtp * (3.0 * logits + 2.0 * loss),
+                                            tp_exposed_s=mtp * c_tp)
     return first, last
 
 
@@ -405,7 +407,11 @@ def _optimizer_s(own, system, training):
 def _flops_per_step(model, parallel, training):
     """(model FLOPs, hardware FLOPs) of one step over all devices.
 
-        model    = 3 B [L (dense + attention) + logits]    forward x 3, no recompute
+        model    = 3 B [(L + D) (dense + attention) + (1 + D) logits]   forward x 3, no recompute
+    D = model.mtp_layers (multi-token prediction modules, each a layer and a logits GEMM).
+    The layer's `dense` rows count what a token's forward runs: MLA's projections and the
+    k routed (+ shared) experts, not all E (the active-parameter convention of Megatron-LM's
+    `num_floating_point_operations`, which Megatron-Bridge's "model TFLOP/s" prints).
         hardware = model + B L (flash backward's recomputed scores 0.5 x attention + recompute)
     per sequence forward FLOPs from `layer_ops` at b = 1 and no sharding (PAPERS.md 5.1).
     """
@@ -416,8 +422,8 @@ def _flops_per_step(model, parallel, training):
     attn = jnp.sum(ops.attention.flops)
     # The model's own vocabulary V: padding rows (Training.vocab_pad_to) are not model work.
     logits = jnp.sum(head_ops(model, unit, training.replace(vocab_pad_to=0.0)).logits.flops)
-    B, L = parallel.global_batch, model.n_layers
-    model_flops = 3.0 * B * (L * (dense + attn) + logits)
+    B, L = parallel.global_batch, model.n_layers + model.mtp_layers
+    model_flops = 3.0 * B * (L * (dense + attn) + (1.0 + model.mtp_layers) * logits)
     full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
     selective = jnp.where(parallel.recompute == 1, 1.0, 0.0)
     flash_bwd = 0.5 * training.flash_attention * attn  # flash backward recomputes the scores

@@ -327,7 +327,8 @@ def _write_json(tmp_path, obj, name="config.json"):
 
 
 def test_hf_llama3_8b_config_loads(tmp_path):
-    m = load_model(_write_json(tmp_path, LLAMA3_8B_HF))
+    # the training sequence is never max_position_embeddings: the shipped YAML's 8192 is given
+    m = load_model(_write_json(tmp_path, LLAMA3_8B_HF), seq_len=8192)
     got = {f: float(getattr(m, f)) for f in (
         "gated_mlp", "rms_norm", "n_kv_heads", "n_heads", "n_layers", "hidden", "ffn_hidden",
         "head_dim", "vocab", "seq_len", "tied_embeddings", "biases", "learned_positions",
@@ -343,10 +344,17 @@ def test_hf_llama3_8b_config_loads(tmp_path):
 
 
 def test_hf_unsupported_field_is_named(tmp_path):
-    cfg = LLAMA3_8B_HF | {"kv_lora_rank": 512, "q_lora_rank": 1536}
+    cfg = LLAMA3_8B_HF | {"cross_attention_layers": [3, 8]}
     p = _write_json(tmp_path, cfg)
-    with _raises(f"{p}: Hugging Face fields not supported by diffperf's model: q_lora_rank, "
-                 "kv_lora_rank (write a diffperf model YAML instead)"):
+    with _raises(f"{p}: Hugging Face fields not supported by diffperf's model: "
+                 "cross_attention_layers (write a diffperf model YAML instead)"):
+        load_model(p)
+
+
+def test_hf_mla_without_head_dims_is_named(tmp_path):
+    p = _write_json(tmp_path, LLAMA3_8B_HF | {"kv_lora_rank": 512, "q_lora_rank": 1536})
+    with _raises(f"{p}: kv_lora_rank=512 (multi-head latent attention) needs qk_nope_head_dim "
+                 "and qk_rope_head_dim"):
         load_model(p)
 
 

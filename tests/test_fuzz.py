@@ -542,6 +542,7 @@ HF_CONFIGS = {
                              num_key_value_heads=16, vocab_size=102400,
                              max_position_embeddings=163840, hidden_act="silu",
                              rms_norm_eps=1e-6, kv_lora_rank=512, q_lora_rank=None,
+                             qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
                              moe_intermediate_size=1408, n_routed_experts=64,
                              n_shared_experts=2, num_experts_per_tok=6,
                              first_k_dense_replace=1),
@@ -563,9 +564,9 @@ def _hf_mutations(cfg, rng):
     for key in _HF_UNSUPPORTED:
         for v in (1, 512, [1], "yes", True):
             out.append((f"add unsupported {key} = {v!r}", dict(cfg, **{key: v}), (key,), True))
-    out.append(("add two unsupported fields", dict(cfg, kv_lora_rank=512,
-                                                   first_k_dense_replace=1),
-                ["kv_lora_rank", "first_k_dense_replace"], True))  # both named
+    if "qk_rope_head_dim" not in cfg:  # MLA needs its head dims: refused, named
+        out.append(("add MLA without head dims", dict(cfg, kv_lora_rank=512),
+                    ["kv_lora_rank"], True))
     return out
 
 

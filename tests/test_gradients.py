@@ -231,6 +231,15 @@ CHECK_GRAD_CASES = {
     "multi-pod-llama3-8b-meta": ("llama3-8b", "meta-h100-24k", dict(
         tp=4, pp=1, dp=1536, micro_batch=1, global_batch=3072, zero_stage=1, recompute=1,
         sequence_parallel=1), {}),
+    # 48 GPUs on six nodes: MLA (full-rank queries), 1 dense + 26 MoE layers with shared
+    # experts, EP 2 inside a DP of 8 (4 ranks per node), 3 stages; an MTP module on the last
+    "mla-moe-mtp-deepseek-v2-lite-h100": ("deepseek-v2-lite+mtp", "h100-sxm-80gb", dict(
+        tp=2, pp=3, dp=8, ep=2, micro_batch=1, global_batch=64, zero_stage=1, recompute=1,
+        sequence_parallel=1), {}),
+    # 32 GPUs: GPT-OSS's 128-token sliding window on half the layers, sinks, biased experts
+    "sliding-moe-gpt-oss-20b-h100": ("gpt-oss-20b", "h100-sxm-80gb", dict(
+        tp=2, pp=2, dp=8, ep=8, micro_batch=1, global_batch=64, zero_stage=1,
+        sequence_parallel=1), {}),
     # 1024 GPUs: DP of 16 with 9 ranks per NVL72 domain, 8 pipeline stages across racks
     "multi-node-gpt3-gb200": ("gpt3-175b", "gb200-nvl72", dict(
         tp=8, pp=8, dp=16, micro_batch=1, global_batch=512, zero_stage=1, recompute=2,
@@ -246,7 +255,9 @@ def test_check_grads_in_log_coordinates(x64, case, temperature):
     model_name, system_name, layout, eff = CHECK_GRAD_CASES[case]
     system = _system(system_name)
     system = system.replace(eff=system.eff.replace(**eff))
-    model, parallel = _floats(_model(model_name)), _floats(Parallel(**layout))
+    base, _, extra = model_name.partition("+")  # "+mtp": with one MTP module
+    model = _model(base).replace(mtp_layers=1.0) if extra == "mtp" else _model(base)
+    model, parallel = _floats(model), _floats(Parallel(**layout))
     system, training = _floats(system), _floats(Training())
     f = _log_step_time(model, parallel, system, training, temperature)
     log_scale = jnp.zeros(len(jax.tree.leaves(system)))

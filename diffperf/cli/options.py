@@ -22,11 +22,9 @@ def model_and_system(args):
     applied (checked), the system with the --calibration overlay."""
     from diffperf import load_model, load_system
 
-    model = load_model(args.model)
-    if args.seq_len is not None:
-        if args.seq_len <= 0:
-            raise SpecError(f"--seq-len={args.seq_len} must be > 0")
-        model = model.replace(seq_len=float(args.seq_len))
+    if args.seq_len is not None and args.seq_len <= 0:
+        raise SpecError(f"--seq-len={args.seq_len} must be > 0")
+    model = load_model(args.model, seq_len=args.seq_len)
     return model, load_system(args.system, calibration=args.calibration)
 
 

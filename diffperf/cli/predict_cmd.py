@@ -128,8 +128,26 @@ def render(result, title, training=None) -> None:
                   f"tokens/s: {fmt(result.tokens_per_s)}   step_time_s: {fmt(T)}")
 
 
+def model_parameters(model) -> dict:
+    """{total, active, mtp} parameters of a model (workload.params; MTP apart from total)."""
+    from diffperf.workload.params import active_params, mtp_params, total_params
+
+    return dict(total=float(total_params(model)), active=float(active_params(model)),
+                mtp=float(mtp_params(model)))
+
+
+def print_parameters(params: dict, notes: list) -> None:
+    """The parameter line and the model notes (HF config choices and ignored fields)."""
+    mtp = f"   MTP (apart): {params['mtp'] / 1e9:.3f} B" if params["mtp"] else ""
+    console.print(f"parameters: total {params['total'] / 1e9:.3f} B   active "
+                  f"{params['active'] / 1e9:.3f} B{mtp}")
+    for note in notes:
+        console.print(f"note: {note}", markup=False, highlight=False)
+
+
 def run(args) -> int:
     from diffperf import predict
+    from diffperf.load import model_notes
 
     import numpy as np
 
@@ -144,8 +162,10 @@ def run(args) -> int:
     L = float(model.n_layers)
     first, _, mid, last = (float(x) for x in stage_counts(P, dict(n_layers=L)))
     stages = [first, mid, last]
+    params, notes = model_parameters(model), model_notes(args.model, args.seq_len)
     if args.json:
         print_json(dict(model=model.name, system=system.name, gpus=args.gpus,
+                        parameters=params, notes=notes,
                         layout={k: float(getattr(parallel, k)) for k in (
                             "tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch",
                             "sequence_parallel", "zero_stage", "recompute", "cp_ring", "gx",
@@ -161,4 +181,5 @@ def run(args) -> int:
              + (f" stages {stages[0]:g}/{stages[1]:g}/{stages[2]:g} layers"
                 if args.pp > 2 and len(set(stages)) > 1 else ""))
     render(result, title, train)
+    print_parameters(params, notes)
     return 0

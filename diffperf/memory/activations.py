@@ -15,9 +15,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from diffperf.workload.cp import cp_kv_bytes
-from diffperf.workload.flops import (head_shards, quantized_elem_bytes, score_elements,
+from diffperf.workload.flops import (head_shards, is_mla, quantized_elem_bytes, score_elements,
                                      softmax_fallback, softmax_fallback_costs,
-                                     tokens_per_device, vocab_rows_per_rank)
+                                     tokens_per_device, v_dim, vocab_rows_per_rank)
 from diffperf.workload.params import active_ffn_width, residual_shards
 
 
@@ -26,6 +26,8 @@ def layer_activation_parts(model, parallel, training):
     under full recompute), one micro-batch, on one device:
 
         A = s b h [ (2 q_r + 2 q_a + 2 m_d) / t_sp + q_a (2 + 2 a_kv/a + (2 + g) f/h) / t ]
+            (Q, K, V, O in general: s b q_a ((a + a_kv) d_qk + (a_kv + a) d_v) / t; MLA adds
+             s b q_a 2 (r_q + r_kv + d_R), its latents and their normed copies)
             + b a (s/c) s (q_a + m_d (1 + q_a)) / t     (scores: no flash, no recompute)
             + 4 b a (s/c) s / t x fallback              (fp32 softmax output of Megatron's
                                                          unfused softmax, `softmax_fallback`;
@@ -43,7 +45,15 @@ def layer_activation_parts(model, parallel, training):
     a, akv = model.n_heads, model.n_kv_heads
     ffn = active_ffn_width(model)  # f, or the routed width k C_f f_e (+ shared) of MoE
     replicated = sbh * (2.0 * training.residual_bytes + 2.0 * q + 2.0 * md) / t_sp
-    sharded = sbh * q * (2.0 + 2.0 * akv / a + (2.0 + model.gated_mlp) * ffn / model.hidden) / t
+    T = tokens_per_device(model, parallel)
+    # Q, K, V and the attention output: (a + a_kv) d_qk + (a_kv + a) d_v (= 2 h + 2 a_kv/a h
+    # when d_h = h / a)
+    qkvo = (a + akv) * model.head_dim + (akv + a) * v_dim(model)
+    # MLA keeps both latents and their normed copies (inputs of the up-projections),
+    # replicated over TP like the down projections that make them (DeepSeek-V2 eqs. (9)-(14))
+    latents = is_mla(model) * 2.0 * (model.q_lora_rank + model.kv_lora_rank
+                                     + model.qk_rope_head_dim)
+    sharded = T * q * (qkvo + (2.0 + model.gated_mlp) * ffn) / t + T * q * latents
     scores = score_elements(model, parallel) * (
         (1.0 - training.flash_attention) * (q + md * (1.0 + q))
         + softmax_fallback(model, parallel, training) * softmax_fallback_costs(training)[2])

@@ -9,16 +9,21 @@ rank, which is the total / c.
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 
 def cp_kv_bytes(model, parallel, training):
-    """S = 2 b s a_kv d_h q_a / t: the gathered K and V of the whole sequence (NCCL convention).
+    """S = b s a_kv (d_qk + d_v) q_a / t: the gathered K and V of the whole sequence (NCCL
+    convention; = 2 b s a_kv d_h q_a / t when d_v = d_qk; MLA exchanges the up-projected
+    per-head K and V, a_kv = a).
 
     All-gather form: forward one all-gather of S; backward all-gather of S again and
     reduce-scatter of dK, dV (same S). Ring attention sends the same (c - 1)/c S per rank in
     c - 1 steps (`cp_ring_block_bytes`).
     Example (Llama 3 70B: a_kv = 8, d_h = 128; b = 1, s = 8192, t = 8, bf16): 4.19 MB.
     """
-    return (2.0 * parallel.micro_batch * model.seq_len * model.n_kv_heads * model.head_dim
+    dv = jnp.where(model.v_head_dim > 0, model.v_head_dim, model.head_dim)
+    return (parallel.micro_batch * model.seq_len * model.n_kv_heads * (model.head_dim + dv)
             * training.activation_bytes / parallel.tp)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from diffperf.workload.flops import tokens_per_device
+from diffperf.workload.flops import moe_layer_fraction, tokens_per_device
 
 
 def ep_routed_tokens(model, parallel):
@@ -34,8 +34,8 @@ def ep_a2a_bytes(model, parallel, training):
     Example (Mixtral 8x7B: k = 2, C_f = 1, h = 4096; b = 1, s = 4096, no SP, bf16):
     S = 2 x 4096 x 4096 x 2 = 67.1 MB.
     """
-    is_moe = jnp.where(model.n_experts > 0, 1.0, 0.0)
-    return (is_moe * model.moe_topk * model.capacity_factor * ep_routed_tokens(model, parallel)
+    phi = moe_layer_fraction(model)  # the mean layer: MoE layers only (phi = 1 - L_dense / L)
+    return (phi * model.moe_topk * model.capacity_factor * ep_routed_tokens(model, parallel)
             * model.hidden * training.activation_bytes)
 
 
@@ -101,6 +101,7 @@ def moe_mlp_on_tp(model, parallel):
     """1 when the layer's MLP runs on the TP group (a dense layer, or experts split by t_e =
     t); 0 for an MoE layer whose experts are not TP-split (t_e < t): its tokens go straight
     to the EP all-to-all from their sequence shard, with no TP all-gather / reduce-scatter
-    around the MLP (Megatron-Core alltoall dispatcher with sequence parallelism)."""
-    moe = (model.n_experts > 0) & (expert_tp(parallel) < parallel.tp)
-    return jnp.where(moe, 0.0, 1.0)
+    around the MLP (Megatron-Core alltoall dispatcher with sequence parallelism). For the mean
+    layer of a model with dense layers: 1 - phi [t_e < t] (phi = `moe_layer_fraction`)."""
+    phi = moe_layer_fraction(model)  # the mean layer: its share of MoE layers
+    return 1.0 - phi * jnp.where(expert_tp(parallel) < parallel.tp, 1.0, 0.0)

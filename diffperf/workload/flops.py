@@ -18,17 +18,70 @@ _ELEMENTWISE_KERNELS = 5.0
 # Unfused attention runs scores GEMM, scale-mask-softmax, dropout and the AV GEMM (plus
 # layout copies) where flash attention runs one kernel.
 _UNFUSED_ATTENTION_EXTRA_KERNELS = 4.0
+# MLA adds three GEMMs (W^DQ, W^DKV;W^KR, W^UK;W^UV) and the two latent RMSNorms.
+_MLA_EXTRA_KERNELS = 5.0
+
+
+def v_dim(model):
+    """d_v: the value / attention-output width of a head (model.v_head_dim, or head_dim
+    when 0; MLA models set it: DeepSeek-V3 d_v 128 against d_qk = 192)."""
+    return jnp.where(model.v_head_dim > 0, model.v_head_dim, model.head_dim)
+
+
+def is_mla(model):
+    """1 for multi-head latent attention (kv_lora_rank > 0), else 0."""
+    return jnp.where(model.kv_lora_rank > 0, 1.0, 0.0)
+
+
+def moe_layer_fraction(model):
+    """phi = fraction of the L layers whose MLP is MoE:
+
+        phi = [E > 0] (1 - L_dense / L)
+    L_dense = model.moe_dense_layers: DeepSeek-V2/V3 `first_k_dense_replace` (V3: 3 of 61),
+    Qwen-MoE `mlp_only_layers` / `decoder_sparse_step`. Per-layer costs are the mean layer:
+    (1 - phi) x dense MLP + phi x MoE MLP, exact for totals over the model (parameters, FLOPs,
+    bytes) [D]; a pipeline stage's share of the dense layers is the mean, not where they sit
+    (the first stage of a real pipeline holds DeepSeek-V3's 3 dense layers).
+    Example: DeepSeek-V3 (L 61, 3 dense): 58/61 = 0.951; Mixtral (no dense layer): 1.
+    """
+    is_moe = jnp.where(model.n_experts > 0, 1.0, 0.0)
+    return is_moe * (1.0 - model.moe_dense_layers / model.n_layers)
+
+
+def shared_expert_width(model):
+    """f_s = width of one shared expert: shared_expert_ffn_hidden (Qwen2-MoE's
+    `shared_expert_intermediate_size`, 20480 in Qwen2-57B-A14B), else the routed expert
+    width f_e (DeepSeek: `moe_intermediate_size` x `n_shared_experts`)."""
+    return jnp.where(model.shared_expert_ffn_hidden > 0, model.shared_expert_ffn_hidden,
+                     model.moe_ffn_hidden)
 
 
 def attention_kappa(model, training):
-    """Fraction of the s x s score square the attention kernel computes.
+    """Fraction of the s x s score square the attention kernel computes, mean over layers.
 
-        kappa = 1 - causal / 2   (flash attention skips masked blocks: ~ (s+1)/(2s) -> 1/2)
-
+        kappa_full = 1 - causal / 2   (flash attention skips masked blocks: ~ (s+1)/(2s) -> 1/2)
+        kappa_win  = flash (w s - w (w - 1) / 2) / s^2 + (1 - flash)     (w < s, causal)
+        kappa      = (1 - L_w / L) kappa_full + (L_w / L) kappa_win
     Full attention (encoder) and a causal kernel without block skipping compute all of it.
+    A sliding-window layer (window w, L_w of the L layers; Mistral, Gemma 2/3, GPT-OSS) lets
+    query i see keys max(0, i - w + 1)..i: sum_i min(i + 1, w) = w s - w (w - 1)/2 scores,
+    so its FLOPs scale with s w, not s^2 / 2 (Beltagy et al. 2020, Longformer Section 3.1;
+    flash attention's window_size skips the blocks outside the band). Without flash the
+    scores are computed whole and masked (kappa_win = 1). A window w >= s is full causal.
     Source: PAPERS.md section 5.1 [D]; current Megatron-LM uses 1/2 for causal.
+    Example: GPT-OSS (w 128, s 4096, half the layers sliding, flash): 0.5 x 0.5 + 0.5 x
+    0.0308 = 0.265.
     """
-    return 1.0 - 0.5 * model.causal * training.flash_attention
+    full = 1.0 - 0.5 * model.causal * training.flash_attention
+    s = model.seq_len
+    w = jnp.clip(model.sliding_window, 1.0, s)
+    band = (w * s - 0.5 * w * (w - 1.0)) / (s * s)
+    windowed = jnp.where((model.sliding_window > 0) & (model.sliding_window < s)
+                         & (model.causal > 0),
+                         training.flash_attention * band + (1.0 - training.flash_attention),
+                         full)
+    frac = model.sliding_layers / model.n_layers
+    return (1.0 - frac) * full + frac * windowed
 
 
 def score_elements(model, parallel):
@@ -105,26 +158,37 @@ def hidden_shards(parallel):
 
 
 def _moe_weights(model):
-    """(dense MLP multiplicity, is-MoE indicator): dense models run one MLP per token."""
-    is_moe = jnp.where(model.n_experts > 0, 1.0, 0.0)
-    return 1.0 - is_moe, is_moe
+    """(dense MLP multiplicity, MoE multiplicity) of the mean layer: 1 - phi, phi
+    (`moe_layer_fraction`); a dense model runs one dense MLP per token."""
+    phi = moe_layer_fraction(model)
+    return 1.0 - phi, phi
 
 
 def layer_ops(model, parallel, training) -> LayerOps:
-    """Forward GEMMs, attention and elementwise traffic of one layer on one device.
+    """Forward GEMMs, attention and elementwise traffic of one (mean) layer on one device.
 
-    GEMMs (m = T tokens; PAPERS.md section 5.1 rows, divided by t):
-        QKV       n = (a + 2 a_kv) d_h / t, k = h        2 T h (a + 2 a_kv) d_h / t
-        out proj  n = h, k = a d_h / t                    2 T a d_h h / t
-        MLP up    n = (1 + gated) f / t, k = h            (4 or 6) T h f / t  (with down)
-        MLP down  n = h, k = f / t
-        router    n = E, k = h                            (MoE)
-        experts   m = T (t_e/t) k C_f e / E, count = E / e, n and k split by t_e (not t):
+    GEMMs (m = T tokens; PAPERS.md section 5.1 rows, divided by t), rows in this order:
+        0 QKV     n = (a d_qk + a_kv (d_qk + d_v)) / t, k = h     (MLA: W^UQ;W^QR, k = r_q)
+        1 out     n = h, k = a d_v / t
+        2 MLP up  n = (1 + gated) f / t, k = h           x (1 - phi)  (dense layers)
+        3 MLP down n = h, k = f / t                      x (1 - phi)
+        4 router  n = E, k = h                           x phi
+        5,6 experts m = T (t_e/t) k C_f e / E, count = phi E / e, n and k split by t_e (not t):
                   the routed tokens on a rank's local experts (t_e = `workload.ep.expert_tp`;
                   the per-expert m is the grouped GEMM's shape, so its efficiency falls at
                   small m as each expert's own GEMM does)
-    Attention core per head (count = b a / t): QK^T (s/c x d_h)(d_h x s), AV (s/c x s)(s x d_h),
-    each 2 (s/c) s d_h kappa FLOP (kappa: `attention_kappa`).
+        7,8 shared  n = (1 + gated) f_s / t, h; count phi E_s
+        9  MLA W^DQ    n = r_q, k = h             (replicated over TP; 0 without q_lora_rank)
+        10 MLA W^DKV;W^KR  n = r_kv + d_R, k = h  (replicated over TP)
+        11 MLA W^UK;W^UV   n = a (d_qk - d_R + d_v) / t, k = r_kv
+    Attention core per head (count = b a / t): QK^T (s/c x d_qk)(d_qk x s), AV (s/c x s)
+    (s x d_v), 2 (s/c) s d kappa FLOP each (kappa: `attention_kappa`).
+    phi = `moe_layer_fraction` (the mean of dense and MoE layers); d_v = `v_dim`.
+    MLA (DeepSeek-V2 arXiv:2405.04434 Section 2.1, eqs. (9)-(14)): training runs the
+    up-projections explicitly (the absorbed form is an inference optimisation), so one
+    token's forward in the projections is 2 x the parameters of `params.attention_matrix_params`
+    and `params.mla_down_params` (less the norms), and its core is 2 s kappa a (d_qk + d_v):
+    DeepSeek-V3, s 4096, causal: 2 x 187.1e6 + 2 x 4096 x 0.5 x 128 x 320 = 0.542 GFLOP.
     AxoNN grid (PAPERS.md section 4.2): t = G_y (`head_shards`) and the h side of the four
     attention / MLP GEMMs is split over G_x (`hidden_shards`); the attention core is split over
     G_y only (it is replicated across the X group).
@@ -133,24 +197,32 @@ def layer_ops(model, parallel, training) -> LayerOps:
     hx = h / hidden_shards(parallel)
     T = tokens_per_device(model, parallel)
     a, akv, dh, f = model.n_heads, model.n_kv_heads, model.head_dim, model.ffn_hidden
+    dv = v_dim(model)
+    mla = is_mla(model)
     dense_w, moe_w = _moe_weights(model)
     fe, E, ep = model.moe_ffn_hidden, jnp.maximum(model.n_experts, 1.0), parallel.ep
+    fs = shared_expert_width(model)
     gate = 1.0 + model.gated_mlp
     t_e = jnp.where(parallel.etp > 0, parallel.etp, t)  # workload.ep.expert_tp
     tokens_per_expert = T * (t_e / t) * model.moe_topk * model.capacity_factor * ep / E
+    r_q, r_kv, d_r = model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
+    qkv_n = jnp.where(mla > 0, a * dh, a * dh + akv * (dh + dv)) / t
+    qkv_k = jnp.where((mla > 0) & (r_q > 0), r_q, hx)
+    q_down = mla * jnp.where(r_q > 0, 1.0, 0.0)
     dense = Gemms(
-        m=jnp.stack([T, T, T, T, T, tokens_per_expert, tokens_per_expert, T, T]),
-        n=jnp.stack([(a + 2 * akv) * dh / t, hx, gate * f / t, hx, E, gate * fe / t_e, h,
-                     gate * fe / t, h]),
-        k=jnp.stack([hx, a * dh / t, hx, f / t, h, h, fe / t_e, h, fe / t]),
+        m=jnp.stack([T, T, T, T, T, tokens_per_expert, tokens_per_expert, T, T, T, T, T]),
+        n=jnp.stack([qkv_n, hx, gate * f / t, hx, E, gate * fe / t_e, h, gate * fs / t, h,
+                     r_q, r_kv + d_r, a * (dh - d_r + dv) / t]),
+        k=jnp.stack([qkv_k, a * dv / t, hx, f / t, h, h, fe / t_e, h, fs / t, h, h, r_kv]),
         count=jnp.stack([1.0, 1.0, dense_w, dense_w, moe_w, moe_w * E / ep, moe_w * E / ep,
-                         model.n_shared_experts, model.n_shared_experts]),
+                         moe_w * model.n_shared_experts, moe_w * model.n_shared_experts,
+                         q_down, mla, mla]),
     )
     kappa = attention_kappa(model, training)
     fallback = softmax_fallback(model, parallel, training)
     s_q, s_kv = model.seq_len / parallel.cp, model.seq_len
     heads = parallel.micro_batch * a / t
-    attention = Gemms(m=jnp.stack([s_q, s_q]), n=jnp.stack([s_kv, dh]), k=jnp.stack([dh, s_kv]),
+    attention = Gemms(m=jnp.stack([s_q, s_q]), n=jnp.stack([s_kv, dv]), k=jnp.stack([dh, s_kv]),
                       count=jnp.stack([heads * kappa, heads * kappa]))
     return LayerOps(
         dense=dense,
@@ -160,6 +232,7 @@ def layer_ops(model, parallel, training) -> LayerOps:
         # (`moe_permute_bytes`).
         n_kernels=(4.0 + dense_w + moe_w * (5.0 + 2.0 * (parallel.ep > 1))
                    + _ELEMENTWISE_KERNELS + model.gated_mlp
+                   + _MLA_EXTRA_KERNELS * mla
                    + (1.0 - training.flash_attention) * _UNFUSED_ATTENTION_EXTRA_KERNELS
                    + fallback * softmax_fallback_costs(training)[0]),
         vector_flops=vector_flops(model, parallel, training),
@@ -176,7 +249,9 @@ def elementwise_bytes(model, parallel, training, fallback=None):
 
     T_sp = T / t with sequence parallelism (norms and residuals on a sequence shard), else T
     (AxoNN: T / G_x, the residual stream's width is split over X);
-    f' = f for dense MLPs, k C_f f_e for MoE (activations of routed tokens).
+    f' = f for dense MLPs, k C_f f_e + E_s f_s for MoE (activations of routed tokens and of
+    the shared experts), mean over dense and MoE layers (`moe_layer_fraction`);
+    + q_a 4 T (r_q + r_kv) with MLA (the two latent RMSNorms read and write their latents).
     Source: PAPERS.md section 5.2 (elementwise ops, intensity <~ 1 FLOP/B) [D].
     Flash-attention's own Q, K, V, O traffic is in `attention_io_bytes`.
     """
@@ -188,11 +263,13 @@ def elementwise_bytes(model, parallel, training, fallback=None):
         fallback = softmax_fallback(model, parallel, training)
     dense_w, moe_w = _moe_weights(model)
     f_act = dense_w * model.ffn_hidden + moe_w * (
-        model.moe_topk * model.capacity_factor + model.n_shared_experts) * model.moe_ffn_hidden
+        model.moe_topk * model.capacity_factor * model.moe_ffn_hidden
+        + model.n_shared_experts * shared_expert_width(model))
     scores = score_elements(model, parallel) * (
         (1.0 - training.flash_attention) * 4.0 * q
         + fallback * softmax_fallback_costs(training)[1])
-    return (q * (T_sp * h * 10.0 + T * f_act * (2.0 + model.gated_mlp) / t) + scores
+    latents = is_mla(model) * 4.0 * T * (model.q_lora_rank + model.kv_lora_rank)
+    return (q * (T_sp * h * 10.0 + T * f_act * (2.0 + model.gated_mlp) / t + latents) + scores
             + moe_permute_bytes(model, parallel, training))
 
 
@@ -210,11 +287,12 @@ def moe_permute_bytes(model, parallel, training):
     Source: Megatron-Core MoE token dispatcher (megatron/core/transformer/moe/
     token_dispatcher.py, MoEAlltoAllTokenDispatcher: permute -> all-to-all ->
     sort_chunks_by_idxs -> experts -> sort_chunks_by_idxs -> all-to-all -> unpermute;
-    moe_utils.permute / unpermute) [S]. 0 for a dense model.
+    moe_utils.permute / unpermute) [S]. 0 for a dense model; x phi (`moe_layer_fraction`) for
+    the mean layer of a model with dense layers.
     Example (Qwen3-30B-A3B: h 2048, k 8, C_f 1; b 4, s 4096, t = t_e = 1, e = 8, bf16):
     2 x 2048 x 16384 x (2 x 9 + 32) = 3.36e9 B.
     """
-    is_moe = jnp.where(model.n_experts > 0, 1.0, 0.0)
+    is_moe = moe_layer_fraction(model)
     t = head_shards(parallel)
     t_e = jnp.where(parallel.etp > 0, parallel.etp, t)
     T_e = tokens_per_device(model, parallel) * t_e / t
@@ -226,11 +304,13 @@ def moe_permute_bytes(model, parallel, training):
 def attention_io_bytes(model, parallel, training):
     """HBM traffic of the fused attention kernel (forward): read Q, K, V and write O,
 
-        q_a T (2 a + 2 a_kv) d_h / t
+        q_a T (a d_qk + a_kv d_qk + a_kv d_v + a d_v) / t      (= q_a T (2 a + 2 a_kv) d_h / t
+                                                                when d_v = d_qk = d_h)
     """
     T = tokens_per_device(model, parallel)
-    return training.activation_bytes * T * (2 * model.n_heads + 2 * model.n_kv_heads) * (
-        model.head_dim / head_shards(parallel))
+    a, akv, dqk, dv = model.n_heads, model.n_kv_heads, model.head_dim, v_dim(model)
+    return training.activation_bytes * T * ((a + akv) * dqk + (akv + a) * dv) / head_shards(
+        parallel)
 
 
 def vector_flops(model, parallel, training):

@@ -9,42 +9,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from diffperf.workload.ep import expert_tp
-from diffperf.workload.flops import hidden_shards
+from diffperf.workload.flops import (hidden_shards, is_mla, moe_layer_fraction,
+                                     shared_expert_width, v_dim)
 from diffperf.workload.stages import each
-
-
-def v_dim(model):
-    """d_v: the value / attention-output width of a head (model.v_head_dim, or head_dim
-    when 0; MLA models set it: DeepSeek-V3 d_v 128 against d_qk = 192)."""
-    return jnp.where(model.v_head_dim > 0, model.v_head_dim, model.head_dim)
-
-
-def is_mla(model):
-    """1 for multi-head latent attention (kv_lora_rank > 0), else 0."""
-    return jnp.where(model.kv_lora_rank > 0, 1.0, 0.0)
-
-
-def moe_layer_fraction(model):
-    """phi = fraction of the L layers whose MLP is MoE:
-
-        phi = [E > 0] (1 - L_dense / L)
-    L_dense = model.moe_dense_layers: DeepSeek-V2/V3 `first_k_dense_replace` (V3: 3 of 61),
-    Qwen-MoE `mlp_only_layers` / `decoder_sparse_step`. Per-layer costs are the mean layer:
-    (1 - phi) x dense MLP + phi x MoE MLP, exact for totals over the model (parameters, FLOPs,
-    bytes) [D]; a pipeline stage's share of the dense layers is the mean, not where they sit
-    (the first stage of a real pipeline holds DeepSeek-V3's 3 dense layers).
-    Example: DeepSeek-V3 (L 61, 3 dense): 58/61 = 0.951; Mixtral (no dense layer): 1.
-    """
-    is_moe = jnp.where(model.n_experts > 0, 1.0, 0.0)
-    return is_moe * (1.0 - model.moe_dense_layers / model.n_layers)
-
-
-def shared_expert_width(model):
-    """f_s = width of one shared expert: shared_expert_ffn_hidden (Qwen2-MoE's
-    `shared_expert_intermediate_size`, 20480 in Qwen2-57B-A14B), else the routed expert
-    width f_e (DeepSeek: `moe_intermediate_size` x `n_shared_experts`)."""
-    return jnp.where(model.shared_expert_ffn_hidden > 0, model.shared_expert_ffn_hidden,
-                     model.moe_ffn_hidden)
 
 
 def attention_matrix_params(model):
@@ -215,14 +182,17 @@ def active_ffn_width(model):
     """f' = the MLP width one token's activations span:
 
         dense:  f
-        MoE:    (k C_f + E_shared) f_e     (k routed experts per token, capacity factor C_f,
-                                             shared experts; Lepikhin et al. 2020 GShard
-                                             capacity; PAPERS.md section 5.8)
+        MoE:    k C_f f_e + E_s f_s        (k routed experts per token, capacity factor C_f,
+                                             E_s shared experts of width f_s; Lepikhin et al.
+                                             2020 GShard capacity; PAPERS.md section 5.8)
+    mean over the dense and MoE layers of the model (`moe_layer_fraction` phi):
+    (1 - phi) f + phi (k C_f f_e + E_s f_s).
     Example: Mixtral 8x7B (k 2, C_f 1, no shared expert, f_e 14336): 28672.
     """
-    return jnp.where(model.n_experts > 0, (model.moe_topk * model.capacity_factor
-                                           + model.n_shared_experts) * model.moe_ffn_hidden,
-                     model.ffn_hidden)
+    phi = moe_layer_fraction(model)
+    moe = (model.moe_topk * model.capacity_factor * model.moe_ffn_hidden
+           + model.n_shared_experts * shared_expert_width(model))
+    return (1.0 - phi) * model.ffn_hidden + phi * moe
 
 
 def residual_shards(parallel):

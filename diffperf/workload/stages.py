@@ -7,7 +7,10 @@ the slowest / largest is taken. The rule that says what each candidate holds liv
                  layers n_i         position i     embedding   output layer + loss
     first        n_first            0              1           [p = 1]
     middle       n_mid (0, p = 2)   min(1, p - 1)  [p = 1]     [p = 1]
-    last         n_last             p - 1          [p = 1]     1
+    last         n_last (+ D)       p - 1          [p = 1]     1
+D = model.mtp_layers: the multi-token prediction modules sit with the loss (each one layer,
+counted as the model's mean layer; their h x 2h projections, 0.9 % of a DeepSeek-V3 MTP
+module's FLOPs, are not counted).
 n_i = `workload.pp.stage_layers`; one stage (p = 1) holds every layer, the embedding and the
 output layer, so the three candidates are the same stage; with p = 2 there is no middle stage
 (the middle candidate holds nothing). Source: Narayanan et al. SC21 Section 2.2 (1F1B: stage
@@ -51,10 +54,15 @@ def pipeline_stages(model, parallel) -> Stages:
     """
     p = parallel.pp
     single = jnp.where(p <= 1, 1.0, 0.0)
-    return Stages(layers=tuple(stage_layers(model, parallel)),
+    output = (single, single, 1.0)
+    # MTP modules (DeepSeek-V3) run with the loss on the last stage: one more layer each
+    # (Megatron-Bridge's DeepSeek-V3 layouts put ["mtp"] * D + ["loss"] on the last stage).
+    layers = tuple(n + o * model.mtp_layers for n, o in zip(stage_layers(model, parallel),
+                                                           output))
+    return Stages(layers=layers,
                   position=(0.0, jnp.minimum(1.0, p - 1.0), p - 1.0),
                   embedding=(1.0, single, single),
-                  output=(single, single, 1.0))
+                  output=output)
 
 
 def at_largest(key):

@@ -127,7 +127,7 @@ def grad_accumulation_traffic_bytes(grads_bytes, parallel, training):
 # routed experts, shared experts). Their outputs feed only the residual add into the layer's
 # output, which no backward op reads.
 _LAYER_OUTPUT_GEMMS = (3, 6, 8)
-_LAYER_GEMM_ROWS = 9  # rows of layer_ops(...).dense (tests/test_memory_xla.py checks both)
+_LAYER_GEMM_ROWS = 12  # rows of layer_ops(...).dense (tests/test_memory_xla.py checks both)
 
 
 def remat_skipped_gemms(training):

@@ -1,0 +1,320 @@
+"""Hugging Face config.json -> diffperf model (the YAML schema of configs/README.md), with notes.
+
+Reads the families of docs/models.md: Llama, Mistral / Mixtral, Qwen2 / 2.5 / 3, Qwen2-MoE,
+Qwen3-MoE, Gemma 2 / 3 (Gemma 3's nested `text_config`), DeepSeek V2 / V2-Lite / V3 (MLA,
+`first_k_dense_replace`, MTP), GPT-NeoX, Falcon (7B `multi_query`, 40B
+`new_decoder_architecture`), GPT-OSS (alternating sliding-window layers, attention sinks),
+GPT-2. Every choice the file does not state (the training sequence above all: config.json
+gives the context length `max_position_embeddings`, never the sequence a run trains on) is
+a note; so is every field read but not modeled, and every field not read.
+
+No jax here: pure Python on the parsed JSON (load.py validates the result).
+"""
+
+from __future__ import annotations
+
+import math
+
+from diffperf.errors import SpecError
+
+# The training sequence a Hugging Face config does not give: 4096, the pre-training sequence
+# of DeepSeek-V2/V3 (4K), Qwen3 (S1/S2 stages), Llama 2 and GPT-OSS's native context
+# (initial_context_length). Reported as a note; --seq-len (or seq_len=) overrides it.
+DEFAULT_SEQ_LEN = 4096
+
+# transformers' config-class defaults for fields a published config.json omits (it writes only
+# what differs from them). Gemma3TextConfig (transformers/models/gemma3/configuration_gemma3.py).
+_TYPE_DEFAULTS = {
+    "gemma3_text": dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216,
+                        num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
+                        head_dim=256, hidden_activation="gelu_pytorch_tanh",
+                        rms_norm_eps=1e-6, sliding_window=4096, sliding_window_pattern=6,
+                        tie_word_embeddings=True),
+}
+# Gated (GLU) MLP families whatever their activation's name: Gemma's GeGLU
+# (gelu_pytorch_tanh gate x up), GPT-OSS's clamped SwiGLU.
+_GATED_TYPES = ("gemma", "gemma2", "gemma3", "gemma3_text", "gpt_oss")
+_GATED_ACTS = ("silu", "swiglu", "swish")
+# PretrainedConfig's tie_word_embeddings defaults to True; these families keep it (Gemma,
+# GPT-2, Falcon's FalconForCausalLM ties lm_head to the word embeddings); the others'
+# config classes set False.
+_TIED_BY_DEFAULT = ("gpt2", "falcon", "RefinedWeb", "RefinedWebModel", "gemma", "gemma2",
+                    "gemma3_text")
+# Fields whose architecture diffperf does not represent: refused by name.
+_REFUSED = ("cross_attention_layers",)
+# Read, but with no effect on the cost model (positions, numerics, routing policy, ids).
+_NO_COST = ("rope_theta", "rope_scaling", "rope_local_base_freq", "rotary_pct",
+            "rotary_emb_base", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
+            "initializer_range", "torch_dtype", "dtype", "bos_token_id", "eos_token_id",
+            "pad_token_id", "use_cache", "transformers_version", "architectures",
+            "attention_dropout", "hidden_dropout", "max_position_embeddings", "n_positions")
+
+
+def _first(cfg, *keys):
+    """(key, value) of the first of `keys` present and not None in cfg, else (None, None)."""
+    for k in keys:
+        if cfg.get(k) is not None:
+            return k, cfg[k]
+    return None, None
+
+
+def _whole(v, key, where, minimum=0):
+    """v as an int, checked: a JSON number, finite, whole, in [minimum, 2^31]."""
+    ok = (not isinstance(v, bool) and isinstance(v, (int, float))
+          and (isinstance(v, int) or math.isfinite(v)))
+    if ok:
+        ok = minimum <= v <= 2**31 and float(v) == int(v)
+    if not ok:
+        raise SpecError(f"{where}: {key}={v!r} must be a whole number in {minimum}..2^31")
+    return int(v)
+
+
+def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
+    """(diffperf model mapping, notes) of a parsed Hugging Face config.json.
+
+    seq_len: the training sequence (None: DEFAULT_SEQ_LEN, noted; never
+    max_position_embeddings). Raises SpecError for a config that is not a decoder LM or
+    that names an architecture diffperf does not model.
+    """
+    notes = []
+    used = set()
+    top = cfg
+    if isinstance(cfg.get("text_config"), dict):
+        text = dict(cfg["text_config"])
+        mt = text.get("model_type", "")
+        defaults = _TYPE_DEFAULTS.get(mt, {}) if isinstance(mt, str) else {}
+        filled = sorted(k for k in defaults if k not in text)
+        cfg = {**defaults, **text}
+        notes.append(f"read the language model in text_config (model_type {mt or '?'}) of a "
+                     f"{top.get('model_type', '?')} config"
+                     + ("; vision_config ignored (the vision tower is not modeled)"
+                        if "vision_config" in top else ""))
+        if filled:
+            notes.append(f"fields absent from text_config take transformers' {mt} defaults: "
+                         + ", ".join(f"{k}={defaults[k]}" for k in filled))
+        top_ignored = sorted(set(top) - {"text_config", "vision_config"})
+        if top_ignored:
+            notes.append("ignored top-level fields: " + ", ".join(top_ignored))
+    else:
+        mt = cfg.get("model_type", "")
+        defaults = _TYPE_DEFAULTS.get(mt, {}) if isinstance(mt, str) else {}
+        filled = sorted(k for k in defaults if k not in cfg)
+        cfg = {**defaults, **cfg}
+        if filled:
+            notes.append(f"fields absent from config.json take transformers' {mt} defaults: "
+                         + ", ".join(f"{k}={defaults[k]}" for k in filled))
+    bad = [k for k in _REFUSED if cfg.get(k) not in (None, 0, [])]
+    if bad:
+        raise SpecError(f"{where}: Hugging Face fields not supported by diffperf's model: "
+                        f"{', '.join(bad)} (write a diffperf model YAML instead)")
+    mt = cfg.get("model_type", "")
+    if not isinstance(mt, str):
+        raise SpecError(f"{where}: model_type={mt!r} must be a string")
+
+    def take(*keys):
+        used.update(k for k in keys if k in cfg)  # read, even when null
+        return _first(cfg, *keys)[1]
+
+    d = {}
+    d["num_layers"] = take("num_hidden_layers", "n_layer", "num_layers")
+    d["hidden"] = take("hidden_size", "n_embd", "d_model")
+    d["num_heads"] = take("num_attention_heads", "n_head")
+    if d["num_layers"] is None or d["hidden"] is None or d["num_heads"] is None:
+        raise SpecError(f"{where}: not a recognised Hugging Face config.json (needs "
+                        f"num_hidden_layers, hidden_size, num_attention_heads)")
+    for k, theirs in (("num_layers", "num_hidden_layers"), ("hidden", "hidden_size"),
+                      ("num_heads", "num_attention_heads")):
+        d[k] = _whole(d[k], theirs, where, minimum=1)
+    # K/V heads: GQA field; Falcon-40B n_head_kv / num_kv_heads under
+    # new_decoder_architecture; Falcon-7B multi_query (one K/V head).
+    kv = take("num_key_value_heads", "n_head_kv", "num_kv_heads")
+    if mt in ("falcon", "RefinedWeb", "RefinedWebModel"):
+        new_arch = bool(take("new_decoder_architecture"))
+        multi_query = bool(take("multi_query"))
+        if not new_arch:
+            kv = 1 if multi_query else d["num_heads"]
+        notes.append("Falcon: " + ("new_decoder_architecture (grouped K/V heads, two "
+                                   "LayerNorms)" if new_arch else
+                                   f"multi_query={multi_query} ({kv} K/V head"
+                                   f"{'s' if kv != 1 else ''})")
+                     + "; parallel attention and MLP (parallel_attn) cost the same FLOPs "
+                     "as the sequential block and are modeled as such")
+        used.update(("parallel_attn", "alibi", "bias"))
+        if cfg.get("alibi"):
+            notes.append("Falcon alibi=true: ALiBi positions are not modeled (no cost)")
+    if kv is not None:
+        d["num_kv_heads"] = kv
+    # MLA (DeepSeek-V2/V3): head_dim is the query/key width (no-RoPE + RoPE parts).
+    kv_lora = take("kv_lora_rank")
+    if kv_lora:
+        nope = take("qk_nope_head_dim")
+        rope = take("qk_rope_head_dim")
+        if nope is None or rope is None:
+            raise SpecError(f"{where}: kv_lora_rank={kv_lora} (multi-head latent attention) "
+                            f"needs qk_nope_head_dim and qk_rope_head_dim")
+        nope = _whole(nope, "qk_nope_head_dim", where, minimum=1)
+        rope = _whole(rope, "qk_rope_head_dim", where)
+        v_dim = take("v_head_dim")
+        d.update(kv_lora_rank=kv_lora, qk_rope_head_dim=rope, head_dim=nope + rope,
+                 q_lora_rank=take("q_lora_rank") or 0,
+                 v_head_dim=nope if v_dim is None else v_dim)
+        used.add("q_lora_rank")
+        notes.append(f"multi-head latent attention: q_lora_rank={d['q_lora_rank'] or 'none'}, "
+                     f"kv_lora_rank={kv_lora}, head_dim {nope}+{rope}, "
+                     f"v_head_dim={d['v_head_dim']}")
+    else:
+        hd = take("head_dim")
+        if hd is not None:
+            d["head_dim"] = hd
+    ffn = take("intermediate_size", "n_inner", "ffn_hidden_size")
+    if ffn is not None:
+        d["ffn_hidden"] = ffn
+    d["vocab"] = take("vocab_size")
+    if d["vocab"] is None:
+        raise SpecError(f"{where}: missing vocab_size")
+
+    # Training sequence: never max_position_embeddings.
+    ctx = _first(cfg, "max_position_embeddings", "n_positions", "seq_length")[1]
+    used.update(("max_position_embeddings", "n_positions", "seq_length"))
+    learned = mt == "gpt2"
+    if seq_len is not None:
+        d["seq_len"] = seq_len
+    else:
+        d["seq_len"] = DEFAULT_SEQ_LEN
+        if learned and ctx is not None:
+            d["seq_len"] = min(DEFAULT_SEQ_LEN, _whole(ctx, "n_positions", where, minimum=1))
+        notes.append(f"seq_len={d['seq_len']}: diffperf's default for a Hugging Face config, "
+                     f"which gives no training sequence"
+                     + (f" (max_position_embeddings={ctx} is the context length, not used)"
+                        if ctx is not None else "") + "; give --seq-len")
+
+    act = take("hidden_act", "hidden_activation", "activation_function", "activation")
+    act = str(act if act is not None else "gelu")
+    d["gated_mlp"] = act in _GATED_ACTS or mt in _GATED_TYPES
+    if mt in ("gemma", "gemma2", "gemma3_text"):
+        notes.append(f"{mt}: GeGLU MLP ({act} gate x up, 3 matrices)")
+    if "swiglu_limit" in cfg:
+        used.add("swiglu_limit")
+        notes.append(f"SwiGLU clamp swiglu_limit={cfg['swiglu_limit']}: elementwise, not "
+                     f"modeled")
+    rms = "rms_norm_eps" in cfg or mt.startswith("gemma")
+    d["norm"] = "rmsnorm" if rms else "layernorm"
+    tied = take("tie_word_embeddings")
+    if tied is None:
+        tied = mt in _TIED_BY_DEFAULT
+        notes.append(f"tie_word_embeddings absent: {str(tied).lower()}, the default of "
+                     f"transformers' {mt or 'PretrainedConfig'} config")
+    d["tied_embeddings"] = tied  # checked by load._flag (true or false)
+    bias = bool(take("attention_bias")) or mt in ("gpt2", "gpt_neox", "gpt_oss") or bool(
+        cfg.get("bias") and mt in ("falcon", "RefinedWeb", "RefinedWebModel"))
+    d["biases"] = bias
+    if mt in ("qwen2", "qwen2_moe") and not bias:
+        notes.append("Qwen2: the q/k/v projections' biases ((a + 2 a_kv) d_h per layer, "
+                     "< 0.01 % of the parameters) are not counted")
+    if mt == "gpt_neox":
+        used.update(("use_parallel_residual", "rotary_pct"))
+        notes.append("GPT-NeoX: parallel residual (use_parallel_residual) costs the same "
+                     "FLOPs as the sequential block; partial rotary (rotary_pct) has no cost")
+    d["learned_positions"] = learned
+    if mt in ("qwen3", "qwen3_moe"):
+        notes.append(f"{mt}: QK-norm weights (2 d_h per layer) not counted")
+
+    # MoE: experts, top-k, widths, dense layers, shared experts.
+    experts = take("num_local_experts", "n_routed_experts", "num_experts")
+    if experts:
+        d["moe_experts"] = experts
+        d["moe_topk"] = take("num_experts_per_tok", "experts_per_token", "moe_topk")
+        used.update(("num_experts_per_tok", "experts_per_token"))
+        fe = take("moe_intermediate_size")
+        d["moe_ffn_hidden"] = fe if fe is not None else d.get("ffn_hidden")
+        shared = take("n_shared_experts")
+        shared_w = take("shared_expert_intermediate_size")
+        if shared_w:  # Qwen2-MoE: one shared expert of its own width (with a sigmoid gate)
+            d["moe_shared_experts"] = 1
+            d["moe_shared_ffn_hidden"] = shared_w
+            notes.append(f"one shared expert of width shared_expert_intermediate_size="
+                         f"{shared_w} (its 1 x h gate is not counted)")
+        elif shared:
+            d["moe_shared_experts"] = shared
+        L = d["num_layers"]
+        dense = 0
+        if take("first_k_dense_replace"):
+            dense = min(_whole(cfg["first_k_dense_replace"], "first_k_dense_replace", where), L)
+            freq = _whole(take("moe_layer_freq") or 1, "moe_layer_freq", where, minimum=1)
+            if freq != 1:
+                sparse = sum(1 for i in range(dense, L) if i % freq == 0)
+                dense = L - sparse
+        step = take("decoder_sparse_step")
+        only = take("mlp_only_layers") or []
+        if not isinstance(only, list):
+            raise SpecError(f"{where}: mlp_only_layers={only!r} must be a list of layer indices")
+        only = {_whole(i, "mlp_only_layers[]", where) for i in only}
+        if step or only:
+            step = _whole(step or 1, "decoder_sparse_step", where, minimum=1)
+            sparse = sum(1 for i in range(L) if i not in only and (i + 1) % step == 0)
+            dense = L - sparse
+        if dense:
+            d["moe_dense_layers"] = dense
+            notes.append(f"{dense} of {L} layers have a dense MLP of intermediate_size="
+                         f"{d.get('ffn_hidden')} (costs are the mean layer)")
+        used.update(("moe_layer_freq", "mlp_only_layers", "decoder_sparse_step"))
+        for k in ("capacity_factor", "router_aux_loss_coef", "norm_topk_prob", "scoring_func",
+                  "topk_method", "n_group", "topk_group", "routed_scaling_factor",
+                  "output_router_logits", "router_jitter_noise", "aux_loss_alpha",
+                  "seq_aux", "ep_size"):
+            used.add(k)
+        notes.append("MoE routing as dropless, balanced top-k (routing policy fields not "
+                     "modeled)")
+    mtp = take("num_nextn_predict_layers")
+    if mtp is not None:
+        mtp = _whole(mtp, "num_nextn_predict_layers", where)
+    if mtp:
+        d["mtp_layers"] = mtp
+        notes.append(f"multi-token prediction: {mtp} module(s) trained on the last stage "
+                     f"(num_nextn_predict_layers); their parameters are reported apart; "
+                     f"use a model YAML with mtp_layers: 0 to leave them out")
+
+    # Sliding windows: layer_types (GPT-OSS, newer transformers), Gemma 2 (every other layer),
+    # Gemma 3 (sliding_window_pattern), Mistral (every layer), Qwen2's use_sliding_window.
+    window = take("sliding_window")
+    use = cfg.get("use_sliding_window", True)
+    used.update(("use_sliding_window", "max_window_layers", "sliding_window_pattern",
+                 "layer_types"))
+    L = d["num_layers"]
+    if window is not None:
+        window = _whole(window, "sliding_window", where)
+    if window and use is not False:
+        types = cfg.get("layer_types")
+        if isinstance(types, list) and types:
+            n_sw = min(sum(1 for t in types if t == "sliding_attention"), L)
+        elif mt == "gemma2":
+            n_sw = (L + 1) // 2  # even layers (0, 2, ...) slide (Gemma2DecoderLayer)
+        elif mt == "gemma3_text":
+            pattern = _whole(cfg.get("sliding_window_pattern") or 6, "sliding_window_pattern",
+                             where, minimum=1)
+            n_sw = L - L // pattern  # every pattern-th layer is global
+        else:
+            n_sw = L
+        d["sliding_window"] = window
+        d["sliding_window_layers"] = n_sw
+        notes.append(f"sliding-window attention: window {window} on {n_sw} of {L} layers"
+                     + (f" (no effect at seq_len {d['seq_len']} <= window)"
+                        if window >= d["seq_len"] else ""))
+    elif window:
+        notes.append(f"sliding_window={window} ignored: use_sliding_window is false")
+    if mt == "gpt_oss":
+        d["attention_sinks"] = True
+        notes.append("attention sinks: one learned logit per head (parameters counted, "
+                     "FLOPs negligible)")
+
+    if isinstance(cfg.get("quantization_config"), dict):
+        used.add("quantization_config")
+        q = cfg["quantization_config"].get("quant_method", "?")
+        notes.append(f"quantization_config ({q}) is the checkpoint's storage format; the "
+                     f"training precision is --precision")
+    d["name"] = str(top.get("_name_or_path") or top.get("model_type") or where)
+    used.update(("_name_or_path", "model_type", "text_config", "vision_config"))
+    ignored = sorted(k for k in cfg if k not in used and k not in _NO_COST)
+    if ignored:
+        notes.append("config.json fields not read: " + ", ".join(ignored))
+    return d, notes

@@ -1,0 +1,327 @@
+"""Models of current training stacks (docs/models.md): parameter counts against the published
+figures, the Hugging Face config.json reader on real configs (tests/data/hf, provenance in its
+README), and the FLOPs of MLA, sliding windows, dense layers of MoE models and MTP by hand.
+
+Tolerance of a published count: one unit of its last published digit ("30.5B" -> 0.1B,
+"37B" -> 1B, "116.83B" -> 0.01B). Figures are rounded (Mistral 7.24B from 7.2417B) or cut
+(Qwen's "3.3B" activated from 3.353B) to that digit, so a count within one unit agrees with
+the figure; a misread of one architecture field moves the count by far more (Gemma-2-9B's
+gated MLP: 1.5B; Qwen2-57B-A14B's shared expert: 6.2B; DeepSeek-V3's MLA: 9B).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import diffperf
+from diffperf import Parallel
+from diffperf.errors import SpecError
+from diffperf.hf import DEFAULT_SEQ_LEN, hf_to_dict
+from diffperf.load import model_notes
+from diffperf.workload.flops import attention_kappa, layer_ops
+from diffperf.workload.params import (active_params, embedding_params, mla_down_params,
+                                      mtp_params, total_params)
+
+HF = Path(__file__).resolve().parent / "data" / "hf"
+BF16 = diffperf.training("bf16")
+B = 1e9
+
+
+def _hf(name, **kw):
+    return diffperf.load_model(HF / f"{name}.json", **kw)
+
+
+def _within_last_digit(value, published: str):
+    """|value - published| <= one unit of the published figure's last digit (in billions)."""
+    digits = published.split(".")[1] if "." in published else ""
+    unit = 10.0 ** -len(digits)
+    assert abs(value / B - float(published)) <= unit + 1e-9, (value / B, published)
+
+
+def _no_input_embedding(m):
+    """Active parameters without the input embedding table: the convention of DeepSeek's
+    and OpenAI's published activated counts (a lookup, not a matmul)."""
+    return active_params(m) - m.hidden * m.vocab
+
+
+# (fixture, total, active or None, active convention, source of the figures)
+HF_PUBLISHED = [
+    ("llama-3-8b", "8.03", None, None, "Meta Llama 3 8B model card: 8.03B"),
+    ("qwen2.5-7b", "7.61", None, None, "Qwen2.5-7B model card: 7.61B parameters"),
+    ("qwen2-57b-a14b", "57.4", "14", active_params,
+     "Qwen2 technical report (arXiv:2407.10671) Table 1: 57B total, 14B activated; Qwen2-57B-"
+     "A14B card: 57.41B"),
+    ("qwen3-30b-a3b", "30.5", "3.3", active_params,
+     "Qwen3-30B-A3B model card: 30.5B total, 3.3B activated"),
+    ("mistral-7b-v0.1", "7.24", None, None, "Mistral-7B-v0.1 card: 7.24B"),
+    ("mixtral-8x7b", "46.7", "12.9", active_params,
+     "Jiang et al. 2024 (Mixtral of Experts) Section 2: 47B total, 13B active; Mistral AI "
+     "announcement: 46.7B total, 12.9B per token"),
+    ("gemma-2-9b", "9.24", None, None, "Gemma-2-9B card: 9.24B parameters"),
+    ("deepseek-v2-lite", "15.7", "2.4", _no_input_embedding,
+     "DeepSeek-V2 paper (arXiv:2405.04434) Appendix B: 15.7B total, 2.4B activated"),
+    ("deepseek-v3", "671", "37", _no_input_embedding,
+     "DeepSeek-V3 report (arXiv:2412.19437) Section 4.2: 671B total, 37B activated"),
+    ("gpt-neox-20b", "20.55", None, None,
+     "Black et al. 2022 (GPT-NeoX-20B) Table 1: 20,556,321,792 (20.55B) parameters"),
+    ("gpt-oss-120b", "116.83", "5.13", _no_input_embedding,
+     "OpenAI gpt-oss model card (arXiv:2508.10925) Table 1: 116.83B total, 5.13B active"),
+]
+
+
+@pytest.mark.parametrize("name,total,active,convention,source", HF_PUBLISHED,
+                         ids=[r[0] for r in HF_PUBLISHED])
+def test_hf_config_parameter_counts_match_published(name, total, active, convention, source):
+    m = _hf(name)
+    _within_last_digit(float(total_params(m)), total)
+    if active is not None:
+        _within_last_digit(float(convention(m)), active)
+    else:
+        assert float(active_params(m)) == float(total_params(m))  # dense
+
+
+def test_gemma3_text_config_non_embedding_count_matches_the_report():
+    """Gemma 3 technical report (arXiv:2503.19786) Table 1, 12B: 10,759M non-embedding
+    parameters (vision encoder 417M apart). The fixture's text_config gives 7 fields; head_dim
+    256, vocab 262208, GeGLU, tied embeddings come from transformers' Gemma3TextConfig."""
+    m = _hf("gemma-3-12b")
+    non_embedding = float(total_params(m) - embedding_params(m))
+    assert non_embedding / 1e6 == pytest.approx(10759, abs=1)
+    assert float(m.head_dim) == 256 and float(m.vocab) == 262208
+    assert float(m.tied_embeddings) == 1 and float(m.gated_mlp) == 1
+
+
+# (YAML name, total, active convention, active, source)
+YAML_PUBLISHED = [
+    ("deepseek-v3", "671", _no_input_embedding, "37", "DeepSeek-V3 report Section 4.2"),
+    ("deepseek-v2-lite", "15.7", _no_input_embedding, "2.4", "DeepSeek-V2 paper Appendix B"),
+    ("qwen3-30b-a3b", "30.5", active_params, "3.3", "Qwen3-30B-A3B card"),
+    ("qwen3-235b-a22b", "235", active_params, "22", "Qwen3 report Table 2 / card: 235B, 22B"),
+    ("gpt-oss-120b", "116.83", _no_input_embedding, "5.13", "gpt-oss model card Table 1"),
+    ("gpt-oss-20b", "20.91", _no_input_embedding, "3.61", "gpt-oss model card Table 1"),
+    ("llama3.1-405b", "405.9", active_params, "405.9",
+     "Llama 3 paper Table 3 (405B); Hugging Face Llama-3.1-405B: 405,853,388,800"),
+    ("mixtral-8x7b", "46.7", active_params, "12.9", "Mistral AI: 46.7B / 12.9B"),
+]
+
+
+@pytest.mark.parametrize("name,total,convention,active,source", YAML_PUBLISHED,
+                         ids=[r[0] for r in YAML_PUBLISHED])
+def test_shipped_model_parameter_counts_match_published(name, total, convention, active,
+                                                        source):
+    m = diffperf.load_model(name)
+    _within_last_digit(float(total_params(m)), total)
+    _within_last_digit(float(convention(m)), active)
+
+
+def test_deepseek_v3_mtp_is_apart_from_the_671b():
+    """DeepSeek-V3's README: 685B on Hugging Face = 671B main model + 14B MTP module. The
+    module is one MoE layer + the 2h x h projection + norms (11.61B); the checkpoint also
+    stores its copies of the embedding and output tables (2 V h = 1.853B): 13.46B -> "14B",
+    and 671.03 + 13.46 = 684.5 -> "685B"."""
+    m = diffperf.load_model("deepseek-v3")
+    mtp = float(mtp_params(m))
+    assert float(m.mtp_layers) == 1
+    copies = 2 * 129280 * 7168
+    _within_last_digit(mtp + copies, "14")
+    _within_last_digit(float(total_params(m)) + mtp + copies, "685")
+    assert float(total_params(m.replace(mtp_layers=0.0))) == float(total_params(m))
+
+
+def test_deepseek_v3_yaml_and_config_json_agree():
+    yaml_m, hf_m = diffperf.load_model("deepseek-v3"), _hf("deepseek-v3")
+    for f in ("n_layers", "hidden", "ffn_hidden", "head_dim", "v_head_dim", "kv_lora_rank",
+              "q_lora_rank", "qk_rope_head_dim", "n_experts", "moe_topk", "moe_ffn_hidden",
+              "n_shared_experts", "moe_dense_layers", "mtp_layers", "vocab", "seq_len"):
+        assert float(getattr(yaml_m, f)) == float(getattr(hf_m, f)), f
+
+
+# ------------------------------------------------------------- issue 19's misreads, fixed
+
+def test_qwen25_training_sequence_is_not_max_position_embeddings():
+    """Issue 19: Qwen2.5-7B took max_position_embeddings (131072) as the training sequence
+    (765 GiB of activations, no note). Now the default 4096, said in a note; --seq-len wins."""
+    m = _hf("qwen2.5-7b")
+    assert float(m.seq_len) == DEFAULT_SEQ_LEN == 4096
+    notes = model_notes(HF / "qwen2.5-7b.json")
+    assert any("seq_len=4096" in n and "max_position_embeddings=131072" in n for n in notes)
+    assert float(_hf("qwen2.5-7b", seq_len=8192).seq_len) == 8192
+    assert any("use_sliding_window is false" in n for n in notes)
+
+
+def test_gemma2_counts_the_gated_mlp_and_tied_embeddings():
+    """Issue 19: 8.00B instead of 9.24B (gelu_pytorch_tanh gating and tied embeddings
+    missed). GeGLU is 3 matrices, the output layer is the input embedding."""
+    m = _hf("gemma-2-9b")
+    assert float(m.gated_mlp) == 1 and float(m.tied_embeddings) == 1
+    assert float(total_params(m)) / B == pytest.approx(9.24, abs=0.01)
+    # Gemma 2 alternates 4096-window local and global layers: 21 of 42 slide
+    assert (float(m.sliding_window), float(m.sliding_layers)) == (4096, 21)
+
+
+def test_qwen2_moe_counts_the_shared_expert():
+    """Issue 19: 51.2B instead of 57.4B (shared_expert_intermediate_size dropped)."""
+    m = _hf("qwen2-57b-a14b")
+    assert float(m.n_shared_experts) == 1 and float(m.shared_expert_ffn_hidden) == 20480
+    assert float(total_params(m)) / B == pytest.approx(57.41, abs=0.01)
+
+
+def test_mistral_sliding_window_is_read_and_cuts_attention_flops():
+    """Issue 19: Mistral's sliding window was ignored. At s = 8192 (window 4096, every layer,
+    flash) the causal kernel computes w s - w (w - 1)/2 scores, not s (s + 1) / 2 ~ s^2 / 2:
+    kappa = (4096 x 8192 - 4096 x 4095 / 2) / 8192^2 = 0.37503."""
+    m = _hf("mistral-7b-v0.1", seq_len=8192)
+    assert (float(m.sliding_window), float(m.sliding_layers)) == (4096, 32)
+    expected = (4096 * 8192 - 4096 * 4095 / 2) / 8192**2
+    assert float(attention_kappa(m, BF16)) == pytest.approx(expected, rel=1e-6)
+    full = m.replace(sliding_window=0.0, sliding_layers=0.0)
+    a_win = float(np.sum(layer_ops(m, Parallel(), BF16).attention.flops))
+    a_full = float(np.sum(layer_ops(full, Parallel(), BF16).attention.flops))
+    assert a_win / a_full == pytest.approx(expected / 0.5, rel=1e-6)
+    # at the default 4096 the window covers the sequence: full causal, and a note says so
+    assert float(attention_kappa(_hf("mistral-7b-v0.1"), BF16)) == pytest.approx(0.5)
+    assert any("no effect" in n for n in model_notes(HF / "mistral-7b-v0.1.json"))
+
+
+def test_gemma3_nested_text_config_is_read():
+    """Issue 19: Gemma-3's nested text_config was refused. Now its language model is read,
+    the vision tower named as not modeled; 5 local (1024) : 1 global layers."""
+    m = _hf("gemma-3-12b")
+    assert float(m.n_layers) == 48 and float(m.hidden) == 3840
+    assert (float(m.sliding_window), float(m.sliding_layers)) == (1024, 40)
+    notes = model_notes(HF / "gemma-3-12b.json")
+    assert any("vision_config ignored" in n for n in notes)
+    assert any("head_dim=256" in n for n in notes)  # defaults named
+
+
+def test_falcon_loads_without_seq_len():
+    """Issue 19: Falcon failed with missing required key 'seq_len'. Falcon-7B's multi_query
+    is one K/V head; Falcon-40B's new_decoder_architecture has 8 (num_kv_heads)."""
+    f7, f40 = _hf("falcon-7b"), _hf("falcon-40b")
+    assert float(f7.seq_len) == DEFAULT_SEQ_LEN
+    assert (float(f7.n_heads), float(f7.n_kv_heads), float(f7.ffn_hidden)) == (71, 1, 4 * 4544)
+    assert (float(f40.n_heads), float(f40.n_kv_heads)) == (128, 8)
+    # Falcon ties lm_head to the word embeddings (FalconForCausalLM; no key in the file)
+    assert float(f7.tied_embeddings) == 1
+    assert float(total_params(f7)) / B == pytest.approx(6.92, abs=0.01)
+
+
+def test_every_fixture_lists_its_unread_fields_and_predict_prints_parameters(capsys):
+    for path in sorted(HF.glob("*.json")):
+        cfg = json.loads(path.read_text())
+        d, notes = hf_to_dict(cfg, str(path))
+        assert any(n.startswith("seq_len=") for n in notes), path.name
+    from diffperf.cli.main import main
+    code = main(["predict", "--json", "--model", str(HF / "gpt-oss-120b.json"), "--system",
+                 "h100-sxm-80gb", "--gpus", "64", "--tp", "1", "--pp", "1", "--ep", "8",
+                 "--global-batch", "64"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["parameters"]["total"] / B == pytest.approx(116.83, abs=0.01)
+    assert out["parameters"]["active"] < out["parameters"]["total"]
+    assert any("attention sinks" in n for n in out["notes"])
+
+
+def test_unsupported_hf_architecture_is_refused_by_name():
+    with pytest.raises(SpecError, match="cross_attention_layers"):
+        hf_to_dict({"num_hidden_layers": 2, "hidden_size": 8, "num_attention_heads": 2,
+                    "vocab_size": 8, "cross_attention_layers": [1]}, "x.json")
+
+
+def test_model_yaml_rejects_inconsistent_features():
+    base = dict(num_layers=4, hidden=64, num_heads=4, vocab=100, seq_len=128)
+    with pytest.raises(SpecError, match="kv_lora_rank"):
+        diffperf.load_model(base | dict(qk_rope_head_dim=8))
+    with pytest.raises(SpecError, match="moe_dense_layers"):
+        diffperf.load_model(base | dict(moe_dense_layers=1))
+    with pytest.raises(SpecError, match="sliding_window_layers"):
+        diffperf.load_model(base | dict(sliding_window=16, sliding_window_layers=5))
+
+
+# ------------------------------------------------------------------------- FLOPs by hand
+
+def test_deepseek_v3_moe_layer_forward_flops_per_token_by_hand():
+    """One DeepSeek-V3 MoE layer's forward per token, s = 4096, causal, flash
+    (DeepSeek-V2 arXiv:2405.04434 Section 2.1 eqs. (9)-(14) for MLA; V3 report Section 4.2):
+
+    projections, 2 x weights (no absorption in training):
+      W^DQ  7168 x 1536            = 11,010,048
+      W^UQ;W^QR  1536 x 128 x 192  = 37,748,736
+      W^DKV;W^KR 7168 x (512 + 64) =  4,128,768
+      W^UK;W^UV  512 x 128 x 256   = 16,777,216
+      W^O   128 x 128 x 7168       = 117,440,512      -> sum 187,105,280
+    router 7168 x 256 = 1,835,008; 8 routed + 1 shared SwiGLU experts 9 x 3 x 7168 x 2048
+    = 396,361,728; matmul FLOPs 2 x 585,302,016 = 1,170,604,032
+    attention core: 2 x s/2 x 128 x (192 + 128) = 167,772,160 (kappa 1/2: s/2 keys on average)
+    """
+    m = diffperf.load_model("deepseek-v3").replace(moe_dense_layers=0.0)  # an MoE layer
+    ops = layer_ops(m, Parallel(micro_batch=1.0), BF16)
+    per_token = float(np.sum(ops.dense.flops)) / 4096
+    assert per_token == pytest.approx(2 * (187_105_280 + 1_835_008 + 396_361_728), rel=1e-6)
+    assert float(np.sum(ops.attention.flops)) / 4096 == pytest.approx(
+        2 * 2048 * 128 * 320, rel=1e-6)
+    assert float(mla_down_params(m)) == 11_010_048 + 1536 + 4_128_768 + 512
+    # the 3 dense layers (SwiGLU 18432) make the mean layer of the 61
+    dense_mlp = 2 * 3 * 7168 * 18432
+    moe_mlp = 2 * (1_835_008 + 396_361_728)
+    full = diffperf.load_model("deepseek-v3")
+    mean = float(np.sum(layer_ops(full, Parallel(micro_batch=1.0), BF16).dense.flops)) / 4096
+    assert mean == pytest.approx(2 * 187_105_280 + (3 * dense_mlp + 58 * moe_mlp) / 61,
+                                 rel=1e-6)
+
+
+def test_model_flops_count_active_experts_mla_and_mtp():
+    """MFU's model FLOPs (the active-parameter convention of Megatron-LM's
+    num_floating_point_operations, behind Megatron-Bridge's "model TFLOP/s"):
+    3 B [(L + D) (layer matmuls + attention) + (1 + D) logits], L = 61, D = 1 MTP module;
+    a layer's matmuls are 2 x the weights one token uses (MLA's projections, the router, 8
+    routed + 1 shared experts, or the dense MLP; the mean of 3 dense and 58 MoE layers),
+    never all 256 experts."""
+    from diffperf.predict import _flops_per_step
+    m = diffperf.load_model("deepseek-v3").replace(seq_len=16.0)
+    B_ = 8.0
+    par = Parallel(global_batch=B_, micro_batch=1.0)
+    model_flops, hw = _flops_per_step(m, par, BF16)
+    ops = layer_ops(m, Parallel(micro_batch=1.0), BF16)
+    layer = float(np.sum(ops.dense.flops) + np.sum(ops.attention.flops))
+    logits = 2 * 16 * 7168 * 129280
+    assert float(model_flops) == pytest.approx(3 * B_ * (62 * layer + 2 * logits), rel=1e-6)
+    # the layer's matmuls are 2 x the weights one token uses, not all 256 experts
+    active_layer_weights = (187_105_280 + (3 * 3 * 7168 * 18432 + 58 * (
+        1_835_008 + 396_361_728)) / 61)
+    assert float(np.sum(ops.dense.flops)) / 16 == pytest.approx(2 * active_layer_weights,
+                                                               rel=1e-6)
+
+
+def test_gpt_oss_sliding_layers_attention_by_hand():
+    """GPT-OSS: half of the layers use a 128-token window. s = 4096, flash: kappa =
+    0.5 x 0.5 + 0.5 x (128 x 4096 - 128 x 127 / 2) / 4096^2 = 0.265381."""
+    m = diffperf.load_model("gpt-oss-120b")
+    band = (128 * 4096 - 128 * 127 / 2) / 4096**2
+    assert float(attention_kappa(m, BF16)) == pytest.approx(0.25 + 0.5 * band, rel=1e-6)
+    # without flash the scores are computed whole (masked): kappa 1 on every layer
+    assert float(attention_kappa(m, BF16.replace(flash_attention=0.0))) == pytest.approx(1.0)
+    # sinks: one parameter per head per layer, counted (one layer: float32 resolves it)
+    from diffperf.workload.params import layer_vector_params
+    no_sinks = m.replace(attention_sinks=0.0)
+    assert float(layer_vector_params(m) - layer_vector_params(no_sinks)) == 64
+
+
+def test_new_features_have_finite_physical_gradients():
+    """Gradient contract on the new features (MLA, a dense layer in an MoE model, shared
+    experts, an MTP stage; tests/test_gradients.py checks them and GPT-OSS's windows against
+    finite differences): d step / d System leaf is finite, and a faster matmul peak or HBM
+    never slows the step (derivative < 0, or <= 0 for the HBM)."""
+    system = diffperf.load_system("h100-sxm-80gb")
+    par = Parallel(tp=2.0, pp=3.0, dp=8.0, ep=2.0, micro_batch=1.0, global_batch=64.0,
+                   sequence_parallel=1.0)
+    model = diffperf.load_model("deepseek-v2-lite").replace(mtp_layers=1.0)
+    grad = jax.grad(lambda s: diffperf.predict(model, par, s, BF16).step_time_s)(system)
+    assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grad))
+    assert float(grad.matmul_flops_per_s) < 0
+    assert float(grad.hbm_bandwidth_Bps) <= 0
