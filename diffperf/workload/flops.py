@@ -382,8 +382,11 @@ def vocab_rows_per_rank(model, parallel, training):
 # low-precision recipe runs in FP8 / FP4: QKV, output projection, MLP up and down, routed
 # experts up and down, shared experts up and down. The router (row 4) is not a TE linear
 # (Megatron-Core computes its logits in fp32/bf16), and the attention core and the output
-# layer are separate ops that stay 16-bit (docs/precision.md).
-LOWP_LINEAR_ROWS = (1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0)
+# layer are separate ops that stay 16-bit (docs/precision.md). Rows 9-11 (branch models: MLA's
+# down and up projections, TE Linear layers in Megatron-Core's MLA) are linears too; DeepSeek-V3
+# report Section 3.3.1 keeps only the embedding, output head, gating, norms and attention core
+# in higher precision. (Merge of branches prec and models: prec had the 9 rows before MLA.)
+LOWP_LINEAR_ROWS = (1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
 
 
 def lowp_pass_fracs(training):
