@@ -35,10 +35,14 @@ def _one_gemm(m, n, k):
 
 
 def _nine_rows(m, n, k, rows=(0, 4)):
-    """A layer_ops-shaped Gemms (9 rows) with count 1 on `rows` only (row 4 = the router)."""
-    count = np.zeros(9)
+    """A layer_ops-shaped Gemms (len(LOWP_LINEAR_ROWS) rows: 9, or 12 with the MLA rows of
+    branch models) with count 1 on `rows` only (row 4 = the router)."""
+    from diffperf.workload.flops import LOWP_LINEAR_ROWS
+
+    r = len(LOWP_LINEAR_ROWS)
+    count = np.zeros(r)
     count[list(rows)] = 1.0
-    full = lambda x: jnp.full(9, float(x))  # noqa: E731
+    full = lambda x: jnp.full(r, float(x))  # noqa: E731
     return Gemms(m=full(m), n=full(n), k=full(k), count=jnp.asarray(count))
 
 
@@ -77,9 +81,11 @@ def test_quantized_bytes_per_element(name, e_q):
 
 def test_linear_rows_only_the_router_stays_16_bit():
     f, d, w = lowp_pass_fracs(training("fp8-current"))
-    assert np.asarray(f).tolist() == [1, 1, 1, 1, 0, 1, 1, 1, 1]
+    # rows 9-11: MLA's projections (branch models), linears in FP8 too
+    assert np.asarray(f).tolist() == [1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1]
     half = training("nvfp4", lowp_layer_frac=0.5)
-    assert np.asarray(lowp_pass_fracs(half)[2]).tolist() == [.5, .5, .5, .5, 0, .5, .5, .5, .5]
+    assert np.asarray(lowp_pass_fracs(half)[2]).tolist() == [.5, .5, .5, .5, 0, .5, .5, .5, .5,
+                                                             .5, .5, .5]
 
 
 # ------------------------------------------------------------------- GEMM time (golden)
