@@ -115,6 +115,7 @@ def main(argv=None) -> int:
         out["default"] = table(tokens_ape(step, runs), runs)
         out["default"]["seconds"] = time.time() - t
         print(f"default: {time.time() - t:.0f} s", flush=True)
+        report({"default": out["default"]})
     if "h100" in todo:
         t = time.time()
         fit = systems_arr == "h100-sxm-80gb"
@@ -126,6 +127,7 @@ def main(argv=None) -> int:
         out["h100_to_blackwell"]["efficiencies"] = {
             f: float(getattr(best.eff, f)) for f in best.fields}
         print(f"h100: {time.time() - t:.0f} s", flush=True)
+        report({k: out[k] for k in ("h100_fitted", "h100_to_blackwell")})
     if "lomo" in todo:
         t = time.time()
         err = np.full(len(runs), np.nan)
@@ -137,15 +139,21 @@ def main(argv=None) -> int:
                   f"({time.time() - t:.0f} s)", flush=True)
         out["lomo"] = table(err, runs)
         out["lomo"]["seconds"] = time.time() - t
+    print("== all tables")
+    report(out, args.json)
+    return 0
+
+
+def report(out, path=None):
+    """Print the tables (and write them as JSON to path)."""
     for name, tab in out.items():
         print(f"== {name}")
         for k, v in tab.items():
             if isinstance(v, dict) and "n" in v:
                 print(f"  {k:32s} n {v['n']:3d}  MAPE {v['mape_pct']:6.1f} %  "
                       f"bias {v['bias_pct']:+6.1f} %  max {v['max_pct']:6.1f} %")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
-    return 0
+    if path:
+        Path(path).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
