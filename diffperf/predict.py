@@ -19,8 +19,9 @@ from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s
                                         hierarchical_all_to_all_s, ring_group,
                                         ring_phase_calls_s, ring_phase_s, ring_step_s,
                                         send_recv_s)
-from diffperf.costs.compute import (gemms_time_s, layer_pass_gemm_times_s, layer_times_s,
-                                    lowp_quantize_times_s, matmul_peak, memory_time_s)
+from diffperf.costs.compute import (gemms_time_s, layer_dense_times_s, layer_pass_gemm_times_s,
+                                    layer_times_s, lowp_quantize_times_s, matmul_peak,
+                                    memory_time_s)
 from diffperf.costs.smooth import pnorm_max
 from diffperf.costs.xla import kernel_fixed_s
 from diffperf.memory.device import device_memory
@@ -210,10 +211,8 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
                                    attention_io_bytes(model, parallel, training), temperature)
     # Dense GEMM rows of the forward (fprop) and of the backward's two GEMMs (dgrad, wgrad):
     # each at its own precision (16-bit presets: dgrad = wgrad = fprop, dense_b = 2 dense).
-    dense_rows, dgrad_rows, wgrad_rows = layer_pass_gemm_times_s(ops, system, training,
-                                                                 temperature)
-    dense = jnp.sum(dense_rows)
-    dense_b = jnp.sum(dgrad_rows + wgrad_rows)
+    dense_rows, _, wgrad_rows = layer_pass_gemm_times_s(ops, system, training, temperature)
+    dense, dense_b = layer_dense_times_s(ops, system, training, temperature)
     # Low precision: the quantization kernels of the layer's inputs, output gradients and
     # weights (0 for 16-bit presets; costs.compute.lowp_quantize_times_s).
     quant_f, quant_b = lowp_quantize_times_s(ops.dense, system, training,

@@ -391,7 +391,8 @@ def test_hf_invalid_values_are_checked_like_yaml(tmp_path):
 
 def test_unknown_precision_suggests():
     with _raises("precision='bf61' is not allowed; did you mean 'bf16'? "
-                 "(allowed: bf16, fp16, amp-bf16, xla-amp-bf16, bf16-pure, fp32)"):
+                 "(allowed: bf16, fp16, amp-bf16, xla-amp-bf16, bf16-pure, fp32, fp8-delayed, "
+                 "fp8-current, fp8-blockwise, mxfp8, nvfp4, fp8)"):
         diffperf.training("bf61")
 
 

@@ -14,7 +14,9 @@ def add_model_system(p, system_help="name under configs/systems or a YAML") -> N
     p.add_argument("--calibration", help="efficiency overlay YAML (from diffperf calibrate)")
     p.add_argument("--seq-len", type=int, help="override the model's sequence length")
     p.add_argument("--precision", default="bf16",
-                   help="bf16, fp16, amp-bf16, xla-amp-bf16, bf16-pure, fp32")
+                   help="bf16, fp16, amp-bf16, xla-amp-bf16, bf16-pure, fp32; low precision "
+                        "(docs/precision.md): fp8-delayed, fp8-current (fp8), fp8-blockwise, "
+                        "mxfp8, nvfp4")
 
 
 def model_and_system(args):

@@ -68,10 +68,32 @@ def layer_pass_gemm_times_s(ops, system, training, temperature=None):
     exactly t16: the backward's dgrad + wgrad = 2 x forward, as before). dgrad (dY W) and
     wgrad (X^T dY) have the forward's FLOPs and are timed at its shape (PAPERS.md 5.1).
     """
+    t16, diff = _gemm_rows_and_lowp_gain(ops, system, training, temperature)
+    return tuple(t16 + frac * diff for frac in lowp_pass_fracs(training))
+
+
+def _gemm_rows_and_lowp_gain(ops, system, training, temperature=None):
+    """(t16, t_lp - t16): a layer's 16-bit dense GEMM times and the change each row takes
+    when it runs in low precision (one per row, one micro-batch)."""
     e = system.eff
     t16 = gemm_times_s(ops.dense, system, training, e.mm_max, e.mm_half_dim, temperature)
     tlp = lowp_gemm_times_s(ops.dense, system, training, e.mm_max, e.mm_half_dim, temperature)
-    return tuple(t16 + frac * (tlp - t16) for frac in lowp_pass_fracs(training))
+    return t16, tlp - t16
+
+
+def layer_dense_times_s(ops, system, training, temperature=None):
+    """(forward, backward) dense GEMM seconds of a layer, one micro-batch:
+
+        t_f = sum_r t16[r] + sum_r l_f[r] dt[r]
+        t_b = 2 sum_r t16[r] + sum_r (l_d[r] + l_w[r]) dt[r]
+    dt = t_lp - t16 (`layer_pass_gemm_times_s`'s terms, summed). Written so that the 16-bit
+    presets (every l = 0) compute exactly sum t16 and 2 sum t16, the forward and backward of
+    the 16-bit model, bit for bit (adding an exact 0 to one reduction).
+    """
+    t16, diff = _gemm_rows_and_lowp_gain(ops, system, training, temperature)
+    f, d, w = lowp_pass_fracs(training)
+    base = jnp.sum(t16)
+    return base + jnp.sum(f * diff), 2.0 * base + jnp.sum((d + w) * diff)
 
 
 def gemms_time_s(gemms, system, training, eff_max, half_dim, temperature=None):

@@ -13,9 +13,9 @@ from diffperf.memory import activations as act
 from diffperf.memory.weights import (gradient_bytes, lowp_weight_cache_bytes, optimizer_bytes,
                                      weight_bytes)
 from diffperf.result import MEMORY_PARTS, Memory
-from diffperf.workload.dp import zero3_prefetch_frac
-from diffperf.workload.flops import layer_ops, lowp_weight_cache_elems
+from diffperf.workload.dp import gathered_weight_bytes, zero3_prefetch_frac
 from diffperf.workload.params import (layer_matrix_params, layer_params_per_device,
+                                      lowp_weight_cache_params,
                                       stage_expert_params_per_device, stage_params_per_device)
 from diffperf.workload.stages import at_largest, each, pipeline_stages
 
@@ -54,7 +54,7 @@ def zero3_buffer_bytes(layer_params, parallel, training):
     Example: N_l = 1.81e9 / 8 (GPT-3 layer, tp 8), q_w = q_g = 2, f = 1: 3 x 0.45 GB = 1.36 GB.
     """
     f = zero3_prefetch_frac(parallel, layer_params)
-    return layer_params * ((1.0 + f) * training.weight_bytes + training.grad_bytes)
+    return layer_params * ((1.0 + f) * gathered_weight_bytes(training) + training.grad_bytes)
 
 
 def gathered_buffer_bytes(model, parallel, training):
@@ -129,7 +129,7 @@ def device_memory(model, parallel, system, training, stages=None) -> Memory:
                        + working + o * logits, stages.layers, stages.position, stages.output)
     buffers = gathered_buffer_bytes(model, parallel, training) + system.eff.mem_reserved_bytes
     # Low precision: the quantized weight copies of the stage's layers (0 for 16-bit presets).
-    cache_layer = lowp_weight_cache_elems(layer_ops(model, parallel, training).dense, training)
+    cache_layer = lowp_weight_cache_params(model, parallel, training)
     cache = lowp_weight_cache_bytes(each(lambda n: n * cache_layer, stages.layers), parallel,
                                     training)
     # The three stages at once: a leading axis of 3 (first, middle, last).

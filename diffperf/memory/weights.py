@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from diffperf.workload.dp import zero_groups
+from diffperf.workload.dp import gathered_weight_bytes, zero_groups
 from diffperf.workload.ep import expert_dp_degree
 from diffperf.workload.flops import quantized_elem_bytes
 
@@ -34,9 +34,12 @@ def _sharded(params, expert_params, parallel, from_stage):
 
 def weight_bytes(params, parallel, training, expert_params=0.0):
     """Psi (q_w + q_cast), sharded under ZeRO-3 (FSDP); q_cast = 16-bit copies of fp32
-    weights that autocast keeps for the backward (0 for Megatron-style mixed precision)."""
+    weights that autocast keeps for the backward (0 for Megatron-style mixed precision).
+    With FP8 primary weights (training.lowp_param_gather, Megatron --fp8-param-gather with
+    TE's fp8_model_init) the weights held are the quantized ones: q_w ->
+    `workload.dp.gathered_weight_bytes` (e_q; q_w itself otherwise)."""
     return _sharded(params, expert_params, parallel, 3) * (
-        training.weight_bytes + training.cast_weight_bytes)
+        gathered_weight_bytes(training) + training.cast_weight_bytes)
 
 
 def gradient_bytes(params, parallel, training, expert_params=0.0):
@@ -55,7 +58,7 @@ def lowp_weight_cache_bytes(cache_elems, parallel, training):
     recipes), sharded under ZeRO-3 like the weights:
 
         N_cache e_q            (/ N_d under ZeRO-3)
-    N_cache = the stage's quantized weight elements (`workload.flops.lowp_weight_cache_elems`
+    N_cache = the stage's quantized weight elements (`workload.params.lowp_weight_cache_params`
     x layers: a row-wise copy for fprop and a column-wise one for dgrad of every quantized
     linear), e_q = `workload.flops.quantized_elem_bytes`. 0 for 16-bit presets.
     Example: Llama 3 70B, tp 4, pp 4 (20 layers), FP8 current scaling: a layer's linears

@@ -93,6 +93,9 @@ PRECISIONS = {
     # Pure bf16 (weights, grads and Adam states in bf16: 8 B/param).
     "bf16-pure": dict(weight_bytes=2.0, grad_bytes=2.0, master_bytes=0.0, optimizer_bytes=4.0,
                       activation_bytes=2.0, matmul_fp32=0.0),
+    "fp32": dict(weight_bytes=4.0, grad_bytes=4.0, master_bytes=0.0, optimizer_bytes=8.0,
+                 activation_bytes=4.0, matmul_fp32=1.0, grad_buffers_persist=0.0,
+                 residual_bytes=4.0),
     # ---- Low precision as Transformer Engine runs it (docs/precision.md has every source).
     # Megatron-style mixed precision underneath (bf16 weights and grads, fp32 master + Adam);
     # the three GEMMs of every linear layer (fprop, dgrad, wgrad) in the low format; attention
@@ -118,9 +121,6 @@ PRECISIONS = {
     "nvfp4": _MEGATRON_MIXED | _LINEARS_LOWP | dict(
         lowp_bytes=0.5, lowp_block=16.0, lowp_scale_bytes=1.0, lowp_amax_pass=1.0,
         lowp_fp4=1.0),
-    "fp32": dict(weight_bytes=4.0, grad_bytes=4.0, master_bytes=0.0, optimizer_bytes=8.0,
-                 activation_bytes=4.0, matmul_fp32=1.0, grad_buffers_persist=0.0,
-                 residual_bytes=4.0),
 }
 
 PRECISIONS["fp8"] = PRECISIONS["fp8-current"]  # alias (SHARED_NAMES.md): Megatron-Bridge "FP8-CS"

@@ -475,16 +475,3 @@ def lowp_quantize_kernels(dense, training):
     per = jnp.sum(rows) * (1.0 + training.lowp_amax_pass)
     return per * jnp.maximum(f, w), per * jnp.maximum(d, w), per * jnp.maximum(f, d)
 
-
-def lowp_weight_cache_elems(dense, training):
-    """Quantized weight elements one layer keeps per device (the FP8 / FP4 weight cache):
-
-        sum_r c_r l_r k_r n_r (f + d)
-    a row-wise copy for fprop and a column-wise (transposed) one for dgrad, held from the
-    first micro-batch's forward to the step's last backward when training.lowp_weight_cache
-    (Megatron passes is_first_microbatch to TE, which casts the weights once per step and
-    caches them). Multiply by `quantized_elem_bytes` for bytes. 0 for 16-bit presets.
-    """
-    f, d = training.lowp_fprop, training.lowp_dgrad
-    rows = jnp.asarray(LOWP_LINEAR_ROWS) * training.lowp_layer_frac * dense.count
-    return training.lowp_weight_cache * (f + d) * jnp.sum(rows * dense.k * dense.n)

@@ -244,3 +244,28 @@ def stage_params_per_device(model, parallel, stages):
                     model.vocab * model.hidden) / shards
     return each(lambda n, e, o: n * per_layer + e * emb + o * out,
                 stages.layers, stages.embedding, stages.output)
+
+
+def lowp_weight_cache_params(model, parallel, training):
+    """Quantized weight elements one layer keeps per device (the FP8 / FP4 weight cache):
+
+        N_lin (f + d - primary) lambda c
+    N_lin = the layer's quantized linear weights on one device, (matrices - router) / (t G)
+    + routed experts / (t e) (`layer_params_per_device` without the router h E and the
+    vectors: the router is not a TE linear); f, d = training.lowp_fprop, lowp_dgrad (a
+    row-wise copy for fprop, a column-wise one for dgrad), lambda = lowp_layer_frac, c =
+    lowp_weight_cache (held from the first micro-batch's forward to the step's last backward:
+    Megatron passes is_first_microbatch to TE, which casts the weights once per step and keeps
+    them). primary = 1 with FP8 primary weights (lowp_param_gather, Megatron
+    --fp8-param-gather): the parameter is the row-wise copy. Multiply by
+    `flops.quantized_elem_bytes` for bytes. 0 for 16-bit presets.
+    Example: Llama 3 70B at t 4: (8192 x 80 x 128 + 64 x 128 x 8192 + 3 x 8192 x 28672) / 4
+    = 2.139e8 per layer, x 2 copies for FP8.
+    """
+    mats, experts = layer_matrix_params(model)
+    router = jnp.where(model.n_experts > 0, model.hidden * model.n_experts, 0.0)
+    linear = ((mats - router) / (parallel.tp * grid_shards(parallel))
+              + experts / (parallel.tp * parallel.ep))
+    f, d = training.lowp_fprop, training.lowp_dgrad
+    primary = jnp.where((training.lowp_param_gather > 0) & (f > 0), 1.0, 0.0)
+    return training.lowp_weight_cache * training.lowp_layer_frac * (f + d - primary) * linear
