@@ -251,7 +251,8 @@ def lowp_weight_cache_params(model, parallel, training):
 
         N_lin (f + d - primary) lambda c
     N_lin = the layer's quantized linear weights on one device, (matrices - router) / (t G)
-    + routed experts / (t e) (`layer_params_per_device` without the router h E and the
+    + routed experts / (t_e e) (t_e = `workload.ep.expert_tp`; `layer_params_per_device`
+    without the router h E and the
     vectors: the router is not a TE linear); f, d = training.lowp_fprop, lowp_dgrad (a
     row-wise copy for fprop, a column-wise one for dgrad), lambda = lowp_layer_frac, c =
     lowp_weight_cache (held from the first micro-batch's forward to the step's last backward:
@@ -265,7 +266,7 @@ def lowp_weight_cache_params(model, parallel, training):
     mats, experts = layer_matrix_params(model)
     router = jnp.where(model.n_experts > 0, model.hidden * model.n_experts, 0.0)
     linear = ((mats - router) / (parallel.tp * grid_shards(parallel))
-              + experts / (parallel.tp * parallel.ep))
+              + experts / (expert_tp(parallel) * parallel.ep))
     f, d = training.lowp_fprop, training.lowp_dgrad
     primary = jnp.where((training.lowp_param_gather > 0) & (f > 0), 1.0, 0.0)
     return training.lowp_weight_cache * training.lowp_layer_frac * (f + d - primary) * linear
