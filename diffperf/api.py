@@ -17,7 +17,7 @@ from diffperf.errors import SpecError, closest
 from diffperf.predict import FEATURES, predict_step
 from diffperf.result import Result
 from diffperf.specs.batch import anonymous
-from diffperf.specs.parallel import Parallel, Recompute, ZeroStage
+from diffperf.specs.parallel import Parallel, Recompute, ZeroStage, placement_index
 from diffperf.specs.training import Training
 from diffperf.specs.validate import check_layout, check_precision
 
@@ -46,6 +46,8 @@ def _normalize(parallel: Parallel) -> Parallel:
         parallel = parallel.replace(recompute=_RECOMPUTE[rec])
     if isinstance(parallel.zero_stage, ZeroStage):
         parallel = parallel.replace(zero_stage=int(parallel.zero_stage))
+    if isinstance(parallel.placement, (str, tuple, list)):  # 'tp-cp-pp-dp': its ORDERS index
+        parallel = parallel.replace(placement=placement_index(parallel.placement))
     return parallel
 
 

@@ -208,20 +208,20 @@ def fit(base: Efficiency, sets, fields=STEP_FIELDS, benches=(), *, steps=600,
 
 
 def gemm_bench(m, n, k, time_s) -> Microbench:
-    """bf16 GEMM microbenchmarks [m,k] @ [k,n] (shared/data/kernels/h100_gemm.csv)."""
+    """bf16 GEMM microbenchmarks [m,k] @ [k,n] (data/kernels/h100_gemm.csv)."""
     f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     return Microbench((f(m), f(n), f(k)), jnp.log(f(time_s)), kind="gemm")
 
 
 def attention_bench(batch, seq, heads, head_dim, causal, fwd_bwd_s) -> Microbench:
-    """Flash-attention forward + backward (shared/data/kernels/h100_attention.csv)."""
+    """Flash-attention forward + backward (data/kernels/h100_attention.csv)."""
     f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     return Microbench(tuple(f(x) for x in (batch, seq, heads, head_dim, causal)),
                       jnp.log(f(fwd_bwd_s)), kind="attention")
 
 
 def memory_bench(bytes_moved, time_s) -> Microbench:
-    """Memory-bound kernels by bytes moved (shared/data/kernels/h100_memory_bw.csv)."""
+    """Memory-bound kernels by bytes moved (data/kernels/h100_memory_bw.csv)."""
     f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     return Microbench((f(bytes_moved),), jnp.log(f(time_s)), kind="memory")
 

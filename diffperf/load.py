@@ -15,18 +15,18 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from diffperf import resources
 from diffperf.errors import SpecError, closest
 from diffperf.specs.model import Model
 from diffperf.specs.system import Efficiency, Reliability, System, Tier
 from diffperf.specs.training import PRECISIONS, Training
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
-def _configs_dir() -> Path:
-    """configs/ of the checkout, or the copy installed inside the package."""
-    installed = Path(__file__).resolve().parent / "configs"
-    return CONFIGS if CONFIGS.is_dir() else installed
+def _configs_dir():
+    """The shipped configs/ folder, package data read through importlib.resources
+    (diffperf.resources): the same files in a wheel, an editable install and a checkout."""
+    return resources.configs_dir()
 
 
 def _check_keys(d, allowed, where):
@@ -291,26 +291,22 @@ def model_notes(name_or_path, seq_len=None) -> list[str]:
     return []
 
 
-def _named(name, kind) -> Path:
-    folder = _configs_dir() / kind
-    path = folder / f"{name}.yaml"
-    try:
-        exists = path.is_file() and "/" not in str(name)
-    except (OSError, ValueError):  # a name too long for the file system, or with a NUL
-        exists = False
-    if not exists:
-        names = sorted(p.stem for p in folder.glob("*.yaml"))
-        raise SpecError(f"unknown {kind[:-1]} '{name}'{closest(name, names)} "
-                        f"(shipped: {', '.join(names)}; or give a path to a .yaml file)")
-    return path
+def _named(name, kind):
+    """configs/KIND/NAME.yaml of the shipped configs (kind: models, systems, design)."""
+    shipped = resources.config_files(kind)
+    if str(name) not in shipped:
+        singular = {"models": "model", "systems": "system", "design": "cost model"}[kind]
+        raise SpecError(f"unknown {singular} '{name}'{closest(name, shipped)} "
+                        f"(shipped: {', '.join(shipped)}; or give a path to a .yaml file)")
+    return shipped[str(name)]
 
 
 def model_names() -> list[str]:
-    return sorted(p.stem for p in (_configs_dir() / "models").glob("*.yaml"))
+    return list(resources.config_files("models"))
 
 
 def system_names() -> list[str]:
-    return sorted(p.stem for p in (_configs_dir() / "systems").glob("*.yaml"))
+    return list(resources.config_files("systems"))
 
 
 SYSTEM_KEYS = ("name", "description", "sources", "matmul_TFLOPs", "matmul_fp32_TFLOPs",
@@ -432,7 +428,8 @@ def system_from_dict(d: dict, where: str = "system") -> System:
 
 def load_system(name_or_path, calibration=None) -> System:
     """A system by name (configs/systems/NAME.yaml) or YAML path, with an optional
-    calibration overlay (a YAML whose `efficiency:` mapping replaces efficiency fields)."""
+    calibration overlay: a shipped name (`vtrain-a100`) or a YAML whose `efficiency:` mapping
+    replaces efficiency fields."""
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
         path = _named(name_or_path, "systems")
@@ -495,10 +492,31 @@ def _set_field(d: dict, key: str, value: float) -> dict:
     return d
 
 
+def _sweep_key(system: System, fields: dict, key: str) -> tuple[str, float]:
+    """(YAML key, SI per unit of the values given) of a --sweep field: a system YAML key in
+    its units ('matmul_TFLOPs', 'tiers[1].bandwidth_GBps'), with a tier by name too
+    ('tiers[infiniband].bandwidth_GBps'), or a System leaf path in SI, the names sensitivity
+    and the Python API use ('matmul_flops_per_s', 'tiers[1].bandwidth_Bps', 'eff.mm_max');
+    values given for a leaf path are in SI (1.0 for a YAML key)."""
+    names = {t.name: i for i, t in enumerate(system.tiers)}
+    if key.startswith("tiers[") and "]" in key and key[6:key.index("]")] in names:
+        key = f"tiers[{names[key[6:key.index(']')]]}]" + key[key.index("]") + 1:]
+    if key in fields:
+        return key, 1.0
+    by_leaf = {leaf: (k, f) for k, (leaf, f) in fields.items()}
+    if key in by_leaf:
+        return by_leaf[key]
+    tiers = ", ".join(f"{i} or {t.name}" for i, t in enumerate(system.tiers))
+    raise SpecError(f"--sweep: unknown field '{key}'{closest(key, [*fields, *by_leaf])} "
+                    f"(allowed: {', '.join(fields)}; or a System leaf path in SI such as "
+                    f"matmul_flops_per_s; tiers by index or name: {tiers})")
+
+
 def sweep_axes(system: System, items) -> list[tuple]:
-    """`FIELD=VALUES` strings (a system YAML key in its units) -> [(field, System leaf path,
-    values in the YAML's units, values in SI)], each value checked by the rules of
-    `system_from_dict` (a bandwidth > 0, an efficiency in range, ...)."""
+    """`FIELD=VALUES` strings (a system YAML key in its units, or a System leaf path in SI:
+    `_sweep_key`) -> [(YAML key, System leaf path, values in the YAML's units, values in
+    SI)], each value checked by the rules of `system_from_dict` (a bandwidth > 0, an
+    efficiency in range, ...)."""
     fields = sweep_fields(system)
     base = system_to_dict(system)
     out, seen = [], set()
@@ -507,13 +525,11 @@ def sweep_axes(system: System, items) -> list[tuple]:
             raise SpecError(f"--sweep {item!r} must look like FIELD=START:STOP:N, "
                             f"FIELD=START:STOP:N:log or FIELD=V1,V2,...")
         key, spec = (x.strip() for x in item.split("=", 1))
-        if key not in fields:
-            raise SpecError(f"--sweep: unknown field '{key}'{closest(key, fields)} "
-                            f"(allowed: {', '.join(fields)})")
+        key, per_si = _sweep_key(system, fields, key)
         if key in seen:
             raise SpecError(f"--sweep {key} is given twice; give each field once")
         seen.add(key)
-        values = _sweep_values(key, spec)
+        values = _sweep_values(key, spec) / per_si
         for v in np.unique(values):
             system_from_dict(_set_field(base, key, float(v)), "--sweep")
         leaf, factor = fields[key]
@@ -525,12 +541,65 @@ OVERLAY_KEYS = ("efficiency", "fitted_on", "heldout", "description", "created_by
 
 
 def apply_overlay(system: System, overlay) -> System:
-    """The system with the efficiency fields of a calibration overlay (path or mapping)."""
+    """The system with the efficiency fields of a calibration overlay: a shipped name
+    ('vtrain-a100', `diffperf list calibrations`), a YAML path or a mapping."""
+    if not isinstance(overlay, dict):
+        overlay = resources.overlay_path(overlay)  # a shipped name ('vtrain-a100') or a path
     where = str(overlay) if not isinstance(overlay, dict) else "overlay"
     d = overlay if isinstance(overlay, dict) else read_yaml(overlay)
     _check_keys(d, OVERLAY_KEYS, where)
     eff = efficiency_from_dict(d.get("efficiency") or {}, f"{where}.efficiency", system.eff)
     return system.replace(eff=eff)
+
+
+def write_overlay(path, efficiency, *, fitted_on=None, heldout=None, description=None,
+                  created_by="diffperf.write_overlay", force=False) -> dict:
+    """Write a calibration overlay YAML that `load_system(name, calibration=path)` and every
+    command's --calibration read back, and return the mapping written.
+
+    efficiency: an `Efficiency`, a `System` (its efficiencies) or a mapping of Efficiency
+    fields (a subset: the others keep each system's own). fitted_on: what it was fitted on;
+    its `set` (FIELD=VALUE framework facts) and `precision` are applied or noted by the
+    commands that read the overlay. Checked before writing (the fields, the values, the
+    facts); an existing file needs force=True.
+    """
+    if isinstance(efficiency, System):
+        efficiency = efficiency.eff
+    if isinstance(efficiency, Efficiency):
+        efficiency = {k: float(getattr(efficiency, k)) for k in EFFICIENCY_KEYS}
+    eff = {str(k): float(v) for k, v in dict(efficiency).items()}
+    overlay = {k: v for k, v in dict(description=description, created_by=created_by,
+                                     fitted_on=fitted_on, heldout=heldout,
+                                     efficiency=eff).items() if v is not None}
+    efficiency_from_dict(eff, "efficiency")
+    overlay_facts(overlay)
+    path = Path(path)
+    if path.exists() and not force:
+        raise SpecError(f"{path} exists; pass force=True to overwrite it")
+    try:
+        path.write_text(yaml.safe_dump(overlay, sort_keys=False))
+    except OSError as err:
+        raise SpecError(f"{path}: cannot write ({err.strerror or err})") from None
+    return overlay
+
+
+def overlay_facts(overlay) -> tuple[list, object]:
+    """(fitted_on.set, fitted_on.precision) of a calibration overlay (path or mapping): the
+    framework facts (`FIELD=VALUE` strings, as `parse_overrides` reads them) and the
+    precision its runs were fitted under; ([], None) where it records none."""
+    where = str(overlay) if not isinstance(overlay, dict) else "overlay"
+    if not isinstance(overlay, dict):
+        overlay = resources.overlay_path(overlay)  # a shipped name ('vtrain-a100') or a path
+    d = overlay if isinstance(overlay, dict) else read_yaml(overlay)
+    fitted = d.get("fitted_on") or {}
+    if not isinstance(fitted, dict):
+        raise SpecError(f"{where}.fitted_on must be a mapping, got {type(fitted).__name__}")
+    facts = fitted.get("set") or []
+    if not isinstance(facts, list) or not all(isinstance(f, str) for f in facts):
+        raise SpecError(f"{where}.fitted_on.set={facts!r} must be a list of FIELD=VALUE "
+                        f"strings")
+    parse_overrides(facts)  # checked like --set
+    return list(facts), fitted.get("precision")
 
 
 def training(precision: str = "bf16", **overrides) -> Training:
@@ -695,7 +764,8 @@ def parse_overrides(items) -> tuple[dict, dict]:
 
 
 def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
-    """Read a measured-runs CSV (schema: shared/data/README.md); extra columns are allowed.
+    """Read a measured-runs CSV (schema: data/README.md), or a shipped dataset by name
+    (`h100_single_gpu`; `diffperf list datasets`); extra columns are allowed.
 
     `precision` overrides the CSV's precision column with a named preset (PRECISIONS): the
     CSV says bf16 for a run whose framework kept fp32 weights under autocast ('amp-bf16').
@@ -706,7 +776,7 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
     from diffperf.specs import Parallel
     from diffperf.specs.validate import check_layout
 
-    path = Path(path)
+    path = resources.dataset_path(path)  # a shipped name ('h100_single_gpu') or a path
     par_over, tr_over = parse_overrides(overrides)
     precision_override = precision
     if precision is not None:
@@ -766,8 +836,9 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
 
 def load_table(path, required) -> dict:
     """A numeric CSV (kernel microbenchmarks) as {column: numpy array} for the required
-    columns; clear errors for a missing file, column or a non-numeric cell."""
-    path = Path(path)
+    columns; clear errors for a missing file, column or a non-numeric cell. `path` may name a
+    shipped dataset ('h100_gemm')."""
+    path = resources.dataset_path(path)
     header, rows = _read_csv(path, required)
     if not rows:
         raise SpecError(f"{path}: no rows (the CSV has a header but no rows)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from flax import struct
@@ -85,3 +86,31 @@ class Result(struct.PyTreeNode):
     hardware_flops: Any       # per step, executed (recompute and flash backward included)
     n_devices: Any
     goodput: Goodput          # effective throughput under failures and checkpoints
+
+
+def as_dict(result, flat: bool = False) -> dict:
+    """A Result as plain Python: each leaf a float (a list of floats for a batched Result,
+    e.g. from `predict_batch` or `search`), `fits` as bool(s); breakdown, memory and goodput
+    as nested dicts, or with `flat` as dotted keys ('breakdown.compute_s'), which
+    `pandas.DataFrame(as_dict(batched, flat=True))` turns into one row per configuration.
+    Fields left out of a search (None) are left out here too."""
+    import numpy as np
+
+    def value(x, boolean=False):
+        a = np.asarray(x)
+        a = a.astype(bool) if boolean else a.astype(float)
+        return a.item() if a.ndim == 0 else a.tolist()
+
+    out = {}
+    for f in dataclasses.fields(result):
+        v = getattr(result, f.name)
+        if v is None:
+            continue
+        if dataclasses.is_dataclass(v):
+            inner = {g.name: value(getattr(v, g.name)) for g in dataclasses.fields(v)
+                     if getattr(v, g.name) is not None}
+            out |= ({f"{f.name}.{k}": x for k, x in inner.items()} if flat
+                    else {f.name: inner})
+        else:
+            out[f.name] = value(v, boolean=f.name == "fits")
+    return out

@@ -12,6 +12,17 @@ m_i = fit margin of layout i, so memory capacity gets a gradient through which l
 Beside it, the hard answer: ln min_{fits} T re-optimized at theta e^{+h} and theta e^{-h}
 (central finite difference, h = ln 1.1), which is piecewise constant in the capacity.
 
+Annealing. J sits below the best layout's ln T by up to tau ln N_eff (N_eff near-ties among the
+candidates), and above it by softplus(-m/tau) when the best layout fits with a margin m of the
+order of tau: at tau = 0.05 over thousands of layouts exp(J) was 17-24 % below the best step
+time. `elasticities_at_optimum` therefore lowers tau (tau <- tau x max(0.1, min(0.5,
+0.9 tol / |J - ln T_best|))) until |exp(J) / T_best - 1| <= tol (2 %), so the soft
+elasticities are those of a soft-min that is the optimum to within tol. A memory leaf that acts
+only through which layouts fit (zero elasticity at the best layout held fixed: HBM capacity,
+the usable fraction, the reserved bytes) has a soft gradient that grows like 1/tau where a
+layout sits on the capacity edge; its worth is reported from the exact re-search instead
+(`OptimumSensitivity.method` says which).
+
 Dimensional check (tests/test_sensitivity.py): scaling every rate (FLOP/s, bytes/s) by lambda
 and every fixed time by 1/lambda scales T by 1/lambda, so  sum_rates e - sum_times e = -1.
 
@@ -45,6 +56,10 @@ from diffperf.specs.validate import check_layout, check_precision
 
 BATCHED = COLUMNS[:-1] + ("placement",)  # Parallel fields that vary between candidates
 HARD_STEP = float(np.log(1.1))  # log step of the re-optimized finite difference: +-10 %
+SOFT_TOLERANCE = 0.02  # |soft-min step time / best step time - 1| the annealing reaches
+MIN_TEMPERATURE = 1e-5  # the annealing stops here (float32 keeps J exact to ~1e-7 / tau)
+METHOD_SOFT = "soft-min gradient"
+METHOD_RESEARCH = "exact re-search (feasibility constraint)"
 DEFAULT_CANDIDATES = 1024  # candidates per placement order in the soft-min (lowest scores)
 # The System leaves that the fit margin depends on (memory.device.device_memory).
 MEMORY_LEAVES = ("hbm_capacity_bytes", "eff.mem_usable_frac", "eff.mem_reserved_bytes",
@@ -275,8 +290,13 @@ class OptimumSensitivity(struct.PyTreeNode):
     best_step_time_s: float  # min over the layouts that fit (exact model)
     best_index: int          # row of the layout table
     n_candidates: int
-    dropped_weight: float    # soft-min weight of the layouts pruned (Candidates)
-    temperature: float
+    dropped_weight: float    # soft-min weight of the layouts pruned (Candidates), at the
+                             # starting temperature
+    temperature: float       # tau of `soft` after annealing (module docstring)
+    temperature_start: float = 0.0  # tau asked for
+    optimum: Any = None      # {leaf: the elasticity at the optimum}: `soft`, except for the
+                             # feasibility-only memory leaves, which take `hard`
+    method: Any = None       # {leaf: METHOD_SOFT or METHOD_RESEARCH}: where `optimum` comes from
 
 
 def _log_best(model, system, training, cands, tau, smooth) -> float:
@@ -303,18 +323,22 @@ def elasticities_at_optimum(model, system, training, layouts, temperature, *,
                             hard_leaves=None) -> OptimumSensitivity:
     """Elasticities of the best step time over a layout table, three ways.
 
-    soft: gradient of the soft-min of `search.soft_best` (module docstring) at temperature
-    tau; the memory capacity enters through the feasibility penalty. hard: the best layout
-    that fits, re-optimized among the candidates at theta e^{+-h} (h = ln 1.1 by default).
-    at_best: `elasticities` at the hard best layout.
+    soft: gradient of the soft-min of `search.soft_best` (module docstring), the temperature
+    annealed from tau until the soft-min step time is within SOFT_TOLERANCE (2 %) of the best
+    layout's; the memory capacity enters through the feasibility penalty. hard: the best
+    layout that fits, re-optimized among the candidates at theta e^{+-h} (h = ln 1.1 by
+    default). at_best: `elasticities` at the hard best layout. optimum: `soft`, but `hard`
+    for a memory leaf that acts only as a feasibility constraint (0 at the best layout held
+    fixed), `method` naming which.
     Args:
         layouts: an int table [n, len(COLUMNS)] (search.enumerate_layouts).
-        temperature: tau > 0 of the soft-min (a relative spread in step time).
+        temperature: tau > 0 of the soft-min (a relative spread in step time) to start the
+            annealing from.
         smooth: the model's own temperature inside each prediction (None: exact).
         max_candidates: rows per placement order kept for the soft-min (see `candidates`).
         hard_leaves: leaf paths for the re-optimized difference (None: every leaf with a
             value and a gradient; the others get None, or 0.0 where the leaf or its
-            gradient is 0).
+            gradient is 0). The feasibility-only memory leaves are always re-searched.
     Raises:
         SpecError when tau <= 0 or no layout of the table fits in memory.
     """
@@ -325,28 +349,40 @@ def elasticities_at_optimum(model, system, training, layouts, temperature, *,
     cands = candidates(model, system, training, layouts, temperature, placements=placements,
                        smooth=smooth, max_candidates=max_candidates)
     system_f = _as_float(anonymous(system))
-    j, grad, (log_t, margin, _) = soft_min_and_grad(model, system_f, training, cands,
-                                                    temperature, smooth)
-    best = hard_best(log_t, margin)
-    if best < 0:
-        raise SpecError(f"no layout of the {len(layouts)} given fits in memory on "
-                        f"{system.name}: the optimum is undefined (more devices or capacity)")
+    tau = float(temperature)
+    while True:  # anneal until the soft-min is the best step time to within SOFT_TOLERANCE
+        j, grad, (log_t, margin, _) = soft_min_and_grad(model, system_f, training, cands, tau,
+                                                        smooth)
+        best = hard_best(log_t, margin)
+        if best < 0:
+            raise SpecError(f"no layout of the {len(layouts)} given fits in memory on "
+                            f"{system.name}: the optimum is undefined (more devices or "
+                            f"capacity)")
+        gap = float(j) - float(log_t[best])  # ln(soft-min / best)
+        if abs(np.expm1(gap)) <= SOFT_TOLERANCE or tau <= MIN_TEMPERATURE:
+            break
+        tau = max(tau * max(0.1, min(0.5, 0.9 * SOFT_TOLERANCE / abs(gap))), MIN_TEMPERATURE)
     row = int(cands.index[best])
     at_best = elasticities(model, parallel_of(layouts[row], placements), system, training,
                            smooth)
     values, soft = leaf_values(system_f), _times_theta(grad, system_f)
+    # A memory leaf with no effect at the best layout held fixed acts only through which
+    # layouts fit: its worth is the exact re-search's (module docstring).
+    feasibility = {p for p in MEMORY_LEAVES if p in values and at_best[p] == 0}
     # A leaf with no gradient changes no candidate's time or fit margin, so its re-optimized
     # change is 0 too; the memory leaves are re-searched anyway, as the weight of a layout
     # that does not fit can underflow to 0 while +-10 % would let it in.
     moves = {p: grad_of(grad, p) != 0 or p in MEMORY_LEAVES for p in values}
     wanted = [p for p, v in values.items() if v != 0 and moves[p] and (
-        hard_leaves is None or p in hard_leaves)]
-    hard = {p: (_reoptimized(model, system_f, training, cands, temperature, smooth, p,
+        hard_leaves is None or p in hard_leaves or p in feasibility)]
+    hard = {p: (_reoptimized(model, system_f, training, cands, tau, smooth, p,
                              float(log_t[best]), hard_step) if p in wanted
                 else 0.0 if values[p] == 0 or not moves[p] else None)
             for p in values}
+    method = {p: METHOD_RESEARCH if p in feasibility else METHOD_SOFT for p in values}
+    optimum = {p: hard[p] if p in feasibility else soft[p] for p in values}
     return OptimumSensitivity(
         soft=soft, hard=hard, at_best=at_best,
         soft_step_time_s=float(jnp.exp(j)), best_step_time_s=float(np.exp(log_t[best])),
         best_index=row, n_candidates=len(cands.index), dropped_weight=cands.dropped_weight,
-        temperature=float(temperature))
+        temperature=tau, temperature_start=float(temperature), optimum=optimum, method=method)

@@ -1,7 +1,7 @@
 """Published runs the model never saw: Megatron-LM's weak-scaling table (Narayanan et al.,
 SC21, Table 1: GPT 1.7B to 1T on 32 to 3072 A100 80 GB of NVIDIA's Selene).
 
-    python docs/published_megatron.py [--calibration calibration/fitted/vtrain-a100.yaml]
+    python docs/published_megatron.py [--calibration vtrain-a100]
 
 Selene is `a100-sxm-80gb` (DGX A100: 8 GPUs on NVSwitch, 8 x 200 Gb/s HDR per node). The
 table gives t, p, the GPU count (so d = n / (t p)) and the global batch B; the framework facts
@@ -98,7 +98,8 @@ def rows(calibration=None, interleave=False):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calibration", default=None, help="efficiency overlay YAML")
+    ap.add_argument("--calibration", default=None,
+                    help="efficiency overlay: a shipped name (vtrain-a100) or a YAML path")
     args = ap.parse_args(argv)
     for interleave in (False, True):
         table = rows(args.calibration, interleave)

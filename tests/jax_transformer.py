@@ -161,7 +161,7 @@ def n_params(cfg: Config) -> int:
 
 
 # ------------------------------------------------------------------ the scanned XLA program
-# The H100 JAX runs' program as shared/data/README.md describes it (the reference of
+# The H100 JAX runs' program as data/README.md describes it (the reference of
 # diffperf/memory/xla.py and diffperf/workload/xla.py): fp32 parameters with the layers
 # stacked and run as one `lax.scan`, bf16 matmul inputs and residual stream, RMSNorm in fp32,
 # flash attention (here a stand-in with the cuDNN rule's residuals and no s x s buffer, so

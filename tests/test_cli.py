@@ -23,10 +23,8 @@ from diffperf.cli.main import main
 from diffperf.result import EXPOSED_PARTS
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-RUN_CSVS = sorted(SHARED_DATA.glob("*.csv")) if SHARED_DATA.is_dir() else []
-needs_data = pytest.mark.skipif(not SHARED_DATA.is_dir(),
-                                reason=f"measured runs folder {SHARED_DATA} is absent")
+DATA = REPO / "data"  # the measured runs shipped in the repository (data/README.md)
+RUN_CSVS = sorted(DATA.glob("*.csv"))
 OUT_COLUMNS = ["id", "step_time_s", "predicted_step_time_s", "predicted_peak_memory_GB",
                "predicted_fits"]  # DESIGN.md, `diffperf validate --out`
 
@@ -109,7 +107,8 @@ def test_predict_options_change_the_layout(capsys):
                           "--recompute", "full")
     assert code == 0, err
     lay = json.loads(out)["layout"]
-    assert (lay["tp"], lay["pp"], lay["dp"], lay["recompute"]) == (4.0, 16.0, 16.0, 2.0)
+    assert (lay["tp"], lay["pp"], lay["dp"], lay["recompute"]) == (4, 16, 16, "full")
+    assert all(type(lay[k]) is int for k in ("tp", "pp", "dp", "micro_batch", "zero_stage"))
 
 
 def test_predict_set_applies_framework_facts_like_the_api(capsys):
@@ -207,7 +206,11 @@ def test_predict_unknown_precision(capsys):
 # validate
 # --------------------------------------------------------------------------------------------
 
-@needs_data
+def test_the_shipped_runs_are_there():
+    assert {"h100_jax_single_gpu.csv", "h100_single_gpu.csv", "vtrain_a100.csv"} <= {
+        p.name for p in RUN_CSVS}
+
+
 @pytest.mark.parametrize("path", RUN_CSVS, ids=[p.name for p in RUN_CSVS])
 def test_validate_json_gives_a_mape(capsys, path):
     code, out, err = _run(capsys, "validate", str(path), "--json")
@@ -222,17 +225,15 @@ def test_validate_json_gives_a_mape(capsys, path):
     assert summary["all"]["median_pct"] <= summary["all"]["max_pct"]
 
 
-@needs_data
 def test_validate_prints_a_table(capsys):
-    path = SHARED_DATA / "h100_single_gpu.csv"
+    path = DATA / "h100_single_gpu.csv"
     code, out, err = _run(capsys, "validate", str(path))
     assert code == 0, err
     assert "MAPE_%" in out
 
 
-@needs_data
 def test_validate_out_writes_documented_columns_and_refuses_overwrite(capsys, tmp_path):
-    runs = SHARED_DATA / "h100_single_gpu.csv"
+    runs = DATA / "h100_single_gpu.csv"
     out_csv = tmp_path / "pred.csv"
     code, _, err = _run(capsys, "validate", str(runs), "--out", str(out_csv))
     assert code == 0, err
@@ -258,9 +259,8 @@ def test_validate_out_writes_documented_columns_and_refuses_overwrite(capsys, tm
     assert out_csv.read_text() == before  # same inputs, same predictions
 
 
-@needs_data
 def test_validate_out_into_missing_folder(capsys, tmp_path):
-    runs = SHARED_DATA / "h100_single_gpu.csv"
+    runs = DATA / "h100_single_gpu.csv"
     target = tmp_path / "no" / "pred.csv"
     code, _, err = _run(capsys, "validate", str(runs), "--out", str(target))
     _assert_one_line_error(code, err, f"folder {target.parent} does not exist")

@@ -640,7 +640,7 @@ def test_runs_unknown_precision_names_the_row(tmp_path):
 
 @pytest.mark.parametrize("value", ["2", "maybe"])
 def test_runs_gated_mlp_must_be_0_or_1(tmp_path, value):
-    # Schema (shared/data/README.md): gated_mlp is 0/1. Any other cell must be refused, not
+    # Schema (data/README.md): gated_mlp is 0/1. Any other cell must be refused, not
     # silently read as 0 (STYLE.md section 5: never silently fix a user's value).
     p = _write_csv(tmp_path, [GOOD_ROW | dict(gated_mlp=value)])
     with _raises(f"gated_mlp={value!r}"):

@@ -11,7 +11,7 @@ Anything else is a crash. Each family of inputs below is generated deterministic
   files, deep nesting;
 - calibration overlays (`apply_overlay`, mappings and files);
 - Hugging Face config.json dicts (Llama, Mixtral, GPT-2, Qwen2, DeepSeek-V2) and texts;
-- runs CSVs from shared/data/h100_single_gpu.csv: columns dropped or misspelt, blank or
+- runs CSVs from data/h100_single_gpu.csv: columns dropped or misspelt, blank or
   non-numeric cells, duplicate ids, bad enums, invalid layouts, truncated and binary files;
 - CLI argument vectors (`diffperf.cli.main.main`, in process) that fail before prediction.
 
@@ -58,8 +58,7 @@ from diffperf.specs.system import Efficiency
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
-RUNS_CSV = REPO.parent / "shared" / "data" / "h100_single_gpu.csv"
-needs_data = pytest.mark.skipif(not RUNS_CSV.is_file(), reason=f"{RUNS_CSV} is absent")
+RUNS_CSV = REPO / "data" / "h100_single_gpu.csv"  # shipped in the repository (data/README.md)
 TIME_LIMIT_S = 2.0
 PACKAGE = Path(diffperf.__file__).resolve().parent
 
@@ -694,7 +693,6 @@ def _csv_mutations(header, rows, rng):
     return out
 
 
-@needs_data
 def test_fuzz_runs_csv(tmp_path):
     """Mutated runs CSVs through `load_runs`, then the CLI's system lookup; what loads is
     predicted row by row."""
@@ -792,13 +790,12 @@ def _write_failing_files(tmp_path, rng):
         p = tmp_path / f"cli-overlay{i}.yaml"
         p.write_text(yaml.safe_dump({"efficiency": {label: value}}))
         files["overlay"].append(p)
-    if RUNS_CSV.is_file():
-        header, rows = _read_rows(RUNS_CSV)
-        cases = [c for c in _csv_mutations(header, rows[:2], rng) if c[3]]
-        for i, (label, text, _, _) in enumerate(rng.sample(cases, min(40, len(cases)))):
-            p = tmp_path / f"cli-runs{i}.csv"
-            p.write_text(text)
-            files["runs"].append(p)
+    header, rows = _read_rows(RUNS_CSV)
+    cases = [c for c in _csv_mutations(header, rows[:2], rng) if c[3]]
+    for i, (label, text, _, _) in enumerate(rng.sample(cases, min(40, len(cases)))):
+        p = tmp_path / f"cli-runs{i}.csv"
+        p.write_text(text)
+        files["runs"].append(p)
     for i, data in enumerate((b"m,n\n1,2\n", b"\xff\xfe\x00", b"", b"m,n,k,time_s\n1,2,3,x\n")):
         p = tmp_path / f"cli-kernel{i}.csv"
         p.write_bytes(data)
@@ -883,8 +880,6 @@ def test_fuzz_cli(tmp_path, capsys):
     for k in files["kernel"]:
         vectors.append(["calibrate", runs, "--microbench", str(k), str(k), str(k)])
     vectors.append(["calibrate", runs, "--microbench", "a.csv", "b.csv", "c.csv"])
-    if not RUNS_CSV.is_file():
-        vectors = [v for v in vectors if runs not in v]
     for argv in vectors:
         _cli(tally, capsys, argv)
     _finish(tally, 200)

@@ -6,7 +6,7 @@
   closed forms within the next term of their series;
 - gradients: finite everywhere (float32, extreme regimes included), equal to finite
   differences (check_grads, float64, log coordinates), with the physical sign;
-- predict's goodput equals the module's formulas, and the README's goodput example.
+- predict's goodput equals the module's formulas, and the user guide's goodput example (docs/guide.md).
 
 Cheap: the module's functions are tiny; the one prediction-sized program is the goodput
 gradient, compiled once and shared with test_cli.py's `sensitivity --goodput` run.
@@ -246,13 +246,13 @@ def test_goodput_elasticities_of_the_reliability_leaves():
     assert e["matmul_flops_per_s"] > 0.1 and e["power_W"] == 0.0
 
 
-def test_readme_goodput_example():
-    """The README's `sensitivity --goodput` excerpt shows the reliability leaves' elasticities
+def test_guide_goodput_example():
+    """The user guide's (docs/guide.md) `sensitivity --goodput` excerpt shows the reliability leaves' elasticities
     of Llama 3 405B's 16K-GPU layout on meta-h100-24k (tp 8, pp 16 on 126 layers, vp 8, ZeRO-2,
     no recompute): they depend only on the devices, the model's state and System.reliability,
     not on the step time; the printed values are what the library computes (3 significant
     digits)."""
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "guide.md").read_text()
     assert "sensitivity --goodput --model llama3-405b" in text
     # rows "leaf   value   elasticity   +10 %": columns are 2+ spaces apart
     rows = dict(re.findall(r"^(reliability\.\w+) {2,}\S.*?\S {2,}(-?[\d.]+) {2,}[-+][\d.]+$",

@@ -42,7 +42,7 @@ def _model(cfg: Config):
     return model_from_dict(cfg.as_diffperf_dict() | dict(norm="rmsnorm"), "test")
 
 
-# The H100 JAX runs' shapes used below (shared/data/h100_jax_single_gpu.csv ids).
+# The H100 JAX runs' shapes used below (data/h100_jax_single_gpu.csv ids).
 ROW_000 = Config(n_layers=24, hidden=2048, n_heads=16, n_kv_heads=4, ffn_hidden=5376,
                  vocab=50304, seq_len=1024, micro_batch=2, gated_mlp=True, rms_norm=True)
 

@@ -35,8 +35,7 @@ from diffperf.cli.main import main
 from diffperf.cli.output import write_atomic
 
 REPO = Path(__file__).resolve().parents[1]
-RUNS_CSV = REPO.parent / "shared" / "data" / "h100_single_gpu.csv"
-needs_data = pytest.mark.skipif(not RUNS_CSV.is_file(), reason=f"{RUNS_CSV} is absent")
+RUNS_CSV = REPO / "data" / "h100_single_gpu.csv"  # shipped in the repository (data/README.md)
 
 
 def _leftovers(folder: Path, name: str):
@@ -166,7 +165,6 @@ def _stub_calibration(monkeypatch):
     return calls
 
 
-@needs_data
 def test_calibrate_out_writes_an_overlay_apply_overlay_reads(tmp_path, monkeypatch, capsys):
     _stub_calibration(monkeypatch)
     out = tmp_path / "fit.yaml"
@@ -184,7 +182,6 @@ def test_calibrate_out_writes_an_overlay_apply_overlay_reads(tmp_path, monkeypat
     assert _leftovers(tmp_path, "fit.yaml") == []
 
 
-@needs_data
 def test_calibrate_out_interrupted_leaves_nothing(tmp_path, monkeypatch, capsys):
     _stub_calibration(monkeypatch)
 
@@ -199,7 +196,6 @@ def test_calibrate_out_interrupted_leaves_nothing(tmp_path, monkeypatch, capsys)
     assert _leftovers(tmp_path, "fit.yaml") == []
 
 
-@needs_data
 def test_calibrate_out_existing_is_refused_before_fitting(tmp_path, monkeypatch, capsys):
     """An existing --out must be refused up front: the user should not wait for a whole
     calibration (minutes) to learn that the file exists."""
@@ -212,7 +208,6 @@ def test_calibrate_out_existing_is_refused_before_fitting(tmp_path, monkeypatch,
     assert calls == [], f"calibrate fitted {len(calls)} time(s) before refusing the existing --out"
 
 
-@needs_data
 def test_validate_out_existing_is_refused_before_predicting(tmp_path, monkeypatch, capsys):
     import diffperf.validation
 

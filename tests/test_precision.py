@@ -280,7 +280,7 @@ def test_low_precision_needs_its_tensor_cores(system, precision, needs):
 
 def test_cli_refuses_fp8_on_a100_with_exit_2(capsys):
     code = main(["predict", "--model", "llama3-8b", "--system", "a100-sxm-80gb",
-                 "--precision", "fp8"])
+                 "--gpus", "8", "--tp", "1", "--precision", "fp8"])
     assert code == 2
     assert "no FP8 tensor cores" in capsys.readouterr().err
 

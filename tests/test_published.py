@@ -1,7 +1,7 @@
 """Published runs the model never saw: Megatron-LM SC21 Table 1 (docs/published_megatron.py).
 
 None of Table 1's runs is in the calibration data: the shipped vTrain overlay was fitted on
-another A100 cluster's Megatron-DeepSpeed runs (shared/data/vtrain_a100.csv), so every row
+another A100 cluster's Megatron-DeepSpeed runs (data/vtrain_a100.csv), so every row
 here is held out. Bar: PAPERS.md section 6, "predicted TFLOP/s/GPU within about 15 %".
 """
 

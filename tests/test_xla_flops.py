@@ -3,7 +3,7 @@
 The reference (tests/jax_transformer.py) is a small decoder Transformer trained by one step of
 `value_and_grad` + optax AdamW, layers unrolled (XLA counts a `lax.scan` body once) and attention
 in plain jnp (XLA counts library calls such as cuDNN attention as zero): see the last section of
-shared/data/README.md. It is compiled on the CPU and `cost_analysis()['flops']` is read.
+data/README.md. It is compiled on the CPU and `cost_analysis()['flops']` is read.
 
 What is exactly comparable. `_flops_per_step` (diffperf/predict.py) returns
     model    = 3 B [L (dense + attention) + logits]

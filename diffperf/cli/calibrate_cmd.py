@@ -7,7 +7,8 @@ import datetime
 import numpy as np
 import yaml
 
-from diffperf.cli.output import check_writable, console, fmt, print_json, table, write_atomic
+from diffperf.cli.output import (check_writable, console, err_console, fmt, print_json, table,
+                                 write_atomic)
 from diffperf.cli.validate_cmd import add_runs_options
 from diffperf.errors import SpecError
 
@@ -18,9 +19,10 @@ MEMBW_COLUMNS = ("bytes_moved", "time_s")
 
 def add_parser(sub):
     p = sub.add_parser("calibrate", help="fit efficiencies to measured runs (held-out error)")
-    p.add_argument("runs", help="measured-runs CSV")
+    p.add_argument("runs", help="measured-runs CSV, or a shipped dataset by name "
+                   "(diffperf list datasets)")
     add_runs_options(p)
-    p.add_argument("--calibration", help="overlay to start from")
+    p.add_argument("--calibration", help="overlay to start from (a shipped name or a YAML)")
     p.add_argument("--microbench", nargs=3, metavar=("GEMM.csv", "ATTENTION.csv", "MEMBW.csv"),
                    help="kernel measurements to fit the operator models to as well")
     p.add_argument("--holdout-frac", type=float, default=0.2,
@@ -39,7 +41,7 @@ def add_parser(sub):
 
 
 def benches(paths, system):
-    """(Microbench, System) terms from the three kernel CSVs (schema: shared/data/README.md)."""
+    """(Microbench, System) terms from the three kernel CSVs (schema: data/README.md)."""
     from diffperf import calibrate as cal
     from diffperf.load import load_table
 
@@ -54,6 +56,16 @@ def benches(paths, system):
             (cal.attention_bench(a["batch"], a["seq"], a["heads"], a["head_dim"], a["causal"],
                                  a["fwd_bwd_s"]), system),
             (cal.memory_bench(mb["bytes_moved"], mb["time_s"]), system))
+
+
+def _runs_label(runs) -> str:
+    """How an overlay's description names its runs: a shipped dataset by name and file."""
+    from diffperf import resources
+
+    shipped = resources.dataset_files()
+    if runs in shipped and not resources._is_path(runs, (".csv",)):
+        return f"the shipped dataset {runs} (data/{shipped[runs][1].name})"
+    return str(runs)
 
 
 def _candidates(runs, fit_only):
@@ -124,20 +136,28 @@ def run(args) -> int:
     heldout_fits = np.zeros(len(runs), bool)
     covered = np.zeros(len(runs), bool)
     results = []
-    with Progress(console=console, transient=True, disable=args.json) as bar:
-        task = bar.add_task("fitting", total=len(splits) * 2 * args.steps)
-        for fit_mask, held in splits:
+    # The bar goes to stderr, so that it shows when stdout is piped (and never mixes with
+    # the table or the JSON); one unit per optimizer step, the final fit after CV included.
+    fits = len(splits) + (1 if args.folds else 0)
+    with Progress(console=err_console, transient=True, disable=args.json) as bar:
+        task = bar.add_task("fitting", total=fits * 2 * args.steps)
+        tick = lambda i, loss: bar.advance(task)  # noqa: E731
+        for k, (fit_mask, held) in enumerate(splits, 1):
+            bar.update(task, description=f"fitting fold {k}/{len(splits)}" if args.folds
+                       else "fitting")
             c = cal.calibrate_runs(runs, systems, fit_mask, benches=terms, steps=args.steps,
-                                   progress=lambda i, loss: bar.advance(task))
+                                   progress=tick)
             heldout_pred[held] = c.step_time_s[held]
             heldout_mem[held], heldout_fits[held] = c.memory_GB[held], c.fits[held]
             err = np.abs(np.log(c.step_time_s) - np.log(runs.step_time_s))
             covered[held] = err[held] <= c.half_width_log[held]
             results.append((fit_mask, held, c))
-    fit_mask, held, c = results[-1]
-    if args.folds:  # the shipped overlay is fitted on every fittable row; CV gave the error
-        fit_mask = cand
-        c = cal.calibrate_runs(runs, systems, cand, benches=terms, steps=args.steps)
+        fit_mask, held, c = results[-1]
+        if args.folds:  # the shipped overlay is fitted on every fittable row; CV gave the error
+            bar.update(task, description="fitting every row (the overlay)")
+            fit_mask = cand
+            c = cal.calibrate_runs(runs, systems, cand, benches=terms, steps=args.steps,
+                                   progress=tick)
     measured_held = np.isfinite(runs.step_time_s) & np.isnan(heldout_pred) == False  # noqa
     report = dict(
         fitted=_summary(c.step_time_s, runs, fit_mask),
@@ -160,7 +180,7 @@ def run(args) -> int:
     eff = {f: float(getattr(c.fit.eff, f)) for f in c.fit.fields}
     if args.out:
         overlay = dict(
-            description=f"efficiencies fitted by diffperf calibrate on {args.runs}",
+            description=f"efficiencies fitted by diffperf calibrate on {_runs_label(args.runs)}",
             created_by=f"diffperf calibrate {datetime.date.today().isoformat()}",
             fitted_on=dict(runs=str(args.runs), rows=int(fit_mask.sum()), seed=args.seed,
                            holdout_frac=args.holdout_frac, fit_only=args.fit_only,

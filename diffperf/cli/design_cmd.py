@@ -6,7 +6,6 @@ from pathlib import Path
 
 from diffperf.cli.output import fmt, print_json, table
 from diffperf.cli.sensitivity_cmd import human, status
-from diffperf.errors import SpecError, closest
 from diffperf.cli.options import (add_job, add_model_system, add_placements, check_at_least,
                                   model_and_system, placements_of)
 
@@ -55,16 +54,11 @@ def add_parser(sub):
 def load_cost(name_or_path):
     """A CostModel from configs/design/NAME.yaml or a YAML path (validated)."""
     from diffperf.design import cost_model_from_dict
-    from diffperf.load import _configs_dir, read_yaml
+    from diffperf.load import _named, read_yaml
 
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
-        folder = _configs_dir() / "design"
-        names = sorted(p.stem for p in folder.glob("*.yaml"))
-        if name_or_path not in names:
-            raise SpecError(f"unknown cost model '{name_or_path}'{closest(name_or_path, names)}"
-                            f" (shipped: {', '.join(names)}; or give a path to a .yaml file)")
-        path = folder / f"{name_or_path}.yaml"
+        path = _named(name_or_path, "design")  # package data (diffperf.resources)
     return cost_model_from_dict(read_yaml(path), str(path))
 
 

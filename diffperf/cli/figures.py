@@ -69,83 +69,105 @@ def _part_groups(breakdown: dict) -> list:
 # ------------------------------------------------------------------------------------------
 
 def comm_scaling_figure(study):
-    """Exposed communication, exposed communication + pipeline bubble, and hidden
-    communication (% of step time) vs model size, one line per system."""
+    """Two views (rows): the re-searched best layout and the fixed Megatron layout. Columns:
+    exposed communication, exposed communication + pipeline bubble, hidden communication (% of
+    step time) vs model size, one line per system."""
+    from diffperf.studies.comm_scaling import VIEWS
+
     plt = pyplot()
     t = study.table
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), sharex=True)
-    for k, system in enumerate(dict.fromkeys(t["system"])):
-        sel = t["system"] == system
-        projected = bool(t["projected"][sel][0])
-        style = dict(color=_COLORS[k], marker="o", ls="--" if projected else "-",
-                     label=f"{system} (PROJECTION)" if projected else system)
-        x = t["params_B"][sel]
-        axes[0].plot(x, 100 * t["comm_exposed_frac"][sel], **style)
-        axes[1].plot(x, 100 * (t["comm_exposed_frac"][sel] + t["bubble_frac"][sel]), **style)
-        axes[2].plot(x, 100 * t["comm_hidden_frac"][sel], **style)
-    axes[0].set_ylabel("exposed communication, % of step time")
-    axes[0].set_title("exposed communication (on the critical path)")
-    axes[1].set_ylabel("exposed communication + bubble, % of step time")
-    axes[1].set_title("parallel overhead (what the search trades)")
-    axes[2].set_ylabel("hidden communication, % of step time")
-    axes[2].set_title("hidden (overlapped with compute)")
-    first = t["system"] == t["system"][0]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.6), sharex=True, sharey="col")
+    what = {VIEWS[0]: "layout re-searched on each system",
+            VIEWS[1]: "Megatron's Table 1 layout (t 8, its p, full recompute) kept"}
+    for r, view in enumerate(VIEWS):
+        for k, system in enumerate(dict.fromkeys(t["system"])):
+            sel = (t["system"] == system) & (t["view"] == view)
+            if not sel.any():
+                continue
+            projected = bool(t["projected"][sel][0])
+            style = dict(color=_COLORS[k], marker="o", ls="--" if projected else "-",
+                         label=f"{system} (PROJECTION)" if projected else system)
+            x = t["params_B"][sel]
+            axes[r, 0].plot(x, 100 * t["comm_exposed_frac"][sel], **style)
+            axes[r, 1].plot(x, 100 * (t["comm_exposed_frac"][sel] + t["bubble_frac"][sel]),
+                            **style)
+            axes[r, 2].plot(x, 100 * t["comm_hidden_frac"][sel], **style)
+        axes[r, 0].set_ylabel(f"{view}:\nexposed communication, % of step")
+        axes[r, 1].set_ylabel("exposed communication + bubble, %")
+        axes[r, 2].set_ylabel("hidden communication, %")
+        for c, title in enumerate(("exposed communication (critical path)",
+                                   "parallel overhead (comm + bubble)",
+                                   "hidden (overlapped with compute)")):
+            axes[r, c].set_title(f"{title}\n{what[view]}", fontsize=9)
+    first = (t["system"] == t["system"][0]) & (t["view"] == VIEWS[0])
     ticks = [f"{p:.0f}B\n{g} GPUs" for p, g in zip(t["params_B"][first], t["gpus"][first])]
-    for ax in axes:
+    for ax in axes.flat:
         ax.set_xscale("log")
         # 310B and 530B sit close on a log axis: slanted labels keep them apart
         ax.set_xticks(t["params_B"][first], ticks, fontsize=7, rotation=35, ha="right")
         ax.minorticks_off()
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
-    axes[1].set_xlabel("model parameters (Megatron-LM Table 1 GPT family, its GPUs and batch)")
-    axes[1].legend(fontsize=7, loc="lower right")  # under the lines: overhead grows with size
-    fig.suptitle(study.title + ":\nshare of the step time of the best layout found by "
-                 "search for each point")
+    axes[1, 1].set_xlabel("model parameters (Megatron-LM Table 1 GPT family, its GPUs and "
+                          "batch)")
+    axes[0, 1].legend(fontsize=7, loc="lower right")
+    fig.suptitle(study.title + ":\nshare of the step time, re-searched layout (top) and "
+                 "fixed Megatron layout (bottom)")
     fig.tight_layout()
     _footer(fig, study.notes)
     return fig
 
 
 def diminishing_returns_figure(study):
-    """Throughput, per-GPU throughput, tokens per joule and exposed communication vs GPUs."""
+    """One row per model: throughput, tokens/s per GPU and exposed communication vs GPUs, one
+    line per disjoint layout family; a star marks the fastest family at each count."""
+    from diffperf.studies.diminishing_returns import LABELS, SERIES, crossover
+
     plt = pyplot()
     t = study.table
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8.2))
-    (a, b), (c, d) = axes
-    labels = dict(best="best layout", fsdp="pure FSDP (ZeRO-3, tp = pp = 1)",
-                  tp_pp="best with TP and/or PP")
-    styles = dict(best=dict(color="k", marker="o", lw=2),
-                  fsdp=dict(color=_COLORS[3], marker="s", ls="--"),
-                  tp_pp=dict(color=_COLORS[0], marker="^", ls=":", ms=9, mfc="none"))
-    for s in ("best", "fsdp", "tp_pp"):
-        sel = t["series"] == s
-        if not sel.any():
-            continue
-        g = t["gpus"][sel]
-        kw = styles[s] | dict(label=labels[s])
-        a.plot(g, t["tokens_per_s"][sel] / 1e6, **kw)
-        b.plot(g, t["tokens_per_s_per_gpu"][sel], **kw)
-        c.plot(g, t["tokens_per_joule"][sel], **kw)
-        d.plot(g, 100 * t["comm_exposed_frac"][sel], **kw)
-    best = t["series"] == "best"
-    g0, x0 = t["gpus"][best][0], t["tokens_per_s"][best][0]
-    g = t["gpus"][best]
-    a.plot(g, x0 * g / g0 / 1e6, color="#999999", lw=1, ls="-.", label="linear scaling")
-    a.set_yscale("log")
-    a.set_ylabel("throughput, million tokens/s")
-    b.set_ylabel("tokens/s per GPU")
-    sec = b.secondary_yaxis("right", functions=(lambda x: x * 3.6e-3, lambda y: y / 3.6e-3))
-    sec.set_ylabel("thousand tokens per GPU-hour")
-    c.set_ylabel("tokens per joule (GPU board power)")
-    d.set_ylabel("exposed communication, % of step time")
-    for ax in axes.flat:
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(g, [str(int(x)) for x in g])
-        ax.minorticks_off()
-        ax.set_xlabel("GPUs (H100 SXM), same global batch")
-        ax.grid(alpha=0.3, which="both")
-    a.legend(fontsize=8)
+    models = list(dict.fromkeys(t["model"]))
+    fig, axes = plt.subplots(len(models), 3, figsize=(15, 4.3 * len(models)), squeeze=False)
+    styles = dict(fsdp=dict(color=_COLORS[3], marker="s", ls="--"),
+                  tp_pp=dict(color=_COLORS[0], marker="^", ls="-"),
+                  other=dict(color=_COLORS[2], marker="o", ls=":"))
+    for r, m in enumerate(models):
+        a, b, d = axes[r]
+        for s in SERIES:
+            sel = (t["model"] == m) & (t["series"] == s)
+            if not sel.any():
+                continue
+            g = t["gpus"][sel]
+            kw = styles[s] | dict(label=LABELS[s])
+            a.plot(g, t["tokens_per_s"][sel] / 1e6, **kw)
+            b.plot(g, t["tokens_per_s_per_gpu"][sel], **kw)
+            d.plot(g, 100 * t["comm_exposed_frac"][sel], **kw)
+        best = (t["model"] == m) & (t["best"] == 1)
+        g = t["gpus"][best]
+        b.plot(g, t["tokens_per_s_per_gpu"][best], ls="none", marker="*", ms=16, mfc="none",
+               mec="k", label="fastest family at that count")
+        a.plot(g, t["tokens_per_s"][best][0] * g / g[0] / 1e6, color="#999999", lw=1,
+               ls="-.", label="linear scaling")
+        c = crossover(t, m)
+        b.set_title(f"{m}: " + ("no FSDP -> TP/PP cross-over" if c is None else
+                                f"TP/PP overtakes FSDP between {c[0]} and {c[1]} GPUs"),
+                    fontsize=10)
+        a.set_title(f"{m}: total throughput", fontsize=10)
+        d.set_title(f"{m}: exposed communication", fontsize=10)
+        a.set_yscale("log")
+        a.set_ylabel("throughput, million tokens/s")
+        b.set_ylabel("tokens/s per GPU")
+        sec = b.secondary_yaxis("right", functions=(lambda x: x * 3.6e-3,
+                                                    lambda y: y / 3.6e-3))
+        sec.set_ylabel("thousand tokens per GPU-hour")
+        d.set_ylabel("exposed communication, % of step time")
+        for ax in (a, b, d):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(g, [str(int(x)) for x in g])
+            ax.minorticks_off()
+            ax.set_xlabel("GPUs (H100 SXM); same model, batch and sequence")
+            ax.grid(alpha=0.3, which="both")
+        b.legend(fontsize=7)
+        a.legend(fontsize=7)
     fig.suptitle(study.title)
     fig.tight_layout()
     _footer(fig, study.notes)
@@ -217,73 +239,102 @@ def llm_vs_longseq_figure(study):
     return fig
 
 
+_AXONN_NAMES = dict(axonn_4d="AxoNN 4D\n(best grid)",
+                    megatron_paper="Megatron-LM\n(Table 1 t, p;\nASSUMED)",
+                    megatron_tp_node="Megatron-LM\n(TP in node)",
+                    megatron_3d="Megatron 3D\n(diffperf best)")
+
+
 def axonn_figure(study):
-    """TFLOP/s per GPU of the best layouts per model (with published references), and the
-    breakdown of each best layout."""
-    from diffperf.studies.axonn import SERIES
+    """80B: TFLOP/s per GPU as the paper counts them, per series, with the published AxoNN
+    and implied Megatron-LM figures; 20B: the overlap gain; the 80B breakdowns."""
+    from diffperf.studies.axonn import EIGHTY, SERIES, find
 
     plt = pyplot()
     t = study.table
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw=dict(width_ratios=(1, 1.2)))
-    ax = axes[0]
-    models = list(dict.fromkeys(t["model"]))
-    names = dict(megatron_3d="best Megatron 3D (cp 1, ZeRO <= 1)", any="best of all layouts",
-                 axonn_4d="best AxoNN 4D grid")
-    w = 0.8 / len(SERIES)
-    x = np.arange(len(models))
-    for j, s in enumerate(SERIES):
-        vals = [t["model_tflops_per_gpu"][(t["model"] == m) & (t["series"] == s)] for m in models]
-        vals = [v[0] if len(v) else np.nan for v in vals]
-        bars = ax.bar(x + (j - (len(SERIES) - 1) / 2) * w, np.nan_to_num(vals), width=w,
-                      color=_COLORS[j], label=names[s] + ("" if np.isfinite(vals).any() else
-                                                          " (pending)"))
-        for bar, m in zip(bars, models):
-            i = np.flatnonzero((t["model"] == m) & (t["series"] == s))
-            if len(i):
-                ax.text(bar.get_x() + bar.get_width() / 2, 5, _layout_label(t, i[0]),
-                        rotation=90, ha="center", va="bottom", fontsize=7, color="white")
-    for k, m in enumerate(models):
-        ref = t["axonn_published_tflops"][t["model"] == m]
-        if np.isfinite(ref).any():
-            ax.hlines(np.nanmax(ref), k - 0.45, k + 0.45, color="k", lw=2)
-            ax.text(k + 0.46, np.nanmax(ref), "AxoNN measured", fontsize=7, va="center")
-            meg = np.nanmax(t["megatron_implied_tflops"][t["model"] == m])
-            ax.hlines(meg, k - 0.45, k + 0.45, color="k", lw=1.5, ls="--")
-            ax.text(k + 0.46, meg, "Megatron-LM (implied)", fontsize=7, va="center")
-    peak = float(t["peak_tflops"][0])
-    ax.axhline(peak, color="#999999", lw=1, ls=":")
-    ax.text(-0.4, peak, "peak bf16", fontsize=7, va="bottom", color="#666666")
-    ax.set_xticks(x, [f"{m}\n{int(t['gpus'][t['model'] == m][0])} GPUs" for m in models])
-    ax.set_ylabel("model TFLOP/s per GPU")
-    ax.set_xlim(-0.6, len(models) - 0.4 + 0.5)
-    ax.set_ylim(0, 1.35 * peak)
-    ax.legend(fontsize=8, loc="upper right")
-    ax.grid(alpha=0.3, axis="y")
-    ax.set_title(f"AxoNN 4D: {t['axonn_status'][0]}", fontsize=9)
-    ax = axes[1]
-    labels, bottoms = [], None
-    rows = [i for m in models for s in SERIES
-            for i in np.flatnonzero((t["model"] == m) & (t["series"] == s))]
-    for i in rows:
-        labels.append(f"{t['model'][i].replace('megatron-', '')}\n{t['series'][i]}")
-    bottoms = np.zeros(len(rows))
-    for (label, keys), color in zip(_PART_GROUPS, _PART_COLORS):
-        frac = np.array([sum(float(t[k[:-2] + "_frac"][i]) for k in keys
-                             if k[:-2] + "_frac" in t) for i in rows])
-        if not np.any(frac > 0):
-            continue
-        ax.bar(np.arange(len(rows)), 100 * frac, bottom=100 * bottoms, color=color,
-               label=label)
-        bottoms += frac
-    ax.set_xticks(np.arange(len(rows)), labels, fontsize=8)
-    ax.set_ylabel("% of step time (exposed parts)")
-    ax.set_title("where the step time goes (perlmutter-a100)", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_ylim(0, 100)
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5.4),
+                             gridspec_kw=dict(width_ratios=(1.2, 0.8, 1.1)))
+    rows = [(s, find(t, EIGHTY, s)) for s in SERIES]
+    rows = [(s, i) for s, i in rows if i is not None]
+    _axonn_tflops_panel(axes[0], t, rows)
+    _axonn_overlap_panel(axes[1], t)
+    _axonn_breakdown_panel(axes[2], t, rows)
     fig.suptitle(study.title)
     fig.tight_layout()
     _footer(fig, study.notes)
     return fig
+
+
+def _axonn_tflops_panel(ax, t, rows) -> None:
+    """Bars of the 80B series in the paper's TFLOP/s, the published figures as lines."""
+    from diffperf.studies.axonn import EIGHTY
+
+    x = np.arange(len(rows))
+    bars = ax.bar(x, [t["paper_tflops_per_gpu"][i] for _, i in rows],
+                  color=[_COLORS[k] for k in range(len(rows))])
+    for bar, (_, i) in zip(bars, rows):
+        ax.text(bar.get_x() + bar.get_width() / 2, 5, _layout_label(t, i)
+                + f" rc{t['recompute'][i]:.0f}", rotation=90, ha="center", va="bottom",
+                fontsize=7, color="white")
+        ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(),
+                f"{bar.get_height():.0f}", ha="center", va="bottom", fontsize=8)
+    if rows:
+        i0 = rows[0][1]
+        for value, label, ls in ((t["axonn_published_tflops"][i0], "AxoNN measured", "-"),
+                                 (t["megatron_implied_tflops"][i0], "Megatron-LM (implied)",
+                                  "--")):
+            ax.axhline(value, color="k", lw=1.5, ls=ls)
+            ax.text(len(rows) - 0.5, value, label, fontsize=7, va="bottom", ha="right")
+    peak = float(t["peak_tflops"][0])
+    ax.axhline(peak, color="#999999", lw=1, ls=":")
+    ax.text(-0.4, peak, "peak bf16", fontsize=7, va="bottom", color="#666666")
+    ax.set_xticks(x, [_AXONN_NAMES[s] for s, _ in rows], fontsize=8)
+    ax.set_ylabel("TFLOP/s per GPU as the paper counts (Narayanan eq. 3)")
+    ax.set_ylim(0, 1.15 * peak)
+    ax.grid(alpha=0.3, axis="y")
+    ax.set_title(f"GPT-80B on 1024 Perlmutter A100s (batch "
+                 f"{int(t['global_batch'][t['model'] == EIGHTY][0])})", fontsize=10)
+
+
+def _axonn_overlap_panel(ax, t) -> None:
+    """Step time of the best 20B grids with AxoNN's overlaps on and off."""
+    from diffperf.studies.axonn import AXONN_OVERLAP_GAIN_20B, EIGHTY
+
+    twenty = [i for i in np.flatnonzero(t["series"] == "axonn_4d") if t["model"][i] != EIGHTY]
+    xs = np.arange(len(twenty))
+    on = [t["step_time_s"][i] for i in twenty]
+    off = [t["overlap_off_step_time_s"][i] for i in twenty]
+    ax.bar(xs - 0.2, on, width=0.4, color=_COLORS[0], label="overlaps on")
+    ax.bar(xs + 0.2, off, width=0.4, color=_COLORS[3], label="overlaps off (same grid)")
+    for k, i in enumerate(twenty):
+        ax.text(k, max(on[k], off[k]) * 1.02, f"+{100 * t['overlap_gain'][i]:.0f}%",
+                ha="center", fontsize=9)
+    ax.set_xticks(xs, [f"{t['model'][i]}\n{t['gpus'][i]} GPUs, batch {t['global_batch'][i]}\n"
+                       + _layout_label(t, i) for i in twenty], fontsize=7)
+    ax.set_ylabel("step time, s")
+    ax.set_ylim(0, 1.2 * max(off + [1e-9]))
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3, axis="y")
+    ax.set_title(f"AxoNN overlap gain on 20B (paper: ~{100 * AXONN_OVERLAP_GAIN_20B:.0f}%)",
+                 fontsize=10)
+
+
+def _axonn_breakdown_panel(ax, t, rows) -> None:
+    """Stacked exposed parts of the 80B series."""
+    x = np.arange(len(rows))
+    bottoms = np.zeros(len(rows))
+    for (label, keys), color in zip(_PART_GROUPS, _PART_COLORS):
+        frac = np.array([sum(float(t[k[:-2] + "_frac"][i]) for k in keys
+                             if k[:-2] + "_frac" in t) for _, i in rows])
+        if not np.any(frac > 0):
+            continue
+        ax.bar(x, 100 * frac, bottom=100 * bottoms, color=color, label=label)
+        bottoms += frac
+    ax.set_xticks(x, [_AXONN_NAMES[s] for s, _ in rows], fontsize=8)
+    ax.set_ylabel("% of step time (exposed parts)")
+    ax.set_title("GPT-80B: where the step time goes", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_ylim(0, 100)
 
 
 def _layout_label(t, i) -> str:

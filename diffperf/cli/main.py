@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     plot_cmd.add_parser(sub)
     from diffperf.cli import design_cmd, sensitivity_cmd
     for cmd in (sensitivity_cmd, design_cmd): cmd.add_parser(sub)  # noqa: E701
+    from diffperf.cli import list_cmd
+    list_cmd.add_parser(sub)
     return p
 
 

@@ -11,7 +11,8 @@ def add_model_system(p, system_help="name under configs/systems or a YAML") -> N
                    "or a Hugging Face config.json (default: gpt3-175b)")
     p.add_argument("--system", default="a100-sxm-80gb",
                    help=f"{system_help} (default: a100-sxm-80gb)")
-    p.add_argument("--calibration", help="efficiency overlay YAML (from diffperf calibrate)")
+    p.add_argument("--calibration", help="efficiency overlay: a shipped name (diffperf list "
+                   "calibrations, e.g. vtrain-a100) or a YAML path (from diffperf calibrate)")
     p.add_argument("--seq-len", type=int, help="override the model's sequence length")
     p.add_argument("--precision", default="bf16",
                    help="bf16, fp16, amp-bf16, xla-amp-bf16, bf16-pure, fp32; low precision "
@@ -38,10 +39,12 @@ def add_job(p) -> None:
                    help="sequences per optimizer step (default 1536)")
 
 
-def add_placements(p) -> None:
-    """--placements: the rank orders a layout table enumerates (`placements_of`)."""
-    p.add_argument("--placements", default=None, help="comma-separated rank orders, "
-                   "innermost first (default: tp-cp-dp-pp,tp-cp-pp-dp)")
+def add_placements(p, alias=False) -> None:
+    """--placements: the rank orders a layout table enumerates (`placements_of`); with
+    `alias`, --placement too (predict's spelling; the command has no layout placement)."""
+    names = ("--placement", "--placements") if alias else ("--placements",)
+    p.add_argument(*names, dest="placements", default=None, help="comma-separated rank "
+                   "orders, innermost first (default: tp-cp-dp-pp,tp-cp-pp-dp)")
 
 
 def placements_of(text) -> tuple:
@@ -64,3 +67,67 @@ def check_at_least(args, lows: dict) -> None:
         value = getattr(args, name)
         if value is not None and value < low:
             raise SpecError(f"--{name.replace('_', '-')}={value} must be >= {low}")
+
+
+def framework_facts(args) -> tuple[list, list]:
+    """(--set items, notes): the user's --set, after the framework facts the --calibration
+    overlay was fitted under (its fitted_on.set; the user's value wins for a field given
+    twice), and one note per fact applied from the overlay or precision that differs."""
+    from diffperf.load import overlay_facts
+
+    given = list(getattr(args, "set", None) or [])
+    if not getattr(args, "calibration", None):
+        return given, []
+    facts, precision = overlay_facts(args.calibration)
+    mine = {item.split("=", 1)[0].strip() for item in given}
+    applied = [f for f in facts if f.split("=", 1)[0].strip() not in mine]
+    notes = []
+    if applied:
+        notes.append(f"--calibration {args.calibration} was fitted under --set "
+                     f"{' --set '.join(applied)}: applied (give --set FIELD=VALUE to "
+                     f"override)")
+    used = getattr(args, "precision", precision)
+    if precision and precision != used:
+        notes.append(f"--calibration {args.calibration} was fitted under --precision "
+                     f"{precision}; this run uses " + (f"--precision {used}" if used else
+                                                       "each row's precision column"))
+    return applied + given, notes
+
+
+def print_notes(notes) -> None:
+    """Each note on stderr (stdout keeps the table or the JSON)."""
+    from rich.markup import escape
+
+    from diffperf.cli.output import err_console
+
+    for note in notes:
+        err_console.print(f"[cyan]note:[/cyan] {escape(note)}", highlight=False,
+                          soft_wrap=True)
+
+
+RECOMPUTE_NAMES = ("none", "selective", "full")
+
+
+def parse_values(option: str, text, names=None) -> tuple:
+    """The values of a layout option: 'V' (one value), 'A-B' (every whole number from A to
+    B), 'V1,V2,...' or a mix ('1,4-8'); with `names` (e.g. RECOMPUTE_NAMES) a value may be
+    a name, its index in `names`. Sorted, without repeats; None stays None."""
+    if text is None:
+        return None
+    out = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        if names is not None and part in names:
+            out.add(names.index(part))
+            continue
+        bounds = part.split("-") if "-" in part[1:] else [part]
+        try:
+            lo, hi = (int(bounds[0]), int(bounds[-1])) if len(bounds) <= 2 else (None, None)
+        except ValueError:
+            lo = hi = None
+        if lo is None or lo < 0 or hi < lo or hi - lo > 1_000_000:
+            allowed = f"names {', '.join(names)} or " if names else ""
+            raise SpecError(f"--{option}={text!r} must be {allowed}whole numbers >= 0: V, "
+                            f"A-B (A <= B, at most 10^6 apart) or V1,V2,...")
+        out.update(range(lo, hi + 1))
+    return tuple(sorted(out))

@@ -49,7 +49,8 @@ def add_parser(sub):
 def _add_out(p, default):
     p.add_argument("--out", default=default, help=f"figure file, .png, .svg or .pdf "
                    f"(default: {default})")
-    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    if "--force" not in p._option_string_actions:  # search has one (its --csv)
+        p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
 
 
 def _check_out(args):
@@ -71,10 +72,12 @@ def _done(args, summary: dict) -> int:
 def _predict(args) -> int:
     from diffperf import predict
     from diffperf.cli.figures import prediction_figure, save
+    from diffperf.cli.options import print_notes
     from diffperf.cli.predict_cmd import build, result_dict
 
     _check_out(args)
     model, parallel, system, train = build(args)
+    print_notes(args.notes)
     result = result_dict(predict(model, parallel, system, train))
     title = (f"{model.name} on {args.gpus} x {system.name}: tp {args.tp} pp {args.pp} "
              f"dp {args.dp} cp {args.cp} mb {args.micro_batch} gb {args.global_batch}")
@@ -91,12 +94,14 @@ def _search(args) -> int:
         raise SpecError("--sweep is for diffperf search (plot search draws the layouts of one "
                         "system)")
     _check_out(args)
-    model, system, train, placements = build(args)
-    layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements)
+    model, system, train, placements, steer = build(args)
+    layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements,
+                                axonn=args.axonn, fixed=steer["fixed"])
     if not args.no_cache:
         _enable_cache()
     result = search(model, system, train, layouts, placements=placements,
-                    chunk=args.chunk or DEFAULT_CHUNK, validate=False)
+                    chunk=args.chunk or DEFAULT_CHUNK, validate=False,
+                    parallel=steer["parallel"])
     fit = np.flatnonzero(result.fits)
     if not len(fit):
         raise SpecError(f"no layout of {model.name} on {args.gpus} x {system.name} fits in "

@@ -2,27 +2,42 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from diffperf.cli.output import console, fmt, print_json, table
 from diffperf.cli.cache import kernel_store
 from diffperf.errors import SpecError
-from diffperf.cli.options import add_model_system
+from diffperf.cli.options import add_model_system, print_notes
 
+# The layout options (name, GPT-3 175B's shipped value): the shipped job (SHIPPED_JOB) takes
+# them all by default (DESIGN.md, README: tp 8, pp 8, dp 16, SP, selective recompute, ZeRO-1);
+# another model takes NEUTRAL for the ones not given, and with none given the search's best.
 _LAYOUT = (("tp", 8), ("pp", 8), ("cp", 1), ("ep", 1), ("vp", 1), ("micro_batch", 1),
-           ("global_batch", 1536), ("zero_stage", 1), ("cp_ring", 1), ("gx", 1), ("gy", 1),
-           ("gz", 1), ("pp_first_layers", 0), ("pp_last_layers", 0))
+           ("zero_stage", 1), ("cp_ring", 1), ("gx", 1), ("gy", 1), ("gz", 1),
+           ("pp_first_layers", 0), ("pp_last_layers", 0))
+SHIPPED = dict(_LAYOUT, sequence_parallel=1, recompute="selective", dp_overlap=1,
+               placement="tp-cp-dp-pp")
+NEUTRAL = SHIPPED | dict(tp=1, pp=1)
+SHIPPED_JOB = ("gpt3-175b", 1024)  # (model, GPUs) whose layout SHIPPED is
+LAYOUT_OPTIONS = ("dp", *SHIPPED)  # --global-batch belongs to the job, not the layout
+DEFAULT_GLOBAL_BATCH = 1536
 # Parallel fields with an option of their own (not settable through --set).
-_OWN_OPTIONS = {k for k, _ in _LAYOUT} | {"dp", "sequence_parallel", "recompute", "dp_overlap",
-                                          "placement"}
+_OWN_OPTIONS = set(LAYOUT_OPTIONS) | {"global_batch"}
+# The layout in --json, in the order and the names of `diffperf search --json`, then the
+# fields search does not vary.
+JSON_LAYOUT = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch", "gx", "gy",
+               "gz", "zero_stage", "recompute", "sequence_parallel", "placement", "cp_ring",
+               "dp_overlap", "pp_first_layers", "pp_last_layers")
 
 
 def add_parser(sub):
-    p = sub.add_parser("predict", help="step time, breakdown and memory of one layout", description=(
+    p = sub.add_parser("predict", help="step time, breakdown and memory of one layout",
+                       description=(
         "Predict one configuration. With no options: GPT-3 175B on 1024 A100 80 GB "
-        "(tp 8, pp 8, dp 16, sequence parallel, selective recompute, ZeRO-1)."))
+        "(tp 8, pp 8, dp 16, sequence parallel, selective recompute, ZeRO-1). With a model "
+        "and --gpus but no layout option: the fastest layout that fits, found by the "
+        "search (and said so). Layout options not given take 1 (tp, pp, cp, ...), ZeRO-1, "
+        "selective recompute, SP; GPT-3 175B's take its shipped layout."))
     add_model_system(p)
-    add_layout_options(p)
+    add_layout_options(p, alias=True)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-cache", action="store_true", help="do not keep the compiled program "
                    "in ~/.cache/diffperf (a later run then compiles it again, ~3 s)")
@@ -30,40 +45,124 @@ def add_parser(sub):
     return p
 
 
-def add_layout_options(p) -> None:
+def add_layout_options(p, alias=False) -> None:
     """The options of one layout (predict, sensitivity): --gpus, --dp, the degrees, switches
-    and the placement; `build` reads them."""
-    p.add_argument("--gpus", type=int, default=1024,
-                   help="devices; dp = gpus / (tp cp pp gx gy gz)")
+    and the placement; `build` reads them. Each defaults to None (not given: `build`
+    decides). `alias`: --placements is accepted for --placement (search's spelling)."""
+    p.add_argument("--gpus", type=int, default=None,
+                   help="devices; dp = gpus / (tp cp pp gx gy gz) (default: 1024 for "
+                   "GPT-3 175B, else required unless --dp is given)")
+    p.add_argument("--global-batch", dest="global_batch", type=int,
+                   default=DEFAULT_GLOBAL_BATCH, help="sequences per optimizer step "
+                   f"(default {DEFAULT_GLOBAL_BATCH})")
     p.add_argument("--dp", type=int, help="data-parallel degree (default: from --gpus)")
     for name, default in _LAYOUT:
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=default)
-    p.add_argument("--sequence-parallel", type=int, choices=(0, 1), default=1)
-    p.add_argument("--recompute", choices=("none", "selective", "full"), default="selective")
-    p.add_argument("--dp-overlap", type=int, choices=(0, 1), default=1)
-    p.add_argument("--placement", default="tp-cp-dp-pp",
-                   help="rank order of the groups, innermost first (default: Megatron-LM's)")
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=None,
+                       help=f"(default {NEUTRAL[name]}; GPT-3 175B: {default})"
+                       if NEUTRAL[name] != default else f"(default {default})")
+    p.add_argument("--sequence-parallel", type=int, choices=(0, 1), default=None,
+                   help="(default 1)")
+    p.add_argument("--recompute", choices=("none", "selective", "full"), default=None,
+                   help="(default selective)")
+    p.add_argument("--dp-overlap", type=int, choices=(0, 1), default=None, help="(default 1)")
+    names = ("--placement", "--placements") if alias else ("--placement",)
+    p.add_argument(*names, dest="placement", default=None,
+                   help="rank order of the groups, innermost first (default: Megatron-LM's "
+                   "tp-cp-dp-pp)")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE", help=(
         "framework fact: any other Parallel or Training field (e.g. flash_attention=0, "
-        "tp_overlap=0; checkpoint_interval_s=1800 for the goodput); repeatable. A calibration overlay lists the ones it was fitted "
-        "under in fitted_on.set"))
+        "tp_overlap=0; checkpoint_interval_s=1800 for the goodput); repeatable. With "
+        "--calibration, the overlay's fitted_on.set is applied first (a note says so)"))
+
+
+def _search_layout(model, system, train, args, par_over) -> dict:
+    """The fastest layout that fits of args.gpus devices (`diffperf search`'s best), as
+    layout option values; a note says so. SpecError when none fits."""
+    from diffperf.cli.cache import kernel_store
+    from diffperf.search import (COLUMNS, PLACEMENTS, RANK_FIELDS, enumerate_layouts, ranked,
+                                 search)
+
+    layouts = enumerate_layouts(model, args.gpus, args.global_batch)
+    result = search(model, system, train, layouts, validate=False, store=kernel_store(args),
+                    fields=RANK_FIELDS, parallel=par_over)
+    best = ranked(result, 1)
+    if not len(best):
+        i = int(result.memory.total_bytes.argmin())
+        raise SpecError(
+            f"no layout of {model.name} on --gpus={args.gpus} x {system.name} with "
+            f"--global-batch={args.global_batch} fits in memory (the smallest needs "
+            f"{float(result.memory.total_bytes[i]) / 2**30:.4g} GiB per device, usable "
+            f"{float(result.memory.capacity_bytes[i]) / 2**30:.4g} GiB): give more --gpus")
+    row = layouts[best[0]]
+    lay = {c: int(row[i]) for i, c in enumerate(COLUMNS[:-1]) if c != "global_batch"}
+    lay["recompute"] = ("none", "selective", "full")[lay["recompute"]]
+    lay["placement"] = "-".join(PLACEMENTS[int(row[-1])])
+    n_fit = int(result.fits.sum())
+    args.notes.append(
+        f"layout chosen by search: tp {lay['tp']} pp {lay['pp']} dp {lay['dp']} cp "
+        f"{lay['cp']} ep {lay['ep']} vp {lay['vp']} micro-batch {lay['micro_batch']} ZeRO "
+        f"{lay['zero_stage']} recompute {lay['recompute']} sp {lay['sequence_parallel']} "
+        f"placement {lay['placement']} (global batch {args.global_batch}): the fastest of "
+        f"{n_fit:,} layouts that fit "
+        f"({len(layouts):,} evaluated); `diffperf search` with the same options lists the "
+        f"others, a layout option gives your own")
+    return lay
+
+
+def _resolve_layout(model, system, train, args, par_over) -> None:
+    """Fill the layout options not given (None) in args, and args.gpus: the shipped layout
+    for the shipped job, the search's best layout when no layout option is given, else
+    NEUTRAL (GPT-3 175B: SHIPPED) for each one missing. args.layout_source says which."""
+    given = [k for k in LAYOUT_OPTIONS if getattr(args, k) is not None]
+    gpt3 = model.name == SHIPPED_JOB[0]
+    if args.gpus is None and gpt3:
+        args.gpus = SHIPPED_JOB[1]
+    if args.gpus is None and args.dp is None:
+        what = ("--gpus N or --dp N beside the layout options given" if given else
+                "--gpus N (predict then searches the fastest layout that fits) or a layout "
+                "with --dp (--tp, --pp, --dp, ...)")
+        raise SpecError(f"--model {args.model}: give {what}; the default of "
+                        f"{SHIPPED_JOB[1]} GPUs is GPT-3 175B's shipped job")
+    if not given and (not gpt3 or args.gpus != SHIPPED_JOB[1]):
+        args.layout_source = "search"
+        chosen = _search_layout(model, system, train, args, par_over)
+    else:
+        args.layout_source = "shipped default" if not given else "given"
+        chosen = {}
+    defaults = SHIPPED if gpt3 else NEUTRAL
+    for k in LAYOUT_OPTIONS:
+        if getattr(args, k) is None and k != "dp":
+            setattr(args, k, chosen.get(k, defaults[k]))
+    if "dp" in chosen:
+        args.dp = chosen["dp"]
 
 
 def build(args):
-    """(model, parallel, system, training) from parsed arguments, validated."""
+    """(model, parallel, system, training) from parsed arguments, validated; args gains the
+    layout values used, `layout_source` and `notes` (to print; `cli.options.print_notes`)."""
     from diffperf import Parallel, training
-    from diffperf.cli.options import model_and_system
+    from diffperf.cli.options import framework_facts, model_and_system
     from diffperf.load import parse_overrides
     from diffperf.specs.parallel import Recompute, placement_index
     from diffperf.specs.validate import check_layout
 
-    par_over, tr_over = parse_overrides(args.set)
+    items, args.notes = framework_facts(args)
+    par_over, tr_over = parse_overrides(items)
+    mine = parse_overrides(list(getattr(args, "set", None) or []))[0]
+    for k in [k for k in par_over if k in _OWN_OPTIONS and k not in mine]:
+        value = par_over.pop(k)  # an overlay's fact for a field with its own option: the
+        if getattr(args, k, None) is None:  # option's value, unless the user gave it
+            setattr(args, k, int(value) if float(value) == int(value) else value)
     own = [k for k in par_over if k in _OWN_OPTIONS]
     if own:
         raise SpecError(f"--set {own[0]}: the layout has its own option "
                         f"--{own[0].replace('_', '-')}; give it there")
     model, system = model_and_system(args)
+    train = training(args.precision, **tr_over)
+    _resolve_layout(model, system, train, args, par_over)
     inner = args.tp * args.cp * args.pp * args.gx * args.gy * args.gz
+    if args.gpus is None and args.dp is not None:
+        args.gpus = args.dp * inner
     if args.dp is None:
         if inner <= 0 or args.gpus % inner:
             names = "tp x cp x pp" + (" x gx x gy x gz" if inner > args.tp * args.cp * args.pp
@@ -71,24 +170,36 @@ def build(args):
             raise SpecError(f"--gpus={args.gpus} must be a multiple of {names} = {inner}")
         args.dp = args.gpus // inner
     layout = {k: float(getattr(args, k)) for k, _ in _LAYOUT}
-    parallel = Parallel(**layout, dp=float(args.dp),
+    parallel = Parallel(**layout, dp=float(args.dp), global_batch=float(args.global_batch),
                         sequence_parallel=float(args.sequence_parallel),
                         recompute=float(Recompute[args.recompute.upper()]),
                         dp_overlap=float(args.dp_overlap),
                         placement=float(placement_index(args.placement)), **par_over)
     check_layout(model, parallel, args.gpus, "layout")
-    return model, parallel, system, training(args.precision, **tr_over)
+    return model, parallel, system, train
+
+
+def layout_json(parallel, placement: str) -> dict:
+    """A Parallel's layout as `diffperf search --json` writes it: whole numbers as integers,
+    recompute and placement by name (JSON_LAYOUT keys)."""
+    from diffperf.cli.options import RECOMPUTE_NAMES
+
+    out = {}
+    for k in JSON_LAYOUT:
+        if k == "placement":
+            out[k] = placement
+            continue
+        v = float(getattr(parallel, k))
+        out[k] = RECOMPUTE_NAMES[int(v)] if k == "recompute" else (int(v) if v == int(v)
+                                                                    else v)
+    return out
 
 
 def result_dict(result) -> dict:
-    """A Result as plain floats (breakdown and memory as nested dicts)."""
-    out = {}
-    for f in dataclasses.fields(result):
-        v = getattr(result, f.name)
-        out[f.name] = ({g.name: float(getattr(v, g.name)) for g in dataclasses.fields(v)}
-                       if dataclasses.is_dataclass(v) else float(v))
-    out["fits"] = bool(result.fits)
-    return out
+    """A Result as plain floats (breakdown and memory as nested dicts): `result.as_dict`."""
+    from diffperf.result import as_dict
+
+    return as_dict(result)
 
 
 def _goodput_rows(result, given: bool) -> list:
@@ -165,21 +276,21 @@ def run(args) -> int:
     params, notes = model_parameters(model), model_notes(args.model, args.seq_len)
     if args.json:
         print_json(dict(model=model.name, system=system.name, gpus=args.gpus,
-                        parameters=params, notes=notes,
-                        layout={k: float(getattr(parallel, k)) for k in (
-                            "tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch",
-                            "sequence_parallel", "zero_stage", "recompute", "cp_ring", "gx",
-                            "gy", "gz", "pp_first_layers", "pp_last_layers")}
-                        | {"placement": args.placement, "stage_layers": stages},
+                        layout=layout_json(parallel, args.placement)
+                        | {"stage_layers": [int(x) if x == int(x) else x for x in stages]},
+                        layout_source=args.layout_source, notes=args.notes + notes,
+                        parameters=params,
                         result=result_dict(result)))
         return 0
+    print_notes(args.notes)
     title = (f"{model.name} on {args.gpus} x {system.name}: tp {args.tp} pp {args.pp} "
              f"dp {args.dp} cp {args.cp} mb {args.micro_batch} gb {args.global_batch}"
              + (f" grid {args.gx}x{args.gy}x{args.gz}" if args.gx * args.gy * args.gz > 1
                 else "")
              + (f" placement {args.placement}" if args.placement != "tp-cp-dp-pp" else "")
              + (f" stages {stages[0]:g}/{stages[1]:g}/{stages[2]:g} layers"
-                if args.pp > 2 and len(set(stages)) > 1 else ""))
+                if args.pp > 2 and len(set(stages)) > 1 else "")
+             + (" (layout chosen by search)" if args.layout_source == "search" else ""))
     render(result, title, train)
     print_parameters(params, notes)
     return 0

@@ -10,10 +10,13 @@ import numpy as np
 
 from diffperf.cli.output import console, err_console, fmt, print_json, table
 from diffperf.cli.cache import kernel_store
-from diffperf.cli.options import (add_job, add_model_system, add_placements, check_at_least,
-                                  model_and_system, placements_of)
+from diffperf.cli.options import (RECOMPUTE_NAMES, add_job, add_model_system, add_placements,
+                                  check_at_least, model_and_system, placements_of, print_notes)
+from diffperf.cli.steer import (add_steering, budget_line, budget_of, similar_cells, steering,
+                                write_csv)
+from diffperf.errors import SpecError
 
-_RECOMPUTE = ("none", "selective", "full")
+_RECOMPUTE = RECOMPUTE_NAMES
 _N_PARTS = 4  # breakdown columns in the top-K table: the largest parts on average
 _FRONT_ROWS = 12  # Pareto points printed (evenly spaced along the front; --json has all)
 
@@ -28,18 +31,23 @@ def add_parser(sub):
         "memory. With --sweep, do so at every point of a grid of hardware values and print "
         "the best layout at each. The work is split over every local device (GPUs; on a CPU "
         "one device already uses every core). With no options: GPT-3 175B on 1024 A100 "
-        "80 GB, global batch 1536."))
+        "80 GB, global batch 1536. Steering (docs/guide-search.md): fix or range any "
+        "layout field (--tp 8, --pp 2-8, --recompute none,full), --set framework facts, "
+        "--csv of every layout that fits, --tokens for a time and cost answer."))
     add_model_system(p)
     add_job(p)
     p.add_argument("--top", type=int, default=None, help="layouts to list (default 10; with "
                    "--sweep, per hardware point, default 1)")
-    add_placements(p)
+    add_placements(p, alias=True)
+    add_steering(p)
     p.add_argument("--axonn", action="store_true", help="also enumerate the AxoNN 4D layouts "
                    "(3D tensor grid gx x gy x gz x dp, tp = pp = 1; Singh et al. SC24)")
     p.add_argument("--sweep", action="append", metavar="FIELD=VALUES", help="sweep a "
                    "hardware number over values: FIELD is a key of the system YAML in its "
                    "units (hbm_bandwidth_GBps, tiers[1].bandwidth_GBps, tiers[0].domain_size, "
-                   "matmul_TFLOPs, efficiency.mm_max, ...), VALUES is START:STOP:N (evenly "
+                   "matmul_TFLOPs, efficiency.mm_max, ...; a tier by name too: "
+                   "tiers[infiniband].bandwidth_GBps; or a System leaf path in SI as "
+                   "sensitivity prints it: matmul_flops_per_s), VALUES is START:STOP:N (evenly "
                    "spaced), START:STOP:N:log (geometric) or V1,V2,...; repeat for a grid "
                    "(the outer product)")
     p.add_argument("--chunk", type=int, default=None, help="layouts per batched call")
@@ -67,12 +75,15 @@ def _devices():
 
 
 def build(args):
-    """(model, system, training, placements) from parsed arguments, validated."""
+    """(model, system, training, placements, steer) from parsed arguments, validated;
+    steer: dict(fixed=..., parallel=..., notes=...) (`steering`)."""
     from diffperf import training
 
     check_at_least(args, dict(gpus=1, global_batch=1, top=1, chunk=1))
+    fixed, par, tr, notes = steering(args)
     model, system = model_and_system(args)
-    return model, system, training(args.precision), placements_of(args.placements)
+    steer = dict(fixed=fixed, parallel=par, notes=notes)
+    return model, system, training(args.precision, **tr), placements_of(args.placements), steer
 
 
 @contextlib.contextmanager
@@ -166,7 +177,8 @@ def _wide():
     return console if console.is_terminal else Console(width=200)
 
 
-def render(model, system, args, layouts, placements, result, top, front, seconds, detail):
+def render(model, system, args, layouts, placements, result, top, front, seconds, detail,
+           similar=None):
     from diffperf.result import EXPOSED_PARTS
     from diffperf.search import COLUMNS, axonn_mask
 
@@ -184,10 +196,15 @@ def render(model, system, args, layouts, placements, result, top, front, seconds
     else:
         mean = {k: float(np.mean(getattr(detail.breakdown, k))) for k in EXPOSED_PARTS}
         parts = sorted(EXPOSED_PARTS, key=lambda k: -mean[k])[:_N_PARTS]
-        out.print(table(f"fastest {len(top)} of {feasible:,} layouts that fit: {head}",
-                        _columns(parts, moe, n_grid > 0),
-                        _rows(result, top, layouts, placements, parts, moe, n_grid > 0,
-                              detail)))
+        rows = _rows(result, top, layouts, placements, parts, moe, n_grid > 0, detail)
+        columns = _columns(parts, moe, n_grid > 0)
+        if similar is not None and any(similar):
+            rows = [[*r, s] for r, s in zip(rows, similar)]
+            columns = (*columns, f"near-ties (<= {args.tie_pct:g} %)")
+        merged_note = " (near-ties merged)" if similar is not None and any(similar) else ""
+        out.print(table(f"fastest {len(top)} of {feasible:,} layouts that fit{merged_note}: "
+                        f"{head}",
+                        columns, rows))
         shown = front[np.unique(np.linspace(0, len(front) - 1, _FRONT_ROWS).round().astype(int))]
         note = f" ({len(shown)} of {len(front)} points; --json lists all)" if len(
             shown) < len(front) else ""
@@ -200,40 +217,71 @@ def render(model, system, args, layouts, placements, result, top, front, seconds
 
 
 def run(args) -> int:
-    from diffperf.search import (DEFAULT_CHUNK, RANK_FIELDS, axonn_mask, enumerate_layouts,
-                                 pareto_front, ranked, search)
+    import dataclasses
 
-    model, system, train, placements = build(args)
+    from diffperf.search import (DEFAULT_CHUNK, RANK_FIELDS, axonn_mask, enumerate_layouts,
+                                 merged, pareto_front, search)
+
+    model, system, train, placements, steer = build(args)
+    if args.csv:
+        from diffperf.cli.output import check_writable
+
+        check_writable(args.csv, args.force)
     if args.sweep:
         from diffperf.cli.sweep_cmd import run_sweep
 
-        return run_sweep(args, model, system, train, placements)
+        if steer["parallel"] or args.csv or args.tokens is not None:
+            raise SpecError("--sweep takes the layout values and the Training facts of "
+                            "--set, not yet --set FIELD of Parallel, --csv or --tokens")
+        print_notes(steer["notes"])
+        return run_sweep(args, model, system, train, placements, steer["fixed"])
+    print_notes(steer["notes"])
     start = time.perf_counter()
     layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements,
-                                axonn=args.axonn)
+                                axonn=args.axonn, fixed=steer["fixed"])
     store, devices = kernel_store(args), _devices()
     with _progress(not args.json) as progress:
         # Tables from enumerate_layouts are valid by construction (tests/test_search.py).
         # Every layout with what ranking needs, then the whole Result of the top ones.
         result = search(model, system, train, layouts, placements=placements,
                         chunk=args.chunk or DEFAULT_CHUNK, validate=False, progress=progress,
-                        devices=devices, store=store, fields=RANK_FIELDS)
-        top = ranked(result, args.top or 10)
+                        devices=devices, store=store, fields=RANK_FIELDS,
+                        parallel=steer["parallel"])
+        groups = merged(result, layouts, args.top or 10, args.tie_pct / 100)
+        top = np.array([g[0] for g in groups], dtype=np.int64)
         detail = search(model, system, train, layouts[top], placements=placements,
-                        validate=False, optimize=False, store=store) if len(top) else None
+                        validate=False, optimize=False, store=store,
+                        parallel=steer["parallel"]) if len(top) else None
     seconds = time.perf_counter() - start
     fit = np.flatnonzero(result.fits)
     front = fit[pareto_front(result.step_time_s[fit], result.memory.total_bytes[fit])]
+    written = write_csv(args.csv, result, layouts, placements, args.force) if args.csv else None
+    budget = budget_of(args, system, result, top[0] if len(top) else None)
     if args.json:
+        ranked_entries = []
+        for r, (i, g) in enumerate(zip(top, groups), 1):
+            e = _entry(result, i, layouts[i], placements, r, detail)
+            e["similar"] = [dict(layout=layout_dict(layouts[j], placements),
+                                 step_time_s=float(result.step_time_s[j])) for j in g[1:]]
+            ranked_entries.append(e)
         print_json(dict(
             model=model.name, system=system.name, gpus=args.gpus,
-            global_batch=args.global_batch, seq_len=float(model.seq_len),
+            global_batch=args.global_batch, seq_len=int(model.seq_len),
             placements=["-".join(p) for p in placements], evaluated=len(layouts),
             axonn=args.axonn, axonn_layouts=int(np.sum(axonn_mask(layouts))),
             feasible=int(len(fit)), seconds=seconds,
-            ranked=[_entry(result, i, layouts[i], placements, r, detail)
-                    for r, i in enumerate(top, 1)],
+            fixed={c: [_RECOMPUTE[v] for v in vals] if c == "recompute" else list(vals)
+                   for c, vals in steer["fixed"].items()},
+            set=list(args.set or []), notes=steer["notes"], tie_pct=args.tie_pct,
+            csv=None if args.csv is None else dict(path=str(args.csv), rows=written),
+            budget=None if budget is None else dataclasses.asdict(budget),
+            ranked=ranked_entries,
             pareto=[_entry(result, i, layouts[i], placements) for i in front]))
         return 0
-    render(model, system, args, layouts, placements, result, top, front, seconds, detail)
+    render(model, system, args, layouts, placements, result, top, front, seconds, detail,
+           similar_cells(groups, layouts, placements))
+    if written is not None:
+        _wide().print(f"wrote {written:,} layouts that fit to {args.csv}", highlight=False)
+    if budget is not None:
+        _wide().print(budget_line(budget), highlight=False)
     return 0

@@ -8,7 +8,7 @@ import math
 
 from diffperf.cli.output import err_console, fmt, print_json, table
 from diffperf.errors import SpecError
-from diffperf.cli.options import add_model_system, add_placements, placements_of
+from diffperf.cli.options import add_model_system, add_placements, placements_of, print_notes
 
 # Human units of a leaf, by the suffix of its name: (suffix, unit, SI value per unit).
 _UNITS = (("_flops_per_s", "TFLOP/s", 1e12), ("_Bps", "GB/s", 1e9), ("_bytes", "GiB", 2.0**30),
@@ -34,8 +34,9 @@ def add_parser(sub):
                    "(default: the exact model, subgradients at kinks)")
     p.add_argument("--optimum", action="store_true", help="also at the optimal layout of "
                    "--gpus devices and --global-batch, re-optimized")
-    p.add_argument("--temperature", type=float, default=0.05, help="tau of the soft-min over "
-                   "layouts, with --optimum (default 0.05)")
+    p.add_argument("--temperature", type=float, default=0.05, help="starting tau of the "
+                   "soft-min over layouts, with --optimum, annealed until the soft-min step "
+                   "time is within 2%% of the best layout's (default 0.05)")
     add_placements(p)
     p.add_argument("--max-candidates", type=int, default=1024, help="layouts per placement "
                    "order in the soft-min (lowest soft scores; default 1024)")
@@ -111,8 +112,9 @@ def _finite(x):
 
 
 def _json(model, system, args, parallel, step, elast, values, opt, layouts, placements):
+    from diffperf.cli.predict_cmd import layout_json
     from diffperf.cli.search_cmd import layout_dict
-    from diffperf.sensitivity import leaf_label, step_change_frac
+    from diffperf.sensitivity import METHOD_RESEARCH, METHOD_SOFT, leaf_label, step_change_frac
 
     rows = []
     for path, e in elast.items():
@@ -121,13 +123,13 @@ def _json(model, system, args, parallel, step, elast, values, opt, layouts, plac
         row = dict(leaf=path, label=leaf_label(path, system), value=values[path],
                    value_human=v, unit=unit, elasticity=e, **{change: float(step_change_frac(e))})
         if opt is not None:
-            row |= dict(optimum_soft=opt.soft[path], optimum_reoptimized=_finite(
-                opt.hard[path]), optimum_at_best_layout=opt.at_best[path])
+            row |= dict(optimum=_finite(opt.optimum[path]), optimum_method=opt.method[path],
+                        optimum_soft=opt.soft[path], optimum_reoptimized=_finite(
+                            opt.hard[path]), optimum_at_best_layout=opt.at_best[path])
         rows.append(row)
     out = dict(model=model.name, system=system.name, gpus=args.gpus,
-               layout={k: float(getattr(parallel, k)) for k in (
-                   "tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch",
-                   "sequence_parallel", "zero_stage", "recompute")},
+               layout=layout_json(parallel, args.placement),
+               layout_source=args.layout_source, notes=args.notes,
                objective="effective_tokens_per_s" if args.goodput else "step_time_s",
                elasticities=rows)
     out["effective_tokens_per_s" if args.goodput else "step_time_s"] = step
@@ -135,19 +137,27 @@ def _json(model, system, args, parallel, step, elast, values, opt, layouts, plac
         out["optimum"] = dict(
             layout=layout_dict(layouts[opt.best_index], placements),
             step_time_s=opt.best_step_time_s, soft_step_time_s=opt.soft_step_time_s,
-            temperature=opt.temperature, layouts=len(layouts), candidates=opt.n_candidates,
-            dropped_weight=opt.dropped_weight)
+            soft_vs_best_frac=opt.soft_step_time_s / opt.best_step_time_s - 1.0,
+            temperature=opt.temperature, temperature_start=opt.temperature_start,
+            layouts=len(layouts), candidates=opt.n_candidates,
+            dropped_weight=opt.dropped_weight,
+            methods={METHOD_SOFT: "gradient of the soft-min over layouts (temperature "
+                     "annealed until the soft-min is within 2 % of the best step time)",
+                     METHOD_RESEARCH: "the leaf acts only through which layouts fit: "
+                     "central difference of the exact best step time, the layouts searched "
+                     "again at +-10 %"})
     print_json(out)
 
 
 def _render(model, system, args, step, elast, values, opt, layouts, placements):
     from diffperf.cli.search_cmd import _wide, layout_dict
-    from diffperf.sensitivity import leaf_label
+    from diffperf.sensitivity import METHOD_RESEARCH, leaf_label
 
-    key = (lambda p: -abs(opt.soft[p])) if opt is not None else (lambda p: -abs(elast[p]))
+    key = ((lambda p: -abs(opt.optimum[p] or 0.0)) if opt is not None
+           else (lambda p: -abs(elast[p])))
     ranked = sorted(values, key=key)
     big = lambda p: abs(elast[p]) >= _ZERO or (opt is not None and (  # noqa: E731
-        abs(opt.soft[p]) >= _ZERO or abs(opt.hard[p] or 0.0) >= _ZERO))
+        abs(opt.optimum[p] or 0.0) >= _ZERO or abs(opt.hard[p] or 0.0) >= _ZERO))
     shown = [p for p in ranked if big(p)][:args.top]
     head = (f"{model.name} on {args.gpus} x {system.name}: tp {args.tp} pp {args.pp} "
             f"dp {args.dp} cp {args.cp} mb {args.micro_batch} gb {args.global_batch}")
@@ -157,11 +167,12 @@ def _render(model, system, args, step, elast, values, opt, layouts, placements):
         rows = [(leaf_label(p, system), _value_cell(p, values[p]), _num(elast[p]),
                  _pct(elast[p])) for p in shown]
     else:
-        cols = ("leaf", "value", "at layout", "+10% at layout %", "optimum (soft)",
+        cols = ("leaf", "value", "at layout", "+10% at layout %", "optimum",
                 "optimum (re-optimized)", "+10% at optimum %")
+        mark = lambda p: " *" if opt.method[p] == METHOD_RESEARCH else ""  # noqa: E731
         rows = [(leaf_label(p, system), _value_cell(p, values[p]), _num(elast[p]),
-                 _pct(elast[p]), _num(opt.soft[p]), _num(opt.hard[p]), _pct(opt.soft[p]))
-                for p in shown]
+                 _pct(elast[p]), _num(opt.optimum[p]) + mark(p), _num(opt.hard[p]),
+                 _pct(opt.optimum[p])) for p in shown]
     out = _wide()
     quantity = ("d ln X / d ln theta (X = effective tokens/s under failures, checkpoints "
                 "and restarts)" if args.goodput else "d ln T / d ln theta")
@@ -176,10 +187,13 @@ def _render(model, system, args, step, elast, values, opt, layouts, placements):
         desc = " ".join(f"{k} {v}" for k, v in lay.items() if k != "global_batch")
         out.print(
             f"optimum of {len(layouts):,} layouts: {desc}; step_time_s {fmt(opt.best_step_time_s)}"
-            f" (soft-min {fmt(opt.soft_step_time_s)} at tau {opt.temperature:g} over "
-            f"{opt.n_candidates:,} candidates). Soft: gradient of the soft-min, capacity "
-            f"through the feasibility penalty; re-optimized: best layout that fits, "
-            f"re-searched at +-10 %.", highlight=False)
+            f" (soft-min {fmt(opt.soft_step_time_s)}, "
+            f"{100 * (opt.soft_step_time_s / opt.best_step_time_s - 1):+.2f} %, at tau "
+            f"{opt.temperature:.3g} annealed from {opt.temperature_start:g}, over "
+            f"{opt.n_candidates:,} candidates). optimum: gradient of the soft-min; * = "
+            f"{METHOD_RESEARCH}: the leaf acts only through which layouts fit, so its worth "
+            f"is the exact best step time re-searched at +-10 %. re-optimized: the same "
+            f"re-search for every leaf.", highlight=False)
 
 
 def run(args) -> int:
@@ -191,6 +205,8 @@ def run(args) -> int:
 
     _check(args)
     model, parallel, system, train = build(args)
+    if not args.json:
+        print_notes(args.notes)
     placements = placements_of(args.placements)
     layouts, opt = None, None
     with status(not args.json, "differentiating (compiling first)"):

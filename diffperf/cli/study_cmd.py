@@ -32,7 +32,8 @@ def add_parser(sub):
                    "(default: ./studies)")
     p.add_argument("--quick", action="store_true", help="a reduced version (fewer models, "
                    "systems or GPU counts; one placement order): for tests")
-    p.add_argument("--calibration", help="efficiency overlay YAML applied to every system")
+    p.add_argument("--calibration", help="efficiency overlay (a shipped name or a YAML path) "
+                   "applied to every system")
     p.add_argument("--formats", default="png,svg", help="figure formats (default png,svg)")
     p.add_argument("--force", action="store_true", help="overwrite existing output files")
     p.add_argument("--no-cache", action="store_true", help="do not keep compiled code in "

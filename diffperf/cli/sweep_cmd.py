@@ -42,7 +42,7 @@ def _json(args, model, system, axes, layouts, placements, result, seconds):
         rows.append(dict(point={key: float(v) for (key, *_), v in zip(axes, values)},
                          feasible=int(fits[h]), best=[b for b in best if b is not None]))
     print_json(dict(model=model.name, system=system.name, gpus=args.gpus,
-                    global_batch=args.global_batch, seq_len=float(model.seq_len),
+                    global_batch=args.global_batch, seq_len=int(model.seq_len),
                     placements=["-".join(p) for p in placements],
                     axes=[dict(field=key, leaf=leaf, values=[float(v) for v in human])
                           for key, leaf, human, _ in axes],
@@ -101,14 +101,14 @@ def _render(args, model, system, axes, layouts, placements, result, seconds):
               f"({result.n_points / seconds:,.0f} points/s)", highlight=False)
 
 
-def run_sweep(args, model, system, train, placements) -> int:
+def run_sweep(args, model, system, train, placements, fixed=None) -> int:
     from diffperf.load import sweep_axes
     from diffperf.search import SWEEP_CELLS, enumerate_layouts, sweep
 
     axes = sweep_axes(system, args.sweep)
     start = time.perf_counter()
     layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements,
-                                axonn=args.axonn)
+                                axonn=args.axonn, fixed=fixed)
     store = kernel_store(args)
     with _progress(not args.json, "sweeping") as progress:
         result = sweep(model, system, train, layouts, {leaf: si for _, leaf, _, si in axes},

@@ -23,9 +23,12 @@ def add_runs_options(p) -> None:
 
 def add_parser(sub):
     p = sub.add_parser("validate", help="prediction error against measured runs")
-    p.add_argument("runs", help="measured-runs CSV (schema: shared/data/README.md)")
+    p.add_argument("runs", help="measured-runs CSV (schema: data/README.md), or a shipped "
+                   "dataset by name (diffperf list datasets)")
     add_runs_options(p)
-    p.add_argument("--calibration", help="efficiency overlay YAML")
+    p.add_argument("--calibration", help="efficiency overlay: a shipped name (diffperf list "
+                   "calibrations) or a YAML path; the framework facts it was fitted under "
+                   "(its fitted_on.set) are applied, with a note")
     p.add_argument("--out", help="write one row per run with the predictions")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("--json", action="store_true")
@@ -85,15 +88,19 @@ def run(args) -> int:
 
     if args.out:
         check_writable(args.out, args.force)
-    runs = load_runs(args.runs, args.precision, args.set)
+    from diffperf.cli.options import framework_facts, print_notes
+
+    items, notes = framework_facts(args)
+    runs = load_runs(args.runs, args.precision, items)
     systems = load_systems(runs, args.system, args.calibration)
     step, mem, fits = predict_runs(runs, systems)
     summary = summarize(runs, step, mem, fits)
     if args.out:
         write_atomic(args.out, _csv_text(runs, step, mem, fits), args.force)
     if args.json:
-        print_json(dict(runs=args.runs, summary=summary))
+        print_json(dict(runs=args.runs, notes=notes, summary=summary))
         return 0
+    print_notes(notes)
     rows = [(k, v["n"], fmt(v["mape_pct"], 3), fmt(v["median_pct"], 3), fmt(v["max_pct"], 3))
             for k, v in summary.items() if "mape_pct" in v and k != "peak_memory"]
     console.print(table(f"step time error: {args.runs}", ("rows", "n", "MAPE_%", "median_%",

@@ -127,7 +127,7 @@ def attention_efficiency(work, head_dim, eff):
     W = b (a/t) s_q s_kv kappa score elements: the kernel tiles the score matrix over the SMs,
     so too little work leaves SMs idle (wave quantization, like small GEMMs); a small head_dim
     is a small inner dimension of both matmuls. Fitted to the H100 flash-attention kernels
-    (shared/data/kernels/h100_attention.csv): ~440 TFLOP/s at d_h 64 and ~550 at 128 for long
+    (data/kernels/h100_attention.csv): ~440 TFLOP/s at d_h 64 and ~550 at 128 for long
     sequences, ~20-80 TFLOP/s at b a s^2 ~ 1e7 [D].
     """
     return eff.attn_max / ((1.0 + (eff.attn_half_work / work) ** eff.attn_exponent)

@@ -18,7 +18,7 @@ def kernel_fixed_s(system, training):
     can), so the GPU never waits for the host between kernels: what is left per kernel is the
     gap between dependent kernels and the tail of the last wave. kernel_s is fitted to
     microbenchmarks that time one kernel launch with CUDA events (~20 us on the H100 of
-    shared/data/kernels, the smallest GEMMs), which includes the launch itself.
+    data/kernels, the smallest GEMMs), which includes the launch itself.
     Source: NVIDIA, "Getting Started with CUDA Graphs" (2019): launch overhead of short
     kernels issued back to back falls from ~3.4 us to ~2.6 us per kernel with a graph, against
     tens of us for a kernel timed alone [C]; XLA GPU command buffers (OpenXLA docs,

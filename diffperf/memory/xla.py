@@ -3,7 +3,7 @@
 A JAX step is one program: XLA's buffer assignment decides which buffers are live at each
 point, and its peak is what `jax.jit(f).lower(...).compile().memory_analysis()` reports,
 arguments + outputs + temporaries - aliased (the measured `peak_memory_GB` of
-shared/data/h100_jax_single_gpu.csv). The program modelled is the one that file describes:
+data/h100_jax_single_gpu.csv). The program modelled is the one that file describes:
 layers as one `lax.scan` over stacked fp32 weights, bf16 matmul inputs, cuDNN flash attention,
 AdamW, gradient accumulation as a `lax.scan` over micro-batches, parameters and optimizer state
 donated, `recompute=full` = `jax.checkpoint` around the scanned layer.
@@ -97,7 +97,7 @@ def loss_buffer_bytes(model, parallel, training):
     tests/jax_transformer.py `scan_loss`, `optax.softmax_cross_entropy_with_integer_labels`
     on fp32 logits, whose `jax.nn.logsumexp` keeps exp(logits - max), a (T, V) fp32 array, as
     its `jax.vjp` residual; phase A of the module docstring against the measured peaks of
-    shared/data/h100_jax_single_gpu.csv (the example below) [D].
+    data/h100_jax_single_gpu.csv (the example below) [D].
     Example: T = 32768, V = 128256, q = 2: 6 x 4.203e9 = 25.2 GB (the measured run peaks at
     33.55 GB = 12 P 6.32 + stacked carry 1.61 + 25.2 + 0.4).
     """
@@ -135,7 +135,7 @@ def xla_device_memory(model, parallel, system, training, stages=None) -> Memory:
     the layer's backward (`activations.cp_kv_buffer_bytes`); the measured XLA runs are single
     GPU, so these two are not checked against XLA's own report [D].
     Example: p = 1 -> n_i = L, one micro-batch of stacked residuals: the single-GPU runs of
-    the h100_jax_single_gpu runs file (shared/data).
+    the h100_jax_single_gpu runs file (data/).
     """
     if stages is None:
         stages = pipeline_stages(model, parallel)

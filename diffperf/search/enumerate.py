@@ -83,39 +83,55 @@ def _pp_values(M: dict, n: int) -> np.ndarray:
     return d[d <= M["n_layers"]]
 
 
-def _degrees(M: dict, n: int, B: int) -> dict:
-    """(tp, pp, cp, dp, micro_batch, vp, ep) rows that satisfy check_layout's rules."""
+def _allowed(values, fixed: dict, name: str) -> np.ndarray:
+    """The candidate values of one column that `fixed` allows (all without an entry)."""
+    values = np.asarray(values, dtype=np.int64)
+    return values if name not in fixed else values[np.isin(values, fixed[name])]
+
+
+def _degrees(M: dict, n: int, B: int, fixed=None) -> dict:
+    """(tp, pp, cp, dp, micro_batch, vp, ep) rows that satisfy check_layout's rules, and the
+    values `fixed` allows ({column: allowed values}; none: every valid value)."""
+    fixed = fixed or {}
     d = _divisors(n)
     kv = M["n_kv_heads"]
     tp_ok = (M["n_heads"] % d == 0) & (M["ffn_hidden"] % d == 0) & (
         (kv % d == 0) | (d % kv == 0))
-    rows = {"tp": d[tp_ok]}
-    rows = _expand(rows, "pp", _pp_values(M, n), lambda r: n % (r["tp"] * r["pp"]) == 0)
-    rows = _expand(rows, "cp", d[M["seq_len"] % d == 0],
+    rows = {"tp": _allowed(d[tp_ok], fixed, "tp")}
+    rows = _expand(rows, "pp", _allowed(_pp_values(M, n), fixed, "pp"),
+                   lambda r: n % (r["tp"] * r["pp"]) == 0)
+    rows = _expand(rows, "cp", _allowed(d[M["seq_len"] % d == 0], fixed, "cp"),
                    lambda r: n % (r["tp"] * r["pp"] * r["cp"]) == 0)
     rows["dp"] = n // (rows["tp"] * rows["pp"] * rows["cp"])
-    rows = _expand(rows, "micro_batch", _divisors(B),
+    rows = _keep(rows, np.isin(rows["dp"], fixed.get("dp", rows["dp"])))
+    rows = _expand(rows, "micro_batch", _allowed(_divisors(B), fixed, "micro_batch"),
                    lambda r: B % (r["micro_batch"] * r["dp"]) == 0)
+    whole_chunks = "vp" not in fixed
 
     def vp_ok(r):
-        """Interleaving needs pp > 1 and pp | m; enumerated: vp dividing the largest stage's
-        layers (whole chunks there; the first and last stage, a layer short when the stages
-        are uneven, fill one chunk less), and check_layout's stage sizes."""
+        """Interleaving needs pp > 1 and pp | m, and check_layout's stage sizes (every
+        middle stage holds >= vp layers, the first and last >= vp - 1). By default the
+        enumeration also asks vp to divide the largest stage's layers (whole chunks there;
+        the first and last stage, a layer short when the stages are uneven, fill one chunk
+        less: Llama 3 405B's pp 16, vp 8 on 126 layers); vp values given in `fixed` are
+        taken wherever check_layout takes them (chunks of a stage may then differ)."""
         m = B // (r["micro_batch"] * r["dp"])
         zero = np.zeros_like(r["pp"])
         P = dict(pp=r["pp"], vp=r["vp"], pp_first_layers=zero, pp_last_layers=zero)
         first, _, mid_max, last = stage_counts(P, {"n_layers": M["n_layers"]})
         largest = np.maximum(np.maximum(first, last), np.where(r["pp"] > 2, mid_max, 0))
-        return (r["vp"] == 1) | ((r["pp"] > 1) & (m % r["pp"] == 0) & (largest % r["vp"] == 0)
+        whole = (largest % r["vp"] == 0) | (not whole_chunks)
+        return (r["vp"] == 1) | ((r["pp"] > 1) & (m % r["pp"] == 0) & whole
                                  & stages_hold(P, {"n_layers": M["n_layers"]}))
 
-    rows = _expand(rows, "vp", _divisors(M["n_layers"]), vp_ok)
+    rows = _expand(rows, "vp", _allowed(np.arange(1, M["n_layers"] + 1), fixed, "vp"), vp_ok)
     experts = _divisors(M["n_experts"]) if M["n_experts"] > 0 else np.array([1])
-    rows = _expand(rows, "ep", experts, lambda r: r["dp"] % r["ep"] == 0)
-    return rows | {g: np.ones_like(rows["tp"]) for g in GRID}
+    rows = _expand(rows, "ep", _allowed(experts, fixed, "ep"), lambda r: r["dp"] % r["ep"] == 0)
+    grid = {g: np.ones_like(rows["tp"]) for g in GRID}
+    return _keep(rows | grid, np.all([np.isin(grid[g], fixed.get(g, 1)) for g in GRID], axis=0))
 
 
-def _grid_degrees(M: dict, n: int, B: int) -> dict:
+def _grid_degrees(M: dict, n: int, B: int, fixed=None) -> dict:
     """AxoNN grid rows (gx, gy, gz, dp, micro_batch) that satisfy check_layout's grid rules
     (specs.validate._check_grid; PAPERS.md sections 4.1, 4.4), with tp = pp = cp = ep = vp = 1
     (the 4D algorithm: no pipeline, the grid in place of Megatron TP):
@@ -123,26 +139,32 @@ def _grid_degrees(M: dict, n: int, B: int) -> dict:
         G = gx gy gz > 1, dp = n / G; gx | hidden; gy | num_heads, gy | ffn_hidden, and gy |
         num_kv_heads or the reverse; gz | (n_out k_in)/(gx gy) of the attention-output
         (h x a d_h) and MLP (h x f) weights; micro_batch x dp x gz | global_batch.
-    No rows for an MoE model (the grid shards dense weights only).
+    No rows for an MoE model (the grid shards dense weights only). `fixed`: as `_degrees`.
     """
+    fixed = fixed or {}
     d = _divisors(n)
     if M["n_experts"] > 0:
         d = d[:0]
     h, a, kv, f, dh = (M[k] for k in ("hidden", "n_heads", "n_kv_heads", "ffn_hidden",
                                       "head_dim"))
-    gy = d[(a % d == 0) & (f % d == 0) & ((kv % d == 0) | (d % kv == 0))]
-    rows = _expand({"gx": d[h % d == 0]}, "gy", gy, lambda r: n % (r["gx"] * r["gy"]) == 0)
+    gy = _allowed(d[(a % d == 0) & (f % d == 0) & ((kv % d == 0) | (d % kv == 0))], fixed,
+                  "gy")
+    rows = _expand({"gx": _allowed(d[h % d == 0], fixed, "gx")}, "gy", gy,
+                   lambda r: n % (r["gx"] * r["gy"]) == 0)
 
     def gz_ok(r):
         xy, G = r["gx"] * r["gy"], r["gx"] * r["gy"] * r["gz"]
         return (n % G == 0) & (G > 1) & ((h * a * dh // xy) % r["gz"] == 0) & (
             (h * f // xy) % r["gz"] == 0)
 
-    rows = _expand(rows, "gz", d, gz_ok)
+    rows = _expand(rows, "gz", _allowed(d, fixed, "gz"), gz_ok)
     rows["dp"] = n // (rows["gx"] * rows["gy"] * rows["gz"])
-    rows = _expand(rows, "micro_batch", _divisors(B),
+    rows = _keep(rows, np.isin(rows["dp"], fixed.get("dp", rows["dp"])))
+    rows = _expand(rows, "micro_batch", _allowed(_divisors(B), fixed, "micro_batch"),
                    lambda r: B % (r["micro_batch"] * r["dp"] * r["gz"]) == 0)
-    return rows | {c: np.ones_like(rows["gx"]) for c in ("tp", "pp", "cp", "ep", "vp")}
+    ones = {c: np.ones_like(rows["gx"]) for c in ("tp", "pp", "cp", "ep", "vp")}
+    return _keep(rows | ones, np.all([np.isin(ones[c], fixed.get(c, 1)) for c in ones],
+                                     axis=0))
 
 
 def _tables(deg: dict, inner: np.ndarray, placements) -> list:
@@ -184,7 +206,7 @@ def _product(outer: np.ndarray, inner: np.ndarray, placement: int) -> np.ndarray
 
 def enumerate_layouts(model, n_devices, global_batch, *, placements=PLACEMENTS,
                       zero_stages=(0, 1, 2, 3), recompute=(0, 1, 2),
-                      sequence_parallel=(0, 1), axonn=False) -> np.ndarray:
+                      sequence_parallel=(0, 1), axonn=False, fixed=None) -> np.ndarray:
     """Every structurally valid layout of `n_devices` for the model, as an int32 table.
 
     Rules (those of `specs.validate.check_layout`): tp x pp x cp x dp = n_devices; tp divides
@@ -199,6 +221,11 @@ def enumerate_layouts(model, n_devices, global_batch, *, placements=PLACEMENTS,
     n_devices, tp = pp = 1, sequence parallelism off, every ZeRO stage and recompute mode
     asked for; the grid takes TP's slot of each placement order, so with pp = 1 the default
     orders give one placement).
+    `fixed` ({column: allowed values}, columns of COLUMNS but global_batch and placement)
+    keeps only the layouts whose values are allowed, e.g. {"tp": (8,), "pp": (2, 4, 8)}:
+    what a planner already knows (`diffperf search --tp 8 --pp 2-8`). Values no valid layout
+    takes are simply absent; vp values given there are taken wherever check_layout takes
+    them (otherwise vp divides the largest stage: `_degrees`).
     Returns:
         int32 array [n_layouts, len(COLUMNS)]: the layouts without the grid (gx = gy = gz =
         1), rows sorted by placement, then degrees, with (zero_stage, recompute,
@@ -210,20 +237,44 @@ def enumerate_layouts(model, n_devices, global_batch, *, placements=PLACEMENTS,
     """
     n, B = _whole(n_devices, "n_devices"), _whole(global_batch, "global_batch")
     _placement_codes(placements)
-    inner = _inner_grid(zero_stages, recompute, sequence_parallel)
+    fixed = _check_fixed(fixed)
+    # an INNER column in `fixed` replaces the argument of the same name
+    inner = _inner_grid(*(fixed.get(c, v) for c, v in zip(
+        INNER, (zero_stages, recompute, sequence_parallel))))
     M = _model_ints(model)
     tables = []
-    for deg in (_degrees(M, n, B), _grid_degrees(M, n, B)) if axonn else (_degrees(M, n, B),):
+    for deg in ((_degrees(M, n, B, fixed), _grid_degrees(M, n, B, fixed)) if axonn
+                else (_degrees(M, n, B, fixed),)):
         deg["global_batch"] = np.full_like(deg["tp"], B)
         tables += _tables(deg, inner, placements)
     table = np.concatenate(tables)
     if not len(table):
+        given = "".join(f", {c} in {{{', '.join(str(v) for v in vals)}}}"
+                        for c, vals in fixed.items())
         raise SpecError(
-            f"no valid layout of n_devices={n} with global_batch={B}: tp x pp x cp x dp must "
-            f"equal n_devices with tp dividing num_heads={M['n_heads']}, pp at most "
+            f"no valid layout of n_devices={n} with global_batch={B}{given}: tp x pp x cp x "
+            f"dp must equal n_devices with tp dividing num_heads={M['n_heads']}, pp at most "
             f"num_layers={M['n_layers']}, cp dividing seq_len={M['seq_len']} and "
             f"micro_batch x dp dividing global_batch")
     return table
+
+
+FIXABLE = tuple(c for c in COLUMNS if c not in ("global_batch", "placement"))
+
+
+def _check_fixed(fixed) -> dict:
+    """{column: sorted tuple of ints} of `fixed`, checked (a known column, whole values)."""
+    out = {}
+    for name, values in (fixed or {}).items():
+        if name not in FIXABLE:
+            raise SpecError(f"fixed: unknown layout column '{name}' (allowed: "
+                            f"{', '.join(FIXABLE)})")
+        values = np.atleast_1d(np.asarray(values, dtype=np.float64))
+        if not len(values) or np.any(values != np.round(values)) or np.any(values < 0):
+            raise SpecError(f"fixed {name}={tuple(values.tolist())} must be whole numbers "
+                            f">= 0, at least one")
+        out[name] = tuple(sorted(set(int(v) for v in values)))
+    return out
 
 
 def axonn_mask(layouts) -> np.ndarray:

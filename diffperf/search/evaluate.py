@@ -25,7 +25,7 @@ from diffperf.specs.validate import check_layout, check_precision
 
 
 def _evaluate(args, keys, per, temperature, devices, optimize, progress, store=None,
-              fields=None) -> list:
+              fields=None, base=None) -> list:
     """Results (device arrays [per, 24]) of the calls over the chunks of the outer keys."""
     model, system, training = args
     features = _table_features(model, keys, training)
@@ -33,7 +33,7 @@ def _evaluate(args, keys, per, temperature, devices, optimize, progress, store=N
     fn = _kernel(devices, optimize, store)
     outs = []
     for i in range(0, len(keys), per):
-        parallel = _chunk_parallel(keys[i:i + per], dtype, features)
+        parallel = _chunk_parallel(keys[i:i + per], dtype, features, base)
         outs.append(fn(model, parallel, system, training, temperature, features, fields))
         if progress is not None:
             jax.block_until_ready(outs[-1])
@@ -81,9 +81,26 @@ def _check_fields(fields):
     return fields
 
 
+def _base_parallel(fields):
+    """A Parallel of the framework facts (fields that are not table columns), or None."""
+    if not fields:
+        return None
+    staged = [k for k in fields if k in ("pp_first_layers", "pp_last_layers")]
+    if staged:
+        raise SpecError(f"parallel: '{staged[0]}' depends on pp, which the table varies; "
+                        f"the search balances the stages automatically (give it to predict)")
+    bad = [k for k in fields if k in COLUMNS or k not in Parallel.__dataclass_fields__]
+    if bad:
+        allowed = [f for f in Parallel.__dataclass_fields__ if f not in COLUMNS]
+        raise SpecError(f"parallel: '{bad[0]}' is " + (
+            "a column of the layout table; fix it in the table (enumerate_layouts' fixed)"
+            if bad[0] in COLUMNS else f"not a Parallel field (allowed: {', '.join(allowed)})"))
+    return Parallel(**{k: float(v) for k, v in fields.items()})
+
+
 def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
            chunk=DEFAULT_CHUNK, temperature=None, devices=None, validate=True, optimize=None,
-           progress=None, store=None, fields=None):
+           progress=None, store=None, fields=None, parallel=None):
     """Predictions of every layout of a table, one entry per row (a `Result` of numpy arrays).
 
     One jitted nested vmap of `predict_step` (search.kernel) for every placement, called on
@@ -109,6 +126,9 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
         fields: Result leaf paths to compute ('step_time_s', 'memory.total_bytes', ...; e.g.
             `RANK_FIELDS`, what ranking needs), the others None; None: every field. Fewer
             outputs make the kernel several times faster.
+        parallel: optional mapping of the Parallel fields that are not table columns (the
+            framework facts: tp_overlap, dp_overlap, cp_ring, ...) for every layout; None:
+            Parallel's defaults. The table's columns cannot be given here.
     Returns:
         `Result` whose leaves are numpy arrays [n_layouts] in table order.
     """
@@ -132,7 +152,7 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
     if optimize is None:
         optimize = store is not None or len(layouts) >= QUICK_BELOW
     outs = _evaluate(args, keys, per, temperature, devices, optimize, progress and tick, store,
-                     fields)
+                     fields, _base_parallel(parallel))
     return _gather(cell, outs)
 
 
@@ -166,3 +186,38 @@ def pareto_front(step_s, mem_bytes) -> np.ndarray:
     mem = mem_bytes[order]
     best_before = np.minimum.accumulate(np.concatenate([[np.inf], mem[:-1]]))
     return order[mem < best_before]
+
+
+# Columns in which the layouts of one near-tie group may differ (`merged`): the choices that
+# leave the degrees, the micro-batch and so the work per device as they are.
+TIE_COLUMNS = ("zero_stage", "recompute", "sequence_parallel", "placement")
+
+
+def merged(result, layouts, k=None, tie=0.005) -> list:
+    """Groups of near-tied layouts among those that fit, fastest group first.
+
+    Two layouts are near-tied when they differ only in TIE_COLUMNS (ZeRO stage, recompute,
+    sequence parallelism, placement: the same degrees and micro-batch) and the step time of
+    the slower is within `tie` (relative: 0.005 = 0.5 %) of the group's fastest layout,
+    which represents the group. Walking the ranking (`ranked`), a layout joins the open group
+    of its degrees when it is within `tie` of that group's fastest, else it opens a group.
+    tie = 0: every layout its own group (the ranking). Returns a list of at most `k` (None:
+    all) int arrays of table indices, each fastest first.
+    """
+    order = ranked(result)
+    step = np.asarray(result.step_time_s)
+    keep = np.ones(len(COLUMNS), dtype=bool)
+    keep[[COLUMNS.index(c) for c in TIE_COLUMNS]] = False
+    keys = np.asarray(layouts)[:, keep]
+    groups, open_group = [], {}
+    for i in order:
+        if k is not None and len(groups) >= k and step[i] > step[groups[-1][0]] * (1 + tie):
+            break  # no later layout joins a listed group
+        key = keys[i].tobytes()
+        g = open_group.get(key)
+        if tie > 0 and g is not None and step[i] <= step[groups[g][0]] * (1 + tie):
+            groups[g].append(i)
+        elif k is None or len(groups) < k:
+            open_group[key] = len(groups)
+            groups.append([i])
+    return [np.asarray(g, dtype=np.int64) for g in groups]

@@ -121,11 +121,13 @@ def _outer_per_chunk(chunk: int, n_outer: int, n_dev: int) -> int:
     return per * n_dev
 
 
-def _chunk_parallel(keys: np.ndarray, dtype, features=frozenset()) -> Parallel:
+def _chunk_parallel(keys: np.ndarray, dtype, features=frozenset(), base=None) -> Parallel:
     """The outer keys of one call as a Parallel: the `_batched(features)` columns [n], the
     inner grid [24]; the kernel must be called with the same `features`. The other fields
-    keep Parallel's defaults (float leaves), so a new Parallel field needs no edit here."""
-    fields = {f: np.asarray(getattr(Parallel(), f), dtype) for f in Parallel.__dataclass_fields__}
+    are those of `base` (default: Parallel's defaults; float leaves, unbatched: a new value
+    is not a new shape), so a new Parallel field needs no edit here."""
+    base = Parallel() if base is None else base
+    fields = {f: np.asarray(getattr(base, f), dtype) for f in Parallel.__dataclass_fields__}
     fields |= {c: np.asarray(keys[:, KEYS.index(c)], dtype=dtype) for c in _batched(features)}
     fields |= {c: np.asarray(INNER_GRID[:, i], dtype=dtype) for i, c in enumerate(INNER)}
     return Parallel(**fields)

@@ -52,3 +52,25 @@ class Model(struct.PyTreeNode):
     attention_sinks: Any = 0.0   # 1: a learned logit per head in the softmax (GPT-OSS)
     mtp_layers: Any = 0.0        # multi-token prediction modules (DeepSeek-V3), trained too
     name: str = struct.field(pytree_node=False, default="model")
+
+    # The YAML / runs-CSV / Hugging Face spellings of the fields above, read-only: one
+    # vocabulary for a reader of either (issue 19). The fields keep the paper's symbols.
+    @property
+    def num_layers(self):
+        """`n_layers` by its YAML and runs-CSV name."""
+        return self.n_layers
+
+    @property
+    def num_heads(self):
+        """`n_heads` by its YAML and runs-CSV name."""
+        return self.n_heads
+
+    @property
+    def num_kv_heads(self):
+        """`n_kv_heads` by its YAML and runs-CSV name."""
+        return self.n_kv_heads
+
+    @property
+    def moe_experts(self):
+        """`n_experts` by its YAML and runs-CSV name."""
+        return self.n_experts

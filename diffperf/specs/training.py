@@ -82,7 +82,7 @@ PRECISIONS = {
                      activation_bytes=2.0, matmul_fp32=0.0, cast_weight_bytes=2.0,
                      grad_buffers_persist=0.0, residual_bytes=4.0, loss_bytes_per_logit=40.0),
     # One XLA-compiled JAX step with fp32 params and AdamW states and bf16 matmul inputs
-    # (shared/data/README.md, H100 JAX section): memory by XLA's live sets (memory/xla.py),
+    # (data/README.md, H100 JAX section): memory by XLA's live sets (memory/xla.py),
     # where the bf16 casts of the weights are stacked scan residuals, not a separate copy;
     # bf16 residual stream (the carry that jax.checkpoint stacks is 2 B per element in the
     # measured peaks); the cross-entropy fused (14 B per logit, flops.head_ops).

@@ -102,6 +102,23 @@ def elasticity(table, model, parameter, method) -> float:
     return float(table["elasticity"][sel][0]) if sel.any() else float("nan")
 
 
+def ranking(table, model, parameters=("hbm_bw", "hbm_capacity", "fast_bw", "fast_domain",
+                                       "net_bw")) -> list:
+    """[(parameter, elasticity, method)] of `model`, largest |elasticity| first: the
+    re-searched value where the study has one (the layout may change, so capacity counts),
+    else the gradient at the best layout (FLOP/s, about -1 for both models, is left out).
+    The ranking Subramanian et al. state [A]: an LLM depends most on the network and little on
+    HBM capacity and bandwidth; a long-sequence model more uniformly on network and capacity."""
+    out = []
+    for p in parameters:
+        e = elasticity(table, model, p, "research")
+        how = "research"
+        if not np.isfinite(e):
+            e, how = elasticity(table, model, p, "grad"), "grad"
+        out.append((p, e, how))
+    return sorted(out, key=lambda r: -abs(r[1]))
+
+
 def _summary(t) -> dict:
     out = {}
     lay = t["kind"] == "best_layout"
@@ -116,6 +133,8 @@ def _summary(t) -> dict:
         for p in ("net_bw", "hbm_capacity", "fast_bw", "fast_domain"):
             out[f"{m}: elasticity to {LABELS[p]} (grad / re-searched)"] = (
                 f"{elasticity(t, m, p, 'grad'):+.3f} / {elasticity(t, m, p, 'research'):+.3f}")
+        out[f"{m}: ranking (re-searched where done, else grad)"] = ", ".join(
+            f"{LABELS[p]} {e:+.3f}" for p, e, _ in ranking(t, m))
     return out
 
 

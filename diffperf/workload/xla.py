@@ -4,7 +4,7 @@ that `jax.checkpoint` does not re-run, the fused optimizer update and the gradie
 accumulation of the micro-batch scan. Each applies only where training.xla_compiled = 1 and
 gives the eager value (bit for bit) otherwise.
 
-The program is the one shared/data/README.md describes for the H100 JAX runs (layers as one
+The program is the one data/README.md describes for the H100 JAX runs (layers as one
 `lax.scan` over stacked fp32 weights, bf16 matmul inputs, cuDNN flash attention, AdamW,
 accumulation as a `lax.scan`, `recompute=full` = `jax.checkpoint` around the layer); its
 reference implementation is tests/jax_transformer.py `make_scan_step`.
@@ -114,7 +114,7 @@ def grad_accumulation_traffic_bytes(grads_bytes, parallel, training):
     micro-batch's gradients after its backward (it cannot fuse into the backward's GEMMs, which
     write the layer gradients as the stacked outputs of the layer scan). G = grads_bytes, the
     gradient bytes of this rank's stage that it accumulates: q_g Psi, or its 1/d shard under
-    ZeRO-2/3, as `memory.weights.gradient_bytes` holds them. Source: shared/data/README.md
+    ZeRO-2/3, as `memory.weights.gradient_bytes` holds them. Source: data/README.md
     (JAX section: accumulation as a lax.scan inside the jitted step) [D].
     Example: G = 4 x 2.02e9 B (fp32), m = 2: 2 x 3 x 8.08 GB = 48.5 GB (17 ms at 2.85 TB/s).
     """
