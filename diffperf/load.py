@@ -736,14 +736,22 @@ def _read_csv(path: Path, required) -> tuple[list, list]:
 RUN_REQUIRED = ("id", "num_gpus", "num_layers", "hidden", "num_heads", "vocab", "seq_len",
                 "tp", "pp", "dp", "global_batch", "micro_batch", "step_time_s")
 RUN_OPTIONAL_DEFAULTS = dict(system="", ffn_hidden="", num_kv_heads="", gated_mlp="0",
-                             moe_experts="0", moe_topk="0", cp="1", ep="1", vp="1",
-                             sequence_parallel="0", zero_stage="0", zero_shard="0",
-                             recompute="none",
-                             precision="bf16", status="ok", peak_memory_GB="")
-RUN_INFORMATIONAL = ("source", "model", "gpus_per_node", "notes")
+                             moe_experts="0", moe_topk="0", cp="1", ep="1", vp="1", etp="0",
+                             ep_dispatch="0", sequence_parallel="0", zero_stage="0",
+                             zero_shard="0", recompute="none",
+                             precision="bf16", status="ok", peak_memory_GB="", model_config="")
+RUN_INFORMATIONAL = ("source", "model", "gpus_per_node", "notes",
+                     # data/megatron_bridge.csv: what the source page printed, as printed
+                     "source_page", "system_page", "model_page", "precision_page", "container",
+                     "fsdp", "grad_accum", "moe_token_drop", "mtp", "tokens_per_s_per_gpu",
+                     "model_tflops_per_gpu")
 # `set`: the row's own framework facts, FIELD=VALUE separated by ';' (as --set takes them,
 # e.g. 'grad_bytes=4;zero3_regather=0'); they apply after the command's --set.
 RUN_FACTS = "set"
+# Architecture columns a row may repeat next to `model_config`; they must equal the config's.
+_CONFIG_CHECKED = dict(num_layers="n_layers", hidden="hidden", num_heads="n_heads",
+                       num_kv_heads="n_kv_heads", vocab="vocab", moe_experts="n_experts",
+                       moe_topk="moe_topk")
 RECOMPUTE_NAMES = {"none": 0, "selective": 1, "full": 2}
 
 
@@ -761,26 +769,53 @@ class Runs:
         return len(self.ids)
 
 
+def _config_model(row: dict, name: str, where: str) -> Model:
+    """The model of a row that names its architecture (`model_config`: a name under
+    configs/models/ or a YAML / config.json path), at the row's seq_len. The architecture
+    columns the schema requires (num_layers, hidden, num_heads, vocab) and any of
+    num_kv_heads, moe_experts, moe_topk the row gives must equal the config's: a row that
+    says one model and names another is an error, not a silent choice."""
+    m = load_model(name)
+    seq = _number(row, "seq_len", where, integer=True, positive=True)
+    for col, field in _CONFIG_CHECKED.items():
+        cell = (row.get(col) or "").strip()
+        if not cell:
+            continue
+        v = _number(row, col, where, integer=True, minimum=0)
+        if v != float(getattr(m, field)):
+            raise SpecError(f"{where}.{col}={cell} differs from model_config {name!r} "
+                            f"({col}={float(getattr(m, field)):g}); allowed: "
+                            f"{float(getattr(m, field)):g}, or leave model_config blank")
+    return m.replace(seq_len=float(seq))
+
+
 def _run_row(row: dict, where: str):
-    """(model dict, parallel dict, precision) of one CSV row, validated."""
+    """(model dict, parallel dict, precision) of one CSV row, validated. A row with a
+    `model_config` takes its architecture from that config (`_config_model`: multi-head latent
+    attention, dense first layers, shared experts, ... that the numeric columns cannot say)."""
     get = lambda k: (row.get(k) or "").strip() or RUN_OPTIONAL_DEFAULTS.get(k, "")  # noqa
-    model = {k: get(k) for k in ("num_layers", "hidden", "ffn_hidden", "num_heads",
-                                 "num_kv_heads", "vocab", "seq_len", "moe_experts",
-                                 "moe_topk") if get(k) != ""}
-    model["gated_mlp"] = get("gated_mlp")
-    if model["gated_mlp"] not in ("0", "1"):
-        raise SpecError(f"{where}.gated_mlp={model['gated_mlp']!r} is not allowed (allowed: 0, 1)")
-    model["gated_mlp"] = model["gated_mlp"] == "1"
-    if _number(model, "moe_experts", where, integer=True, minimum=0, default=0):
-        model["moe_ffn_hidden"] = model.get("ffn_hidden", "0")
-    m = model_from_dict(model, where)
+    if get("model_config"):
+        m = _config_model(row, get("model_config"), where)
+    else:
+        model = {k: get(k) for k in ("num_layers", "hidden", "ffn_hidden", "num_heads",
+                                     "num_kv_heads", "vocab", "seq_len", "moe_experts",
+                                     "moe_topk") if get(k) != ""}
+        model["gated_mlp"] = get("gated_mlp")
+        if model["gated_mlp"] not in ("0", "1"):
+            raise SpecError(f"{where}.gated_mlp={model['gated_mlp']!r} is not allowed "
+                            f"(allowed: 0, 1)")
+        model["gated_mlp"] = model["gated_mlp"] == "1"
+        if _number(model, "moe_experts", where, integer=True, minimum=0, default=0):
+            model["moe_ffn_hidden"] = model.get("ffn_hidden", "0")
+        m = model_from_dict(model, where)
     rec = get("recompute")
     if rec not in RECOMPUTE_NAMES:
         raise SpecError(f"{where}.recompute={rec!r} is not allowed{closest(rec, RECOMPUTE_NAMES)}"
                         f" (allowed: {', '.join(RECOMPUTE_NAMES)})")
     par = {k: _number({k: get(k)}, k, where, integer=True, minimum=0)
-           for k in ("tp", "pp", "dp", "cp", "ep", "vp", "global_batch", "micro_batch",
-                     "sequence_parallel", "zero_stage", "zero_shard", "num_gpus")}
+           for k in ("tp", "pp", "dp", "cp", "ep", "etp", "ep_dispatch", "vp", "global_batch",
+                     "micro_batch", "sequence_parallel", "zero_stage", "zero_shard",
+                     "num_gpus")}
     par["recompute"] = RECOMPUTE_NAMES[rec]
     return m, par, get("precision")
 

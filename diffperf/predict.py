@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from diffperf.costs.axonn import axonn_times_s
-from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s, ring_group,
+from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s,
+                                        hierarchical_all_to_all_s, ring_group,
                                         ring_phase_calls_s, ring_phase_s, ring_step_s,
                                         send_recv_s)
 from diffperf.costs.compute import (gemms_time_s, layer_dense_times_s, layer_pass_gemm_times_s,
@@ -40,7 +41,8 @@ from diffperf.workload.axonn import axonn_layer_volumes
 from diffperf.workload.cp import cp_kv_bytes, cp_ring_block_bytes, cp_ring_steps
 from diffperf.workload.dp import (dp_volumes_bytes, product_group, zero3_copy_out_bytes,
                                   zero3_prefetch_frac, zero_groups)
-from diffperf.workload.ep import ep_a2a_bytes, ep_a2a_per_layer
+from diffperf.workload.ep import (ep_a2a_bytes, ep_a2a_per_layer, ep_stride, expert_dp_degree,
+                                  expert_tp, moe_mlp_on_tp)
 from diffperf.workload.flops import (attention_io_bytes, head_ops, layer_ops,
                                      lowp_quantize_kernels, moe_layer_fraction)
 from diffperf.workload.groups import stride
@@ -85,8 +87,12 @@ def _ep_parts(model, parallel, system, training, free_f, free_b, temperature):
     `free_f`, `free_b`: forward and backward GEMM time not hiding TP (one GEMM cannot hide
     two collectives at once)."""
     n_f, n_b = ep_a2a_per_layer(parallel)
-    c = all_to_all_s(ep_a2a_bytes(model, parallel, training), parallel.ep,
-                     stride(_placed(parallel), "ep"), system)
+    S = ep_a2a_bytes(model, parallel, training)
+    s_ep = ep_stride(parallel, stride(_placed(parallel), "ep"))
+    c = jnp.where(parallel.ep_dispatch > 0,
+                  hierarchical_all_to_all_s(S, parallel.ep, s_ep, model.moe_topk,
+                                            model.n_experts, system),
+                  all_to_all_s(S, parallel.ep, s_ep, system))
     f, fh = split_exposed(n_f * c, parallel.ep_overlap * free_f, temperature)
     b, bh = split_exposed(n_b * c, parallel.ep_overlap * free_b, temperature)
     return f, fh, b, bh
@@ -213,6 +219,10 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     quant_f, quant_b = lowp_quantize_times_s(ops.dense, system, training,
                                              parallel.n_microbatches)
     n_f, n_b = tp_collectives_per_layer(parallel)
+    # An MoE layer whose experts are not TP-split has no TP collectives around its MLP: half
+    # of them (workload.ep.moe_mlp_on_tp; the attention's pair stays).
+    mlp_share = 0.5 * (1.0 + moe_mlp_on_tp(model, parallel))
+    n_f, n_b = n_f * mlp_share, n_b * mlp_share
     # With SP each all-reduce equivalent is two calls of the same ring cost: one more t0.
     calls = tp_calls_per_all_reduce(parallel)
     tp_on = jnp.where(parallel.tp > 1, 1.0, 0.0)
@@ -321,6 +331,10 @@ def _dp_groups(model, parallel, stages, features=FEATURES):
     s_dp, s_cp = stride(placed, "dp"), stride(placed, "cp")
     n_d, s_d = product_group(parallel.dp, s_dp, parallel.cp, s_cp)
     n_e, s_e = product_group(parallel.dp / parallel.ep, s_dp * parallel.ep, parallel.cp, s_cp)
+    # etp > 0: Megatron-Core's expert ranks t_e x e x N_e over the t c d ranks (tp-ep-dp):
+    # the expert-data-parallel copies are t_e e ranks apart (workload.ep.expert_dp_degree).
+    n_e = jnp.where(parallel.etp > 0, expert_dp_degree(parallel), n_e)
+    s_e = jnp.where(parallel.etp > 0, expert_tp(parallel) * parallel.ep, s_e)
     groups = [(P - P_e, layer_P - layer_P_e, n_d, s_d), (P_e, layer_P_e, n_e, s_e)]
     return P, groups if "experts" in features else groups[:1]
 

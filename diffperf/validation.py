@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import numpy as np
 
-from diffperf.api import predict_batch
-from diffperf.specs.batch import stack
+from diffperf.api import _as_float, _normalize, predict_batch
+from diffperf.predict import FEATURES, predict_step
+from diffperf.specs.batch import anonymous, stack
+from diffperf.specs.validate import check_layout, check_precision
+
+
+@functools.partial(jax.jit, static_argnames=("temperature", "features"))
+def _predict_rows(model, parallel, system, training, temperature, features):
+    return jax.vmap(predict_step, in_axes=(0, 0, 0, 0, None, None))(
+        model, parallel, system, training, temperature, features)
 
 
 def predict_runs(runs, systems: dict, temperature=None):
-    """(step time s, peak memory GB, fits) predicted for every run, one vmap per system.
+    """(step time s, peak memory GB, fits) predicted for every run: one vmap over every row
+    when the systems share a tree structure (the same number of network tiers; the system is
+    then one more batched argument, one compilation for a CSV of several systems), else one
+    vmap per system.
 
     Args:
         runs: `load.Runs`.
@@ -18,6 +32,21 @@ def predict_runs(runs, systems: dict, temperature=None):
     n = len(runs)
     step, mem, fits = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, bool)
     names = sorted(set(runs.systems))
+    of = {name: systems.get("*", systems.get(name)) for name in names}
+    structures = {jax.tree.structure(anonymous(s)) for s in of.values()}
+    if len(names) > 1 and len(structures) == 1:
+        for name in names:  # the checks predict_batch makes, per system
+            idx = [i for i, s in enumerate(runs.systems) if s == name]
+            check_layout(stack([runs.models[i] for i in idx]),
+                         _normalize(stack([runs.parallels[i] for i in idx])))
+            check_precision(of[name], stack([runs.trainings[i] for i in idx]))
+        args = _as_float((stack(runs.models), _normalize(stack(runs.parallels)),
+                          stack([of[s] for s in runs.systems]), stack(runs.trainings)))
+        res = _predict_rows(*args, temperature=temperature or None, features=FEATURES)
+        step[:] = np.asarray(res.step_time_s)
+        mem[:] = np.asarray(res.memory.total_bytes) / 1e9
+        fits[:] = np.asarray(res.fits)
+        return step, mem, fits
     for name in names:
         idx = [i for i, s in enumerate(runs.systems) if s == name]
         system = systems.get("*", systems.get(name))

@@ -131,6 +131,65 @@ def all_to_all_s(S, n, stride, system):
     return active * (total + (n - 1.0) * alpha + system.eff.coll_base_s)
 
 
+def domain_hit_fraction(k, E, N):
+    """p: probability that a token's k distinct routed experts include at least one of the
+    E / N experts of a given domain, experts spread evenly over N domains and chosen uniformly
+    (force-balanced routing: every expert gets k T / E tokens on average):
+
+        p = 1 - C(E - E/N, k) / C(E, k)      (hypergeometric; 0 for N = 1)
+    Evaluated with log-gamma, so it is smooth in N (the domain count has a gradient).
+    Example: k = 8, E = 128, N = 2: 1 - C(64, 8) / C(128, 8) = 0.9969.
+    """
+    from jax.scipy.special import gammaln
+
+    rest = E - E / jnp.maximum(N, 1.0)
+    ok = rest - k + 1.0 > 0.0
+    rest_safe = jnp.where(ok, rest, k)
+    log_miss = (gammaln(rest_safe + 1.0) - gammaln(rest_safe - k + 1.0)
+                - gammaln(E + 1.0) + gammaln(E - k + 1.0))
+    return jnp.where(N > 1.0, 1.0 - jnp.where(ok, jnp.exp(log_miss), 0.0), 0.0)
+
+
+def hierarchical_all_to_all_s(S, n, stride, k, E, system):
+    """DeepEP-style dispatch (or combine) of an S-byte buffer (k copies of each routed token):
+    a token crosses the scale-out network once per remote NVLink domain that holds one of its
+    k experts, then the receiving GPU forwards it over NVLink to the experts' GPUs.
+
+        N = n / n_0  domains spanned (n_0: members per innermost domain, `tier_ranks`)
+        scale-out bytes = S / k x (N - 1) p          (p = `domain_hit_fraction`(k, E, N))
+        NVLink bytes    = S [ (n_0 - 1)/n + (n - n_0)/n x (n_0 - 1)/n_0 ]  (local + forwarded)
+        T = t0 + (n - 1) alpha_max + NVLink bytes / (BW_0 eta_0)
+            + d sum_{i>0} (n_i - n_{i-1}) / n S / (BW_i eta_i),   d = N p / k
+    d = (N - 1) p / (k (N - 1) / N) is the scale-out volume relative to the pairwise
+    all-to-all's (`all_to_all_s` sends every one of a token's k (N - 1) / N remote copies);
+    1 / k <= d <= 1 for N > 1. Within one domain (N = 1) the NVLink term is the pairwise
+    all-to-all's. Source: DeepSeek-V3 technical report (arXiv
+    2412.19437) Section 3.2.2 ("cross-node all-to-all ... IB to the GPUs with the same in-node
+    index on the target nodes, then forwarded via NVLink"; tokens deduplicated per node) and the
+    DeepEP README (normal kernels: NVLink and RDMA forwarding); Megatron-Core's flex dispatcher
+    with the deepep / hybridep backend [S].
+    Example: n = 16 over two 8-GPU nodes, k = 8, E = 128: N = 2, p = 0.9969, d = 2 p / 8
+    = 0.249: a quarter of the pairwise all-to-all's InfiniBand bytes.
+    """
+    ranks = tier_ranks(n, stride, system)
+    bws = tier_bandwidths_Bps(system)
+    n0 = ranks[0]
+    N = n / n0
+    p = domain_hit_fraction(k, E, N)
+    d = jnp.where(N > 1.0, N * p / jnp.maximum(k, 1.0), 1.0)
+    nvl = S * ((n0 - 1.0) / n + (n - n0) / n * (n0 - 1.0) / n0) / bws[0]
+    outer_t = 0.0
+    inner = n0
+    alpha = jnp.where(n0 > 1.0, system.tiers[0].latency_s, 0.0)
+    for r, tier, bw in zip(ranks[1:], system.tiers[1:], bws[1:]):
+        outer = inner * r
+        outer_t = outer_t + (outer - inner) / n * S / bw
+        alpha = jnp.where(r > 1.0, tier.latency_s, alpha)
+        inner = outer
+    active = jnp.where(n > 1.0, 1.0, 0.0)
+    return active * (nvl + d * outer_t + (n - 1.0) * alpha + system.eff.coll_base_s)
+
+
 def ring_step_s(S, n, stride, system):
     """One step of a ring exchange: every rank of a ring of n sends S bytes to its neighbour at
     once, so the step lasts as long as the slowest link the ring uses:

@@ -51,7 +51,12 @@ class Parallel(struct.PyTreeNode):
     pp: Any = 1                 # pipeline stages p
     dp: Any = 1                 # data-parallel degree d
     cp: Any = 1                 # context-parallel degree c (sequence split, ring attention)
-    ep: Any = 1                 # expert-parallel degree e (divides dp)
+    ep: Any = 1                 # expert-parallel degree e (divides dp; with etp > 0, e x etp
+                                # divides t x c x d: Megatron-Core's expert layout)
+    etp: Any = 0                # expert tensor-parallel degree t_e of the routed experts:
+                                # 0 = tp with the experts inside dp (the layout before etp);
+                                # 1 = experts not split by TP, the ep group taking the t x c x d
+                                # ranks (Megatron-Core --expert-tensor-parallel-size 1); workload.ep
     vp: Any = 1                 # interleaved virtual stages per device v
     micro_batch: Any = 1        # sequences per micro-batch b
     global_batch: Any = 1       # sequences per optimizer step B
@@ -61,6 +66,10 @@ class Parallel(struct.PyTreeNode):
     dp_overlap: Any = 1         # 1: gradient reduction overlaps the backward (bucketed DDP)
     tp_overlap: Any = 0         # fraction of TP communication that can hide behind GEMMs
     ep_overlap: Any = 0         # fraction of the EP all-to-alls that can hide behind GEMMs
+    ep_dispatch: Any = 0        # EP token exchange: 0 pairwise all-to-all (NCCL; Megatron-Core's
+                                # alltoall dispatcher), 1 DeepEP-style hierarchical dispatch with
+                                # one scale-out copy per remote NVLink domain (flex dispatcher,
+                                # deepep / hybridep); costs.collectives.hierarchical_all_to_all_s
     cp_ring: Any = 1            # CP form: 1 ring (p2p K/V blocks, Megatron-Core's default "p2p"),
                                 # 0 all-gather of K/V (NERSC 2D-seqp, PAPERS.md 3.5)
     gx: Any = 1                 # AxoNN 3D tensor grid G_x (innermost; replaces tp when > 1)

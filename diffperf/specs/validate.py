@@ -73,7 +73,9 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
 
     Rules: degrees are whole numbers >= 1; tp divides num_heads and ffn_hidden, and
     num_kv_heads or the reverse (KV heads replicated); every pipeline stage holds at least vp
-    layers (`_check_stages`; pp need not divide num_layers); cp divides seq_len; ep divides dp and moe_experts (ep > 1 needs an MoE model); micro_batch x dp
+    layers (`_check_stages`; pp need not divide num_layers); cp divides seq_len; ep divides dp
+    (etp = 0) or ep x etp divides tp x cp x dp (etp in {1, tp}; etp < tp needs SP) and ep divides
+    moe_experts (ep > 1 needs an MoE model); micro_batch x dp
     divides global_batch; interleaving needs pp > 1 and micro-batches a multiple of pp;
     zero_stage in 0..3; recompute in 0..2; cp_ring and axonn_overlap in {0, 1}; placement
     indexes ORDERS; tp_overlap and ep_overlap in [0, 1]; the AxoNN grid rules (`_check_grid`);
@@ -86,7 +88,7 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         "sequence_parallel", "dp_overlap", "tp_overlap", "ep_overlap", "cp_ring",
         "axonn_overlap", "placement", "pp_first_layers", "pp_last_layers", "zero_shard",
         "zero3_prefetch_params", "zero3_regather", "zero3_calls_per_layer",
-        "zero3_copy_out")}
+        "zero3_copy_out", "etp", "ep_dispatch")}
     M = {f: _arr(getattr(model, f), where) for f in (
         "n_heads", "n_kv_heads", "ffn_hidden", "n_layers", "seq_len", "n_experts", "hidden",
         "head_dim")}
@@ -127,8 +129,23 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     ep = P["ep"]
     _fail((ep > 1) & (M["n_experts"] == 0), where, lambda i: (
         f"ep={pick(ep, i):g} needs an MoE model (model.moe_experts=0); allowed ep: 1"))
-    _fail(~_divides(ep, P["dp"], xp), where, lambda i: (
-        f"ep={pick(ep, i):g} must divide dp={pick(P['dp'], i):g}"))
+    _fail(~((P["ep_dispatch"] == 0) | (P["ep_dispatch"] == 1)), where, lambda i: (
+        f"ep_dispatch={pick(P['ep_dispatch'], i):g} is not allowed (allowed: 0 pairwise "
+        f"all-to-all, 1 DeepEP-style hierarchical dispatch)"))
+    etp = P["etp"]
+    _fail(~((etp == 0) | (etp == 1)) & (etp != P["tp"]), where, lambda i: (
+        f"etp={pick(etp, i):g} is not allowed (allowed: 0 (= tp, experts inside dp), 1, "
+        f"or tp={pick(P['tp'], i):g})"))
+    _fail((etp == 0) & ~_divides(ep, P["dp"], xp), where, lambda i: (
+        f"ep={pick(ep, i):g} must divide dp={pick(P['dp'], i):g} (or set etp=1: the expert "
+        f"group then takes the tp x cp x dp ranks)"))
+    ranks = P["tp"] * P["cp"] * P["dp"]
+    _fail((etp > 0) & ~_divides(ep * xp.maximum(etp, 1.0), ranks, xp), where, lambda i: (
+        f"ep x etp={pick(ep, i):g} x {pick(etp, i):g} must divide tp x cp x dp="
+        f"{pick(ranks, i):g}"))
+    _fail((etp > 0) & (etp < P["tp"]) & (P["sequence_parallel"] == 0), where, lambda i: (
+        f"etp={pick(etp, i):g} < tp={pick(P['tp'], i):g} needs sequence_parallel=1 "
+        f"(Megatron-Core requires sequence parallelism for MoE with tp > 1)"))
     _fail((M["n_experts"] > 0) & ~_divides(ep, xp.maximum(M["n_experts"], 1), xp), where,
           lambda i: f"ep={pick(ep, i):g} must divide model.moe_experts="
                     f"{pick(M['n_experts'], i):g}")

@@ -50,12 +50,58 @@ def ep_a2a_per_layer(parallel):
     return 2.0, 2.0 + 2.0 * full
 
 
-def expert_dp_degree(parallel):
-    """Ranks that hold the same experts and reduce their gradients: (d / e) x c.
+def expert_tp(parallel):
+    """t_e: ranks that split each routed expert's matrices (expert tensor parallelism),
 
-    The e ranks of an expert-parallel group hold different experts; the d / e groups of them
-    (and the c context-parallel ranks, which hold the same weights; PAPERS.md section 3.5)
-    hold copies. Source: Megatron-Core expert data parallelism [S]; PAPERS.md section 5.8.
-    Example: d = 16, e = 8, c = 1 -> 2.
+        t_e = etp  when etp > 0,   t_e = t  when etp = 0 (the layout before etp existed)
+    Source: Megatron-Core `--expert-tensor-parallel-size` (defaults to the TP size); the
+    Megatron-Bridge MoE recipes set it to 1 (e.g. recipes/deepseek/h100/deepseek_v3.py,
+    `expert_tensor_parallel_size = 1`).
     """
-    return parallel.dp / parallel.ep * parallel.cp
+    return jnp.where(parallel.etp > 0, parallel.etp, parallel.tp)
+
+
+def expert_dp_degree(parallel):
+    """Ranks that hold the same experts and reduce their gradients:
+
+        N_e = t c d / (t_e e)
+    Megatron-Core lays the expert layers' ranks out as t_e x e x N_e over the t x c x d ranks
+    of a pipeline stage (parallel_state: the expert RankGenerator with tp = etp, ep, dp =
+    expert data parallel, order tp-ep-dp-pp); the N_e groups hold copies (the c context-parallel
+    ranks hold the same weights, PAPERS.md section 3.5). With t_e = t (etp = 0) this is the
+    (d / e) x c of the layout before etp. Source: Megatron-Core expert data parallelism [S];
+    PAPERS.md section 5.8.
+    Examples: d = 16, e = 8, c = 1, t_e = t -> 2; t = 2, d = 16, e = 32, t_e = 1 -> 1.
+    """
+    return parallel.tp * parallel.cp * parallel.dp / (expert_tp(parallel) * parallel.ep)
+
+
+def expert_token_share(parallel):
+    """t_e / t: the tokens a rank's experts see relative to the b s / c of its micro-batch.
+
+    With sequence parallelism (required for MoE with t > 1) a rank routes T / t tokens; its
+    expert-TP group of t_e ranks gathers those of its t_e members, so the expert GEMMs see
+    T t_e / t tokens times k e / E (`workload.flops.layer_ops`). t_e = t gives the old
+    T k e / E (the TP group gathers its sequence shards first); t_e = 1 < t: each rank's experts
+    see only the tokens dispatched to them. Source: Megatron-Core MoE token dispatcher
+    (alltoall: all-gather over the expert-TP group after the all-to-all over EP).
+    Example: t = 2, t_e = 1 -> 0.5.
+    """
+    return expert_tp(parallel) / parallel.tp
+
+
+def ep_stride(parallel, dp_stride):
+    """Rank distance of the EP group's members: inside dp (stride of dp) for etp = 0, or
+    t_e in Megatron-Core's expert rank order tp-ep-dp (etp > 0: the EP group takes adjacent
+    ranks after the expert-TP ones, so EP fills an NVLink domain before DP does)."""
+    return jnp.where(parallel.etp > 0, expert_tp(parallel), dp_stride)
+
+
+def moe_mlp_on_tp(model, parallel):
+    """1 when the layer's MLP runs on the TP group (a dense layer, or experts split by t_e =
+    t); 0 for an MoE layer whose experts are not TP-split (t_e < t): its tokens go straight
+    to the EP all-to-all from their sequence shard, with no TP all-gather / reduce-scatter
+    around the MLP (Megatron-Core alltoall dispatcher with sequence parallelism). For the mean
+    layer of a model with dense layers: 1 - phi [t_e < t] (phi = `moe_layer_fraction`)."""
+    phi = moe_layer_fraction(model)  # the mean layer: its share of MoE layers
+    return 1.0 - phi * jnp.where(expert_tp(parallel) < parallel.tp, 1.0, 0.0)

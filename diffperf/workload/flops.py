@@ -173,7 +173,10 @@ def layer_ops(model, parallel, training) -> LayerOps:
         2 MLP up  n = (1 + gated) f / t, k = h           x (1 - phi)  (dense layers)
         3 MLP down n = h, k = f / t                      x (1 - phi)
         4 router  n = E, k = h                           x phi
-        5,6 experts m = T k C_f e / E, count = phi E / e  top-k routed tokens on local experts
+        5,6 experts m = T (t_e/t) k C_f e / E, count = phi E / e, n and k split by t_e (not t):
+                  the routed tokens on a rank's local experts (t_e = `workload.ep.expert_tp`;
+                  the per-expert m is the grouped GEMM's shape, so its efficiency falls at
+                  small m as each expert's own GEMM does)
         7,8 shared  n = (1 + gated) f_s / t, h; count phi E_s
         9  MLA W^DQ    n = r_q, k = h             (replicated over TP; 0 without q_lora_rank)
         10 MLA W^DKV;W^KR  n = r_kv + d_R, k = h  (replicated over TP)
@@ -200,16 +203,17 @@ def layer_ops(model, parallel, training) -> LayerOps:
     fe, E, ep = model.moe_ffn_hidden, jnp.maximum(model.n_experts, 1.0), parallel.ep
     fs = shared_expert_width(model)
     gate = 1.0 + model.gated_mlp
-    tokens_per_expert = T * model.moe_topk * model.capacity_factor * ep / E
+    t_e = jnp.where(parallel.etp > 0, parallel.etp, t)  # workload.ep.expert_tp
+    tokens_per_expert = T * (t_e / t) * model.moe_topk * model.capacity_factor * ep / E
     r_q, r_kv, d_r = model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
     qkv_n = jnp.where(mla > 0, a * dh, a * dh + akv * (dh + dv)) / t
     qkv_k = jnp.where((mla > 0) & (r_q > 0), r_q, hx)
     q_down = mla * jnp.where(r_q > 0, 1.0, 0.0)
     dense = Gemms(
         m=jnp.stack([T, T, T, T, T, tokens_per_expert, tokens_per_expert, T, T, T, T, T]),
-        n=jnp.stack([qkv_n, hx, gate * f / t, hx, E, gate * fe / t, h, gate * fs / t, h,
+        n=jnp.stack([qkv_n, hx, gate * f / t, hx, E, gate * fe / t_e, h, gate * fs / t, h,
                      r_q, r_kv + d_r, a * (dh - d_r + dv) / t]),
-        k=jnp.stack([qkv_k, a * dv / t, hx, f / t, h, h, fe / t, h, fs / t, h, h, r_kv]),
+        k=jnp.stack([qkv_k, a * dv / t, hx, f / t, h, h, fe / t_e, h, fs / t, h, h, r_kv]),
         count=jnp.stack([1.0, 1.0, dense_w, dense_w, moe_w, moe_w * E / ep, moe_w * E / ep,
                          moe_w * model.n_shared_experts, moe_w * model.n_shared_experts,
                          q_down, mla, mla]),
@@ -224,7 +228,10 @@ def layer_ops(model, parallel, training) -> LayerOps:
         dense=dense,
         attention=attention,
         elementwise_bytes=elementwise_bytes(model, parallel, training, fallback),
-        n_kernels=(4.0 + dense_w + 3.0 * moe_w + _ELEMENTWISE_KERNELS + model.gated_mlp
+        # MoE: router, 2 grouped GEMMs; permute, unpermute and (e > 1) the two chunk sorts
+        # (`moe_permute_bytes`).
+        n_kernels=(4.0 + dense_w + moe_w * (5.0 + 2.0 * (parallel.ep > 1))
+                   + _ELEMENTWISE_KERNELS + model.gated_mlp
                    + _MLA_EXTRA_KERNELS * mla
                    + (1.0 - training.flash_attention) * _UNFUSED_ATTENTION_EXTRA_KERNELS
                    + fallback * softmax_fallback_costs(training)[0]),
@@ -262,7 +269,36 @@ def elementwise_bytes(model, parallel, training, fallback=None):
         (1.0 - training.flash_attention) * 4.0 * q
         + fallback * softmax_fallback_costs(training)[1])
     latents = is_mla(model) * 4.0 * T * (model.q_lora_rank + model.kv_lora_rank)
-    return q * (T_sp * h * 10.0 + T * f_act * (2.0 + model.gated_mlp) / t + latents) + scores
+    return (q * (T_sp * h * 10.0 + T * f_act * (2.0 + model.gated_mlp) / t + latents) + scores
+            + moe_permute_bytes(model, parallel, training))
+
+
+def moe_permute_bytes(model, parallel, training):
+    """HBM traffic of an MoE layer's token permutation (forward, one device, one micro-batch):
+
+        q_a h T_e [ 2 (1 + k C_f) + 4 k C_f [e > 1] ],      T_e = T t_e / t
+    permute (read the T_e tokens, write their k C_f copies grouped by expert) and unpermute
+    (read the k C_f expert outputs, write the T_e probability-weighted sums): 2 (1 + k C_f);
+    with e > 1 the received tokens are sorted by local expert after the dispatch all-to-all and
+    back before the combine (read + write k C_f T_e each): 4 k C_f. T_e: the tokens a rank's
+    experts serve (`workload.ep.expert_token_share`: T / t routed from the sequence shard when
+    t_e = 1 < t, T after the TP gather when t_e = t). Fused or not (TE's fused permute kernels
+    move the same bytes), these are memory-bound copies (PAPERS.md section 5.2).
+    Source: Megatron-Core MoE token dispatcher (megatron/core/transformer/moe/
+    token_dispatcher.py, MoEAlltoAllTokenDispatcher: permute -> all-to-all ->
+    sort_chunks_by_idxs -> experts -> sort_chunks_by_idxs -> all-to-all -> unpermute;
+    moe_utils.permute / unpermute) [S]. 0 for a dense model; x phi (`moe_layer_fraction`) for
+    the mean layer of a model with dense layers.
+    Example (Qwen3-30B-A3B: h 2048, k 8, C_f 1; b 4, s 4096, t = t_e = 1, e = 8, bf16):
+    2 x 2048 x 16384 x (2 x 9 + 32) = 3.36e9 B.
+    """
+    is_moe = moe_layer_fraction(model)
+    t = head_shards(parallel)
+    t_e = jnp.where(parallel.etp > 0, parallel.etp, t)
+    T_e = tokens_per_device(model, parallel) * t_e / t
+    kc = model.moe_topk * model.capacity_factor
+    sort = jnp.where(parallel.ep > 1, 4.0 * kc, 0.0)
+    return is_moe * training.activation_bytes * model.hidden * T_e * (2.0 * (1.0 + kc) + sort)
 
 
 def attention_io_bytes(model, parallel, training):

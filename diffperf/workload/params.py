@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from diffperf.workload.ep import expert_tp
 from diffperf.workload.flops import (hidden_shards, is_mla, moe_layer_fraction,
                                      shared_expert_width, v_dim)
 from diffperf.workload.stages import each
@@ -170,11 +171,11 @@ def grid_shards(parallel):
 
 
 def layer_params_per_device(model, parallel):
-    """Parameters of one layer on one device: matrices / (t G), routed experts / (t e),
-    vectors (replicated)."""
+    """Parameters of one layer on one device: matrices / (t G), routed experts / (t_e e)
+    (t_e: `workload.ep.expert_tp`), vectors (replicated)."""
     mats, experts = layer_matrix_params(model)
     return (mats / (parallel.tp * grid_shards(parallel))
-            + experts / (parallel.tp * parallel.ep) + layer_vector_params(model))
+            + experts / (expert_tp(parallel) * parallel.ep) + layer_vector_params(model))
 
 
 def active_ffn_width(model):
@@ -209,8 +210,9 @@ def residual_shards(parallel):
 def stage_expert_params_per_device(model, parallel, layers):
     """Routed-expert parameters of a stage of n = `layers` layers on one device:
 
-        n E (2 + gated) h f_e / (t e)
-    each of the E experts' 2 + gated matrices (h x f_e) split over the t TP ranks, the E
+        n E (2 + gated) h f_e / (t_e e)
+    each of the E experts' 2 + gated matrices (h x f_e) split over the t_e expert-TP ranks
+    (`workload.ep.expert_tp`: t unless etp says otherwise), the E
     experts over the e EP ranks (`layer_matrix_params`; Megatron-Core MoE: expert weights
     sharded by expert-tensor and expert parallelism; PAPERS.md section 5.8). They are
     replicated over the expert-data-parallel ranks (`workload.ep.expert_dp_degree`), not over
@@ -219,7 +221,7 @@ def stage_expert_params_per_device(model, parallel, layers):
     8 x 8 x 3 x 4096 x 14336 / 16 = 704.6e6.
     """
     _, experts = layer_matrix_params(model)
-    return layers * experts / (parallel.tp * parallel.ep)
+    return layers * experts / (expert_tp(parallel) * parallel.ep)
 
 
 def stage_params_per_device(model, parallel, stages):
@@ -249,7 +251,8 @@ def lowp_weight_cache_params(model, parallel, training):
 
         N_lin (f + d - primary) lambda c
     N_lin = the layer's quantized linear weights on one device, (matrices - router) / (t G)
-    + routed experts / (t e) (`layer_params_per_device` without the router h E and the
+    + routed experts / (t_e e) (t_e = `workload.ep.expert_tp`; `layer_params_per_device`
+    without the router h E and the
     vectors: the router is not a TE linear); f, d = training.lowp_fprop, lowp_dgrad (a
     row-wise copy for fprop, a column-wise one for dgrad), lambda = lowp_layer_frac, c =
     lowp_weight_cache (held from the first micro-batch's forward to the step's last backward:
@@ -263,7 +266,7 @@ def lowp_weight_cache_params(model, parallel, training):
     mats, experts = layer_matrix_params(model)
     router = jnp.where(model.n_experts > 0, model.hidden * model.n_experts, 0.0)
     linear = ((mats - router) / (parallel.tp * grid_shards(parallel))
-              + experts / (parallel.tp * parallel.ep))
+              + experts / (expert_tp(parallel) * parallel.ep))
     f, d = training.lowp_fprop, training.lowp_dgrad
     primary = jnp.where((training.lowp_param_gather > 0) & (f > 0), 1.0, 0.0)
     return training.lowp_weight_cache * training.lowp_layer_frac * (f + d - primary) * linear

@@ -1,0 +1,244 @@
+"""Megatron-Bridge runs (data/megatron_bridge.csv) and the MoE layout they use.
+
+Expert tensor parallelism (Parallel.etp; Megatron-Core's --expert-tensor-parallel-size, 1 in
+the Bridge MoE recipes): golden values by hand for the expert GEMM shape, the expert-data-
+parallel degree, the all-to-all tier and the TP collectives of an MoE layer; the gradient
+contract of the step time in the system leaves. The CSV: every row loads and predicts (one
+vmap per system), finite, with no refusal.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from diffperf import Parallel, SpecError, Training, load_runs, predict
+from diffperf.costs.collectives import (all_to_all_s, domain_hit_fraction,
+                                        hierarchical_all_to_all_s)
+from diffperf.workload.flops import moe_permute_bytes
+from diffperf.specs.validate import check_layout
+from diffperf.workload.ep import (ep_a2a_bytes, ep_stride, expert_dp_degree, expert_token_share,
+                                  expert_tp, moe_mlp_on_tp)
+from diffperf.workload.flops import layer_ops
+from diffperf.workload.params import layer_params_per_device
+from shipped import model as _model, system as _system
+
+ROOT = Path(__file__).resolve().parent.parent
+CSV = ROOT / "data" / "megatron_bridge.csv"
+BF16 = Training()
+MIXTRAL = _model("mixtral-8x7b").replace(seq_len=4096.0)
+
+
+def test_expert_tp_and_expert_data_parallel_degree_by_hand():
+    # etp = 0: the experts are TP-split like the rest (t_e = t), copies over d c / e.
+    old = Parallel(tp=2, dp=16, ep=8, cp=1, sequence_parallel=1)
+    assert float(expert_tp(old)) == 2 and float(expert_dp_degree(old)) == 16 / 8
+    # etp = 1, t = 2, d = 16, e = 32 (Qwen3-235B on DGX-H100 in the Bridge tables): the 32
+    # EP ranks are the t d = 32 ranks of a stage, one copy of each expert: N_e = 2 16 / 32 = 1.
+    new = Parallel(tp=2, dp=16, ep=32, etp=1, sequence_parallel=1)
+    assert float(expert_tp(new)) == 1 and float(expert_dp_degree(new)) == 1.0
+    assert float(expert_token_share(new)) == 0.5
+
+
+def test_expert_gemm_sees_the_per_expert_tokens_and_full_width_under_etp_1():
+    # Mixtral (E 8, k 2, f_e 14336, SwiGLU), b 1, s 4096, t 2 with SP, e 8, etp 1:
+    # each rank routes 4096 / 2 tokens; its E / e = 1 expert gets 8 x 2048 x 2 / 8 = 4096
+    # tokens (m), at full width n = 2 f_e = 28672 (up) and k = f_e = 14336 (down).
+    par = Parallel(tp=2, dp=4, ep=8, etp=1, micro_batch=1, sequence_parallel=1)
+    g = layer_ops(MIXTRAL, par, BF16).dense
+    assert float(g.m[5]) == 2048 * 2 * 8 / 8 and float(g.m[6]) == 4096
+    assert float(g.n[5]) == 2 * 14336 and float(g.k[6]) == 14336
+    assert float(g.count[5]) == 8 / 8
+    # etp = 0 (t_e = t = 2): the TP group gathers its 2 shards first, m = 4096 x 2 x 8 / 8
+    # and the widths are split by t.
+    old = layer_ops(MIXTRAL, par.replace(etp=0, ep=4), BF16).dense
+    assert float(old.m[5]) == 4096 * 2 * 4 / 8 and float(old.n[5]) == 2 * 14336 / 2
+    # The same total expert FLOPs per rank either way at equal e (work is conserved).
+    a = layer_ops(MIXTRAL, par.replace(ep=4), BF16).dense
+    b = layer_ops(MIXTRAL, par.replace(etp=0, ep=4), BF16).dense
+    fl = lambda g: float(jnp.sum((g.m * g.n * g.k * g.count)[5:7]))  # noqa: E731
+    np.testing.assert_allclose(fl(a), fl(b), rtol=1e-6)
+
+
+def test_expert_parameters_per_device_split_by_etp_not_tp():
+    par = Parallel(tp=2, dp=8, ep=8, etp=1, sequence_parallel=1)
+    E, h, fe = 8, 4096, 14336
+    experts = E * 3 * h * fe
+    with_etp = float(layer_params_per_device(MIXTRAL, par))
+    with_tp = float(layer_params_per_device(MIXTRAL, par.replace(etp=0)))
+    # etp 1 holds experts / e; etp = t holds experts / (t e): the difference is experts / (2 e).
+    np.testing.assert_allclose(with_etp - with_tp, experts / 8 - experts / 16, rtol=1e-6)
+
+
+def test_ep_group_under_etp_1_is_adjacent_ranks_inside_the_nvlink_domain():
+    # etp = 1: Megatron-Core's expert order tp-ep-dp puts the 8 EP ranks next to each other
+    # (stride t_e = 1) even though tp = 2 sits inside dp: the all-to-all stays on NVLink.
+    par = Parallel(tp=2, dp=4, ep=8, etp=1, sequence_parallel=1)
+    assert float(ep_stride(par, 2.0)) == 1.0
+    assert float(ep_stride(par.replace(etp=0, ep=4), 2.0)) == 2.0
+    h100 = _system("h100-sxm-80gb")
+    S = float(ep_a2a_bytes(MIXTRAL, par, BF16))
+    assert S == 2 * 2048 * 4096 * 2  # k T_r h q_a, T_r = 4096 / 2 under SP
+    nvl = h100.tiers[0]
+    hand = (h100.eff.coll_base_s + 7 * nvl.latency_s
+            + 7 / 8 * S / (nvl.bandwidth_Bps * h100.eff.coll_eff_intra))
+    np.testing.assert_allclose(float(all_to_all_s(S, 8.0, 1.0, h100)), hand, rtol=1e-5)
+
+
+def test_moe_layer_with_untp_experts_has_only_the_attention_tp_collectives():
+    par = Parallel(tp=2, dp=4, ep=8, etp=1, sequence_parallel=1)
+    assert float(moe_mlp_on_tp(MIXTRAL, par)) == 0.0
+    assert float(moe_mlp_on_tp(MIXTRAL, par.replace(etp=0, ep=4))) == 1.0
+    assert float(moe_mlp_on_tp(_model("llama3-8b"), Parallel(tp=2))) == 1.0
+
+
+def test_etp_rules_are_checked_with_clear_messages():
+    with pytest.raises(SpecError, match="etp=3 is not allowed"):
+        check_layout(MIXTRAL, Parallel(tp=2, dp=4, ep=8, etp=3, sequence_parallel=1), 8)
+    with pytest.raises(SpecError, match="needs sequence_parallel=1"):
+        check_layout(MIXTRAL, Parallel(tp=2, dp=4, ep=8, etp=1), 8)
+    with pytest.raises(SpecError, match=r"ep x etp=8 x 1 must divide tp x cp x dp=4"):
+        check_layout(MIXTRAL, Parallel(tp=1, dp=4, ep=8, etp=1), 4)
+    # ep = 8 > dp = 4 is a valid layout once the expert group takes the tp x dp ranks.
+    check_layout(MIXTRAL, Parallel(tp=2, dp=4, ep=8, etp=1, sequence_parallel=1,
+                                   global_batch=8), 8)
+
+
+def test_moe_layer_cost_gradient_contract_with_etp_1(x64):
+    """The expert GEMMs (per-expert shape) and the EP all-to-all of an etp = 1 layer, as
+    functions of log-scale factors on the matmul peak, HBM and NVLink bandwidth: gradients
+    match finite differences (check_grads, float64), are finite, and a faster part never
+    slows the layer."""
+    from jax.test_util import check_grads
+
+    from diffperf.costs.compute import gemm_times_s
+
+    h100 = _system("h100-sxm-80gb")
+    par = Parallel(tp=2, dp=4, ep=8, etp=1, micro_batch=1, sequence_parallel=1)
+    g = layer_ops(MIXTRAL, par, BF16).dense
+    S = ep_a2a_bytes(MIXTRAL, par, BF16)
+
+    def layer_s(logs):
+        s = h100.replace(matmul_flops_per_s=h100.matmul_flops_per_s * jnp.exp(logs[0]),
+                         hbm_bandwidth_Bps=h100.hbm_bandwidth_Bps * jnp.exp(logs[1]),
+                         tiers=(h100.tiers[0].replace(
+                             bandwidth_Bps=h100.tiers[0].bandwidth_Bps * jnp.exp(logs[2])),
+                                *h100.tiers[1:]))
+        gemm = jnp.sum(gemm_times_s(g, s, BF16, s.eff.mm_max, s.eff.mm_half_dim)[5:7])
+        return gemm + 4.0 * all_to_all_s(S, 8.0, ep_stride(par, 2.0), s)
+
+    x = jnp.zeros(3)
+    check_grads(layer_s, (x,), order=1, modes=("rev",), eps=1e-4)
+    grad = jax.grad(layer_s)(x)
+    assert np.all(np.isfinite(np.asarray(grad))) and np.all(np.asarray(grad) <= 0.0)
+    assert float(grad[0]) < 0.0 and float(grad[2]) < 0.0  # FLOP/s and NVLink both matter
+
+
+def test_moe_permutation_traffic_by_hand():
+    # Qwen3-30B-A3B-like MoE: h 2048, k 8; b 4, s 4096, t = 1, e = 8, bf16: permute +
+    # unpermute 2 (1 + 8) and two chunk sorts 4 x 8 copies of T h q bytes.
+    qwen = MIXTRAL.replace(hidden=2048.0, moe_topk=8.0, n_experts=128.0)
+    par = Parallel(dp=8, ep=8, micro_batch=4)
+    T = 4 * 4096
+    assert float(moe_permute_bytes(qwen, par, BF16)) == 2 * 2048 * T * (2 * 9 + 32)
+    # e = 1: no chunk sorts; dense: nothing.
+    assert float(moe_permute_bytes(qwen, par.replace(ep=1), BF16)) == 2 * 2048 * T * 18
+    assert float(moe_permute_bytes(_model("llama3-8b"), par.replace(ep=1), BF16)) == 0.0
+    # etp = 1 < t = 2 under SP: each rank permutes its sequence shard only (T / 2).
+    sp = Parallel(tp=2, dp=4, ep=8, etp=1, micro_batch=4, sequence_parallel=1)
+    assert float(moe_permute_bytes(qwen, sp, BF16)) == 2 * 2048 * (T / 2) * (2 * 9 + 32)
+
+
+def test_hierarchical_dispatch_sends_one_copy_per_remote_domain():
+    from math import comb
+
+    # Hypergeometric: P(a token's 8 of 128 experts include one of the other node's 64).
+    np.testing.assert_allclose(float(domain_hit_fraction(8.0, 128.0, 2.0)),
+                               1 - comb(64, 8) / comb(128, 8), rtol=1e-6)
+    np.testing.assert_allclose(float(domain_hit_fraction(8.0, 256.0, 8.0)),
+                               1 - comb(224, 8) / comb(256, 8), rtol=1e-5)
+    assert float(domain_hit_fraction(8.0, 128.0, 1.0)) == 0.0
+    h100 = _system("h100-sxm-80gb")
+    nvl, ib = h100.tiers[0], h100.tiers[1]
+    e = h100.eff
+    S = 134e6
+    # Inside one node: the pairwise all-to-all exactly.
+    np.testing.assert_allclose(float(hierarchical_all_to_all_s(S, 8.0, 1.0, 8.0, 128.0, h100)),
+                               float(all_to_all_s(S, 8.0, 1.0, h100)), rtol=1e-6)
+    # Two nodes (n 16, k 8, E 128): InfiniBand carries N p / k = 2 p / 8 of the pairwise
+    # volume 8/16 S; NVLink the local 7/16 S and the forwarded 8/16 x 7/8 S.
+    p = 1 - comb(64, 8) / comb(128, 8)
+    hand = (e.coll_base_s + 15 * ib.latency_s
+            + S * (7 / 16 + 8 / 16 * 7 / 8) / (nvl.bandwidth_Bps * e.coll_eff_intra)
+            + 2 * p / 8 * 8 / 16 * S / (ib.bandwidth_Bps * e.coll_eff_inter))
+    got = float(hierarchical_all_to_all_s(S, 16.0, 1.0, 8.0, 128.0, h100))
+    np.testing.assert_allclose(got, hand, rtol=1e-5)
+    assert got < float(all_to_all_s(S, 16.0, 1.0, h100))
+
+
+def test_hierarchical_dispatch_gradient_contract(x64):
+    from jax.test_util import check_grads
+
+    h100 = _system("h100-sxm-80gb")
+
+    def t(logs):
+        tiers = tuple(tr.replace(bandwidth_Bps=tr.bandwidth_Bps * jnp.exp(x))
+                      for tr, x in zip(h100.tiers, logs[:2]))
+        nvl = tiers[0].replace(domain_size=tiers[0].domain_size * jnp.exp(logs[2]))
+        return hierarchical_all_to_all_s(134e6, 32.0, 1.0, 8.0, 128.0,
+                                         h100.replace(tiers=(nvl, tiers[1])))
+
+    x = jnp.zeros(3)
+    check_grads(t, (x,), order=1, modes=("rev",), eps=1e-4)
+    g = np.asarray(jax.grad(t)(x))
+    assert np.all(np.isfinite(g)) and g[0] < 0 and g[1] < 0  # faster links: faster
+    assert g[2] < 0  # a larger NVLink domain: fewer domains to cross
+
+
+def _write(tmp_path, rows):
+    path = tmp_path / "runs.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def test_model_config_column_gives_the_architecture_and_is_checked(tmp_path):
+    row = dict(id="r1", num_gpus=8, num_layers=32, hidden=4096, num_heads=32, vocab=32000,
+               seq_len=4096, tp=1, pp=1, dp=8, ep=8, global_batch=64, micro_batch=1,
+               step_time_s=1.0, model_config="mixtral-8x7b", system="h100-sxm-80gb")
+    runs = load_runs(_write(tmp_path, [row]))
+    m = runs.models[0]
+    assert float(m.n_experts) == 8 and float(m.moe_ffn_hidden) == 14336
+    assert float(m.seq_len) == 4096  # the row's, not the config's 32768
+    with pytest.raises(SpecError, match=r"num_layers=31 differs from model_config"):
+        load_runs(_write(tmp_path, [row | dict(num_layers=31)]))
+
+
+def test_every_bridge_row_loads_and_predicts_finite():
+    """Every row of data/megatron_bridge.csv through load_runs and one vmap per system: no
+    refusal, finite positive step times."""
+    from diffperf.cli.validate_cmd import load_systems
+    from diffperf.validation import predict_runs
+
+    rows = list(csv.DictReader(open(CSV)))
+    assert len(rows) == 222
+    for r in rows[:5]:  # step time derived from the printed throughput
+        step = int(r["global_batch"]) * int(r["seq_len"]) / (
+            float(r["tokens_per_s_per_gpu"]) * int(r["num_gpus"]))
+        np.testing.assert_allclose(float(r["step_time_s"]), step, rtol=1e-5)
+    runs = load_runs(CSV)
+    systems = load_systems(runs, None, None)
+    step, _, _ = predict_runs(runs, systems)  # one program: the system batched per row
+    assert np.all(np.isfinite(step)) and np.all(step > 0)
+    # The same as predicting one row alone with its own system (two systems checked).
+    for i in (0, runs.systems.index("h100-sxm-80gb")):
+        one = predict(runs.models[i], runs.parallels[i], systems[runs.systems[i]],
+                      runs.trainings[i]).step_time_s
+        np.testing.assert_allclose(step[i], float(one), rtol=2e-5)
