@@ -35,7 +35,7 @@ import numpy as np
 
 from diffperf.errors import SpecError
 
-GPU_GENERATIONS = ("a100", "h100", "h200", "b200", "mi300x", "tpu-v5p")
+GPU_GENERATIONS = ("a100", "h100", "h200", "b200", "b300", "mi300x", "tpu-v5p")
 NUMERIC_DIMS = ("tp", "pp", "dp", "cp", "ep", "gpus", "micro_batch")
 CATEGORICAL_DIMS = ("zero_stage", "recompute", "precision", "gpu")
 RECOMPUTE = ("none", "selective", "full")
