@@ -5,7 +5,8 @@ Megatron-Bridge repository (docs/performance-summary.md and docs/performance-sum
 given as paths) and writes
 
     data/megatron_bridge.csv            rows of the models diffperf has a config for (validated)
-    data/megatron_bridge_unmodelled.csv the other pre-training rows (transcribed, not predicted)
+    data/transcribed/megatron_bridge_unmodelled.csv the other pre-training rows (transcribed,
+    not predicted: not a runs CSV, so not a shipped dataset)
 
 Every printed number is copied unchanged; the derived columns (dp, step_time_s, zero_stage,
 the notes) are computed here as described in
@@ -213,7 +214,8 @@ def main(summary: str, archive: str, outdir: str = "data") -> None:
             count[r["id"]] = count.get(r["id"], 0) + 1
             r["id"] = f"{r['id']}-{count[r['id']]}"
     for name, keep in (("megatron_bridge.csv", lambda r: r["model_config"]),
-                       ("megatron_bridge_unmodelled.csv", lambda r: not r["model_config"])):
+                       ("transcribed/megatron_bridge_unmodelled.csv",
+                        lambda r: not r["model_config"])):
         sel = [r for r in rows if keep(r)]
         if not keep(dict(model_config="x")):  # the unmodelled file: no architecture columns
             for r in sel:

@@ -22,7 +22,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DATA = ROOT.parent / "shared" / "data"
+DATA = ROOT / "data"  # the shipped copies (data/README.md)
 
 from diffperf import load_runs, load_system  # noqa: E402
 from diffperf.intervals import conformal_quantile  # noqa: E402

@@ -7,7 +7,8 @@ at 2 layouts). This file checks, over random *batches*:
 
 - accounting: step time finite and > 0; every exposed part (EXPOSED_PARTS) and every hidden
   part >= 0, the exposed parts sum to the step time; the memory parts (MEMORY_PARTS) sum to the
-  total; `fits` is total <= capacity; 0 < MFU <= 1; tokens/s = B s / T;
+  total; `fits` is total <= capacity; 0 < MFU <= 1 (x the FP8 / FP4 peak ratio of a
+  low-precision recipe); tokens/s = B s / T;
 - the scaling-book bounds: compute <= step, each kind of communication (exposed + hidden)
   <= step, and hidden + exposed does not depend on the overlap switches (tp_overlap,
   dp_overlap), with nothing hidden when both are off;
@@ -290,7 +291,16 @@ def test_step_and_memory_accounting(cfgs):
     _check(batch, np.abs(parts - mem.total_bytes) <= REL * mem.total_bytes,
            "memory parts sum to total_bytes")
     _check(batch, r.fits == (mem.total_bytes <= mem.capacity_bytes), "fits = total <= capacity")
-    _check(batch, (r.mfu > 0) & (r.mfu <= 1), "0 < MFU <= 1")
+    # MFU is model FLOPs over the 16-bit peak; a recipe whose GEMMs run in FP8 / FP4 can
+    # exceed 1 by at most the ratio of the peak it runs at (specs.training, low precision).
+    tr, sy = batch.training, batch.system
+    lowp = np.maximum(np.maximum(np.asarray(tr.lowp_fprop), np.asarray(tr.lowp_dgrad)),
+                      np.asarray(tr.lowp_wgrad)) > 0
+    peak = np.where(np.asarray(tr.lowp_fp4) > 0, np.asarray(sy.matmul_fp4_flops_per_s),
+                    np.asarray(sy.matmul_fp8_flops_per_s))
+    bound = np.where(lowp, np.maximum(peak / np.asarray(sy.matmul_flops_per_s), 1.0), 1.0)
+    _check(batch, (r.mfu > 0) & (r.mfu <= bound), "0 < MFU <= 1 (x the low-precision peak "
+                                                  "ratio)")
     tokens = batch.parallel.global_batch * batch.model.seq_len / T
     _check(batch, np.abs(r.tokens_per_s - tokens) <= REL * tokens, "tokens/s = B s / T")
     _check(batch, r.hardware_flops >= r.model_flops * (1 - 1e-6), "hardware >= model FLOPs")

@@ -319,8 +319,8 @@ def test_overlay_framework_facts_are_applied_with_a_note(capsys, tmp_path):
     args = ["predict", "--model", "gpt-small", "--gpus", "8", "--tp", "2", "--global-batch",
             "16", "--no-cache", "--json"]
     with_overlay, _ = _json(capsys, *args, "--calibration", str(overlay))
-    by_hand, _ = _json(capsys, *args, "--set", "flash_attention=0")
-    plain, _ = _json(capsys, *args)
+    by_hand, _ = _json(capsys, *args, "--calibration", "none", "--set", "flash_attention=0")
+    plain, _ = _json(capsys, *args, "--calibration", "none")
     assert with_overlay["result"]["step_time_s"] == by_hand["result"]["step_time_s"]
     assert with_overlay["result"]["step_time_s"] != plain["result"]["step_time_s"]
     assert any("fitted under --set flash_attention=0: applied" in n
@@ -343,8 +343,9 @@ def test_validate_applies_the_overlay_facts(capsys, tmp_path):
     overlay.write_text(yaml.safe_dump(dict(efficiency={}, fitted_on=dict(
         set=["dp_overlap=0"]))))
     out = {}
+    none = ["--calibration", "none"]  # the physics defaults, as the overlay's empty efficiency
     for name, extra in (("overlay", ["--calibration", str(overlay)]),
-                        ("by_hand", ["--set", "dp_overlap=0"]), ("plain", [])):
+                        ("by_hand", [*none, "--set", "dp_overlap=0"]), ("plain", none)):
         data, _ = _json(capsys, "validate", str(runs), *extra, "--json")
         out[name] = data
     assert out["overlay"]["summary"] == out["by_hand"]["summary"]
@@ -445,9 +446,9 @@ def test_overlay_fact_with_its_own_option_goes_to_the_option(capsys, tmp_path):
     args = ["predict", "--model", "gpt-small", "--gpus", "8", "--tp", "2", "--global-batch",
             "16", "--no-cache", "--json"]
     with_overlay, _ = _json(capsys, *args, "--calibration", str(overlay))
-    by_hand, _ = _json(capsys, *args, "--dp-overlap", "0")
+    by_hand, _ = _json(capsys, *args, "--calibration", "none", "--dp-overlap", "0")
     mine, _ = _json(capsys, *args, "--calibration", str(overlay), "--dp-overlap", "1")
-    plain, _ = _json(capsys, *args)
+    plain, _ = _json(capsys, *args, "--calibration", "none")
     assert with_overlay["result"]["step_time_s"] == by_hand["result"]["step_time_s"]
     assert mine["result"]["step_time_s"] == plain["result"]["step_time_s"]
     assert with_overlay["result"]["step_time_s"] > plain["result"]["step_time_s"]
