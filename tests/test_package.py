@@ -209,9 +209,10 @@ def test_list_refuses_an_unknown_kind(capsys):
 # nothing reads outside the repository
 # --------------------------------------------------------------------------------------------
 
-# '../shared', a path built as .. / "shared", or a repository's parent folder
+# '../shared', a path built as .. / "shared", a repository's parent folder, or an absolute
+# path to a shared/data folder (a machine's layout)
 _OUTSIDE = re.compile(r"\.\./shared|[\"']shared[\"']\s*/|parents\[2\]|REPO\.parent\b|"
-                      r"/work/shared|\$\{?DATA:-\.\.")
+                      r"(?<![\w.])/[\w.-]+/shared/data|\$\{?DATA:-\.\.")
 
 
 def _tracked_files() -> list[Path]:
