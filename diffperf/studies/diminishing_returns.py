@@ -36,7 +36,7 @@ SYSTEM = "h100-sxm-80gb"
 SEQ_LEN = 2048
 GLOBAL_BATCH = 2048  # sequences: 2048 x 2048 = 4.19M tokens per step
 GPUS = (64, 128, 256, 512, 1024, 2048)
-QUICK_GPUS = {"llama3-8b": (1024, 2048), "llama3-70b": (128, 512, 2048)}
+QUICK_GPUS = {"llama3-8b": (512, 1024, 2048), "llama3-70b": (128, 512, 2048)}
 SERIES = ("fsdp", "tp_pp", "other")
 LABELS = dict(fsdp="pure FSDP (ZeRO-3, tp = pp = cp = 1)",
               tp_pp="with TP and/or PP (any ZeRO)",
