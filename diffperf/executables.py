@@ -151,12 +151,35 @@ def _compile(fn, args, static, store, read=True):
     adapter = _adapter(store, read)
     try:
         with _serving(adapter):
-            return lowered.compile(), adapter
+            compiled = lowered.compile()
+            if not adapter.hits and not adapter.puts and _forget_in_memory_programs():
+                # JAX handed back a program it compiled earlier in this process without a
+                # store (its in-memory caches skip the persistent one: nothing read or put).
+                # Compiled once more, so that the store gets it as `executable` promises;
+                # compiler_options={} (no option added) keeps JAX from answering with the
+                # program the lowering itself holds.
+                compiled = lowered.compile(compiler_options={})
+            return compiled, adapter
     except Exception:  # noqa: BLE001 - only a program read from the store is suspect
         if not adapter.hits:
             raise
         _drop(store, [k for k, _ in adapter.hits])
         return _compile(fn, args, static, store, read=False)
+
+
+def _forget_in_memory_programs() -> bool:
+    """Empty JAX's in-memory cache of compiled programs (the one `Lowered.compile` reads
+    before the persistent cache; jitted functions keep the programs they dispatch to); False
+    where this JAX has no such hook."""
+    try:
+        from jax._src.interpreters import pxla
+    except ImportError:  # pragma: no cover - another JAX layout
+        return False
+    clear = getattr(pxla, "clear_in_memory_compilation_cache", None)
+    if clear is None:  # pragma: no cover
+        return False
+    clear()
+    return True
 
 
 def _drop(store, keys) -> None:

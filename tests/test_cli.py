@@ -341,7 +341,7 @@ def test_predict_loads_its_compiled_program_from_the_store():
     par = Parallel(tp=8.0, pp=8.0, dp=4.0, micro_batch=1.0, global_batch=64.0)
     other = par.replace(dp=8.0, global_batch=128.0)
     executables._LOADED.clear()
-    jax.clear_caches()  # a program JAX holds in memory is not read from or written to a store
+    jax.clear_caches()  # a fresh process: JAX's in-memory programs gone too
     store = Store()
     first = predict(model, par, system, store=store)
     assert len(store) == 1 and Store.writes == 1
@@ -369,7 +369,7 @@ def test_predict_cli_keeps_its_program_on_disk(tmp_path, monkeypatch, capsys):
     from diffperf import executables
 
     executables._LOADED.clear()
-    jax.clear_caches()  # a program JAX holds in memory is not read from or written to a store
+    jax.clear_caches()  # a fresh process: JAX's in-memory programs gone too
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "on"))
     assert main(["predict", "--gpus", "128", "--tp", "8", "--pp", "8", "--global-batch",
                  "64"]) == 0

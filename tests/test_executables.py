@@ -185,3 +185,19 @@ def test_keys_are_file_names_only(tmp_path):
         store[key] = b"abc"
         assert store.get(key) is None
     assert not list(tmp_path.rglob("*.bin"))
+
+
+def test_a_program_compiled_without_a_store_is_stored():
+    """A program JAX compiled earlier in the process without a store (held in its in-memory
+    caches, which skip the persistent cache) still reaches a store asked for later, and a
+    new process loads it from there without compiling."""
+    _fresh()
+    np.testing.assert_array_equal(PLUS(X), X + 1.0)  # compiled, no store
+    store = {}
+    out = executables.executable(PLUS, "plus", (X,), {}, store)(X)
+    np.testing.assert_array_equal(out, X + 1.0)
+    assert len(store) == 1
+    _fresh()
+    program = executables.executable(PLUS, "plus", (X,), {}, store)
+    assert program.unproven  # read from the store, not compiled
+    np.testing.assert_array_equal(program(X), X + 1.0)

@@ -1004,7 +1004,9 @@ def _mass_vectors(rng, lean_model, lean_system):
     for pp in (13, 100):
         layouts.append(["--gpus", str(pp), "--tp", "1", "--pp", str(pp)])
     layouts += [["--gpus", "8", "--tp", "1", "--pp", "1", "--dp", "3"],
-                ["--gpus", "8", "--tp", "2", "--pp", "1", "--micro-batch", "5"],
+                # an explicit batch: a default one is rounded up to dp x micro-batch (steer)
+                ["--gpus", "8", "--tp", "2", "--pp", "1", "--micro-batch", "5",
+                 "--global-batch", "8"],
                 ["--gpus", "8", "--tp", "1", "--pp", "1", "--cp", "3"],
                 ["--gpus", "2097152", "--tp", "1", "--pp", "1", "--global-batch", "2097152"]]
     for lay in layouts:

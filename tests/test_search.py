@@ -162,17 +162,22 @@ def test_placements_only_where_they_change_the_strides(table):
     assert both.sum() == len(second)
 
 
-def test_dropped_placements_predict_the_same(table, result):
+def test_dropped_placements_predict_the_same(table):
     """Where dp = 1 or pp = 1 the two orders give the same strides: evaluating those rows
-    under the second order changes nothing, so enumerate_layouts keeps them once."""
+    under the second order changes nothing, so enumerate_layouts keeps them once.
+
+    Both orders are evaluated as tables of the same size, so by the same compiled program:
+    XLA:CPU compiles one program per chunk shape (here 64 outer rows; the whole table takes
+    128) and two shapes may round differently (1 float32 ulp in 2 of these rows' step times
+    against the whole table's program, 224 leaf values in all; every one equal when the whole
+    table is also run in chunks of 64), which is not what this test is about."""
     first = table[table[:, -1] == 0]
-    again = first.copy()
-    again[:, -1] = 1
     same = (first[:, COLUMNS.index("dp")] == 1) | (first[:, COLUMNS.index("pp")] == 1)
-    other = search(MODEL, SYSTEM, TRAINING, again[same])
-    np.testing.assert_array_equal(other.step_time_s, result.step_time_s[table[:, -1] == 0][same])
-    np.testing.assert_array_equal(other.memory.total_bytes,
-                                  result.memory.total_bytes[table[:, -1] == 0][same])
+    again = first[same].copy()
+    again[:, -1] = 1
+    mine, other = (search(MODEL, SYSTEM, TRAINING, rows) for rows in (first[same], again))
+    np.testing.assert_array_equal(other.step_time_s, mine.step_time_s)
+    np.testing.assert_array_equal(other.memory.total_bytes, mine.memory.total_bytes)
 
 
 def test_no_valid_layout_is_an_error():
