@@ -351,7 +351,10 @@ def test_new_messages_whole(tmp_path, capsys):
 def test_the_mask_leaves_range_edges_to_concrete_checks():
     """Finite differences step across oversubscription = 1 and fractions = 1 under jit
     (tests/test_sensitivity.py); concrete values are still refused there."""
-    f = jax.jit(predict_step)
+    # the options (and leaf types) of test_under_jit_invalid_layouts_are_marked_not_predicted:
+    # JAX's in-memory cache gives this jit that test's compiled program
+    options = dict(compiler_options=_CPU_QUICK_OPTIONS) if jax.default_backend() == "cpu" else {}
+    f = jax.jit(predict_step, **options)
     t = SYSTEM.tiers
     for s in (SYSTEM.replace(tiers=(t[0].replace(oversubscription=0.99),) + t[1:]),
               SYSTEM.replace(eff=SYSTEM.eff.replace(coll_eff_intra=1.01))):
