@@ -21,6 +21,7 @@ import numpy as np
 
 from diffperf import Parallel, Tier, ZeroStage, predict, stack, training
 from diffperf.api import _predict_program
+from diffperf.search.kernel import _CPU_QUICK_OPTIONS
 
 _predict_jit = _predict_program()[0]  # the jitted core predict runs on this backend
 from shipped import model as _model, system as _system
@@ -218,7 +219,11 @@ def test_jit_vmap_grad_agree_with_scalar_call():
     def step_time(parallel, system):
         return predict(model, parallel, system).step_time_s
 
-    batched = jax.jit(jax.vmap(jax.value_and_grad(step_time, argnums=1), in_axes=(0, None)))
+    # compiled with the options predict uses on XLA:CPU (search.kernel._CPU_QUICK_OPTIONS):
+    # about twice as fast to compile, and the flavour the scalar calls below run
+    options = dict(compiler_options=_CPU_QUICK_OPTIONS) if jax.default_backend() == "cpu" else {}
+    batched = jax.jit(jax.vmap(jax.value_and_grad(step_time, argnums=1), in_axes=(0, None)),
+                      **options)
     values, grads = batched(stack(layouts), system)
 
     scalar = np.array([float(predict(model, p, system).step_time_s) for p in layouts])

@@ -27,6 +27,7 @@ from jax.test_util import check_grads
 
 from diffperf import Parallel, Training, predict
 from diffperf.errors import SpecError
+from diffperf.search.kernel import _CPU_QUICK_OPTIONS
 from diffperf.specs.batch import anonymous
 from diffperf.specs.validate import check_layout
 from shipped import model as _model, system as _system
@@ -94,8 +95,14 @@ def _step_time(model, parallel, system, training, temperature):
 # (step time, d step time / d System), jitted once per temperature: the layout, the model and
 # the hardware are data, so every configuration below (float32 or, under x64, float64) reuses
 # one compilation per dtype.
+# On XLA:CPU they are compiled with the options `predict` itself uses there (LLVM -O0, the
+# classic emitters: api._predict_jit_cpu, search.kernel._CPU_QUICK_OPTIONS): the float64
+# value-and-gradient programs compile several times faster, and the program under test is
+# the flavour the library runs on CPU.
+_JIT_OPTIONS = dict(compiler_options=_CPU_QUICK_OPTIONS) if jax.default_backend() == "cpu" else {}
 _VALUE_AND_GRAD = {
-    t: jax.jit(jax.value_and_grad(functools.partial(_step_time, temperature=t), argnums=2))
+    t: jax.jit(jax.value_and_grad(functools.partial(_step_time, temperature=t), argnums=2),
+               **_JIT_OPTIONS)
     for t in (None, SMOOTH)}
 
 

@@ -48,6 +48,7 @@ from hypothesis import strategies as st
 from diffperf import Parallel, load_model
 from diffperf.predict import predict_step
 from diffperf.result import EXPOSED_PARTS, HIDDEN_PARTS, MEMORY_PARTS
+from diffperf.search.kernel import _CPU_QUICK_OPTIONS
 from diffperf.specs.batch import stack
 from diffperf.load import (_FRACTIONS, EFFICIENCY_KEYS, _configs_dir, model_from_dict,
                            model_names, system_from_dict, system_names, training)
@@ -238,10 +239,14 @@ def _step_and_result(model, parallel, system, training_):
 
 # The one compiled function of this file (float32): per configuration, the Result and
 # d step / d System (every leaf).
+# On XLA:CPU both are compiled with the options `predict` itself uses there (LLVM -O0, the
+# classic emitters: api._predict_jit_cpu, search.kernel._CPU_QUICK_OPTIONS): they compile
+# about twice as fast, and the program checked is the flavour the library runs on CPU.
+_JIT_OPTIONS = dict(compiler_options=_CPU_QUICK_OPTIONS) if jax.default_backend() == "cpu" else {}
 _VALUE_AND_GRAD = jax.jit(jax.vmap(jax.value_and_grad(_step_and_result, argnums=2,
-                                                      has_aux=True)))
+                                                      has_aux=True)), **_JIT_OPTIONS)
 # Forward only, for the float64 comparison (a second compilation, under x64).
-_FORWARD = jax.jit(jax.vmap(predict_step))
+_FORWARD = jax.jit(jax.vmap(predict_step), **_JIT_OPTIONS)
 
 
 def evaluate(batch, *, model=None, parallel=None, system=None):

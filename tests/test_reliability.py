@@ -11,7 +11,6 @@ import os
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -19,6 +18,7 @@ from diffperf import Parallel, SpecError, Training, load_model, load_system, pre
 from diffperf.cli.main import main
 from diffperf.load import read_yaml
 from diffperf.predict import predict_step
+from diffperf.search.kernel import _CPU_QUICK_OPTIONS
 from diffperf.specs.validate import INT_MAX, MAX_TIERS, TRAINING_SWITCHES
 
 SMALL = ["--model", "gpt-small", "--gpus", "8", "--tp", "2", "--pp", "2", "--global-batch",
@@ -154,7 +154,10 @@ def test_a_job_larger_than_the_last_tier_is_refused(capsys):
 
 def test_under_jit_invalid_layouts_are_marked_not_predicted():
     """dp = -16 used to give -16.65 s and tp = 7 53.75 s under jit."""
-    f = jax.jit(predict_step)
+    # one compilation serves every call below (the same leaf types: Python floats), with the
+    # options predict uses on XLA:CPU (search.kernel._CPU_QUICK_OPTIONS): quicker to compile
+    options = dict(compiler_options=_CPU_QUICK_OPTIONS) if jax.default_backend() == "cpu" else {}
+    f = jax.jit(predict_step, **options)
     good = f(MODEL, LAYOUT, SYSTEM, Training())
     assert bool(good.valid) and np.isfinite(good.step_time_s)
     assert float(good.step_time_s) == pytest.approx(
@@ -163,13 +166,13 @@ def test_under_jit_invalid_layouts_are_marked_not_predicted():
         r = f(MODEL, bad, SYSTEM, Training())
         assert not bool(r.valid) and float(r.step_time_s) == np.inf
         assert float(r.tokens_per_s) == 0.0 and float(r.mfu) == 0.0 and not bool(r.fits)
-    r = f(MODEL, LAYOUT, SYSTEM.replace(hbm_bandwidth_Bps=jnp.float32(0.0)), Training())
+    r = f(MODEL, LAYOUT, SYSTEM.replace(hbm_bandwidth_Bps=0.0), Training())
     assert not bool(r.valid) and float(r.step_time_s) == np.inf
     from diffperf.specs.batch import stack
 
     pars = jax.tree.map(lambda x: np.asarray(x, np.float32),
                         stack([LAYOUT, LAYOUT.replace(tp=7.0)]))
-    batch = jax.jit(jax.vmap(predict_step, in_axes=(None, 0, None, None)))(
+    batch = jax.jit(jax.vmap(predict_step, in_axes=(None, 0, None, None)), **options)(
         MODEL, pars, SYSTEM, Training())
     assert batch.valid.tolist() == [True, False]
     with pytest.raises(SpecError):  # concrete values: an error, not a mask
@@ -348,7 +351,10 @@ def test_new_messages_whole(tmp_path, capsys):
 def test_the_mask_leaves_range_edges_to_concrete_checks():
     """Finite differences step across oversubscription = 1 and fractions = 1 under jit
     (tests/test_sensitivity.py); concrete values are still refused there."""
-    f = jax.jit(predict_step)
+    # the options (and leaf types) of test_under_jit_invalid_layouts_are_marked_not_predicted:
+    # JAX's in-memory cache gives this jit that test's compiled program
+    options = dict(compiler_options=_CPU_QUICK_OPTIONS) if jax.default_backend() == "cpu" else {}
+    f = jax.jit(predict_step, **options)
     t = SYSTEM.tiers
     for s in (SYSTEM.replace(tiers=(t[0].replace(oversubscription=0.99),) + t[1:]),
               SYSTEM.replace(eff=SYSTEM.eff.replace(coll_eff_intra=1.01))):
