@@ -533,7 +533,8 @@ def test_tp_must_divide_ffn_hidden():
 
 def test_ep_rules_on_an_moe_model():
     moe = diffperf.load_model("mixtral-8x7b")  # 8 routed experts
-    with _raises("parallel: ep=4 must divide dp=2"):
+    with _raises("parallel: ep=4 must divide dp=2 (or set etp=1: the expert group then takes "
+                 "the tp x cp x dp ranks)"):
         check_layout(moe, Parallel(ep=4, dp=2, global_batch=2))
     with _raises("parallel: ep=16 must divide model.moe_experts=8"):
         check_layout(moe, Parallel(ep=16, dp=16, global_batch=16))
@@ -1253,7 +1254,7 @@ def test_predict_set_refuses_fields_with_their_own_option(capsys):
 def test_system_gpu_generation_not_allowed(tmp_path):
     p = _write_yaml(tmp_path, _system_dict() | {"gpu": "h10"})
     with _raises(f"{p}.gpu='h10' is not allowed; did you mean 'h100'? (allowed: a100, h100, "
-                 f"h200, b200, mi300x, tpu-v5p)"):
+                 f"h200, b200, b300, mi300x, tpu-v5p)"):
         load_system(p)
 
 
@@ -1338,13 +1339,14 @@ def test_unknown_dataset_suggests():
     ({"tp": 2}, "parallel: 'tp' is a column of the layout table; fix it in the table "
                 "(enumerate_layouts' fixed)"),
     ({"dp_overlapp": 0}, "parallel: 'dp_overlapp' is not a Parallel field; did you mean "
-                         "'dp_overlap'? (allowed: dp_overlap, tp_overlap, ep_overlap, cp_ring, axonn_overlap, zero_shard, "
+                         "'dp_overlap'? (allowed: etp, dp_overlap, tp_overlap, ep_overlap, "
+                         "ep_dispatch, cp_ring, axonn_overlap, zero_shard, "
                          "zero3_prefetch_params, zero3_regather, zero3_calls_per_layer, "
                          "zero3_copy_out, pp_first_layers, pp_last_layers)"),
-    ({"zz": 0}, "parallel: 'zz' is not a Parallel field (allowed: dp_overlap, tp_overlap, "
-                "ep_overlap, cp_ring, axonn_overlap, zero_shard, zero3_prefetch_params, "
-                "zero3_regather, zero3_calls_per_layer, zero3_copy_out, pp_first_layers, "
-                "pp_last_layers)"),
+    ({"zz": 0}, "parallel: 'zz' is not a Parallel field (allowed: etp, dp_overlap, tp_overlap, "
+                "ep_overlap, ep_dispatch, cp_ring, axonn_overlap, zero_shard, "
+                "zero3_prefetch_params, zero3_regather, zero3_calls_per_layer, "
+                "zero3_copy_out, pp_first_layers, pp_last_layers)"),
 ])
 def test_search_framework_facts(facts, message):
     from diffperf.search import enumerate_layouts, search
@@ -1430,3 +1432,30 @@ def test_cli_predict_when_no_layout_fits(capsys, monkeypatch):
     assert _cli_error(capsys, "predict", "--gpus", "1", "--global-batch", "1", "--no-cache") == (
         "no layout of gpt3-175b on --gpus=1 x a100-sxm-80gb with --global-batch=1 fits in memory "
         "(the smallest needs 2610 GiB per device, usable 76 GiB): give more --gpus")
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(ep=2, dp=2, global_batch=2, ep_dispatch=2),
+     "ep_dispatch=2 is not allowed (allowed: 0 pairwise all-to-all, 1 DeepEP-style "
+     "hierarchical dispatch)"),
+    (dict(tp=2, etp=3, ep=2, dp=2, global_batch=2, sequence_parallel=1),
+     "etp=3 is not allowed (allowed: 0 (= tp, experts inside dp), 1, or tp=2)"),
+    (dict(tp=2, etp=1, ep=2, dp=2, global_batch=2, sequence_parallel=0),
+     "etp=1 < tp=2 needs sequence_parallel=1 (Megatron-Core requires sequence parallelism for "
+     "MoE with tp > 1)"),
+])
+def test_expert_tensor_parallel_rules(fields, message):
+    """Megatron-Core's expert tensor parallelism (etp) and DeepEP dispatch (branch bridge)."""
+    with _raises(f"parallel: {message}"):
+        check_layout(diffperf.load_model("mixtral-8x7b"), Parallel(**fields))
+
+
+def test_runs_row_model_config_must_agree(tmp_path):
+    """A runs-CSV row that names its architecture (model_config) and repeats a column of it
+    with another value is refused, not silently resolved."""
+    row = GOOD_ROW | dict(model_config="mixtral-8x7b", num_layers="2", hidden="4096",
+                          num_heads="32", vocab="32000")
+    p = _write_csv(tmp_path, [row], RUN_COLUMNS + ["model_config"])
+    with _raises(f"{p}: row 2 (id r1).num_layers=2 differs from model_config 'mixtral-8x7b' "
+                 f"(num_layers=32); allowed: 32, or leave model_config blank"):
+        load_runs(p)

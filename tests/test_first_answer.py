@@ -83,9 +83,12 @@ def _runs():
                               np.zeros(n, np.float32))
 
 
-def test_folds_and_starts_share_one_compiled_fit():
+def test_folds_and_starts_share_one_compiled_fit(x64):
     """Three folds x two starts: one compile of the fit (`_fit_chunk`) serves them all, and
-    each fit equals the same fit run alone (batching changes no result beyond rounding)."""
+    each fit equals the same fit run alone (batching changes no result beyond rounding). In
+    float64: twelve Adam steps carry float32's rounding of the batched vs the single program
+    (their reductions run in another order) up to ~4e-5 relative; float64 leaves 1e-5 to the
+    batching itself."""
     system, rs = _runs()
     fields = ("mm_max", "host_layer_s")
     starts = [system.eff, system.eff.replace(host_layer_s=1e-3)]
