@@ -143,7 +143,6 @@ def predict(model, parallel, system, training=None, *, temperature=None,
             check_precision(system, training)
         return predict_step(model, parallel, system, training, temperature)
     check_inputs(model, parallel, system, training)
-    check_precision(system, training)
     result = _predict_concrete(model, parallel, system, training, temperature, store)
     check_finite_result(result, model, parallel)
     return result

@@ -52,7 +52,7 @@ from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel, placement_index
 from diffperf.specs.paths import leaf_paths, leaf_values  # noqa: F401 - public here too
 from diffperf.specs.training import Training
-from diffperf.specs.validate import check_inputs, check_precision
+from diffperf.specs.validate import check_inputs
 
 BATCHED = COLUMNS[:-1] + ("placement",)  # Parallel fields that vary between candidates
 HARD_STEP = float(np.log(1.1))  # log step of the re-optimized finite difference: +-10 %
@@ -119,7 +119,6 @@ def _value_and_elasticities(fn, model, parallel, system, training, temperature):
     if temperature is not None and not temperature >= 0:
         raise SpecError(f"temperature={temperature} must be >= 0 (or None for the exact model)")
     check_inputs(model, parallel, system, training)
-    check_precision(system, training)
     system = _as_float(anonymous(system))
     log_v, grad = fn(system, *_as_float((anonymous(model), anonymous(parallel),
                                          anonymous(training))),

@@ -318,6 +318,8 @@ def run(args) -> int:
     written = write_csv(args.csv, result, layouts, placements, args.force) if args.csv else None
     budget = budget_of(args, system, result, top[0] if len(top) else None)
     if args.json:
+        from diffperf.trust import describe
+
         ranked_entries = []
         for r, (i, g) in enumerate(zip(top, groups), 1):
             e = _entry(result, i, layouts[i], placements, r, detail, trust)
@@ -335,7 +337,7 @@ def run(args) -> int:
             set=list(args.set or []), notes=steer["notes"], tie_pct=args.tie_pct,
             csv=None if args.csv is None else dict(path=str(args.csv), rows=written),
             budget=None if budget is None else dataclasses.asdict(budget),
-            efficiency_set=_describe(trust["set"]), robust=args.robust,
+            efficiency_set=describe(trust["set"]), robust=args.robust,
             in_envelope=args.in_envelope,
             feasible_in_envelope=int(np.sum(trust["inside"] & np.asarray(result.fits))),
             ranked=ranked_entries,
@@ -348,9 +350,3 @@ def run(args) -> int:
     if budget is not None:
         _wide().print(budget_line(budget), highlight=False)
     return 0
-
-
-def _describe(tset):
-    from diffperf.trust import describe
-
-    return describe(tset)

@@ -71,10 +71,12 @@ def _check_table(model, layouts, placements):
 
 def _check_inputs(model, system, training, layouts) -> None:
     """Model, system and training (specs.validate), and the largest job of the table
-    against the system's last network tier, before anything is traced."""
+    against the system's last network tier, and the precision recipe against the device's
+    tensor cores, before anything is traced."""
     check_model(model)
     check_system(system)
     check_training(training)
+    check_precision(system, training)
     cols = {c: np.asarray(layouts)[:, i].astype(np.float64)
             for i, c in enumerate(COLUMNS[:-1]) if c in Parallel.__dataclass_fields__}
     check_job(Parallel(**cols), system, where="layouts")
@@ -152,7 +154,6 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
     layouts = _check_table(model, layouts, placements) if validate else np.asarray(layouts)
     fields = _check_fields(fields)
     training = Training() if training is None else training
-    check_precision(system, training)
     _check_inputs(model, system, training, layouts)
     args = _as_float((anonymous(model), anonymous(system), anonymous(training)))
     devices = None if devices is None else list(devices)

@@ -512,12 +512,13 @@ def check_inputs(model, parallel, system, training, n_devices=None, where: str =
                  devices_field: str = "number of devices") -> None:
     """Every input of a prediction, before anything is traced (SpecError on the first
     failure): model, system, training, the layout against the model, the job against the
-    system's tiers."""
+    system's tiers, the precision recipe against the device's tensor cores."""
     check_model(model)
     check_system(system)
     check_training(training)
     check_layout(model, parallel, n_devices, where, devices_field)
     check_job(parallel, system, where)
+    check_precision(system, training)
 
 
 def valid_mask(model, parallel, system, training):
