@@ -20,9 +20,8 @@ from diffperf.result import Result
 from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel, Recompute, ZeroStage, placement_index
 from diffperf.specs.training import Training
-from diffperf.specs.validate import (check_finite_result, check_inputs, check_job,
-                                     check_layout, check_model, check_precision,
-                                     check_system, check_training)
+from diffperf.specs.validate import (check_finite_result, check_inputs, check_layout,
+                                     check_precision)
 
 _RECOMPUTE = {r.name.lower(): int(r) for r in Recompute}
 
@@ -176,12 +175,7 @@ def predict_batch(models, parallels, system, trainings, *, temperature=None) -> 
     Validates every entry, then runs one jitted vmap: the fast path of validate and search.
     """
     parallels = _normalize(parallels)
-    check_model(models)
-    check_system(system)
-    check_training(trainings)
-    check_layout(models, parallels)
-    check_precision(system, trainings)
-    check_job(parallels, system)
+    check_inputs(models, parallels, system, trainings)
     args = _as_float((anonymous(models), anonymous(parallels), anonymous(system),
                       anonymous(trainings)))
     return _predict_vmap(*args, temperature=temperature or None, features=FEATURES)

@@ -1357,6 +1357,50 @@ def test_search_framework_facts(facts, message):
                parallel=facts)
 
 
+@pytest.mark.parametrize("fitted_on,message", [
+    (["vtrain_a100"], ".fitted_on must be a mapping, got list"),
+    ({"set": [4]}, ".fitted_on.set=[4] must be a list of FIELD=VALUE strings"),
+])
+def test_apply_overlay_checks_fitted_on(tmp_path, fitted_on, message):
+    """apply_overlay (load_system(..., calibration=)) checks an overlay's fitted_on as
+    --calibration and write_overlay do: the same SpecError, naming the file."""
+    d = {"efficiency": {"mm_max": 0.7}, "fitted_on": fitted_on}
+    p = _write_yaml(tmp_path, d, "overlay.yaml")
+    s = load_system("a100-sxm-80gb")
+    with _raises(f"overlay{message}"):
+        apply_overlay(s, d)
+    with _raises(f"{p}{message}"):
+        apply_overlay(s, p)
+    with _raises(f"{p}{message}"):
+        load_system("a100-sxm-80gb", calibration=p)
+    with _raises("--set: unknown field 'dp_overlapp'; did you mean 'dp_overlap'?"):
+        apply_overlay(s, dict(d, fitted_on={"set": ["dp_overlapp=0"]}))  # as --calibration
+    ok = dict(d, fitted_on={"set": ["dp_overlap=0"], "precision": "bf16"})
+    assert float(apply_overlay(s, ok).eff.mm_max) == 0.7
+
+
+@pytest.mark.parametrize("case", ["layout", "job", "precision"])
+def test_predict_batch_refuses_what_predict_refuses(case):
+    """predict_batch validates through the one layer predict uses (check_inputs): a bad
+    layout, a job larger than the cluster, a recipe without its tensor cores give the same
+    SpecError from both (a batch's Trainings are anonymous: the entry stands for the name)."""
+    m, system, train = _small(), diffperf.load_system("a100-sxm-80gb"), diffperf.training()
+    parallel = Parallel()
+    if case == "layout":
+        parallel = Parallel(tp=3)
+    elif case == "job":
+        parallel = Parallel(dp=1 << 21, global_batch=1 << 21)  # the cluster: 2^20 GPUs
+    else:
+        train = diffperf.training("fp8-current")
+    with pytest.raises(SpecError) as single:
+        diffperf.predict(m, parallel, system, train)
+    with pytest.raises(SpecError) as batch:
+        diffperf.predict_batch(diffperf.stack([m]), diffperf.stack([parallel]), system,
+                               diffperf.stack([train]))
+    assert str(batch.value) == str(single.value).replace(
+        "precision='fp8-current'", "precision of batch entry 0")
+
+
 @pytest.mark.parametrize("precision,system,message", [
     ("fp8-delayed", "a100-sxm-80gb",
      "precision='fp8-delayed' runs GEMMs in FP8/FP4 but system 'a100-sxm-80gb' has no FP8 "
