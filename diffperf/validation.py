@@ -13,10 +13,25 @@ from diffperf.specs.batch import anonymous, stack
 from diffperf.specs.validate import check_layout, check_precision
 
 
-@functools.partial(jax.jit, static_argnames=("temperature", "features"))
-def _predict_rows(model, parallel, system, training, temperature, features):
+def _predict_rows_impl(model, parallel, system, training, temperature, features):
     return jax.vmap(predict_step, in_axes=(0, 0, 0, 0, None, None))(
         model, parallel, system, training, temperature, features)
+
+
+@functools.cache
+def _rows_program():
+    """The jitted rows program; on XLA:CPU with predict's quick options, as api._predict_vmap
+    (a runs CSV compiles about twice as fast and runs in milliseconds either way)."""
+    if jax.default_backend() != "cpu":
+        return jax.jit(_predict_rows_impl, static_argnames=("temperature", "features"))
+    from diffperf.search.kernel import _CPU_QUICK_OPTIONS
+
+    return jax.jit(_predict_rows_impl, static_argnames=("temperature", "features"),
+                   compiler_options=_CPU_QUICK_OPTIONS)
+
+
+def _predict_rows(*args, **kwargs):
+    return _rows_program()(*args, **kwargs)
 
 
 def predict_runs(runs, systems: dict, temperature=None):
