@@ -11,6 +11,7 @@ import csv
 import json
 import re
 
+import numpy as np
 import pytest
 import yaml
 
@@ -1377,6 +1378,30 @@ def test_apply_overlay_checks_fitted_on(tmp_path, fitted_on, message):
         apply_overlay(s, dict(d, fitted_on={"set": ["dp_overlapp=0"]}))  # as --calibration
     ok = dict(d, fitted_on={"set": ["dp_overlap=0"], "precision": "bf16"})
     assert float(apply_overlay(s, ok).eff.mm_max) == 0.7
+
+
+def test_validate_of_several_systems_checks_what_predict_batch_checks(tmp_path):
+    """predict_runs' one-vmap path (a CSV of several systems of one structure) validates each
+    system's rows through check_inputs as predict_batch does: a bad System is the same
+    SpecError there as on the one-system path (before, only the layout and the precision
+    were checked there, and a negative HBM bandwidth predicted an infinite step)."""
+    from diffperf.validation import predict_runs
+
+    head = ("id,system,num_gpus,num_layers,hidden,num_heads,vocab,seq_len,tp,pp,dp,"
+            "global_batch,micro_batch,step_time_s\n")
+    a = "a,a100-sxm-80gb,8,12,768,12,50257,1024,2,1,4,16,2,0.05\n"
+    b = "b,h100-sxm-80gb,8,12,768,12,50257,1024,1,1,8,16,1,0.05\n"
+    (tmp_path / "two.csv").write_text(head + a + b)
+    (tmp_path / "one.csv").write_text(head + a)
+    two, one = load_runs(tmp_path / "two.csv"), load_runs(tmp_path / "one.csv")
+    a100, h100 = load_system("a100-sxm-80gb"), load_system("h100-sxm-80gb")
+    bad = a100.replace(hbm_bandwidth_Bps=-1.0)
+    assert np.isfinite(predict_runs(two, {"a100-sxm-80gb": a100, "h100-sxm-80gb": h100})[0]).all()
+    message = "system: hbm_bandwidth_Bps=-1 is not allowed (allowed: > 0)"
+    with _raises(message):  # several systems: one vmap
+        predict_runs(two, {"a100-sxm-80gb": bad, "h100-sxm-80gb": h100})
+    with _raises(message):  # one system: predict_batch
+        predict_runs(one, {"a100-sxm-80gb": bad})
 
 
 @pytest.mark.parametrize("case", ["layout", "job", "precision"])
