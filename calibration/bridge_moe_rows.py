@@ -29,6 +29,9 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=",".join(MOE))
     p.add_argument("--json")
     p.add_argument("--csv", help="another runs CSV of the same schema (default: the Bridge CSV)")
+    p.add_argument("--mtp-column", action="store_true",
+                   help="experiment: rows whose `mtp` column is 0 or 1 get that many MTP modules "
+                        "(load_runs keeps the model config's; the column is informational)")
     p.add_argument("--set", default="", help="experiment: training fields f=v,... for the rows")
     args = p.parse_args(argv)
     from diffperf import load_runs
@@ -44,6 +47,9 @@ def main(argv=None) -> int:
     idx = [i for i, r in enumerate(runs.rows) if r["model"] in want]
     runs = _subset(runs, idx)
     systems = load_systems(runs, None, None)
+    if args.mtp_column:
+        runs.models[:] = [m.replace(mtp_layers=float(r["mtp"])) if r.get("mtp", "") in ("0", "1")
+                          else m for m, r in zip(runs.models, runs.rows)]
     if args.set:
         kv = dict(x.split("=") for x in args.set.split(","))
         runs.trainings[:] = [t.replace(**{k: float(v) for k, v in kv.items()})
