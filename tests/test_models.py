@@ -52,6 +52,9 @@ def _no_input_embedding(m):
 # (fixture, total, active or None, active convention, source of the figures)
 HF_PUBLISHED = [
     ("llama-3-8b", "8.03", None, None, "Meta Llama 3 8B model card: 8.03B"),
+    ("llama-3.1-8b", "8.03", None, None,
+     "Llama 3.1 8B: the Llama 3 8B architecture (Meta card: 8.03B) with a 128K context"),
+    ("qwen3-8b", "8.2", None, None, "Qwen3-8B model card: 8.2B parameters"),
     ("qwen2.5-7b", "7.61", None, None, "Qwen2.5-7B model card: 7.61B parameters"),
     ("qwen2-57b-a14b", "57.4", "14", active_params,
      "Qwen2 technical report (arXiv:2407.10671) Table 1: 57B total, 14B activated; Qwen2-57B-"
@@ -83,6 +86,13 @@ def test_hf_config_parameter_counts_match_published(name, total, active, convent
         _within_last_digit(float(convention(m)), active)
     else:
         assert float(active_params(m)) == float(total_params(m))  # dense
+
+
+def test_qwen3_8b_non_embedding_count_matches_the_card():
+    """Qwen3-8B model card: 6.95B non-embedding parameters (untied: both V x h tables out);
+    the card's 8.2B total is pinned in HF_PUBLISHED."""
+    m = _hf("qwen3-8b")
+    _within_last_digit(float(total_params(m)) - 2 * 151936 * 4096, "6.95")
 
 
 def test_gemma3_text_config_non_embedding_count_matches_the_report():
@@ -278,11 +288,13 @@ UNREAD = {
     "gpt-neox-20b": {"attention_probs_dropout_prob", "hidden_dropout_prob"},
     "gpt-oss-120b": {"initial_context_length"},
     "llama-3-8b": {"pretraining_tp"},
+    "llama-3.1-8b": {"mlp_bias", "pretraining_tp"},  # mlp_bias false: no MLP biases
     "mistral-7b-v0.1": set(),
     "mixtral-8x7b": set(),
     "qwen2-57b-a14b": set(),
     "qwen2.5-7b": {"use_mrope"},
     "qwen3-30b-a3b": set(),
+    "qwen3-8b": set(),
 }
 
 
