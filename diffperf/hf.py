@@ -54,6 +54,8 @@ _GATED_ACTS = ("silu", "swiglu", "swish")
 # config classes set False.
 _TIED_BY_DEFAULT = ("gpt2", "falcon", "RefinedWeb", "RefinedWebModel", "gemma", "gemma2",
                     "gemma3_text")
+# Qwen2Config-style windows: use_sliding_window (default false) and max_window_layers.
+_QWEN_WINDOW_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
 # Fields whose architecture diffperf does not represent: refused by name.
 _REFUSED = ("cross_attention_layers",)
 # Read, but with no effect on the cost model (positions, numerics, routing policy, ids).
@@ -306,9 +308,14 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
                      f"use a model YAML with mtp_layers: 0 to leave them out")
 
     # Sliding windows: layer_types (GPT-OSS, newer transformers), Gemma 2 (every other layer),
-    # Gemma 3 (sliding_window_pattern), Mistral (every layer), Qwen2's use_sliding_window.
+    # Gemma 3 (sliding_window_pattern), Mistral (every layer), Qwen2 / 2.5 / 3 and their MoE:
+    # transformers' Qwen2Config (configuration_qwen2.py; Qwen3, Qwen2-MoE, Qwen3-MoE alike)
+    # keeps the window only when use_sliding_window (default false), and then on layers
+    # i >= max_window_layers (default 28): L - max_window_layers sliding layers.
     window = take("sliding_window")
-    use = cfg.get("use_sliding_window", True)
+    qwen = mt in _QWEN_WINDOW_TYPES
+    use = cfg.get("use_sliding_window")
+    use = (not qwen) if use is None else use
     used.update(("use_sliding_window", "max_window_layers", "sliding_window_pattern",
                  "layer_types"))
     L = d["num_layers"]
@@ -316,6 +323,7 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
         window = _whole(window, "sliding_window", where)
     if window and use is not False:
         types = cfg.get("layer_types")
+        why = "layer_types has no sliding_attention layer"
         if isinstance(types, list) and types:
             n_sw = min(sum(1 for t in types if t == "sliding_attention"), L)
         elif mt == "gemma2":
@@ -324,15 +332,25 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
             pattern = _whole(cfg.get("sliding_window_pattern") or 6, "sliding_window_pattern",
                              where, minimum=1)
             n_sw = L - L // pattern  # every pattern-th layer is global
+        elif qwen:
+            first = cfg.get("max_window_layers")
+            first = 28 if first is None else _whole(first, "max_window_layers", where)
+            n_sw = max(0, L - first)  # layers max_window_layers .. L-1 slide
+            why = f"max_window_layers={first} >= num_hidden_layers={L}"
         else:
             n_sw = L
-        d["sliding_window"] = window
-        d["sliding_window_layers"] = n_sw
-        notes.append(f"sliding-window attention: window {window} on {n_sw} of {L} layers"
-                     + (f" (no effect at seq_len {d['seq_len']} <= window)"
-                        if window >= d["seq_len"] else ""))
+        if n_sw:
+            d["sliding_window"] = window
+            d["sliding_window_layers"] = n_sw
+            notes.append(f"sliding-window attention: window {window} on {n_sw} of {L} layers"
+                         + (f" (no effect at seq_len {d['seq_len']} <= window)"
+                            if window >= d["seq_len"] else ""))
+        else:
+            notes.append(f"sliding_window={window} on no layer: {why}")
     elif window:
-        notes.append(f"sliding_window={window} ignored: use_sliding_window is false")
+        notes.append(f"sliding_window={window} ignored: use_sliding_window is "
+                     + ("false" if cfg.get("use_sliding_window") is not None else
+                        f"absent (false, the default of transformers' {mt} config)"))
     if mt == "gpt_oss":
         d["attention_sinks"] = True
         notes.append("attention sinks: one learned logit per head (parameters counted, "

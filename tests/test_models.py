@@ -182,6 +182,26 @@ def test_qwen25_training_sequence_is_not_max_position_embeddings():
     assert any("use_sliding_window is false" in n for n in notes)
 
 
+def test_qwen_sliding_window_follows_use_sliding_window_and_max_window_layers():
+    """transformers' Qwen2Config (Qwen3, Qwen2-MoE, Qwen3-MoE alike) keeps sliding_window only
+    when use_sliding_window (default false) and then on layers i >= max_window_layers. On the
+    published Qwen2.5-7B file (use_sliding_window false) no layer slides; switched on, its
+    max_window_layers 28 of 28 still leaves none; with max_window_layers 20, 8 layers slide;
+    without the key the window is off (the class default), where Mistral's is on."""
+    cfg = json.loads((HF / "qwen2.5-7b.json").read_text())
+
+    def window(**over):
+        d = hf_to_dict({k: v for k, v in {**cfg, **over}.items() if v is not None}, "q")[0]
+        return d.get("sliding_window"), d.get("sliding_window_layers")
+
+    assert window() == (None, None)
+    assert window(use_sliding_window=True) == (None, None)
+    assert window(use_sliding_window=True, max_window_layers=20, sliding_window=4096) == (4096, 8)
+    assert window(use_sliding_window=None, sliding_window=4096) == (None, None)
+    mistral = json.loads((HF / "mistral-7b-v0.1.json").read_text())
+    assert hf_to_dict(mistral, "m")[0]["sliding_window_layers"] == 32  # no such key: on
+
+
 def test_gemma2_counts_the_gated_mlp_and_tied_embeddings():
     """Issue 19: 8.00B instead of 9.24B (gelu_pytorch_tanh gating and tied embeddings
     missed). GeGLU is 3 matrices, the output layer is the input embedding."""
