@@ -30,8 +30,10 @@ DEFAULT_SEQ_LEN = 4096
 # transformers' config-class defaults for fields a published config.json omits (it writes only
 # what differs from them). Gemma3TextConfig (transformers/models/gemma3/configuration_gemma3.py).
 # FalconConfig (transformers/models/falcon/configuration_falcon.py, 4.33 onward):
-# max_position_embeddings=2048; the published Falcon files (RefinedWeb form and the converted
-# falcon form) omit it, and transformers reads the RefinedWeb forms with FalconConfig.
+# max_position_embeddings=2048; the published Falcon files omit it, in the falcon form and in
+# the RefinedWeb form it was converted from (transformers' falcon/convert_custom_code_checkpoint.py
+# renames the type and n_head / n_layer / n_head_kv, drops auto_map, adds
+# new_decoder_architecture; no field with a length).
 _FALCON_DEFAULTS = dict(max_position_embeddings=2048)
 _TYPE_DEFAULTS = {
     "gemma3_text": dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216,
