@@ -98,10 +98,11 @@ FMS = "fms-fsdp README.md @5a296af (2025-07-10; table since 3b1ce15, 2024-05-09)
 
 bf16 = [
     row("tt-a100-l3-8b-sac-layer", "torchtitan-a100", "a100-sxm-80gb", "llama3-8b", 64, 1, 64,
-        8192, 1, "selective", 2904, False, False,
-        f"{TT_A100}; selective LAYER AC (every k-th block fully checkpointed, k not stated): "
-        "read as diffperf's Megatron 'selective', which recomputes less; fused_rmsnorm; "
-        "MFU 56.8 %", facts=(EAGER,)),
+        8192, 1, "full", 2904, False, False,
+        f"{TT_A100}; selective LAYER AC (every k-th block fully checkpointed); k not stated: "
+        "read as config_manager.py's default selective_ac_option '2' ('checkpoint every "
+        "other layer'), recompute_layer_frac=0.5; fused_rmsnorm; MFU 56.8 %",
+        facts=("recompute_layer_frac=0.5", EAGER)),
     row("tt-a100-l3-8b-sac-op", "torchtitan-a100", "a100-sxm-80gb", "llama3-8b", 64, 1, 64,
         8192, 1, "selective", 2973, False, True,
         f"{TT_A100}; selective OP AC (saves mm outputs except every 2nd mm, and SDPA: "

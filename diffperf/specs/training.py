@@ -40,7 +40,8 @@ class Training(struct.PyTreeNode):
                                  # 0: no padding, each rank takes floor(V / t) rows
     norm_extra_bytes: Any = 0.0  # HBM bytes per element that each norm's forward moves beyond
                                  # one fused kernel's read + write (2 q_a): eager fp32 RMSNorm
-                                 # as TorchTitan's `RMSNorm` (7 kernels): 32; flops.elementwise_bytes
+                                 # as TorchTitan's `RMSNorm` (7 kernels): 32
+                                 # (workload.flops.eager_pointwise_bytes)
     llama_eager_pointwise: Any = 0.0  # 1: the Meta Llama reference attention / MLP element-wise
                                  # ops run as separate eager kernels (fp32 complex rotary on Q
                                  # and K, repeat_kv copies of K and V, SiLU and the product
