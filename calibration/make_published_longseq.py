@@ -41,6 +41,7 @@ NEMO = "https://github.com/NVIDIA/NeMo/blob/{commit}/docs/source/performance/{pa
 SHAPES = {
     "llama2-7b": (32, 4096, 11008, 32, 32, 32000),
     "llama3-8b": (32, 4096, 14336, 32, 8, 128256),
+    "llama3-70b": (80, 8192, 28672, 64, 8, 128256),
 }
 
 
@@ -52,7 +53,7 @@ def nemo_flops_per_token(model, seq):
 
 
 def row(rid, container, system, system_page, model, seq_k, gbs, tp, pp, cp, dp, tflops,
-        tokens, page, commit, notes, mbs=1, precision="fp8-delayed"):
+        tokens, page, commit, notes, mbs=1, precision="fp8-delayed", vp=1, kind="longseq"):
     L, h, f, a, g, V = SHAPES[model]
     seq = seq_k * 1024
     n = tp * pp * cp * dp
@@ -60,13 +61,13 @@ def row(rid, container, system, system_page, model, seq_k, gbs, tp, pp, cp, dp, 
     if tokens is None:
         tokens = tflops * 1e12 / nemo_flops_per_token(model, seq)
     step = gbs * seq / (tokens * n)
-    return dict(id=rid, source=f"nemo-{container}-longseq", source_page=NEMO.format(
+    return dict(id=rid, source=f"nemo-{container}-{kind}", source_page=NEMO.format(
                     commit=commit, page=page), page_commit=commit, container=container,
                 system=system, system_page=system_page, num_gpus=n, gpus_per_node=8,
-                model=model, model_config=model if model == "llama3-8b" else "",
+                model=model, model_config=model if model.startswith("llama3") else "",
                 num_layers=L, hidden=h, ffn_hidden=f, num_heads=a, num_kv_heads=g, vocab=V,
                 seq_len=seq, gated_mlp=1, moe_experts=0, moe_topk=0, tp=tp, pp=pp, dp=dp,
-                cp=cp, ep=1, vp=1, sequence_parallel=int(tp > 1), zero_stage=1,
+                cp=cp, ep=1, vp=vp, sequence_parallel=int(tp > 1), zero_stage=1,
                 recompute="none", global_batch=gbs, micro_batch=mbs, precision=precision,
                 precision_page="FP8", tokens_per_s_per_gpu=f"{tokens:.6g}",
                 model_tflops_per_gpu=tflops, throughput_printed=printed,
@@ -117,6 +118,20 @@ rows += [row(f"nemo-25_04_rc2-dgx-b200-llama3-8b-fp8-{s}k", "25.04.rc2", "dgx-b2
              "llama3-8b", s, gbs, tp, pp, cp, dp, tf, None, "performance_long_sequence.md",
              B200_COMMIT, B200_NOTE)
          for s, gbs, tp, pp, cp, dp, tf in B200_TABLE]
+
+# NeMo 24.07 on DGX-H100, the pre-training table of performance_summary.md (FP8), its last
+# version (commit 0b8a80ee, 2024-12-11; the 24.07 figures since 8e3d65dc, 2024-09-09): the
+# two Llama 3 rows run CP 2 at 8K. Every layout field and tokens/s/GPU printed.
+H100_2407_COMMIT = "0b8a80ee066472c96fcb1e317b8aa071277b9aa7"
+H100_2407_NOTE = ("performance_summary.md pre-training table, 24.07 (GBS, MBS, seq, TP, PP, "
+                  "CP, VP, tokens/s/GPU printed); FP8 recipe not printed: delayed scaling, "
+                  "NeMo's default; recompute, SP, optimizer not printed")
+rows += [row("nemo-24_07-dgx-h100-llama3-8b-fp8-8k", "24.07", "h100-sxm-80gb", "DGX-H100",
+             "llama3-8b", 8, 128, 1, 1, 2, 4, 711, 12273, "performance_summary.md",
+             H100_2407_COMMIT, H100_2407_NOTE, kind="summary"),
+         row("nemo-24_07-dgx-h100-llama3-70b-fp8-8k", "24.07", "h100-sxm-80gb", "DGX-H100",
+             "llama3-70b", 8, 128, 4, 4, 2, 2, 734, 1524, "performance_summary.md",
+             H100_2407_COMMIT, H100_2407_NOTE, vp=5, kind="summary")]
 
 
 def write(path, out):
