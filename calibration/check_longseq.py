@@ -11,7 +11,9 @@ fitted here: every row is predicted with
 and the script prints, per efficiency set, MAPE and bias of tokens/s/GPU (positive bias =
 diffperf predicts faster than measured), the per-row errors, and the breakdown of each
 predicted step: the share of the attention core (forward + backward, causal, as diffperf
-counts it), the CP K/V exchange exposed and hidden, TP exposed, the rest.
+counts it), the CP K/V exchange exposed and hidden, TP and DP exposed, the host floor, the
+attention TFLOP/s predicted and implied by the measurement, and the predicted memory ('!':
+predicted not to fit, though the run ran).
 
     python calibration/check_longseq.py [--json out.json]
 
@@ -98,6 +100,9 @@ def predict_all(runs, systems):
                             stack([runs.parallels[i] for i in idx]), systems[name],
                             stack([runs.trainings[i] for i in idx]))
         step[idx] = np.asarray(res.step_time_s)
+        parts.setdefault("memory_GB", np.full(len(runs), np.nan))[idx] = np.asarray(
+            res.memory.total_bytes) / 1e9
+        parts.setdefault("fits", np.full(len(runs), np.nan))[idx] = np.asarray(res.fits)
         for k in ("compute_s", "cp_exposed_s", "cp_hidden_s", "tp_exposed_s", "dp_exposed_s",
                   "pp_exposed_s", "bubble_s", "optimizer_s", "overhead_s"):
             parts.setdefault(k, np.full(len(runs), np.nan))[idx] = np.asarray(
@@ -143,15 +148,19 @@ def main(argv=None) -> int:
         for name in sorted(set(sysname)):
             k = sysname == name
             a, b = two_term_factors(runs.step_time_s[k], step[k], attn[k])
-            out[which]["two_term"][name] = dict(non_attention=a, attention=b)
+            desc = a * (step[k] - attn[k]) + b * attn[k]
+            resid = float(np.mean(np.abs(runs.step_time_s[k] / desc - 1.0)) * 100.0)
+            out[which]["two_term"][name] = dict(non_attention=a, attention=b,
+                                                residual_mape_pct=resid)
             print(f"  diagnostic {name}: measured ~ {a:.2f} x predicted non-attention + "
-                  f"{b:.2f} x predicted attention")
+                  f"{b:.2f} x predicted attention (residual MAPE {resid:.1f} %)")
         print(f"  {'row':44s} {'meas tok/s':>10s} {'pred':>8s} {'err%':>6s} {'attn%':>6s} "
               f"{'cpExp%':>6s} {'cpHid%':>6s} {'tpExp%':>6s} {'dpExp%':>6s} {'ovh%':>5s} "
-              f"{'attnTF':>6s} {'implTF':>6s}")
+              f"{'attnTF':>6s} {'implTF':>6s} {'memGB':>6s}")
         for i, rid in enumerate(runs.ids):
             pred_tok = measured_tok[i] * runs.step_time_s[i] / step[i]
-            sh = {k: 100.0 * parts[k][i] / step[i] for k in parts}
+            sh = {k: 100.0 * parts[k][i] / step[i] for k in parts
+                  if k not in ("memory_GB", "fits")}
             # attention TFLOP/s (model FLOPs, causal) as predicted, and as implied by the
             # measured step if everything but the attention core were predicted right
             attn_tf = attn_flops[i] / attn[i] / 1e12
@@ -163,13 +172,15 @@ def main(argv=None) -> int:
                        predicted_tokens_per_s_per_gpu=float(pred_tok),
                        error_pct=float(err[i]), step_s=float(step[i]),
                        attention_share_pct=float(100.0 * attn[i] / step[i]),
+                       predicted_memory_GB=float(parts["memory_GB"][i]),
+                       predicted_fits=bool(parts["fits"][i]),
                        **{f"{k}_share_pct": float(v) for k, v in sh.items()})
             out[which]["rows"].append(row)
             print(f"  {rid:44s} {measured_tok[i]:10.0f} {pred_tok:8.0f} {err[i]:+6.1f} "
                   f"{row['attention_share_pct']:6.1f} {sh['cp_exposed_s']:6.1f} "
                   f"{sh['cp_hidden_s']:6.1f} {sh['tp_exposed_s']:6.1f} "
                   f"{sh['dp_exposed_s']:6.1f} {sh['overhead_s']:5.1f} {attn_tf:6.0f} "
-                  f"{impl_tf:6.0f}")
+                  f"{impl_tf:6.0f} {parts['memory_GB'][i]:5.1f}{'' if parts['fits'][i] else '!'}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
