@@ -91,3 +91,27 @@ def test_no_fit_reads_the_check_set():
         assert yaml.safe_load(f.read_text())["fitted_on"]["runs"] != "published_longseq", name
     for f in (ROOT / "configs" / "efficiency").glob("*.yaml"):
         assert "published_longseq" not in f.read_text(), f.name
+
+
+def test_cp_attention_work_and_ring_block_of_the_1m_row_by_hand():
+    """The two CP quantities docs/accuracy-longseq.md's analysis rests on, for the H100 1M row
+    (Llama 2 7B: h 4096, 32 heads and 32 KV heads of d 128; s = 2^20, c 32, t 8, b 1, bf16):
+
+    - attention core per rank and layer, forward: QK^T and AV each 2 (s/c) s d kappa per head,
+      kappa 1/2 (causal), a/t = 4 heads: 2 x 2 x 32768 x 1048576 x 128 x 0.5 x 4 = 3.518e13
+      FLOP = the whole sequence's causal attention 2 s^2 h / (c t), i.e. TE's load-balanced
+      ring (2c chunks, rank r holds chunks r and 2c-1-r) gives every rank 1/c of the work;
+    - K/V block of one ring step: 2 b (s/c) a_kv d q_a / t = 2 x 32768 x 32 x 128 x 2 / 8
+      = 67,108,864 B (TE's AttnFuncWithCP sends the rank's K and V each step; the backward's
+      buffers hold K/V and dK/dV, twice that)."""
+    from diffperf.workload.cp import cp_ring_block_bytes
+    from diffperf.workload.flops import layer_ops
+
+    runs = load_runs(CSV)
+    i = runs.ids.index("nemo-24_03_01-dgx-h100-llama2-7b-fp8-1024k")
+    m, p, t = runs.models[i], runs.parallels[i], runs.trainings[i]
+    s, c, tp, h = 2.0**20, 32.0, 8.0, 4096.0
+    flops = float(np.sum(np.asarray(layer_ops(m, p, t).attention.flops)))
+    np.testing.assert_allclose(flops, 2 * 2 * (s / c) * s * 128 * 0.5 * 4, rtol=1e-6)
+    np.testing.assert_allclose(flops, 2 * s * s * h / (c * tp), rtol=1e-6)
+    assert float(cp_ring_block_bytes(m, p, t)) == 2 * (s / c) * 32 * 128 * 2 / tp == 67108864
