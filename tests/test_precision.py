@@ -8,6 +8,7 @@ peak never slows a step) is in tests/test_gradients.py, which shares its compila
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -369,3 +370,16 @@ def test_systems_as_built(name, domain, nvlink_GBps, nic_GBps, bf16, fp8, fp4, h
     assert math.isclose(float(s.hbm_bandwidth_Bps), hbm_GBps * 1e9, rel_tol=1e-6)
     assert math.isclose(float(s.hbm_capacity_bytes), cap_GiB * 2 ** 30, rel_tol=1e-6)
     assert float(s.power_W) == watts
+
+
+def test_sustained_fraction_over_one_is_refused(tmp_path):
+    """A measured fraction of the datasheet peak above 1 is a clear SpecError naming it."""
+    from diffperf import load_system
+
+    text = (Path(__file__).resolve().parent.parent / "configs" / "systems" /
+            "dgx-b200.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("matmul_fp8_sustained_frac: 0.566",
+                                "matmul_fp8_sustained_frac: 1.5"))
+    with pytest.raises(SpecError, match=r"matmul_fp8_sustained_frac=1.5 must be at most 1"):
+        load_system(str(bad))
