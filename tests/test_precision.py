@@ -383,3 +383,12 @@ def test_sustained_fraction_over_one_is_refused(tmp_path):
                                 "matmul_fp8_sustained_frac: 1.5"))
     with pytest.raises(SpecError, match=r"matmul_fp8_sustained_frac=1.5 must be at most 1"):
         load_system(str(bad))
+
+
+def test_sustained_fraction_out_of_range_is_refused_by_predict():
+    """The Python API path (no YAML): predict validates the fraction before tracing."""
+    b200 = _system("dgx-b200").replace(matmul_fp8_sustained_frac=1.5)
+    with pytest.raises(SpecError, match=r"matmul_fp8_sustained_frac=1.5 is not allowed "
+                                        r"\(allowed: 0 to 1"):
+        predict(_model("llama3-8b"), Parallel(dp=8, global_batch=64), b200,
+                training("mxfp8"))
