@@ -446,6 +446,9 @@ def check_system(system, where: str = "system") -> None:
     for f in ("matmul_flops_per_s", "matmul_fp32_flops_per_s", "vector_flops_per_s",
               "hbm_bandwidth_Bps", "hbm_capacity_bytes", "power_W"):
         rule(getattr(system, f), lambda v: v > 0, f, "> 0")
+    for f in ("matmul_sustained_frac", "matmul_fp8_sustained_frac", "matmul_fp4_sustained_frac"):
+        rule(getattr(system, f), lambda v: (v >= 0) & (v <= 1), f,
+             "0 to 1 (a published GEMM throughput over the datasheet peak; 0: not measured)")
     prev = None
     for j, t in enumerate(system.tiers):
         rule(t.domain_size, lambda v: v >= 1, f"tiers[{j}].domain_size", ">= 1")
