@@ -235,7 +235,7 @@ def _segment(z, state, n_eval, n_update, system0, prices, consts, model, batch, 
 _parts_jit = _quick_jit(_parts, static_argnames=("shape",))
 _SEGMENT_STATIC = ("shape", "learning_rate", "smooth", "features", "length")
 # On XLA:CPU the design's program compiles with LLVM -O1 and the classic emitters where the
-# run is long (candidates x steps >= OPTIMIZE_FROM), with the quick options below. Measured
+# run is long (candidates x steps >= OPTIMIZE_FROM), with the quick options below that. Measured
 # for the default job (GPT-3 175B on 1,024 A100s, 2 x 1,024 candidates, 2 cores): a step
 # 7.9 ms of CPU instead of 21 ms, the compile 8.9 s instead of 4.2 s (the program store
 # keeps it for the next process: `optimize_design(store=...)`).
