@@ -784,3 +784,24 @@ def test_op_sac_recompute_time_and_collectives():
                                              recompute_policy=1)) == (2.0, 3.0)
     n_f, n_b = tp_collectives_per_layer(Parallel(tp=8, recompute=2, recompute_layer_frac=0.5))
     assert (n_f, float(n_b)) == (2.0, 3.0)
+
+
+def test_op_sac_keeps_the_expert_outputs_it_does_not_recompute(x64):
+    """Per-op SAC on an MoE layer: `sac_recompute_fracs` takes the router and expert GEMMs as
+    saved (rho = 0, no recompute time), so their outputs are kept for the backward, counted
+    in the memory as well (Mixtral 8x7B: b 1, s 4096, t 1, bf16, E 8, k 2, f_e 14336,
+    dropless): router s E, expert up (w1; w3) s k 2 f_e, expert down s k h, 2 B each."""
+    from diffperf.memory.activations import layer_activation_parts, op_sac_kept_bytes
+
+    s, E, k = 4096, 8, 2
+    model = diffperf.load_model("mixtral-8x7b").replace(seq_len=float(s))
+    train = Training()
+    par = Parallel(micro_batch=1, recompute=1, recompute_policy=1)
+    attention = H8 + A8 * D8 + KV8 * D8 + A8 * D8  # block input, wq, wv, attention output
+    experts = s * E + s * k * 2 * F8 + s * k * H8  # router, expert up, expert down outputs
+    expected = 2 * s * attention + 2 * experts + 4 * A8 * s
+    assert expected == 646_512_640
+    assert float(op_sac_kept_bytes(model, par, train)) == expected
+    kept, rebuilt = layer_activation_parts(model, par, train)
+    whole, _ = layer_activation_parts(model, Parallel(micro_batch=1, recompute=0), train)
+    assert float(kept) == expected and float(rebuilt) == float(whole) - expected

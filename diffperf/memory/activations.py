@@ -79,11 +79,13 @@ def op_sac_kept_bytes(model, parallel, training):
     on one device: the checkpoint's input, the saved GEMM outputs, the attention output with
     its softmax statistics, and the sequence-parallel reduce-scatter outputs:
 
-        A = q_r s b h / t_sp + q_a sum_{r<4} (1 - rho_r) m_r n_r count_r + q_a s b a d_v / t
+        A = q_r s b h / t_sp + q_a sum_r (1 - rho_r) m_r n_r count_r + q_a s b a d_v / t
             + 4 b a s / t + [t > 1, SP] 2 q_a s b h / t
-    rho_r = `workload.recompute.sac_recompute_fracs` (the saved share of each GEMM row's
-    output: wq and wv of the fused QKV row, w1, w2 of a gated Llama block; w2's output is the
-    row-parallel partial sum, b s h per rank). Source: pytorch/torchtitan
+    rho_r = `workload.recompute.sac_recompute_fracs` (1 - rho_r: the saved share of each GEMM
+    row's output: wq and wv of the fused QKV row, w1, w2 of a gated Llama block; w2's output
+    is the row-parallel partial sum, b s h per rank). The sum runs over every row: the
+    router, expert and MLA rows, which that policy takes as saved (rho = 0, no recompute
+    time), keep their outputs. Source: pytorch/torchtitan
     parallelize_llama.py `_save_list` at 9dec370 (mm, SDPA, reduce_scatter_tensor saved).
     Example (Llama 3 8B, b 1, s 8192, t 1, bf16): 2 x 8192 x (4096 + 4096 + 1024 + 14336
     + 4096 + 4096) + 4 x 32 x 8192 = 521.1e6 B (1141.9e6 B without recompute).
@@ -91,8 +93,8 @@ def op_sac_kept_bytes(model, parallel, training):
     t, q = head_shards(parallel), training.activation_bytes
     T = tokens_per_device(model, parallel)
     dense = layer_ops(model, parallel, training).dense
-    saved = 1.0 - sac_recompute_fracs(model, parallel)[:4]
-    gemm_out = q * jnp.sum(saved * dense.m[:4] * dense.n[:4] * dense.count[:4])
+    saved = 1.0 - sac_recompute_fracs(model, parallel)
+    gemm_out = q * jnp.sum(saved * dense.m * dense.n * dense.count)
     attn_out = q * T * model.n_heads * v_dim(model) / t
     stats = 4.0 * parallel.micro_batch * model.n_heads * model.seq_len / (parallel.cp * t)
     rs = jnp.where((parallel.tp > 1) & (parallel.sequence_parallel > 0),
