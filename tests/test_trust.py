@@ -237,3 +237,23 @@ def test_cli_validate_reports_the_set_of_each_system(capsys, tmp_path):
         "grand-teton-h100": "h100-default", "a100-80gb-400gbps-node": "a100-default"}
     assert main(["validate", str(p), "--calibration", "none"]) == 0
     assert "physics-defaults" in capsys.readouterr().out
+
+
+def test_render_trust_says_when_no_error_was_measured_outside(capsys):
+    """Outside the envelope with no measured extrapolation regime, the text says the error
+    there is unknown and gives the x/÷ factor, instead of naming 'unmeasured' as a regime;
+    with a measured one it names that regime."""
+    from diffperf.cli.predict_cmd import render_trust
+
+    base = dict(efficiency_set=dict(name="a100-default", gpu="a100", measured=True, path=None,
+                                    note=None))
+    for regime, q, want, not_want in (
+            ("unmeasured", tr.UNMEASURED_Q, "no error measured outside it: interval widened "
+             "to x/÷ 1.65", "nearest measured regime"),
+            ("fsdp-published", 0.3, "nearest measured regime: fsdp-published",
+             "no error measured")):
+        rec = dict(base, trust=dict(inside_envelope=False, envelope_score=0.11, regime=regime,
+                                    q95_log=q, interval_95_s=[1.0, 2.0]))
+        render_trust(rec)
+        out = " ".join(capsys.readouterr().out.split())
+        assert want in out and not_want not in out, out
