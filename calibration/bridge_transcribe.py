@@ -68,11 +68,29 @@ ARCH = {
                             num_kv_heads=4, vocab=151936, gated_mlp=1, moe_experts=128,
                             moe_topk=8),
 }
-# EP token exchange of each MoE model's Bridge recipe at the snapshot commit: 1 = the flex
-# dispatcher's DeepEP / HybridEP backend (recipes/deepseek/h100/deepseek_v3.py: hybridep;
-# recipes/gpt_oss/h100/gpt_oss.py: deepep), 0 = the alltoall dispatcher (recipes/qwen sets
-# no flex backend). An assumption for older containers (data/megatron_bridge.md).
-EP_DISPATCH = {"deepseek-v3": 1, "gpt-oss-120b": 1, "qwen3-30b-a3b": 0, "qwen3-235b-a22b": 0}
+# EP token exchange of each row's Bridge performance recipe at the snapshot commit
+# (src/megatron/bridge/perf_recipes/<model>/<system>/): 1 = the flex dispatcher with a DeepEP /
+# HybridEP backend, 0 = the alltoall dispatcher. Megatron-Core uses the flex backend only with
+# moe_token_dispatcher_type == "flex" (megatron/core/transformer/moe/moe_utils.py), so GPT-OSS's
+# BF16 recipes (the GPT-OSS bridge sets "alltoall"; the base recipe's backend "deepep" is then
+# inactive) are 0. An assumption for older containers (data/megatron_bridge.md).
+
+
+def ep_dispatch(name, system, prec, n_gpus):
+    """1 where the row's performance recipe runs the flex dispatcher (DeepEP / HybridEP)."""
+    if name == "deepseek-v3":
+        return 1  # hybridep / deepep in every DeepSeek-V3 recipe
+    if name == "gpt-oss-120b":  # flex + hybridep: DGX-B300, and the GB200 / GB300 MXFP8 recipes
+        return int(system == "dgx-b300" or (system in ("gb200-nvl72", "gb300-nvl72")
+                                            and prec == "mxfp8"))
+    if name == "qwen3-30b-a3b":
+        return 1  # flex + hybridep in every recipe
+    if name == "qwen3-235b-a22b":  # alltoall on DGX-H100 and DGX-B200 at 64 GPUs / BF16 / FP8-CS
+        return int(not (system == "h100-sxm-80gb"
+                        or (system == "dgx-b200" and (n_gpus == 64 or prec != "mxfp8"))))
+    return 0
+
+
 COLUMNS = ["id", "source", "source_page", "container", "system", "system_page", "model",
            "model_page", "model_config", "num_gpus", "gpus_per_node", "precision",
            "precision_page", "num_layers", "hidden", "ffn_hidden", "num_heads", "num_kv_heads",
@@ -192,7 +210,7 @@ def runs(container, row, heading, page):
             micro_batch=mbs, tp=tp, pp=pp, cp=cp, vp=vp, ep=ep,
             etp=1 if ep > 1 else "", dp=dp, fsdp=fsdp, zero_stage=3 if fsdp > 0 else 0,
             grad_accum=ga or "", sequence_parallel=1 if tp > 1 else 0, recompute="none",
-            ep_dispatch=EP_DISPATCH.get(name, 0) if ep > 1 else 0,
+            ep_dispatch=ep_dispatch(name, system, prec, n) if ep > 1 else 0,
             moe_token_drop=drop, mtp=mtp, tokens_per_s_per_gpu=c["Tokens / sec / GPU"],
             model_tflops_per_gpu=tfl, step_time_s=f"{step:.6g}", notes="; ".join(notes)))
     return out

@@ -28,14 +28,41 @@ COLUMNS = ["id", "source", "system", "num_gpus", "gpus_per_node", "model", "num_
 #     gathered parameter out of the all-gather buffer (zero3_copy_out=1, workload.dp).
 #   fms-fsdp FSDP1: MixedPrecision(param_dtype=reduce_dtype=bf16) (fms_fsdp/policies/
 #     mixed_precision.py bfSixteen): grad_bytes=2 (the preset's).
+#   Activation checkpointing beyond diffperf's none / selective / full (workload.recompute):
+#     TorchTitan "selective op" AC = recompute_policy=1 (parallelize_llama.py `_save_list`: saves
+#     every 2nd mm and SDPA, recomputes the rest), with Float8 linears recompute_policy=2 (their
+#     torch._scaled_mm is not in the save list at 9dec370: every linear recomputed);
+#     fms-fsdp "Selective AC" checkpoints a fraction p of the blocks (fms_fsdp/policies/
+#     ac_handler.py): recompute_layer_frac=p, p from the README's own HFU / MFU table (the
+#     PyTorch FLOP counter counts the recomputed forward, 1/3 of the step's model FLOPs per
+#     checkpointed block: HFU / MFU = 1 + p / 3, p = 3 (HFU / MFU - 1), at most 1; the 7B
+#     row without AC has HFU = MFU, so the two counts agree without recompute).
+#   Eager element-wise kernels (workload.flops.eager_pointwise_bytes): TorchTitan without
+#     torch.compile runs the Meta Llama reference's fp32 complex rotary, repeat_kv copies and
+#     SiLU apart (llama_eager_pointwise=1), and with norm_type "rmsnorm" (train_configs
+#     llama3_8b.toml at 9dec370, llama3_70b.toml at 1ea476e9f, llama_70b.toml at 395a526) an
+#     eager fp32 RMSNorm (norm_extra_bytes=32); "fused_rmsnorm" (llama3_8b.toml at 1ea476e9f,
+#     llama_13b.toml at 395a526) is one Triton kernel (0). torch.compile fuses them (both 0).
 FSDP_FACTS = "zero3_regather=0;vocab_pad_to=0;loss_bytes_per_logit=40"
 TITAN_FACTS = FSDP_FACTS + ";grad_bytes=4;zero3_copy_out=1"
+OP_SAC = "recompute_policy=1"
+OP_SAC_FP8 = "recompute_policy=2"
+EAGER = "llama_eager_pointwise=1"
+EAGER_NORM = EAGER + ";norm_extra_bytes=32"
+
+
+def fms_p(hfu, mfu):
+    """fms-fsdp's fraction of checkpointed blocks from its published HFU and MFU."""
+    return round(min(3.0 * (hfu / mfu - 1.0), 1.0), 2)
 # Shapes: configs/models/*.yaml (Llama 3) and fms-fsdp fms_fsdp/utils/config_utils.py (Llama 2).
 SHAPES = {
     "llama3-8b": (32, 4096, 14336, 32, 8, 128256),
     "llama3-70b": (80, 8192, 28672, 64, 8, 128256),
     "llama3-405b": (126, 16384, 53248, 128, 8, 128256),
     "llama2-7b": (32, 4096, 11008, 32, 32, 32000),
+    # TorchTitan's Llama 2 (torchtitan/models/llama/__init__.py at 395a526: 13B dim 5120,
+    # 40 layers, 40 heads; 70B dim 8192, 80 layers, 64 heads, 8 KV heads, ffn multiplier 1.3,
+    # multiple_of 4096), the 32000-token Llama 2 tokenizer: the same shapes as fms-fsdp's.
     "llama2-13b": (40, 5120, 13824, 40, 40, 32000),
     "llama2-34b": (48, 8192, 22016, 64, 8, 32000),
     "llama2-70b": (80, 8192, 28672, 64, 8, 32000),
@@ -43,7 +70,7 @@ SHAPES = {
 
 
 def row(rid, source, system, model, n, tp, dp, seq, local_batch, recompute, tps, compile_,
-        exact, notes, pp=1, cp=1, precision="bf16", zero_shard=0):
+        exact, notes, pp=1, cp=1, precision="bf16", zero_shard=0, facts=()):
     L, h, f, a, kv, V = SHAPES[model]
     gb = local_batch * dp
     step = gb * seq / (tps * n)
@@ -52,12 +79,15 @@ def row(rid, source, system, model, n, tp, dp, seq, local_batch, recompute, tps,
                 seq_len=seq, gated_mlp=1, moe_experts=0, moe_topk=0, tp=tp, pp=pp, dp=dp,
                 cp=cp, ep=1, vp=1, sequence_parallel=int(tp > 1), zero_stage=3,
                 zero_shard=zero_shard,
-                set=TITAN_FACTS if source.startswith("torchtitan") else FSDP_FACTS,
+                set=";".join([TITAN_FACTS if source.startswith("torchtitan") else FSDP_FACTS,
+                              *facts]),
                 recompute=recompute, global_batch=gb, micro_batch=local_batch,
                 precision=precision, step_time_s=f"{step:.6g}", tokens_per_s_per_gpu=tps,
                 torch_compile=int(compile_), fields_exact=int(exact), notes=notes)
 
 
+TT_A100_L2 = ("TorchTitan docs/performance.md @395a52627 (2024-04-18, unchanged at 1ea476e9f), "
+              "Llama 2 table, 64 A100 80GB, FSDP2")
 TT_A100 = "TorchTitan docs/performance.md @1ea476e9f (2024-04-24), Llama 3 table, 64 A100 80GB, FSDP2"
 TT_H100 = ("TorchTitan docs/performance.md @d4c86e375 (2025-01-30) = benchmarks/"
            "llama3_h100_202412_torchtitan.md, Grand Teton H100 96GB HBM2e 500 W, torch 1963fc8")
@@ -68,25 +98,49 @@ FMS = "fms-fsdp README.md @5a296af (2025-07-10; table since 3b1ce15, 2024-05-09)
 
 bf16 = [
     row("tt-a100-l3-8b-sac-layer", "torchtitan-a100", "a100-sxm-80gb", "llama3-8b", 64, 1, 64,
-        8192, 1, "selective", 2904, False, False,
-        f"{TT_A100}; selective LAYER AC (every k-th block fully checkpointed, k not stated): "
-        "diffperf 'selective' recomputes less; MFU 56.8 %"),
+        8192, 1, "full", 2904, False, False,
+        f"{TT_A100}; selective LAYER AC (every k-th block fully checkpointed); k not stated: "
+        "read as config_manager.py's default selective_ac_option '2' ('checkpoint every "
+        "other layer'), recompute_layer_frac=0.5; fused_rmsnorm; MFU 56.8 %",
+        facts=("recompute_layer_frac=0.5", EAGER)),
     row("tt-a100-l3-8b-sac-op", "torchtitan-a100", "a100-sxm-80gb", "llama3-8b", 64, 1, 64,
-        8192, 1, "selective", 2973, False, False,
-        f"{TT_A100}; selective OP AC (saves mm outputs except every 2nd mm, and SDPA): "
-        "diffperf 'selective' recomputes less; MFU 58.2 %"),
+        8192, 1, "selective", 2973, False, True,
+        f"{TT_A100}; selective OP AC (saves mm outputs except every 2nd mm, and SDPA: "
+        "recompute_policy=1); fused_rmsnorm; MFU 58.2 %", facts=(OP_SAC, EAGER)),
     row("tt-a100-l3-70b-full", "torchtitan-a100", "a100-sxm-80gb", "llama3-70b", 64, 1, 64,
-        8192, 1, "full", 331, False, True, f"{TT_A100}; full AC; MFU 51.7 %"),
+        8192, 1, "full", 331, False, True, f"{TT_A100}; full AC; eager rmsnorm; MFU 51.7 %",
+        facts=(EAGER_NORM,)),
+    row("tt-a100-l2-13b-none", "torchtitan-a100", "a100-sxm-80gb", "llama2-13b", 64, 1, 64,
+        4096, 2, "none", 2162, False, True,
+        f"{TT_A100_L2}; no AC; train_configs/llama_13b.toml @395a526: fused_rmsnorm, "
+        "compile false; MFU 61.1 %", facts=(EAGER,)),
+    row("tt-a100-l2-13b-sac-op", "torchtitan-a100", "a100-sxm-80gb", "llama2-13b", 64, 1, 64,
+        4096, 2, "selective", 1904, False, True,
+        f"{TT_A100_L2}; selective op AC (recompute_policy=1); fused_rmsnorm; MFU 53.8 %",
+        facts=(OP_SAC, EAGER)),
+    row("tt-a100-l2-70b-sac-op", "torchtitan-a100", "a100-sxm-80gb", "llama2-70b", 64, 1, 64,
+        4096, 1, "selective", 355, False, True,
+        f"{TT_A100_L2}; local batch 1, selective op AC (recompute_policy=1); "
+        "train_configs/llama_70b.toml @395a526: rmsnorm (eager), compile false; MFU 50.8 %",
+        facts=(OP_SAC, EAGER_NORM)),
+    row("tt-a100-l2-70b-full", "torchtitan-a100", "a100-sxm-80gb", "llama2-70b", 64, 1, 64,
+        4096, 2, "full", 353, False, True,
+        f"{TT_A100_L2}; local batch 2, full AC; eager rmsnorm; MFU 50.5 %",
+        facts=(EAGER_NORM,)),
     row("tt-h100-l3-8b-n8-eager", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 8, 1, 8,
-        8192, 2, "selective", 5762, False, False,
-        f"{TT_H100}; Table 1; selective op AC (train_configs default)"),
+        8192, 2, "selective", 5762, False, True,
+        f"{TT_H100}; Table 1; selective op AC (train_configs default; recompute_policy=1), "
+        "eager rmsnorm", facts=(OP_SAC, EAGER_NORM)),
     row("tt-h100-l3-8b-n8-compile", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 8, 1,
-        8, 8192, 2, "selective", 6667, True, False, f"{TT_H100}; Table 1; selective op AC"),
+        8, 8192, 2, "selective", 6667, True, True,
+        f"{TT_H100}; Table 1; selective op AC (recompute_policy=1)", facts=(OP_SAC,)),
     row("tt-h100-l3-8b-n128-eager", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 128,
-        1, 128, 8192, 2, "selective", 5605, False, False,
-        f"{TT_H100}; Table 3; selective op AC"),
+        1, 128, 8192, 2, "selective", 5605, False, True,
+        f"{TT_H100}; Table 3; selective op AC (recompute_policy=1), eager rmsnorm",
+        facts=(OP_SAC, EAGER_NORM)),
     row("tt-h100-l3-8b-n128-compile", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 128,
-        1, 128, 8192, 2, "selective", 6514, True, False, f"{TT_H100}; Table 3; selective op AC"),
+        1, 128, 8192, 2, "selective", 6514, True, True,
+        f"{TT_H100}; Table 3; selective op AC (recompute_policy=1)", facts=(OP_SAC,)),
     row("tt-h100-l31-405b-n128-tp8", "torchtitan-h100", "grand-teton-h100", "llama3-405b",
         128, 8, 16, 8192, 2, "full", 109, True, True,
         f"{TT_405}; FSDP 16 x TP 8 (sequence parallel), full AC, compile=true in "
@@ -95,42 +149,53 @@ bf16 = [
         8, 32, 8192, 16, "full", 597.3, True, True,
         f"{TT_ATP}; FSDP 32 x TP 8, full AC, local batch 16"),
     row("tt-h100-l3-8b-n64-tp8", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 64, 8, 8,
-        8192, 12, "selective", 4378, True, False,
-        f"{TT_ATP}; FSDP 8 x TP 8, per-op SAC, local batch 12"),
+        8192, 12, "selective", 4378, True, True,
+        f"{TT_ATP}; FSDP 8 x TP 8, per-op SAC (recompute_policy=1), local batch 12",
+        facts=(OP_SAC,)),
     row("fms-a100-l2-7b-hsdp", "fms-fsdp-a100", "a100-80gb-400gbps-node", "llama2-7b", 128, 1,
         128, 4096, 2, "none", 4550, True, True,
         f"{FMS}; HSDP (shard in the node of 8, replicate across 16 nodes: zero_shard=8), no AC;"
         " MFU 0.68", zero_shard=8),
     row("fms-a100-l2-13b", "fms-fsdp-a100", "a100-80gb-400gbps-node", "llama2-13b", 128, 1, 128,
         4096, 2, "full", 2150, True, False,
-        f"{FMS}; FSDP, 'Selective AC' = a fraction p of blocks checkpointed, p not stated "
-        "(HFU/MFU 0.69/0.61 suggests few); mapped to full"),
+        f"{FMS}; FSDP, 'Selective AC' = a fraction p of blocks checkpointed, p not stated; "
+        "HFU/MFU 0.69/0.61: p = 3 (HFU/MFU - 1) = 0.39", facts=(
+            f"recompute_layer_frac={fms_p(0.69, 0.61)}",)),
     row("fms-a100-l2-34b", "fms-fsdp-a100", "a100-80gb-400gbps-node", "llama2-34b", 128, 1, 128,
         4096, 2, "full", 820, True, False,
-        f"{FMS}; FSDP, selective AC fraction not stated (HFU/MFU 0.74/0.55 ~ 3/4 of blocks); "
-        "mapped to full"),
+        f"{FMS}; FSDP, selective AC, p not stated; HFU/MFU 0.74/0.55: p = 1 (every block)",
+        facts=(f"recompute_layer_frac={fms_p(0.74, 0.55)}",)),
     row("fms-a100-l2-70b", "fms-fsdp-a100", "a100-80gb-400gbps-node", "llama2-70b", 128, 1, 128,
         4096, 2, "full", 410, True, False,
-        f"{FMS}; FSDP, selective AC fraction not stated (HFU/MFU 0.74/0.55); mapped to full"),
+        f"{FMS}; FSDP, selective AC, p not stated; HFU/MFU 0.74/0.55: p = 1 (every block)",
+        facts=(f"recompute_layer_frac={fms_p(0.74, 0.55)}",)),
     row("fms-h100-l2-7b-hsdp", "fms-fsdp-h100", "h100-80gb-800gbps-node", "llama2-7b", 96, 1, 96,
         4096, 2, "none", 9600, True, True,
         f"{FMS}; HSDP (zero_shard=8, 12 nodes), no AC; MFU 0.46", zero_shard=8),
     row("fms-h100-l2-13b", "fms-fsdp-h100", "h100-80gb-800gbps-node", "llama2-13b", 96, 1, 96,
-        4096, 2, "full", 4850, True, False, f"{FMS}; FSDP, selective AC fraction not stated"),
+        4096, 2, "full", 4850, True, False,
+        f"{FMS}; FSDP, selective AC, p not stated; HFU/MFU 0.46/0.43: p = 0.21",
+        facts=(f"recompute_layer_frac={fms_p(0.46, 0.43)}",)),
     row("fms-h100-l2-34b", "fms-fsdp-h100", "h100-80gb-800gbps-node", "llama2-34b", 96, 1, 96,
-        4096, 2, "full", 1830, True, False, f"{FMS}; FSDP, selective AC fraction not stated"),
+        4096, 2, "full", 1830, True, False,
+        f"{FMS}; FSDP, selective AC, p not stated; HFU/MFU 0.49/0.38: p = 0.87",
+        facts=(f"recompute_layer_frac={fms_p(0.49, 0.38)}",)),
     row("fms-h100-l2-70b", "fms-fsdp-h100", "h100-80gb-800gbps-node", "llama2-70b", 96, 1, 96,
-        4096, 2, "full", 890, True, False, f"{FMS}; FSDP, selective AC fraction not stated"),
+        4096, 2, "full", 890, True, False,
+        f"{FMS}; FSDP, selective AC, p not stated; HFU/MFU 0.47/0.38: p = 0.71",
+        facts=(f"recompute_layer_frac={fms_p(0.47, 0.38)}",)),
 ]
 
 FP8 = "fp8-current"  # torchao float8 tensorwise dynamic scaling (SHARED_NAMES: fp8-current)
 fp8 = [
     row("tt-h100-l3-8b-n8-fp8", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 8, 1, 8,
-        8192, 2, "selective", 8532, True, False, f"{TT_H100}; Table 1; Float8 linears",
-        precision=FP8),
+        8192, 2, "selective", 8532, True, True, f"{TT_H100}; Table 1; Float8 linears, op SAC "
+        "with every _scaled_mm recomputed (recompute_policy=2)", precision=FP8,
+        facts=(OP_SAC_FP8,)),
     row("tt-h100-l3-8b-n128-fp8", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 128, 1,
-        128, 8192, 2, "selective", 8380, True, False, f"{TT_H100}; Table 3; Float8 linears",
-        precision=FP8),
+        128, 8192, 2, "selective", 8380, True, True, f"{TT_H100}; Table 3; Float8 linears, op "
+        "SAC with every _scaled_mm recomputed (recompute_policy=2)", precision=FP8,
+        facts=(OP_SAC_FP8,)),
     *[row(f"tt-h100-l3-8b-n8-cp{c}-fp8", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 8,
           1, 8 // c, s, 1, "full", t, True, False,
           f"{TT_H100}; Table 2; FSDP {8 // c} x CP {c}, full AC, Float8; whether TPS counts "
@@ -142,8 +207,8 @@ fp8 = [
         precision=FP8),
 ]
 # Left out: async-TP rows (overlap not modelled), PP rows of 405B (FSDP x TP x PP x Float8 with
-# a schedule diffperf's layout would need vp=... stated only as "interleaved"), Llama 2 13B/70B
-# on A100 (torchtitan April 2024: llama2 configs gone), 405B Float8 on 128 H100.
+# a schedule diffperf's layout would need vp=... stated only as "interleaved"), TorchTitan's
+# Llama 2 13B "selective layer" A100 row (k not stated), 405B Float8 on 128 H100.
 
 
 def write(path, rows):

@@ -30,6 +30,7 @@ from diffperf.validation import predict_runs  # noqa: E402
 
 VTRAIN_FACTS = ["dp_overlap=0", "flash_attention=0", "fused_softmax_max_seq=2048"]
 PUBLISHED = ROOT / "data" / "published_fsdp.csv"
+PUBLISHED_FP8 = ROOT / "data" / "published_fsdp_fp8.csv"  # reported, not a regime
 
 
 def stats(log_r, ids, note) -> dict:
@@ -109,6 +110,29 @@ def published(overlay_by_gpu):
     return out
 
 
+PARTS = (("compute_s", "compute"), ("recompute_s", "recomp"), ("tp_exposed_s", "tp"),
+         ("dp_exposed_s", "dp_exp"), ("dp_hidden_s", "dp_hid"), ("overlap_slowdown_s", "slow"),
+         ("overhead_s", "host"), ("optimizer_s", "optim"))
+
+
+def breakdown(sets):
+    """Per published run (bf16 and Float8 files): measured and predicted step, error and the
+    predicted breakdown in seconds (compute includes the memory-bound element-wise work)."""
+    from diffperf import predict
+
+    for path in (PUBLISHED, PUBLISHED_FP8):
+        runs = load_runs(path)
+        print(f"{path.name}: id, measured s, predicted s, error %, "
+              + ", ".join(short for _, short in PARTS))
+        for i, rid in enumerate(runs.ids):
+            base = load_system(runs.systems[i])
+            system = load_system(runs.systems[i], sets.get(base.gpu))
+            r = predict(runs.models[i], runs.parallels[i], system, runs.trainings[i])
+            t, m = float(r.step_time_s), float(runs.step_time_s[i])
+            parts = " ".join(f"{float(getattr(r.breakdown, k)):7.3f}" for k, _ in PARTS)
+            print(f"  {rid:30s} {m:8.3f} {t:8.3f} {100 * (t / m - 1):+6.1f} {parts}")
+
+
 def megatron_sc21(overlay):
     """Megatron-LM SC21 Table 1 (docs/published_megatron.py, interleaved reading): log
     residuals log(T_measured / T_predicted) = log(X_predicted / X_published)."""
@@ -129,11 +153,19 @@ def span(values):
 
 
 def envelope_of(runs, gpu, precisions) -> dict:
-    """The range the runs span (diffperf.trust.envelope_distance's dimensions)."""
+    """The range the runs span (diffperf.trust.envelope_distance's dimensions). A recompute
+    mode is in it only where a run measured it as a layout names it (trust.RECOMPUTE:
+    Megatron's selective, full of every layer): not TorchTitan's op SAC
+    (recompute_policy > 0), a fraction of the layers (recompute_layer_frac < 1), or a row
+    whose fields do not map exactly (`fields_exact` 0 in the published CSVs)."""
     P = runs.parallels
     get = lambda k: [float(getattr(p, k)) for p in P]  # noqa: E731
     n = [float(p.tp * p.pp * p.dp * p.cp) for p in P]
-    rec = sorted({("none", "selective", "full")[int(p.recompute)] for p in P})
+    plain = [p for p, row in zip(P, runs.rows)
+             if float(getattr(p, "recompute_policy", 0)) == 0
+             and float(getattr(p, "recompute_layer_frac", 1)) == 1
+             and str(row.get("fields_exact", "1")).strip() != "0"]
+    rec = sorted({("none", "selective", "full")[int(p.recompute)] for p in plain})
     return dict(gpu=[gpu], precision=precisions, tp=span(get("tp")), pp=span(get("pp")),
                 dp=span(get("dp")), cp=span(get("cp")), ep=span(get("ep")), gpus=span(n),
                 micro_batch=span(get("micro_batch")),
@@ -171,6 +203,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--write", action="store_true", help="write configs/efficiency/*.yaml")
     ap.add_argument("--skip-inside", action="store_true")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="print each published run's step-time breakdown (shipped sets)")
     ap.add_argument("--fit-regimes", help="JSON {a100: stats, h100: stats} of an earlier run "
                     "(the fits' held-out rows do not depend on the published runs)")
     args = ap.parse_args()
@@ -186,6 +220,8 @@ def main():
             for i, rid in enumerate(ids):
                 print(f"    {rid:30s} meas {sub.step_time_s[i]:8.3f} pred {step[i]:8.3f} "
                       f"{100 * (step[i] / sub.step_time_s[i] - 1):+6.1f} %")
+    if args.breakdown:
+        breakdown(sets)
     if args.skip_inside:
         return
     r_sc21, ids_sc21, _ = megatron_sc21(sets["a100"])
@@ -206,7 +242,10 @@ def main():
     vt = load_runs(DATA / "vtrain_a100.csv", None, VTRAIN_FACTS)
     h1 = load_runs(DATA / "h100_single_gpu.csv", "amp-bf16", None)
     FSDP = ("PyTorch FSDP: TorchTitan FSDP2 (bf16 all-gather, fp32 reduce-scatter) and "
-            "fms-fsdp FSDP1 (bf16), flash attention, no vocabulary padding; "
+            "fms-fsdp FSDP1 (bf16), flash attention, no vocabulary padding; activation "
+            "checkpointing as each run states it (TorchTitan per-op SAC, fms-fsdp's fraction "
+            "of blocks: recompute_policy, recompute_layer_frac); eager or compiled "
+            "element-wise kernels (norm_extra_bytes, llama_eager_pointwise); "
             "data/published_fsdp.md")
     env_sc21 = dict(gpu=["a100"], precision=["fp16", "bf16"], tp=[1, 8], pp=[1, 64],
                     dp=[6, 32], cp=[1, 1], ep=[1, 1], gpus=[32, 3072], micro_batch=[1, 16],

@@ -10,18 +10,21 @@ The smooth model (temperature > 0) is used while fitting.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.flatten_util import ravel_pytree
 from flax import struct
 
 from diffperf.costs.compute import attention_time_s, gemms_time_s, memory_time_s
 from diffperf.intervals import residual_var, ridge_precision
-from diffperf.predict import FEATURES, predict_step
+from diffperf.predict import FEATURES, features_of, predict_step
 from diffperf.specs.system import Efficiency
 from diffperf.workload.ops import Gemms
 
@@ -109,11 +112,15 @@ def _masked_sq(pred_log, meas_log, weight):
 
 
 def set_features(sets) -> frozenset:
-    """predict.FEATURES, less 'xla' when no run of the RunSets is one XLA program: its terms
-    are then 0 and left out of the traced program, so fits of other frameworks run exactly
-    the program they ran before the XLA terms existed."""
-    xla = any(float(np.max(np.asarray(rs.trainings.xla_compiled))) > 0 for rs in sets)
-    return FEATURES if xla else FEATURES - {"xla"}
+    """The predict.FEATURES whose terms can be non-zero for some run of the RunSets
+    (`predict.features_of`, over every run): the others are 0 for every run and left out of
+    the traced program, which changes no prediction (features_of) but makes the fit's
+    program smaller and faster. For the vTrain CSV (dense GPT models, no CP, EP, AxoNN grid,
+    HSDP or XLA runs) it is empty: measured on 2 cores, the fit's compile 17 s of CPU instead
+    of 22 s and a step of its 18 fits 53 ms instead of 95 ms; the Jacobian's compile 9 s
+    instead of 18 s."""
+    return frozenset().union(*(features_of(rs.models, rs.parallels, rs.trainings)
+                               for rs in sets))
 
 
 @functools.partial(jax.jit, static_argnames=("temperature", "with_margin", "features"))
@@ -222,28 +229,39 @@ def _fit_chunk(u, state, weights, prior, base, done, sets, benches, *, length, l
 
 
 _FIT_STATIC = ("length", "learning_rate", "steps", "temperature", "mem_weight", "features")
-# Below this many run-steps (runs x fits x steps) on XLA:CPU, the fit is compiled with the
-# quick options (search._CPU_QUICK_OPTIONS): measured on 2 cores for the vTrain CSV (1,549
-# runs), compiling value_and_grad takes 3.6 s of CPU instead of 13.3 s and a step 14.4 ms
-# instead of 6.9 ms, so the quick program wins below ~1.3 M run-steps (a test, a small CSV)
-# and the optimized one above (vTrain's 5-fold CV: 11 M).
+# The fit's options on XLA:CPU: LLVM -O1 with the classic emitters. Measured on 2 cores for
+# the vTrain CSV's 5-fold CV (18 fits x 1,549 runs, no optional features: set_features):
+#   options                               compile (CPU s)   40 steps of the 18 fits (CPU s)
+#   XLA's defaults (fusion emitters)           17.3              2.10
+#   fusion emitters, -O1                       16.4              2.15
+#   classic emitters, -O1 (these)              10.8              2.45
+#   classic emitters, -O2                      11.7              2.50
+#   classic emitters, -O0 (quick)               3.5              7.8
+# (a step of a fit: 3.4 ms, of which ~0.1 ms the memory terms). Below this many run-steps
+# (runs x fits x steps) the quick options win (compile 7 s less, a run-step 4.8 us more:
+# break-even ~1.5 M; vTrain's 5-fold CV: 11 M).
+_CPU_FIT_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 1}
 FIT_QUICK_BELOW = 1_300_000
 
 
 @functools.cache
 def _fit_programs() -> dict:
-    """The jitted `_fit_chunk`: 'optimized' (XLA's default options) and, on CPU, 'quick'."""
+    """The jitted `_fit_chunk`: 'optimized' (XLA's default options), and, on CPU, 'cpu'
+    (_CPU_FIT_OPTIONS) and 'quick' (search._CPU_QUICK_OPTIONS)."""
     from diffperf.search.kernel import _CPU_QUICK_OPTIONS
 
     return {"optimized": jax.jit(_fit_chunk, static_argnames=_FIT_STATIC),
+            "cpu": jax.jit(_fit_chunk, static_argnames=_FIT_STATIC,
+                           compiler_options=_CPU_FIT_OPTIONS),
             "quick": jax.jit(_fit_chunk, static_argnames=_FIT_STATIC,
                              compiler_options=_CPU_QUICK_OPTIONS)}
 
 
 def fit_program(run_steps: int):
     """The compiled fit for a calibration of `run_steps` (see FIT_QUICK_BELOW)."""
-    quick = jax.default_backend() == "cpu" and run_steps < FIT_QUICK_BELOW
-    return _fit_programs()["quick" if quick else "optimized"]
+    if jax.default_backend() != "cpu":
+        return _fit_programs()["optimized"]
+    return _fit_programs()["quick" if run_steps < FIT_QUICK_BELOW else "cpu"]
 
 
 def fit_many(starts, weights, sets, fields=STEP_FIELDS, benches=(), *, steps=600,
@@ -355,25 +373,39 @@ def bench_time_s(mb: Microbench, system):
 def _quick_jit(fn, **kwargs):
     """`jax.jit` with XLA:CPU's quick-compiling options on CPU (search._CPU_QUICK_OPTIONS),
     for the programs a calibration runs once per fold after the fit (predictions, Jacobian):
-    their compilation, not their run, is what takes time (as in sensitivity._quick_jit)."""
+    their compilation, not their run, is what takes time (as in sensitivity._quick_jit).
+    The jitted functions are the callable's `programs` (quick, plain)."""
     from diffperf.search.kernel import _CPU_QUICK_OPTIONS
 
     quick = jax.jit(fn, compiler_options=_CPU_QUICK_OPTIONS, **kwargs)
     plain = jax.jit(fn, **kwargs)
-    return lambda *a, **k: (quick if jax.default_backend() == "cpu" else plain)(*a, **k)
+
+    def call(*a, **k):
+        return (quick if jax.default_backend() == "cpu" else plain)(*a, **k)
+
+    call.programs = (quick, plain)
+    return call
 
 
 def _jacobian_impl(eff: Efficiency, fields, rs: RunSet, temperature, features):
     u = to_unconstrained(eff, fields)
+    flat, unravel = ravel_pytree(u)
 
-    def f(u):
-        step, _ = run_predictions(from_unconstrained(eff, u), rs, temperature,
-                                  features=features)
-        return jnp.log(step)
+    def column(tangent):  # d log(step time) / d u . tangent, every run
+        def f(v):
+            step, _ = run_predictions(from_unconstrained(eff, unravel(v)), rs, temperature,
+                                      features=features)
+            return jnp.log(step)
+
+        return jax.jvp(f, (flat,), (tangent,))[1]
 
     # Forward mode: one tangent per fitted field (~20) against one cotangent per run (1,549
-    # for vTrain) in reverse mode, whose compile XLA:CPU reports as "very slow".
-    return jax.jacfwd(f)(u)
+    # for vTrain) in reverse mode, whose compile XLA:CPU reports as "very slow". The tangents
+    # one after the other (lax.map), not batched (jacfwd's vmap): the program is one JVP.
+    # Measured for the vTrain CSV on 2 cores (quick options): compile 2.0 s of CPU against
+    # 9.3 s for jacfwd, the 20 passes 0.2 s; the same Jacobian to float32 rounding (2e-7).
+    cols = jax.lax.map(column, jnp.eye(flat.size, dtype=flat.dtype))  # [fields, runs]
+    return jax.vmap(unravel)(cols.T)
 
 
 _jacobian = _quick_jit(_jacobian_impl, static_argnames=("fields", "temperature", "features"))
@@ -510,6 +542,29 @@ def calibrate_runs(runs, systems: dict, fit_mask, *, benches=(), fields=None, st
                            steps=steps, temperature=temperature, progress=progress)[0]
 
 
+def _compile_after_fit(base, sets, groups, temperature) -> threading.Thread:
+    """Compile, in a thread started now, the programs `_predict_with_intervals` runs after
+    the fit (`_exact_predictions`, `_jacobian` for each group of fields), by calling them on
+    the starting efficiencies (the fitted ones have the same types and shapes, so the later
+    calls find them compiled). XLA compiles without holding the GIL: the compilation runs
+    beside the fit's on the other core instead of after the fit (measured for the vTrain
+    CSV on 2 cores: ~11 s of CPU, the Jacobian's compile most of it). A failure here is
+    left to the later call, which compiles again and raises."""
+    features = set_features([rs for _, rs in sets])
+
+    def work():
+        with contextlib.suppress(Exception):
+            for _, rs in sets:
+                jax.block_until_ready(_exact_predictions(base, rs, None, features=features))
+                for fields in groups:
+                    jax.block_until_ready(_jacobian(base, tuple(fields), rs, temperature,
+                                                    features))
+
+    thread = threading.Thread(target=work, name="diffperf-calibrate-compile", daemon=True)
+    thread.start()
+    return thread
+
+
 def calibrate_folds(runs, systems: dict, fit_masks, *, benches=(), fields=None, steps=400,
                     temperature=0.02, progress=None) -> list:
     """`calibrate_runs` for each of `fit_masks` (the folds of a cross-validation, and the
@@ -527,6 +582,7 @@ def calibrate_folds(runs, systems: dict, fit_masks, *, benches=(), fields=None, 
     fields_of = [tuple(fields) if fields is not None else default_fields(runs, m)
                  for m in masks]
     best = [None] * len(masks)
+    compiling = _compile_after_fit(base, sets, tuple(dict.fromkeys(fields_of)), temperature)
     for group in dict.fromkeys(fields_of):
         jobs = [(k, start) for k, m in enumerate(masks) if fields_of[k] == group
                 for start in starting_points(base, group)]
@@ -538,6 +594,7 @@ def calibrate_folds(runs, systems: dict, fit_masks, *, benches=(), fields=None, 
         for (k, start), f in zip(jobs, fits):
             if best[k] is None or f.loss_history[-1] < best[k][0].loss_history[-1]:
                 best[k] = (f, start)
+    compiling.join()
     return [_predict_with_intervals(runs, sets, m, _unfitted_to_base(f, start, base),
                                     fields_of[k], temperature)
             for k, (m, (f, start)) in enumerate(zip(masks, best))]

@@ -25,6 +25,7 @@ The matrix peak scales the fp32 and vector peaks with it (one chip, same proport
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -33,11 +34,13 @@ import numpy as np
 import optax
 from flax import struct
 
-from diffperf.api import _as_float
+from diffperf.api import DEFAULT_STORE, _as_float, default_store
 from diffperf.errors import SpecError, closest
 from diffperf.search import COLUMNS, PLACEMENTS
-from diffperf.sensitivity import (DEFAULT_CANDIDATES, _quick_jit, candidates, hard_best,
-                                  soft_min_and_grad)
+from diffperf.executables import executable
+from diffperf.predict import features_of
+from diffperf.sensitivity import (DEFAULT_CANDIDATES, _quick_jit, _soft_log_step, candidates,
+                                  hard_best)
 from diffperf.specs.batch import anonymous
 from diffperf.specs.paths import leaf_paths, leaf_values
 from diffperf.load import _check_keys, _number
@@ -192,17 +195,69 @@ def _parts(z, system0, prices, consts, shape):
     return _system_of(spend, prices, system0, shape), log_scale, cost
 
 
-def _update(z, state, grad, system0, prices, consts, shape, learning_rate):
-    """One Adam step on z given dJ/dSystem: the chain rule through `_parts`, with
-    d ln(objective) / d ln(objective / T) = 1 (the scale's z-dependence is the cost's)."""
-    _, pull = jax.vjp(lambda z: _parts(z, system0, prices, consts, shape)[:2], z)
-    (gz,) = pull((grad, jnp.ones((), z.dtype)))
-    updates, state = optax.adam(learning_rate).update(gz, state, z)
-    return optax.apply_updates(z, updates), state
+def _log_objective(z, system0, prices, consts, model, batch, mask, training, tau, shape,
+                   smooth, features):
+    """(ln objective = J + ln(objective / T), (J, ln(objective / T), cost, ln T_i, m_i)) at
+    the optimizer's z: `_parts`, then the soft-min of sensitivity._soft_log_step."""
+    system, log_scale, cost = _parts(z, system0, prices, consts, shape)
+    j, (log_t, margin, _) = _soft_log_step(system, model, batch, mask, training, tau, smooth,
+                                           features)
+    return j + log_scale, (j, log_scale, cost, log_t, margin)
+
+
+def _segment(z, state, n_eval, n_update, system0, prices, consts, model, batch, mask,
+             training, tau, *, shape, learning_rate, smooth, features, length):
+    """Optimizer steps between two re-selections of the candidates, in one program: at step
+    i < n_eval (at most `length`), the objective and its gradient in z at z_i, then, for
+    i < n_update, one Adam step (optax). Returns (z, Adam state, objective at each step
+    [length] (NaN past n_eval), (J, ln(objective / T), cost, ln T_i, m_i) at the first)."""
+    opt = optax.adam(learning_rate)
+    value_and_grad = jax.value_and_grad(_log_objective, has_aux=True)
+    dtype = z.dtype
+    first = (jnp.zeros((), dtype),) * 3 + (jnp.zeros(mask.shape, dtype),) * 2
+
+    def step(i, carry):
+        z, state, history, first = carry
+        (log_obj, aux), g = value_and_grad(z, system0, prices, consts, model, batch, mask,
+                                           training, tau, shape, smooth, features)
+        history = history.at[i].set(jnp.exp(log_obj))
+        first = jax.tree.map(lambda a, b: jnp.where(i == 0, a, b), aux, first)
+        updates, new_state = opt.update(g, state, z)
+        live = i < n_update
+        z, state = jax.tree.map(lambda a, b: jnp.where(live, a, b),
+                                (optax.apply_updates(z, updates), new_state), (z, state))
+        return z, state, history, first
+
+    history = jnp.full(length, jnp.nan, dtype)
+    return jax.lax.fori_loop(0, n_eval, step, (z, state, history, first))
 
 
 _parts_jit = _quick_jit(_parts, static_argnames=("shape",))
-_update_jit = _quick_jit(_update, static_argnames=("shape", "learning_rate"))
+_SEGMENT_STATIC = ("shape", "learning_rate", "smooth", "features", "length")
+# On XLA:CPU the design's program compiles with LLVM -O1 and the classic emitters where the
+# run is long (candidates x steps >= OPTIMIZE_FROM), with the quick options below that. Measured
+# for the default job (GPT-3 175B on 1,024 A100s, 2 x 1,024 candidates, 2 cores): a step
+# 7.9 ms of CPU instead of 21 ms, the compile 8.9 s instead of 4.2 s (the program store
+# keeps it for the next process: `optimize_design(store=...)`).
+_CPU_SEGMENT_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 1}
+OPTIMIZE_FROM = 200_000
+
+
+@functools.cache
+def _segment_programs() -> dict:
+    from diffperf.search.kernel import _CPU_QUICK_OPTIONS
+
+    jit = functools.partial(jax.jit, _segment, static_argnames=_SEGMENT_STATIC)
+    return {"plain": jit(), "cpu": jit(compiler_options=_CPU_SEGMENT_OPTIONS),
+            "quick": jit(compiler_options=_CPU_QUICK_OPTIONS)}
+
+
+def _segment_program(work):
+    """(jitted `_segment`, name) for a design of `work` candidate-steps."""
+    if jax.default_backend() != "cpu":
+        return _segment_programs()["plain"], "design-segment"
+    kind = "cpu" if work >= OPTIMIZE_FROM else "quick"
+    return _segment_programs()[kind], f"design-segment-{kind}"
 
 
 class Design(struct.PyTreeNode):
@@ -264,7 +319,8 @@ def _summary(j, log_t, margin, cands, log_scale, cost) -> dict:
 def optimize_design(model, system, training, layouts, cost_model: CostModel,
                     objective="time_to_train", *, budget=None, steps=200, temperature=0.05,
                     learning_rate=0.05, tokens=300e9, placements=PLACEMENTS, smooth=None,
-                    max_candidates=DEFAULT_CANDIDATES, refresh=50) -> Design:
+                    max_candidates=DEFAULT_CANDIDATES, refresh=50,
+                    store=DEFAULT_STORE) -> Design:
     """Adam on the priced hardware parameters (module docstring) for `steps` steps.
 
     Args:
@@ -275,7 +331,10 @@ def optimize_design(model, system, training, layouts, cost_model: CostModel,
         budget: per device in cost_model.unit (default: cost_model.budget; inf: none). A
             start above it is scaled into it (`Design.start_scale`).
         temperature: tau of the soft-min over layouts; tokens: for time_to_train.
-        refresh: steps between re-selections of the candidates (when the table was pruned).
+        refresh: steps between re-selections of the candidates (when the table was pruned):
+            each run of `refresh` steps is one call of one compiled program (`_segment`).
+        store: where the compiled program is kept between processes (as for `predict`:
+            the default on-disk store, None, or a mapping key -> bytes).
     Returns:
         `Design` with the optimized System, the objective history and before/after figures
         (soft, and exact: the best layout that fits).
@@ -297,27 +356,41 @@ def optimize_design(model, system, training, layouts, cost_model: CostModel,
         base=cost_model.base, room=room or 0.0, tokens=tokens, life_s=_lifetime_s(cost_model),
         n=n, tokens_per_step=tokens_per_step).items()}
     start = _system_of(jnp.asarray(spend0, dtype), prices, system0, shape)
-    cands = candidates(model, start, training, layouts, temperature, placements=placements,
-                       smooth=smooth, max_candidates=max_candidates)
+    store = default_store() if isinstance(store, str) and store == DEFAULT_STORE else store
+    select = functools.partial(candidates, model, training=training, layouts=layouts,
+                               temperature=temperature, placements=placements, smooth=smooth,
+                               max_candidates=max_candidates, optimize=True, store=store)
+    cands = select(system=start)
     pruned = len(cands.index) < len(layouts)
     z = jnp.asarray(z, dtype)
     state = optax.adam(learning_rate).init(z)
-    history, before = [], None
-    for step in range(int(steps) + 1):
-        sys_k, log_scale, cost = _parts_jit(z, system0, prices, consts, shape=shape)
+    steps, refresh = int(steps), int(refresh)
+    fixed = _as_float((anonymous(model), anonymous(training)))
+    program, name = _segment_program(int(cands.mask.size) * steps)
+    history, before, step = [], None, 0
+    while True:  # one call per segment between candidate refreshes, then the final point
         if pruned and step and (step % refresh == 0 or step == steps):
-            cands = candidates(model, sys_k, training, layouts, temperature,
-                               placements=placements, smooth=smooth,
-                               max_candidates=max_candidates)
-        j, grad, (log_t, margin, _) = soft_min_and_grad(model, sys_k, training, cands,
-                                                        temperature, smooth)
-        history.append(float(jnp.exp(j + log_scale)))
+            sys_k, _, _ = _parts_jit(z, system0, prices, consts, shape=shape)
+            cands = select(system=sys_k)
+        n_update = min(refresh - step % refresh, steps - step)
+        static = dict(shape=shape, learning_rate=float(learning_rate), smooth=smooth,
+                      features=features_of(model, cands.batch, training), length=refresh)
+        args = (z, state, jnp.int32(max(n_update, 1)), jnp.int32(n_update), system0, prices,
+                consts, fixed[0], cands.batch, cands.mask, fixed[1],
+                jnp.asarray(temperature, dtype))
+        call = (program if store is None or jax.config.jax_disable_jit else
+                executable(program, name, args, static, store))
+        z, state, hist, (j, log_scale, cost, log_t, margin) = (
+            call(*args, **static) if call is program else call(*args))
+        history.extend(np.asarray(hist)[:max(n_update, 1)].tolist())
+        real = np.asarray(cands.mask) > 0
+        log_t, margin = np.asarray(log_t)[real], np.asarray(margin)[real]
         if step == 0:
             before = _summary(j, log_t, margin, cands, log_scale, cost)
-        if step == steps:
+        if n_update == 0:
             break
-        z, state = _update_jit(z, state, grad, system0, prices, consts, shape=shape,
-                               learning_rate=float(learning_rate))
+        step += n_update
+    sys_k, _, _ = _parts_jit(z, system0, prices, consts, shape=shape)
     treedef = jax.tree.structure(system)
     named = lambda s: jax.tree.unflatten(treedef, [float(v) for v in jax.tree.leaves(s)])  # noqa
     return Design(system=named(sys_k), start=named(start),

@@ -19,18 +19,34 @@ from diffperf.errors import SpecError
 
 # The training sequence a Hugging Face config does not give: 4096, the pre-training sequence
 # of DeepSeek-V2/V3 (4K), Qwen3 (S1/S2 stages), Llama 2 and GPT-OSS's native context
-# (initial_context_length). Reported as a note; --seq-len (or seq_len=) overrides it.
+# (initial_context_length). Reported as a note; --seq-len (or seq_len=) overrides it. A model
+# whose context length (max_position_embeddings, n_positions) is shorter gets that length
+# instead, also noted: GPT-NeoX-20B (max_position_embeddings 2048; EleutherAI/gpt-neox
+# configs/20B.yml, "the configuration file for the GPT-NeoX-20B model as it was trained":
+# "seq-length": 2048) and Falcon (2048; transformers' FalconConfig docstring: "Pretrained Falcon
+# models with RoPE support up to 2048 tokens") are not trained on 4096-token sequences.
 DEFAULT_SEQ_LEN = 4096
 
 # transformers' config-class defaults for fields a published config.json omits (it writes only
 # what differs from them). Gemma3TextConfig (transformers/models/gemma3/configuration_gemma3.py).
+# FalconConfig (transformers/models/falcon/configuration_falcon.py, 4.33 onward):
+# max_position_embeddings=2048; the published Falcon files omit it, in the falcon form and in
+# the RefinedWeb form it was converted from (transformers' falcon/convert_custom_code_checkpoint.py
+# renames the type and n_head / n_layer / n_head_kv, drops auto_map, adds
+# new_decoder_architecture; no field with a length).
+_FALCON_DEFAULTS = dict(max_position_embeddings=2048)
 _TYPE_DEFAULTS = {
     "gemma3_text": dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216,
                         num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
                         head_dim=256, hidden_activation="gelu_pytorch_tanh",
                         rms_norm_eps=1e-6, sliding_window=4096, sliding_window_pattern=6,
                         tie_word_embeddings=True),
+    "falcon": _FALCON_DEFAULTS, "RefinedWeb": _FALCON_DEFAULTS,
+    "RefinedWebModel": _FALCON_DEFAULTS,
 }
+# The transformers class whose defaults _TYPE_DEFAULTS copies (named in the note).
+_DEFAULTS_CLASS = {"gemma3_text": "Gemma3TextConfig", "falcon": "FalconConfig",
+                   "RefinedWeb": "FalconConfig", "RefinedWebModel": "FalconConfig"}
 # Gated (GLU) MLP families whatever their activation's name: Gemma's GeGLU
 # (gelu_pytorch_tanh gate x up), GPT-OSS's clamped SwiGLU.
 _GATED_TYPES = ("gemma", "gemma2", "gemma3", "gemma3_text", "gpt_oss")
@@ -40,6 +56,8 @@ _GATED_ACTS = ("silu", "swiglu", "swish")
 # config classes set False.
 _TIED_BY_DEFAULT = ("gpt2", "falcon", "RefinedWeb", "RefinedWebModel", "gemma", "gemma2",
                     "gemma3_text")
+# Qwen2Config-style windows: use_sliding_window (default false) and max_window_layers.
+_QWEN_WINDOW_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
 # Fields whose architecture diffperf does not represent: refused by name.
 _REFUSED = ("cross_attention_layers",)
 # Read, but with no effect on the cost model (positions, numerics, routing policy, ids).
@@ -69,6 +87,12 @@ def _whole(v, key, where, minimum=0):
     return int(v)
 
 
+def _is_whole(v) -> bool:
+    """v is a JSON number (not a bool), finite and whole."""
+    return (not isinstance(v, bool) and isinstance(v, (int, float))
+            and (isinstance(v, int) or (math.isfinite(v) and float(v) == int(v))))
+
+
 def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
     """(diffperf model mapping, notes) of a parsed Hugging Face config.json.
 
@@ -90,7 +114,8 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
                      + ("; vision_config ignored (the vision tower is not modeled)"
                         if "vision_config" in top else ""))
         if filled:
-            notes.append(f"fields absent from text_config take transformers' {mt} defaults: "
+            notes.append(f"fields absent from text_config take the defaults of transformers' "
+                         f"{_DEFAULTS_CLASS.get(mt, mt)}: "
                          + ", ".join(f"{k}={defaults[k]}" for k in filled))
         top_ignored = sorted(set(top) - {"text_config", "vision_config"})
         if top_ignored:
@@ -101,7 +126,8 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
         filled = sorted(k for k in defaults if k not in cfg)
         cfg = {**defaults, **cfg}
         if filled:
-            notes.append(f"fields absent from config.json take transformers' {mt} defaults: "
+            notes.append(f"fields absent from config.json take the defaults of transformers' "
+                         f"{_DEFAULTS_CLASS.get(mt, mt)}: "
                          + ", ".join(f"{k}={defaults[k]}" for k in filled))
     bad = [k for k in _REFUSED if cfg.get(k) not in (None, 0, [])]
     if bad:
@@ -174,19 +200,26 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
         raise SpecError(f"{where}: missing vocab_size (the tokenizer's vocabulary size, a "
                         f"whole number >= 1)")
 
-    # Training sequence: never max_position_embeddings.
-    ctx = _first(cfg, "max_position_embeddings", "n_positions", "seq_length")[1]
+    # Training sequence: never max_position_embeddings (the context length) when it is longer
+    # than the default; the context length when it is shorter (a model is not trained beyond
+    # its positions as published), said in the note either way.
+    ctx_key, ctx = _first(cfg, "max_position_embeddings", "n_positions", "seq_length")
     used.update(("max_position_embeddings", "n_positions", "seq_length"))
     learned = mt == "gpt2"
+    if learned and ctx is not None:
+        ctx = _whole(ctx, ctx_key, where, minimum=1)  # the position table: a hard limit
     if seq_len is not None:
         d["seq_len"] = seq_len
+    elif _is_whole(ctx) and 1 <= ctx < DEFAULT_SEQ_LEN:
+        d["seq_len"] = int(ctx)
+        notes.append(f"seq_len={d['seq_len']}: the model's context length {ctx_key}={ctx}, "
+                     f"below diffperf's default {DEFAULT_SEQ_LEN} for a Hugging Face config "
+                     f"(which gives no training sequence); give --seq-len")
     else:
         d["seq_len"] = DEFAULT_SEQ_LEN
-        if learned and ctx is not None:
-            d["seq_len"] = min(DEFAULT_SEQ_LEN, _whole(ctx, "n_positions", where, minimum=1))
         notes.append(f"seq_len={d['seq_len']}: diffperf's default for a Hugging Face config, "
                      f"which gives no training sequence"
-                     + (f" (max_position_embeddings={ctx} is the context length, not used)"
+                     + (f" ({ctx_key}={ctx} is the context length, not used)"
                         if ctx is not None else "") + "; give --seq-len")
 
     act = take("hidden_act", "hidden_activation", "activation_function", "activation")
@@ -203,8 +236,9 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
     tied = take("tie_word_embeddings")
     if tied is None:
         tied = mt in _TIED_BY_DEFAULT
+        cls = _DEFAULTS_CLASS.get(mt, f"{mt or 'PretrainedConfig'} config")
         notes.append(f"tie_word_embeddings absent: {str(tied).lower()}, the default of "
-                     f"transformers' {mt or 'PretrainedConfig'} config")
+                     f"transformers' {cls}")
     d["tied_embeddings"] = tied  # checked by load._flag (true or false)
     bias = bool(take("attention_bias")) or mt in ("gpt2", "gpt_neox", "gpt_oss") or bool(
         cfg.get("bias") and mt in ("falcon", "RefinedWeb", "RefinedWebModel"))
@@ -276,9 +310,14 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
                      f"use a model YAML with mtp_layers: 0 to leave them out")
 
     # Sliding windows: layer_types (GPT-OSS, newer transformers), Gemma 2 (every other layer),
-    # Gemma 3 (sliding_window_pattern), Mistral (every layer), Qwen2's use_sliding_window.
+    # Gemma 3 (sliding_window_pattern), Mistral (every layer), Qwen2 / 2.5 / 3 and their MoE:
+    # transformers' Qwen2Config (configuration_qwen2.py; Qwen3, Qwen2-MoE, Qwen3-MoE alike)
+    # keeps the window only when use_sliding_window (default false), and then on layers
+    # i >= max_window_layers (default 28): L - max_window_layers sliding layers.
     window = take("sliding_window")
-    use = cfg.get("use_sliding_window", True)
+    qwen = mt in _QWEN_WINDOW_TYPES
+    use = cfg.get("use_sliding_window")
+    use = (not qwen) if use is None else use
     used.update(("use_sliding_window", "max_window_layers", "sliding_window_pattern",
                  "layer_types"))
     L = d["num_layers"]
@@ -286,6 +325,7 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
         window = _whole(window, "sliding_window", where)
     if window and use is not False:
         types = cfg.get("layer_types")
+        why = "layer_types has no sliding_attention layer"
         if isinstance(types, list) and types:
             n_sw = min(sum(1 for t in types if t == "sliding_attention"), L)
         elif mt == "gemma2":
@@ -294,15 +334,25 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
             pattern = _whole(cfg.get("sliding_window_pattern") or 6, "sliding_window_pattern",
                              where, minimum=1)
             n_sw = L - L // pattern  # every pattern-th layer is global
+        elif qwen:
+            first = cfg.get("max_window_layers")
+            first = 28 if first is None else _whole(first, "max_window_layers", where)
+            n_sw = max(0, L - first)  # layers max_window_layers .. L-1 slide
+            why = f"max_window_layers={first} >= num_hidden_layers={L}"
         else:
             n_sw = L
-        d["sliding_window"] = window
-        d["sliding_window_layers"] = n_sw
-        notes.append(f"sliding-window attention: window {window} on {n_sw} of {L} layers"
-                     + (f" (no effect at seq_len {d['seq_len']} <= window)"
-                        if window >= d["seq_len"] else ""))
+        if n_sw:
+            d["sliding_window"] = window
+            d["sliding_window_layers"] = n_sw
+            notes.append(f"sliding-window attention: window {window} on {n_sw} of {L} layers"
+                         + (f" (no effect at seq_len {d['seq_len']} <= window)"
+                            if window >= d["seq_len"] else ""))
+        else:
+            notes.append(f"sliding_window={window} on no layer: {why}")
     elif window:
-        notes.append(f"sliding_window={window} ignored: use_sliding_window is false")
+        notes.append(f"sliding_window={window} ignored: use_sliding_window is "
+                     + ("false" if cfg.get("use_sliding_window") is not None else
+                        f"absent (false, the default of transformers' {mt} config)"))
     if mt == "gpt_oss":
         d["attention_sinks"] = True
         notes.append("attention sinks: one learned logit per head (parameters counted, "

@@ -372,7 +372,9 @@ def system_names() -> list[str]:
 
 
 SYSTEM_KEYS = ("name", "gpu", "description", "sources", "matmul_TFLOPs", "matmul_fp32_TFLOPs",
-               "matmul_fp8_TFLOPs", "matmul_fp4_TFLOPs", "vector_TFLOPs", "hbm_bandwidth_GBps",
+               "matmul_fp8_TFLOPs", "matmul_fp4_TFLOPs", "matmul_sustained_frac",
+               "matmul_fp8_sustained_frac", "matmul_fp4_sustained_frac", "vector_TFLOPs",
+               "hbm_bandwidth_GBps",
                "hbm_capacity_GiB", "power_W", "tiers",
                "efficiency", "reliability")
 TIER_KEYS = ("name", "domain_size", "bandwidth_GBps", "latency_us", "oversubscription")
@@ -382,6 +384,9 @@ SYSTEM_UNITS = {"matmul_TFLOPs": ("matmul_flops_per_s", 1e12),
                 "matmul_fp32_TFLOPs": ("matmul_fp32_flops_per_s", 1e12),
                 "matmul_fp8_TFLOPs": ("matmul_fp8_flops_per_s", 1e12),
                 "matmul_fp4_TFLOPs": ("matmul_fp4_flops_per_s", 1e12),
+                "matmul_sustained_frac": ("matmul_sustained_frac", 1.0),
+                "matmul_fp8_sustained_frac": ("matmul_fp8_sustained_frac", 1.0),
+                "matmul_fp4_sustained_frac": ("matmul_fp4_sustained_frac", 1.0),
                 "vector_TFLOPs": ("vector_flops_per_s", 1e12),
                 "hbm_bandwidth_GBps": ("hbm_bandwidth_Bps", 1e9),
                 "hbm_capacity_GiB": ("hbm_capacity_bytes", 2.0**30), "power_W": ("power_W", 1.0)}
@@ -479,6 +484,10 @@ def system_from_dict(d: dict, where: str = "system") -> System:
                                          default=0.0),
             "matmul_fp4_TFLOPs": _number(d, "matmul_fp4_TFLOPs", where, minimum=0.0,
                                          default=0.0),
+            # absent: no published GEMM measurement of this GPU (0: the reference fraction)
+            **{k: _fraction(d, k, where) for k in ("matmul_sustained_frac",
+                                                   "matmul_fp8_sustained_frac",
+                                                   "matmul_fp4_sustained_frac")},
             "vector_TFLOPs": n("vector_TFLOPs", default=matmul / 16),
             "hbm_bandwidth_GBps": n("hbm_bandwidth_GBps"),
             "hbm_capacity_GiB": n("hbm_capacity_GiB"),
@@ -487,6 +496,15 @@ def system_from_dict(d: dict, where: str = "system") -> System:
         eff=efficiency_from_dict(d.get("efficiency") or {}, f"{where}.efficiency"),
         reliability=reliability_from_dict(d.get("reliability") or {}, f"{where}.reliability"),
         name=printable(d.get("name", where)), gpu=_gpu(d, where))
+
+
+def _fraction(d: dict, key: str, where: str) -> float:
+    """A measured fraction of a peak in [0, 1] (0 when absent: not measured)."""
+    v = _number(d, key, where, minimum=0.0, default=0.0)
+    if v > 1.0:
+        raise SpecError(f"{where}.{key}={v:g} must be at most 1 (a measured throughput over "
+                        f"the datasheet peak; 0 = not measured)")
+    return v
 
 
 def _gpu(d: dict, where: str) -> str:

@@ -50,6 +50,8 @@ from diffperf.workload.params import (grid_shards, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device,
                                       total_params)
 from diffperf.workload.pp import pp_message_bytes
+from diffperf.workload.recompute import (full_frac, megatron_selective_frac, op_sac_frac,
+                                         sac_recompute_fracs)
 from diffperf.workload.stages import at_largest, pipeline_stages
 from diffperf.workload.tp import (tp_calls_per_all_reduce, tp_collectives_per_layer,
                                   tp_message_bytes)
@@ -117,7 +119,7 @@ def _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature):
     ab, abh = split_exposed(2.0 * c_ag, attn_bwd, temperature)
     ring = parallel.cp_ring
     f, fh = ring * rf + (1.0 - ring) * af, ring * rfh + (1.0 - ring) * afh
-    full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
+    full = full_frac(parallel)
     b = ring * rb + (1.0 - ring) * ab + full * f
     bh = ring * rbh + (1.0 - ring) * abh + full * fh
     return f, fh, b, bh
@@ -134,7 +136,7 @@ def _axonn_parts(model, parallel, system, training, dense_rows, fwd_window, bwd_
     t = axonn_times_s(vol, parallel, stride(_placed(parallel), "tp"), system)
     dw = dense_rows[:4]
     fwd_ar = t["x_forward"] + t["y_forward"]
-    full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
+    full = full_frac(parallel)
     f, fh, b, bh = axonn_exposed_s(
         fwd_ar, jnp.sum(t["z_gather"]), t["x_backward"] + t["y_backward"],
         jnp.sum(t["z_scatter"]) + full * jnp.sum(t["z_gather"]), dw, fwd_window, bwd_window,
@@ -240,15 +242,21 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     ax_f, ax_fh, ax_b, ax_bh, ax_calls = (_axonn_parts(
         model, parallel, system, training, wgrad_rows, dense + attn, dense_b + attn_bwd,
         temperature) if "axonn" in features else _zeros(dense, 5))
-    full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
-    selective = jnp.where(parallel.recompute == 1, 1.0, 0.0)
+    full = full_frac(parallel)
+    selective = megatron_selective_frac(parallel)
+    sac = op_sac_frac(parallel)
     skipped = stacked = 0.0
     if "xla" in features:
         # XLA's remat does not re-run the GEMMs that end the layer (workload.xla).
         skipped = jnp.sum(dense_rows * remat_skipped_gemms(training))
         # XLA writes the layer scan's residuals in the forward and reads them in the backward.
         stacked = memory_time_s(stacked_pass_traffic_bytes(model, parallel, training), system)
-    recompute = full * (dense - skipped + attn + other + quant_f) + selective * attn
+    # Per-op SAC (workload.recompute): the recomputed share of each GEMM row, every
+    # element-wise op, the quantization of the recomputed linears; the attention is saved.
+    sac_gemm = jnp.sum(sac_recompute_fracs(model, parallel) * dense_rows)
+    sac_share = sac_gemm / jnp.maximum(jnp.sum(dense_rows), 1e-30)
+    recompute = (full * (dense - skipped + attn + other + quant_f) + selective * attn
+                 + sac * (sac_gemm + other + sac_share * quant_f))
     other_f, other_b = other + stacked, 2.0 * other + stacked
     hidden_f = tp_fh + cp_fh + ep_fh + ax_fh
     hidden_b = tp_bh + cp_bh + ep_bh + ax_bh
@@ -267,14 +275,16 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     qk_f = qk_f + qk_w * jnp.where(training.lowp_weight_cache > 0,
                                    1.0 / parallel.n_microbatches, 1.0)
     sync_f = sync_f + qk_f * e.host_kernel_s
-    sync_b = sync_b + (qk_b + full * qk_f) * e.host_kernel_s
+    sync_b = sync_b + (qk_b + (full + sac * sac_share) * qk_f) * e.host_kernel_s
     # One XLA program has no host work per layer or kernel (the step is enqueued as a whole).
     eager = 1.0 - training.xla_compiled
     host_f = eager * (kernels * e.host_kernel_s + e.host_layer_s + sync_f)
     # Full recompute re-runs the layer's forward inside the backward: one more layer pass on
-    # the host, plus the checkpoint's own bookkeeping (RNG state, rebuilding the graph).
-    host_b = eager * ((2.0 + full) * kernels * e.host_kernel_s + (1.0 + full) * e.host_layer_s
-                      + full * e.host_recompute_s + sync_b)
+    # the host, plus the checkpoint's own bookkeeping (RNG state, rebuilding the graph). Per-op
+    # SAC re-runs the forward through its policy too (saved ops return their cached output).
+    again = full + sac
+    host_b = eager * ((2.0 + again) * kernels * e.host_kernel_s + (1.0 + again) * e.host_layer_s
+                      + again * e.host_recompute_s + sync_b)
     t_f = pnorm_max(gpu_f, host_f, e.floor_pnorm)
     t_b = pnorm_max(gpu_b, host_b, e.floor_pnorm)
     parts = dict(compute_s=(dense + dense_b + attn + attn_bwd + 3.0 * other + 2.0 * stacked
@@ -385,8 +395,7 @@ def _zero3_layer_parts(dp, parallel, free_f, free_b, temperature):
     of one layer, one micro-batch (`schedule.overlap.zero3_layer_exposed_s`; 0 unless
     zero_stage = 3): 1 gather forward, 1 backward (+1 when full recompute re-gathers,
     `zero3_regather`), 1 reduce-scatter; windows free_f, free_b from `_layer_parts`."""
-    full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
-    g_b = 1.0 + full * parallel.zero3_regather
+    g_b = 1.0 + full_frac(parallel) * parallel.zero3_regather
     e_f, h_f, e_b, h_b = zero3_layer_exposed_s(dp["layer_gather_s"], dp["layer_reduce_s"],
                                                free_f, free_b, dp["prefetch"], g_b,
                                                parallel.dp_overlap, temperature)
@@ -418,7 +427,9 @@ def _flops_per_step(model, parallel, training):
     The layer's `dense` rows count what a token's forward runs: MLA's projections and the
     k routed (+ shared) experts, not all E (the active-parameter convention of Megatron-LM's
     `num_floating_point_operations`, which Megatron-Bridge's "model TFLOP/s" prints).
-        hardware = model + B L (flash backward's recomputed scores 0.5 x attention + recompute)
+        hardware = model + B L (flash backward's recomputed scores 0.5 x attention + recompute:
+                   phi_full (dense + attention), Megatron selective attention, per-op SAC
+                   sum_r rho_r dense_r; workload.recompute)
     per sequence forward FLOPs from `layer_ops` at b = 1 and no sharding (PAPERS.md 5.1).
     """
     unit = Parallel(micro_batch=1.0)
@@ -430,10 +441,10 @@ def _flops_per_step(model, parallel, training):
     logits = jnp.sum(head_ops(model, unit, training.replace(vocab_pad_to=0.0)).logits.flops)
     B, L = parallel.global_batch, model.n_layers + model.mtp_layers
     model_flops = 3.0 * B * (L * (dense + attn) + (1.0 + model.mtp_layers) * logits)
-    full = jnp.where(parallel.recompute == 2, 1.0, 0.0)
-    selective = jnp.where(parallel.recompute == 1, 1.0, 0.0)
+    full, selective = full_frac(parallel), megatron_selective_frac(parallel)
+    sac = op_sac_frac(parallel) * jnp.sum(sac_recompute_fracs(model, parallel) * ops.dense.flops)
     flash_bwd = 0.5 * training.flash_attention * attn  # flash backward recomputes the scores
-    extra = B * L * (flash_bwd + full * (dense - skipped + attn) + selective * attn)
+    extra = B * L * (flash_bwd + full * (dense - skipped + attn) + selective * attn + sac)
     return model_flops, model_flops + extra
 
 

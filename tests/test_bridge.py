@@ -242,3 +242,29 @@ def test_every_bridge_row_loads_and_predicts_finite():
         one = predict(runs.models[i], runs.parallels[i], systems[runs.systems[i]],
                       runs.trainings[i]).step_time_s
         np.testing.assert_allclose(step[i], float(one), rtol=2e-5)
+
+
+def test_ep_dispatch_column_follows_each_rows_performance_recipe():
+    """ep_dispatch = 1 exactly where the row's Megatron-Bridge performance recipe
+    (perf_recipes/<model>/<system>/, snapshot 067f987d) runs the flex dispatcher with a DeepEP /
+    HybridEP backend; Megatron-Core uses the backend only with moe_token_dispatcher_type
+    "flex" (moe_utils.py), so GPT-OSS's BF16 recipes, which keep the bridge's "alltoall", are 0.
+    A CSV fact, so that a re-transcription or an edit cannot silently swap the two exchanges."""
+    flex = {  # (model, system, precision) -> recipe dispatcher is flex
+        ("gpt-oss-120b", "dgx-b300", "bf16"), ("gpt-oss-120b", "dgx-b300", "mxfp8"),
+        ("gpt-oss-120b", "gb200-nvl72", "mxfp8"), ("gpt-oss-120b", "gb300-nvl72", "mxfp8")}
+    rows = [r for r in csv.DictReader(open(CSV)) if int(r["ep"]) > 1]
+    for r in rows:
+        key = (r["model"], r["system"], r["precision"])
+        if r["model"] in ("deepseek-v3", "qwen3-30b-a3b"):
+            want = 1
+        elif r["model"] == "gpt-oss-120b":
+            want = int(key in flex)
+        else:  # Qwen3 235B-A22B: alltoall on DGX-H100, on DGX-B200 at 64 GPUs / BF16 / FP8-CS
+            want = int(not (r["system"] == "h100-sxm-80gb" or (
+                r["system"] == "dgx-b200" and (r["num_gpus"] == "64" or r["precision"] != "mxfp8"))))
+        assert int(r["ep_dispatch"]) == want, (r["id"], r["ep_dispatch"], want)
+    # the rows whose EP group leaves one NVLink domain, where the two exchanges differ
+    by_id = {r["id"]: r for r in rows}
+    assert by_id["mb-26_02-dgx-b200-gpt-oss-120b-bf16-64g"]["ep_dispatch"] == "0"
+    assert by_id["mb-26_04-dgx-h100-qwen3-30b-a3b-fp8-current-16g"]["ep_dispatch"] == "1"

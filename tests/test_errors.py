@@ -498,6 +498,11 @@ LAYOUT_RULES = [
     (dict(zero3_regather=2), None, "zero3_regather=2 is not allowed (allowed: 0, 1)"),
     (dict(zero3_copy_out=2), None, "zero3_copy_out=2 is not allowed (allowed: 0 FSDP1 / "
      "DeepSpeed flat buffers, 1 FSDP2 copy-out)"),
+    (dict(recompute=1, recompute_policy=3), None,
+     "recompute_policy=3 is not allowed (allowed: 0, 1, 2)"),
+    (dict(recompute=2, recompute_layer_frac=0), None,
+     "recompute_layer_frac=0 must be in (0, 1] (the fraction of the layers that full "
+     "recompute checkpoints; 1: every layer)"),
     (dict(pp=4, pp_first_layers=2), None,
      "pp_first_layers=2 and pp_last_layers=0: give both (> 0) or neither (0: stages balanced "
      "automatically)"),
@@ -1343,11 +1348,13 @@ def test_unknown_dataset_suggests():
                          "'dp_overlap'? (allowed: etp, dp_overlap, tp_overlap, ep_overlap, "
                          "ep_dispatch, cp_ring, axonn_overlap, zero_shard, "
                          "zero3_prefetch_params, zero3_regather, zero3_calls_per_layer, "
-                         "zero3_copy_out, pp_first_layers, pp_last_layers)"),
+                         "zero3_copy_out, recompute_layer_frac, recompute_policy, "
+                         "pp_first_layers, pp_last_layers)"),
     ({"zz": 0}, "parallel: 'zz' is not a Parallel field (allowed: etp, dp_overlap, tp_overlap, "
                 "ep_overlap, ep_dispatch, cp_ring, axonn_overlap, zero_shard, "
                 "zero3_prefetch_params, zero3_regather, zero3_calls_per_layer, "
-                "zero3_copy_out, pp_first_layers, pp_last_layers)"),
+                "zero3_copy_out, recompute_layer_frac, recompute_policy, pp_first_layers, "
+                "pp_last_layers)"),
 ])
 def test_search_framework_facts(facts, message):
     from diffperf.search import enumerate_layouts, search
@@ -1528,3 +1535,14 @@ def test_runs_row_model_config_must_agree(tmp_path):
     with _raises(f"{p}: row 2 (id r1).num_layers=2 differs from model_config 'mixtral-8x7b' "
                  f"(num_layers=32); allowed: 32, or leave model_config blank"):
         load_runs(p)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(llama_eager_pointwise=2.0), "llama_eager_pointwise=2 is not allowed (allowed: 0, 1)"),
+    (dict(norm_extra_bytes=-1.0), "norm_extra_bytes=-1 must be >= 0"),
+])
+def test_eager_pointwise_training_facts(fields, message):
+    from diffperf.specs.validate import check_training
+
+    with _raises(message):
+        check_training(diffperf.Training(**fields))

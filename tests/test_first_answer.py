@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 
 import diffperf
@@ -132,3 +133,56 @@ def test_calibrate_progress_shows_on_piped_stderr():
     assert lines[0] == "fitting 6 fits x 400 steps: compiling ...", lines
     assert [ln.split(": ")[1].split(",")[0] for ln in lines[1:]] == [
         f"{40 * k}/400 steps" for k in range(1, 11)], lines
+
+
+def test_jacobian_by_looped_jvp_equals_jacfwd():
+    """calibrate's Jacobian (one JVP per fitted field, lax.map) is jax.jacfwd's (the tangents
+    batched), to float32 rounding."""
+    system, rs = _runs()
+    fields = ("mm_max", "host_layer_s", "kernel_s")
+    got = cal.log_jacobian(system.eff, fields, rs, 0.02, frozenset())
+
+    def log_step(u):
+        step, _ = cal.run_predictions(cal.from_unconstrained(system.eff, u), rs, 0.02,
+                                      features=frozenset())
+        return jax.numpy.log(step)
+
+    ref = jax.jacfwd(log_step)(cal.to_unconstrained(system.eff, fields))
+    np.testing.assert_allclose(got, np.stack([np.asarray(ref[k]) for k in fields], axis=1),
+                               rtol=1e-5, atol=1e-7)
+
+
+def _unregister(listener):
+    from jax._src import monitoring
+
+    drop = getattr(monitoring, "_unregister_event_duration_listener_by_callback", None)
+    if drop is not None:
+        drop(listener)
+
+
+def test_post_fit_programs_compile_once_beside_the_fit(request):
+    """`_compile_after_fit` compiles the exact predictions and the Jacobian in a thread; the
+    fitted efficiencies (same types and shapes as the start) then find them compiled: the
+    calls after the fit trace and compile nothing. The runs need no optional feature."""
+    system, rs = _runs()
+    fields = ("mm_max", "host_layer_s")
+    assert cal.set_features([rs]) == frozenset()
+    events = []
+
+    def listen(name, _s, **_kw):
+        if name.startswith("/jax/core/compile/"):
+            events.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    request.addfinalizer(lambda: _unregister(listen))
+    for p in cal._exact_predictions.programs + cal._jacobian.programs:
+        p.clear_cache()
+    cal._compile_after_fit(system.eff, [(np.arange(8), rs)], (fields,), 0.02).join()
+    assert events.count("/jax/core/compile/backend_compile_duration") >= 2
+    fitted = cal._unfitted_to_base(cal.Fit(cal.from_unconstrained(
+        system.eff, {k: v + 0.1 for k, v in cal.to_unconstrained(system.eff, fields).items()}),
+        fields, np.zeros(1)), system.eff, system.eff)
+    events.clear()
+    cal._exact_predictions(fitted.eff, rs, None, features=frozenset())
+    cal.log_jacobian(fitted.eff, fields, rs, 0.02, frozenset())
+    assert events == []

@@ -639,3 +639,169 @@ def test_tp_host_sync_counts_nccl_calls_two_per_all_reduce_under_sp():
                                    [2 * calls * 3 * 1e-5, 4 * calls * 3 * 1e-5], rtol=1e-6)
     f, b = _tp_host_sync_s(Parallel(tp=1, sequence_parallel=1), 2.0, 2.0, e)
     assert float(f) == float(b) == 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# Activation checkpointing as TorchTitan and fms-fsdp run it (workload.recompute), and the
+# element-wise kernels of an eager Llama (workload.flops.eager_pointwise_bytes). Llama 3 8B:
+# h 4096, a 32, a_kv 8, d 128, f 14336 (SwiGLU), L 32.
+# --------------------------------------------------------------------------------------------
+
+H8, A8, KV8, D8, F8, L8 = 4096, 32, 8, 128, 14336, 32
+# Forward FLOPs per token of the block's linears (2 per multiply-add): wq, wk, wv, wo, w1, w3, w2
+WQ, WK, WV, WO = 2 * H8 * A8 * D8, 2 * H8 * KV8 * D8, 2 * H8 * KV8 * D8, 2 * A8 * D8 * H8
+W1 = W3 = W2 = 2 * H8 * F8
+
+
+def _llama3_8b():
+    return diffperf.load_model("llama3-8b")
+
+
+def test_op_sac_recomputes_every_second_mm_of_the_block(x64):
+    """TorchTitan's per-op SAC counts the block's mm calls wq(1) wk(2) wv(3) wo(4) w1(5) w3(6)
+    w2(7) and recomputes the even ones: wk, wo, w3 (parallelize_llama.py `_custom_policy`)."""
+    from diffperf.workload.recompute import sac_recompute_fracs
+
+    rho = np.asarray(sac_recompute_fracs(_llama3_8b(), Parallel(recompute=1, recompute_policy=1)))
+    # rows: fused QKV (wk's share of wq;wk;wv), out (wo), up (w3 of w1;w3), down (w2), the rest
+    np.testing.assert_allclose(rho, [WK / (WQ + WK + WV), 1.0, W3 / (W1 + W3), 0.0] + [0.0] * 8)
+    dense = WQ + WK + WV + WO + W1 + W3 + W2
+    assert dense == 436_207_616 and WK + WO + W3 == 159_383_552  # 36.5 % of the forward
+    # Float8 linears (torch._scaled_mm is not in the save list): every linear recomputed
+    rho2 = sac_recompute_fracs(_llama3_8b(), Parallel(recompute=1, recompute_policy=2))
+    np.testing.assert_allclose(np.asarray(rho2), [1.0] * 4 + [0.0] * 8)
+
+
+def test_hardware_flops_of_op_sac_and_of_a_fraction_of_full_recompute(x64):
+    """hardware - model FLOPs per step = B L (flash backward 0.5 x attention + recompute):
+    per-op SAC adds wk + wo + w3 per token (attention saved); full recompute of a fraction p
+    of the layers adds p (dense + attention)."""
+    B, s = 4, 8192
+    # attention forward per sequence per layer: QK^T and AV, 2 s^2 a d each, causal flash 1/2
+    attn = 2 * (2 * s * s * A8 * D8) * 0.5
+    dense = s * (WQ + WK + WV + WO + W1 + W3 + W2)
+    train = Training()
+    model, extra = _llama3_8b(), {}
+    for label, par, per_layer in (
+            ("op-sac", Parallel(global_batch=B, recompute=1, recompute_policy=1),
+             0.5 * attn + s * (WK + WO + W3)),
+            ("megatron", Parallel(global_batch=B, recompute=1), 0.5 * attn + attn),
+            ("full p=0.25", Parallel(global_batch=B, recompute=2, recompute_layer_frac=0.25),
+             0.5 * attn + 0.25 * (dense + attn))):
+        m, hw = _flops_per_step(model, par, train)
+        extra[label] = float(hw - m)
+        np.testing.assert_allclose(extra[label], B * L8 * per_layer, rtol=1e-12, err_msg=label)
+    # p = 1 is the full mode, bit for bit
+    m1, hw1 = _flops_per_step(model, Parallel(global_batch=B, recompute=2,
+                                              recompute_layer_frac=1.0), train)
+    m2, hw2 = _flops_per_step(model, Parallel(global_batch=B, recompute=2), train)
+    assert float(hw1) == float(hw2) and float(m1) == float(m2)
+
+
+def test_op_sac_keeps_the_saved_outputs_only(x64):
+    """Kept per layer under per-op SAC (b 1, s 8192, t 1, bf16): the block input, wq, wv, w1,
+    w2 outputs, the attention output (2 B each) and the fp32 softmax statistics."""
+    from diffperf.memory.activations import layer_activation_parts, op_sac_kept_bytes
+
+    s, model, train = 8192, _llama3_8b(), Training()
+    par = Parallel(micro_batch=1, recompute=1, recompute_policy=1)
+    expected = 2 * s * (H8 + A8 * D8 + KV8 * D8 + F8 + H8 + A8 * D8) + 4 * A8 * s
+    assert expected == 521_142_272
+    assert float(op_sac_kept_bytes(model, par, train)) == expected
+    kept, rebuilt = layer_activation_parts(model, par, train)
+    whole, _ = layer_activation_parts(model, Parallel(micro_batch=1, recompute=0), train)
+    assert float(kept) == expected and float(rebuilt) == float(whole) - expected
+    # tp 8 with SP: the sequence-parallel reduce-scatter outputs are saved as well, and the
+    # block input is a sequence shard; the sharded outputs split 8 ways, w2's partial sum not
+    par8 = Parallel(micro_batch=1, tp=8, sequence_parallel=1, recompute=1, recompute_policy=1)
+    expected8 = (2 * s * H8 / 8 + 2 * s * (A8 * D8 + KV8 * D8 + F8 + A8 * D8) / 8 + 2 * s * H8
+                 + 4 * A8 * s / 8 + 2 * 2 * s * H8 / 8)
+    np.testing.assert_allclose(float(op_sac_kept_bytes(model, par8, train)), expected8,
+                               rtol=1e-12)
+
+
+def test_fraction_of_layers_checkpointed_mixes_full_and_none(x64):
+    """fms-fsdp's selective AC (p of the blocks checkpointed): the mean layer keeps
+    p x (its input) + (1 - p) x (everything)."""
+    from diffperf.memory.activations import layer_activation_parts
+
+    model, train = _llama3_8b(), Training()
+    none, _ = layer_activation_parts(model, Parallel(recompute=0), train)
+    full, work = layer_activation_parts(model, Parallel(recompute=2), train)
+    kept, work_p = layer_activation_parts(model, Parallel(recompute=2, recompute_layer_frac=0.4),
+                                          train)
+    np.testing.assert_allclose(float(kept), 0.4 * float(full) + 0.6 * float(none), rtol=1e-12)
+    assert float(work_p) == float(work)  # a checkpointed layer still rebuilds itself whole
+
+
+def test_eager_llama_pointwise_bytes_by_hand(x64):
+    """Eager fp32 RMSNorm (36 B per element against a fused 4: 32 more, two norms), the fp32
+    complex rotary on Q and K (2 q_a + 16 = 20 B per element), repeat_kv copies of K and V
+    (read a_kv heads, write a), SiLU apart from the product (2 q_a per element of f)."""
+    from diffperf.workload.flops import elementwise_bytes
+
+    model, par = _llama3_8b(), Parallel(micro_batch=2)
+    T = 2 * 8192
+    base = float(elementwise_bytes(model, par, Training()))
+    norms = 2 * 32 * T * H8
+    rope = 20 * T * (A8 + KV8) * D8
+    repeat = 2 * T * (KV8 + A8) * (D8 + D8)
+    glu = 2 * 2 * T * F8
+    assert norms == 4_294_967_296 and rope + repeat + glu == 2_952_790_016
+    got = float(elementwise_bytes(model, par, Training(norm_extra_bytes=32.0,
+                                                       llama_eager_pointwise=1.0)))
+    assert got - base == norms + rope + repeat + glu
+    # Llama 2 13B has a_kv = a: repeat_kv returns its input, no copy
+    m13 = diffperf.Model(n_layers=40, hidden=5120, ffn_hidden=13824, n_heads=40, n_kv_heads=40,
+                         head_dim=128, vocab=32000, seq_len=4096, gated_mlp=1)
+    T13 = 2 * 4096
+    got13 = float(elementwise_bytes(m13, par, Training(llama_eager_pointwise=1.0))
+                  - elementwise_bytes(m13, par, Training()))
+    assert got13 == 20 * T13 * 80 * 128 + 2 * 2 * T13 * 13824
+
+
+def test_op_sac_recompute_time_and_collectives():
+    """The recompute of one layer under per-op SAC is the recomputed share of each forward
+    GEMM row plus every element-wise op (norms, rotary, SiLU, residuals), the attention kernel
+    being saved; TP re-runs one all-reduce equivalent (the two SP input all-gathers)."""
+    from diffperf.costs.compute import layer_times_s
+    from diffperf.workload.flops import attention_io_bytes, layer_ops
+    from diffperf.workload.recompute import sac_recompute_fracs
+    from diffperf.workload.tp import tp_collectives_per_layer
+
+    model, system = _llama3_8b(), diffperf.load_system("h100-sxm-80gb")
+    train = Training(norm_extra_bytes=32.0, llama_eager_pointwise=1.0)
+    par = Parallel(dp=8, micro_batch=2, global_batch=16, zero_stage=3, recompute=1,
+                   recompute_policy=1)
+    ops = layer_ops(model, par, train)
+    dense, attn, other = layer_times_s(ops, system, train, attention_io_bytes(model, par, train))
+    rho = sac_recompute_fracs(model, par)
+    per_layer = float(np.sum(np.asarray(rho) * np.asarray(dense)) + other)
+    res = diffperf.predict(model, par, system, train)
+    # one micro-batch per step, 32 layers on the one stage
+    np.testing.assert_allclose(float(res.breakdown.recompute_s), L8 * per_layer, rtol=1e-5)
+    assert tp_collectives_per_layer(Parallel(tp=8, sequence_parallel=1, recompute=1,
+                                             recompute_policy=1)) == (2.0, 3.0)
+    n_f, n_b = tp_collectives_per_layer(Parallel(tp=8, recompute=2, recompute_layer_frac=0.5))
+    assert (n_f, float(n_b)) == (2.0, 3.0)
+
+
+def test_op_sac_keeps_the_expert_outputs_it_does_not_recompute(x64):
+    """Per-op SAC on an MoE layer: `sac_recompute_fracs` takes the router and expert GEMMs as
+    saved (rho = 0, no recompute time), so their outputs are kept for the backward, counted
+    in the memory as well (Mixtral 8x7B: b 1, s 4096, t 1, bf16, E 8, k 2, f_e 14336,
+    dropless): router s E, expert up (w1; w3) s k 2 f_e, expert down s k h, 2 B each."""
+    from diffperf.memory.activations import layer_activation_parts, op_sac_kept_bytes
+
+    s, E, k = 4096, 8, 2
+    model = diffperf.load_model("mixtral-8x7b").replace(seq_len=float(s))
+    train = Training()
+    par = Parallel(micro_batch=1, recompute=1, recompute_policy=1)
+    attention = H8 + A8 * D8 + KV8 * D8 + A8 * D8  # block input, wq, wv, attention output
+    experts = s * E + s * k * 2 * F8 + s * k * H8  # router, expert up, expert down outputs
+    expected = 2 * s * attention + 2 * experts + 4 * A8 * s
+    assert expected == 646_512_640
+    assert float(op_sac_kept_bytes(model, par, train)) == expected
+    kept, rebuilt = layer_activation_parts(model, par, train)
+    whole, _ = layer_activation_parts(model, Parallel(micro_batch=1, recompute=0), train)
+    assert float(kept) == expected and float(rebuilt) == float(whole) - expected

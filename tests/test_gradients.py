@@ -39,7 +39,8 @@ SMOOTH = 0.05  # the temperature of the smooth variant (calibration, differentia
 # Hardware rates (DESIGN.md): raising one never makes a step slower (d step / d leaf <= 0).
 HARDWARE_RATES = ("matmul_flops_per_s", "matmul_fp32_flops_per_s", "vector_flops_per_s",
                   "hbm_bandwidth_Bps", "tiers[*].bandwidth_Bps", "matmul_fp8_flops_per_s",
-                  "matmul_fp4_flops_per_s")
+                  "matmul_fp4_flops_per_s", "matmul_sustained_frac",
+                  "matmul_fp8_sustained_frac", "matmul_fp4_sustained_frac")
 # Efficiencies multiply a peak rate, so they are rates too (those of them the System has).
 RATE_LEAVES = HARDWARE_RATES + ("eff.mm_max", "eff.attn_max", "eff.mem_eff",
                                 "eff.coll_eff_intra", "eff.coll_eff_inter")
@@ -230,6 +231,11 @@ CHECK_GRAD_CASES = {
     "fsdp2-llama3-8b-h100": ("llama3-8b", "h100-sxm-80gb", dict(
         tp=1, pp=1, dp=16, micro_batch=1, global_batch=32, zero_stage=3, recompute=2,
         zero3_regather=0, zero3_copy_out=1), {}),
+    # TorchTitan FSDP2 on 16 GPUs: per-op SAC (wk, wo, w3 and every element-wise op
+    # recomputed) with eager fp32 RMSNorm, rotary and repeat_kv (TRAINING_EXTRA)
+    "fsdp2-op-sac-eager-llama3-8b-h100": ("llama3-8b", "h100-sxm-80gb", dict(
+        tp=1, pp=1, dp=16, micro_batch=2, global_batch=32, zero_stage=3, recompute=1,
+        recompute_policy=1, zero3_regather=0, zero3_copy_out=1), {}),
     # 16 GPUs on two nodes: a DP group of 16 spans both tiers (8 x 2), tp = 1
     "multi-node-gpt-small-a100-4nic": ("gpt-small", "a100-4nic", dict(
         tp=1, pp=1, dp=16, micro_batch=2, global_batch=64), {}),
@@ -259,6 +265,39 @@ CHECK_GRAD_CASES = {
 }
 
 
+# Training facts of a case beyond its precision (the eager element-wise kernels of
+# workload.flops.eager_pointwise_bytes).
+TRAINING_EXTRA = {"fsdp2-op-sac-eager-llama3-8b-h100": dict(norm_extra_bytes=32.0,
+                                                            llama_eager_pointwise=1.0)}
+
+
+# fms-fsdp's selective AC: 40 % of the blocks checkpointed, TP 2 with SP, across nodes
+LAYER_FRAC = dict(tp=2, pp=1, dp=8, micro_batch=1, global_batch=32, zero_stage=3, recompute=2,
+                  recompute_layer_frac=0.4, sequence_parallel=1, zero3_regather=0)
+
+
+def test_op_sac_and_eager_kernels_obey_the_physical_signs():
+    """Per-op SAC with eager element-wise kernels, and full recompute of 40 % of the layers:
+    finite gradients in every System leaf; more FLOP/s or HBM bandwidth never slows the step;
+    the recomputed element-wise work gives HBM bandwidth a larger elasticity than without it.
+    (check_grads of the first: CHECK_GRAD_CASES["fsdp2-op-sac-eager-llama3-8b-h100"].)"""
+    model_name, system_name, layout, _ = CHECK_GRAD_CASES["fsdp2-op-sac-eager-llama3-8b-h100"]
+    model, system, parallel = _model(model_name), _system(system_name), Parallel(**layout)
+    eager = Training(grad_bytes=4.0, **TRAINING_EXTRA["fsdp2-op-sac-eager-llama3-8b-h100"])
+    elasticity = {}
+    for label, training, par in (("eager", eager, parallel),
+                                 ("fused", Training(grad_bytes=4.0), parallel),
+                                 ("layer-frac", Training(), Parallel(**LAYER_FRAC))):
+        step, grad = _value_and_grad(model, par, system, training, None)
+        bad = {n: float(g) for n, _, g in _named_leaves(grad) if not np.isfinite(g)}
+        assert not bad, bad
+        for leaf in ("matmul_flops_per_s", "hbm_bandwidth_Bps", "eff.mem_eff", "eff.mm_max"):
+            g = float(functools.reduce(getattr, leaf.split("."), grad))
+            assert g < 0, (label, leaf, g)
+        elasticity[label] = float(grad.hbm_bandwidth_Bps * system.hbm_bandwidth_Bps / step)
+    assert elasticity["eager"] < elasticity["fused"] < 0
+
+
 @pytest.mark.parametrize("temperature", [SMOOTH, None], ids=["smooth", "hard"])
 @pytest.mark.parametrize("case", sorted(CHECK_GRAD_CASES))
 def test_check_grads_in_log_coordinates(x64, case, temperature):
@@ -271,7 +310,8 @@ def test_check_grads_in_log_coordinates(x64, case, temperature):
     model = _model(base).replace(mtp_layers=1.0) if extra == "mtp" else _model(base)
     model, parallel = _floats(model), _floats(Parallel(**layout))
     fp32_reduce = dict(grad_bytes=4.0) if case.startswith("fsdp2") else {}
-    system, training = _floats(system), _floats(Training(**fp32_reduce))
+    system = _floats(system)
+    training = _floats(Training(**fp32_reduce, **TRAINING_EXTRA.get(case, {})))
     f = _log_step_time(model, parallel, system, training, temperature)
     log_scale = jnp.zeros(len(jax.tree.leaves(system)))
     assert log_scale.dtype == jnp.float64

@@ -75,6 +75,22 @@ def test_scan_residual_bytes_remat_keeps_the_carry():
         float(work_xla.layer_residual_bytes(model, Parallel(micro_batch=1), XLA)))
 
 
+def test_fraction_of_layers_checkpointed_under_xla_stacks_the_rest():
+    """recompute full of a fraction p of the layers (Parallel.recompute_layer_frac): the mean
+    scanned layer stacks p x the carry + (1 - p) x its residuals, and (1 - p) x its residuals
+    move in each pass; a checkpointed layer still rebuilds itself whole (b 1, s 1024, h 2048;
+    workload.recompute.full_frac, as the eager memory and the recompute time weigh it)."""
+    model, p = _model(ROW_000), 0.4
+    par = Parallel(micro_batch=1, recompute=2, recompute_layer_frac=p)
+    carry = 2 * 1024 * 2048
+    resid = float(work_xla.layer_residual_bytes(model, Parallel(micro_batch=1), XLA))
+    got = float(mem_xla.scan_residual_bytes(model, par, XLA))
+    assert got == pytest.approx(p * carry + (1 - p) * resid, rel=1e-6)
+    assert float(work_xla.stacked_pass_traffic_bytes(model, par, XLA)) == pytest.approx(
+        (1 - p) * resid, rel=1e-6)
+    assert float(mem_xla.xla_working_layer_bytes(model, par, XLA)) == pytest.approx(resid)
+
+
 def test_loss_buffer_bytes_worked_example():
     """(4 + q) T V: T = 8 x 4096 tokens, V = 128256, q = 2 -> 6 x 4.203e9 bytes."""
     cfg = Config(n_layers=24, hidden=1024, n_heads=16, n_kv_heads=4, ffn_hidden=4096,

@@ -52,6 +52,9 @@ def _no_input_embedding(m):
 # (fixture, total, active or None, active convention, source of the figures)
 HF_PUBLISHED = [
     ("llama-3-8b", "8.03", None, None, "Meta Llama 3 8B model card: 8.03B"),
+    ("llama-3.1-8b", "8.03", None, None,
+     "Llama 3.1 8B: the Llama 3 8B architecture (Meta card: 8.03B) with a 128K context"),
+    ("qwen3-8b", "8.2", None, None, "Qwen3-8B model card: 8.2B parameters"),
     ("qwen2.5-7b", "7.61", None, None, "Qwen2.5-7B model card: 7.61B parameters"),
     ("qwen2-57b-a14b", "57.4", "14", active_params,
      "Qwen2 technical report (arXiv:2407.10671) Table 1: 57B total, 14B activated; Qwen2-57B-"
@@ -83,6 +86,13 @@ def test_hf_config_parameter_counts_match_published(name, total, active, convent
         _within_last_digit(float(convention(m)), active)
     else:
         assert float(active_params(m)) == float(total_params(m))  # dense
+
+
+def test_qwen3_8b_non_embedding_count_matches_the_card():
+    """Qwen3-8B model card: 6.95B non-embedding parameters (untied: both V x h tables out);
+    the card's 8.2B total is pinned in HF_PUBLISHED."""
+    m = _hf("qwen3-8b")
+    _within_last_digit(float(total_params(m)) - 2 * 151936 * 4096, "6.95")
 
 
 def test_gemma3_text_config_non_embedding_count_matches_the_report():
@@ -172,6 +182,26 @@ def test_qwen25_training_sequence_is_not_max_position_embeddings():
     assert any("use_sliding_window is false" in n for n in notes)
 
 
+def test_qwen_sliding_window_follows_use_sliding_window_and_max_window_layers():
+    """transformers' Qwen2Config (Qwen3, Qwen2-MoE, Qwen3-MoE alike) keeps sliding_window only
+    when use_sliding_window (default false) and then on layers i >= max_window_layers. On the
+    published Qwen2.5-7B file (use_sliding_window false) no layer slides; switched on, its
+    max_window_layers 28 of 28 still leaves none; with max_window_layers 20, 8 layers slide;
+    without the key the window is off (the class default), where Mistral's is on."""
+    cfg = json.loads((HF / "qwen2.5-7b.json").read_text())
+
+    def window(**over):
+        d = hf_to_dict({k: v for k, v in {**cfg, **over}.items() if v is not None}, "q")[0]
+        return d.get("sliding_window"), d.get("sliding_window_layers")
+
+    assert window() == (None, None)
+    assert window(use_sliding_window=True) == (None, None)
+    assert window(use_sliding_window=True, max_window_layers=20, sliding_window=4096) == (4096, 8)
+    assert window(use_sliding_window=None, sliding_window=4096) == (None, None)
+    mistral = json.loads((HF / "mistral-7b-v0.1.json").read_text())
+    assert hf_to_dict(mistral, "m")[0]["sliding_window_layers"] == 32  # no such key: on
+
+
 def test_gemma2_counts_the_gated_mlp_and_tied_embeddings():
     """Issue 19: 8.00B instead of 9.24B (gelu_pytorch_tanh gating and tied embeddings
     missed). GeGLU is 3 matrices, the output layer is the input embedding."""
@@ -219,14 +249,95 @@ def test_gemma3_nested_text_config_is_read():
 
 def test_falcon_loads_without_seq_len():
     """Issue 19: Falcon failed with missing required key 'seq_len'. Falcon-7B's multi_query
-    is one K/V head; Falcon-40B's new_decoder_architecture has 8 (num_kv_heads)."""
+    is one K/V head; Falcon-40B's new_decoder_architecture has 8 (num_kv_heads). The files
+    give no max_position_embeddings: transformers' FalconConfig default 2048 ("Pretrained
+    Falcon models with RoPE support up to 2048 tokens") is the training sequence, noted."""
     f7, f40 = _hf("falcon-7b"), _hf("falcon-40b")
-    assert float(f7.seq_len) == DEFAULT_SEQ_LEN
+    assert float(f7.seq_len) == float(f40.seq_len) == 2048
+    assert any("FalconConfig: max_position_embeddings=2048" in n
+               for n in model_notes(HF / "falcon-7b.json"))
     assert (float(f7.n_heads), float(f7.n_kv_heads), float(f7.ffn_hidden)) == (71, 1, 4 * 4544)
     assert (float(f40.n_heads), float(f40.n_kv_heads)) == (128, 8)
     # Falcon ties lm_head to the word embeddings (FalconForCausalLM; no key in the file)
     assert float(f7.tied_embeddings) == 1
     assert float(total_params(f7)) / B == pytest.approx(6.92, abs=0.01)
+    assert float(f7.seq_len) == 2048 and float(_hf("falcon-7b", seq_len=4096).seq_len) == 4096
+
+
+def test_falcon_refinedweb_and_converted_files_read_the_same():
+    """tiiuae/falcon-7b was published as a RefinedWebModel config (n_head, n_layer, auto_map;
+    tests/data/hf/falcon-7b-refinedweb.json, a clone of the Hub file) before transformers'
+    convert_custom_code_checkpoint.py rewrote it to the falcon form (falcon-7b.json). Both
+    are the same model: every field diffperf uses agrees."""
+    rw, conv = _hf("falcon-7b-refinedweb"), _hf("falcon-7b")
+    for f in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab", "seq_len",
+              "tied_embeddings", "gated_mlp", "biases"):
+        assert float(getattr(rw, f)) == float(getattr(conv, f)), f
+    assert float(total_params(rw)) == float(total_params(conv))
+
+
+def test_gpt_neox_20b_trains_at_its_context_length():
+    """GPT-NeoX-20B's context is max_position_embeddings = 2048, the sequence it was trained
+    on (EleutherAI/gpt-neox configs/20B.yml: "seq-length": 2048): the default sequence is
+    capped there (4096 would be a run the published model never had), and the note says so."""
+    m = _hf("gpt-neox-20b")
+    assert float(m.seq_len) == 2048
+    notes = model_notes(HF / "gpt-neox-20b.json")
+    assert any(n.startswith("seq_len=2048: the model's context length "
+                            "max_position_embeddings=2048") for n in notes)
+    assert float(_hf("gpt-neox-20b", seq_len=4096).seq_len) == 4096  # the user's choice wins
+
+
+# Fields of the published files that diffperf does not read, each with no cost in the model:
+# ids and launch flags (auto_map, pretraining_tp: a Megatron-era TP hint that transformers'
+# Llama/DeepSeek code uses only to slice matmuls, same FLOPs), dropout rates (old GPT-NeoX
+# names; 0 in GPT-NeoX-20B), Gemma 2's logit soft-caps and query scale (elementwise),
+# cache_implementation and sliding_window_size (inference cache; the window is read from
+# sliding_window), Qwen2.5's use_mrope (false: plain RoPE), GPT-OSS's initial_context_length
+# (its pre-training context, 4096, equal to the default) and Falcon's
+# apply_residual_connection_post_layernorm (false: the standard pre-LN residual).
+UNREAD = {
+    "deepseek-v2-lite": {"auto_map", "pretraining_tp"},
+    "deepseek-v3": {"auto_map"},
+    "falcon-7b": {"apply_residual_connection_post_layernorm"},
+    "falcon-7b-refinedweb": {"apply_residual_connection_post_layernorm", "auto_map"},
+    "falcon-40b": {"apply_residual_connection_post_layernorm"},
+    "gemma-2-9b": {"attn_logit_softcapping", "cache_implementation", "final_logit_softcapping",
+                   "query_pre_attn_scalar", "sliding_window_size"},
+    "gemma-3-12b": set(),
+    "gpt-neox-20b": {"attention_probs_dropout_prob", "hidden_dropout_prob"},
+    "gpt-oss-120b": {"initial_context_length"},
+    "llama-3-8b": {"pretraining_tp"},
+    "llama-3.1-8b": {"mlp_bias", "pretraining_tp"},  # mlp_bias false: no MLP biases
+    "mistral-7b-v0.1": set(),
+    "mixtral-8x7b": set(),
+    "qwen2-57b-a14b": set(),
+    "qwen2.5-7b": {"use_mrope"},
+    "qwen3-30b-a3b": set(),
+    "qwen3-8b": set(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNREAD))
+def test_published_files_list_exactly_their_unread_fields(name):
+    """Every field of a published config.json is either read or named in the notes as not
+    read, and the fields not read are exactly those above (none with a cost)."""
+    notes = hf_to_dict(json.loads((HF / f"{name}.json").read_text()), name)[1]
+    listed = [n for n in notes if n.startswith("config.json fields not read: ")]
+    got = set(listed[0].split(": ", 1)[1].split(", ")) if listed else set()
+    assert got == UNREAD[name]
+
+
+def test_fixture_bytes_are_the_recorded_copies():
+    """tests/data/hf/SHA256SUMS pins each fixture's bytes: a copy is replaced only with its
+    provenance (README.md), never edited by hand."""
+    import hashlib
+    sums = dict(line.split()[::-1] for line in (HF / "SHA256SUMS").read_text().splitlines()
+                if line.strip())
+    files = sorted(p.name for p in HF.glob("*.json"))
+    assert sorted(sums) == files
+    for name in files:
+        assert hashlib.sha256((HF / name).read_bytes()).hexdigest() == sums[name], name
 
 
 def test_every_fixture_lists_its_unread_fields_and_predict_prints_parameters(capsys):

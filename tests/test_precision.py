@@ -8,15 +8,18 @@ peak never slows a step) is in tests/test_gradients.py, which shares its compila
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from diffperf import Parallel, predict
 from diffperf.cli.main import main
-from diffperf.costs.compute import (gemm_times_s, lowp_gemm_times_s, lowp_peak,
-                                    lowp_quantize_times_s)
+from diffperf.costs.compute import (gemm_times_s, lowp_gemm_times_s, lowp_peak, lowp_rate,
+                                    lowp_quantize_times_s, matmul_peak, matmul_rate,
+                                    sustained_scale)
 from diffperf.errors import SpecError
 from diffperf.load import training
 from diffperf.specs.training import PRECISIONS
@@ -112,18 +115,67 @@ def test_fp8_gemm_on_h100_from_the_datasheet_peak():
     assert bf16 / got == pytest.approx(1978.9 / 989.4, rel=1e-5)
 
 
-def test_nvfp4_gemm_on_b200_runs_at_the_fp4_peak():
-    """NVFP4 GEMMs at 9000 TFLOP/s dense (HGX B200): 4x the 2250 BF16 peak, same eta."""
+def test_nvfp4_gemm_on_b200_runs_at_the_fp4_peak_it_sustains():
+    """NVFP4 GEMMs at the 9000 TFLOP/s dense peak (HGX B200, the datasheet: lowp_peak, MFU's
+    denominator) x the published sustained fraction relative to H100's (costs.compute.
+    sustained_scale): FP4 3904.3 / 9000 = 0.434, BF16 1512.8 / 2250 = 0.672, reference
+    797.5 / 989.4 = 0.80604 (configs/systems/dgx-b200.yaml sources). By hand:
+    F_fp4 = 9000e12 x 0.434 / 0.80604 = 4845.9 TFLOP/s, F_bf16 = 2250e12 x 0.672 / 0.80604 =
+    1875.8 TFLOP/s: NVFP4 2.583x BF16 (not the datasheets' 4x), same eta."""
     b200 = _system("dgx-b200")
     t4 = training("nvfp4")
     assert float(lowp_peak(b200, t4)) == pytest.approx(9000e12, rel=1e-6)
     assert float(lowp_peak(b200, training("mxfp8"))) == pytest.approx(4500e12, rel=1e-6)
+    ref = 797.5 / 989.4
+    assert float(lowp_rate(b200, t4)) == pytest.approx(4845.9e12, rel=1e-4)
+    assert float(lowp_rate(b200, training("mxfp8"))) == pytest.approx(
+        4500e12 * 0.566 / ref, rel=1e-6)
+    assert float(matmul_rate(b200, t4)) == pytest.approx(1875.8e12, rel=1e-4)
     g = _one_gemm(N, N, N)
     e = b200.eff
     fp4 = float(lowp_gemm_times_s(g, b200, t4, e.mm_max, e.mm_half_dim)[0])
-    assert fp4 == pytest.approx(2 * N ** 3 / (9000e12 * _eta(N, N, N, e)), rel=1e-5)
+    assert fp4 == pytest.approx(2 * N ** 3 / (4845.9e12 * _eta(N, N, N, e)), rel=1e-4)
     bf16 = float(gemm_times_s(g, b200, t4, e.mm_max, e.mm_half_dim)[0])
-    assert bf16 / fp4 == pytest.approx(4.0, rel=1e-5)
+    assert bf16 / fp4 == pytest.approx(4.0 * 0.434 / 0.672, rel=1e-5)
+
+
+def test_sustained_scale_by_hand_and_unmeasured_gpus_unchanged():
+    """s = f / f_ref for a measured fraction f (0.566 -> 0.70220), exactly 1 when unmeasured
+    (f = 0: H100, A100, ...; the rate is then the datasheet peak, bit for bit)."""
+    ref = 797.5 / 989.4
+    assert float(sustained_scale(0.566)) == pytest.approx(0.566 / ref, rel=1e-6)
+    assert 0.566 / ref == pytest.approx(0.70220, rel=1e-4)
+    assert float(sustained_scale(0.0)) == 1.0
+    assert float(sustained_scale(ref)) == pytest.approx(1.0, rel=1e-6)
+    h100 = _system("h100-sxm-80gb")
+    for name in ("bf16", "fp8-current"):
+        t = training(name)
+        assert float(matmul_rate(h100, t)) == float(matmul_peak(h100, t))
+        assert float(lowp_rate(h100, t)) == float(lowp_peak(h100, t))
+
+
+def test_sustained_fraction_gradient_contract(x64):
+    """d t / d f of a compute-bound FP8 GEMM on B200 (x64, log-parameter check_grads): finite,
+    negative (a GPU that sustains more of its peak is faster), and -t / f (t ~ 1 / f); the
+    unmeasured branch (f = 0) has a finite zero gradient (double where)."""
+    from jax.test_util import check_grads
+
+    b200 = _system("dgx-b200")
+    t8 = training("mxfp8")
+    g = _one_gemm(N, N, N)
+
+    def time_of(log_f):
+        s = b200.replace(matmul_fp8_sustained_frac=jnp.exp(log_f))
+        return lowp_gemm_times_s(g, s, t8, s.eff.mm_max, s.eff.mm_half_dim)[0]
+
+    x = jnp.log(jnp.float64(0.566))
+    check_grads(time_of, (x,), order=1, modes=("rev",), eps=1e-4)
+    d = float(jax.grad(time_of)(x))
+    assert d < 0 and d == pytest.approx(-float(time_of(x)), rel=1e-6)  # d t / d ln f = -t
+    zero = jax.grad(lambda f: lowp_gemm_times_s(
+        g, b200.replace(matmul_fp8_sustained_frac=f), t8, b200.eff.mm_max,
+        b200.eff.mm_half_dim)[0])(jnp.float64(0.0))
+    assert np.isfinite(float(zero)) and float(zero) == 0.0
 
 
 def test_memory_bound_fp8_gemm_moves_one_byte_per_input_element():
@@ -318,3 +370,25 @@ def test_systems_as_built(name, domain, nvlink_GBps, nic_GBps, bf16, fp8, fp4, h
     assert math.isclose(float(s.hbm_bandwidth_Bps), hbm_GBps * 1e9, rel_tol=1e-6)
     assert math.isclose(float(s.hbm_capacity_bytes), cap_GiB * 2 ** 30, rel_tol=1e-6)
     assert float(s.power_W) == watts
+
+
+def test_sustained_fraction_over_one_is_refused(tmp_path):
+    """A measured fraction of the datasheet peak above 1 is a clear SpecError naming it."""
+    from diffperf import load_system
+
+    text = (Path(__file__).resolve().parent.parent / "configs" / "systems" /
+            "dgx-b200.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("matmul_fp8_sustained_frac: 0.566",
+                                "matmul_fp8_sustained_frac: 1.5"))
+    with pytest.raises(SpecError, match=r"matmul_fp8_sustained_frac=1.5 must be at most 1"):
+        load_system(str(bad))
+
+
+def test_sustained_fraction_out_of_range_is_refused_by_predict():
+    """The Python API path (no YAML): predict validates the fraction before tracing."""
+    b200 = _system("dgx-b200").replace(matmul_fp8_sustained_frac=1.5)
+    with pytest.raises(SpecError, match=r"matmul_fp8_sustained_frac=1.5 is not allowed "
+                                        r"\(allowed: 0 to 1"):
+        predict(_model("llama3-8b"), Parallel(dp=8, global_batch=64), b200,
+                training("mxfp8"))

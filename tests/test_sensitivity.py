@@ -345,3 +345,26 @@ def test_cli_design_json_and_errors(capsys):
                                                            "tiers[0].domain_size"}
     code, _, err = _run(capsys, *args[:-6], "--cost", "illustrative-usb")
     assert code == 2 and "did you mean 'illustrative-usd'" in err and "Traceback" not in err
+
+
+def test_design_segments_change_nothing_and_compile_once():
+    """The optimizer's steps run `refresh` at a time in one compiled program
+    (design._segment): cutting 7 steps into 3 + 3 + 1 gives the same design as one run of
+    7 (nothing is pruned here, so no candidate changes between segments), and a second
+    design of the same shapes traces nothing again."""
+    from diffperf import design
+
+    system, cost = load_system("a100-sxm-80gb"), load_cost("illustrative-usd")
+    programs = design._segment_programs().values()
+    for p in programs:
+        p.clear_cache()
+    cut = _design(system, cost, "time_to_train", steps=7, refresh=3, store=None)
+    assert sum(p._cache_size() for p in programs) == 1
+    again = _design(system, cost, "time_to_train", steps=7, refresh=3, store=None)
+    assert sum(p._cache_size() for p in programs) == 1
+    np.testing.assert_array_equal(again.history, cut.history)
+    whole = _design(system, cost, "time_to_train", steps=7, refresh=50, store=None)
+    assert len(cut.history) == len(whole.history) == 8
+    np.testing.assert_allclose(cut.history, whole.history, rtol=1e-6)
+    for k in ("objective", "cost", "best_index"):
+        assert cut.after[k] == pytest.approx(whole.after[k], rel=1e-6)

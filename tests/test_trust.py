@@ -117,9 +117,10 @@ def test_system_gpu_key_is_checked(tmp_path):
 
 def test_published_fsdp_csv_loads_with_its_row_facts():
     """Each row's `set` facts reach its specs: FSDP2 rows reduce in fp32 and copy out, FSDP1
-    rows reduce in bf16; HSDP rows shard over the node (zero_shard 8)."""
+    rows reduce in bf16; HSDP rows shard over the node (zero_shard 8); TorchTitan's op SAC
+    and eager kernels, fms-fsdp's fraction of checkpointed blocks (p = 3 (HFU / MFU - 1))."""
     runs = load_runs(PUBLISHED)
-    assert len(runs) == 18 and np.all(np.isfinite(runs.step_time_s))
+    assert len(runs) == 22 and np.all(np.isfinite(runs.step_time_s))
     by = dict(zip(runs.ids, range(len(runs))))
     tt, fms = by["tt-h100-l3-8b-n8-eager"], by["fms-h100-l2-7b-hsdp"]
     assert float(runs.trainings[tt].grad_bytes) == 4
@@ -127,6 +128,15 @@ def test_published_fsdp_csv_loads_with_its_row_facts():
     assert float(runs.trainings[fms].grad_bytes) == 2
     assert float(runs.parallels[fms].zero3_copy_out) == 0
     assert float(runs.parallels[fms].zero_shard) == 8 and float(runs.parallels[tt].zero_shard) == 0
+    assert float(runs.parallels[tt].recompute_policy) == 1
+    assert float(runs.trainings[tt].norm_extra_bytes) == 32
+    assert float(runs.trainings[tt].llama_eager_pointwise) == 1
+    compiled = by["tt-h100-l3-8b-n8-compile"]
+    assert float(runs.trainings[compiled].llama_eager_pointwise) == 0
+    # fms-fsdp README: A100 13B HFU 0.69, MFU 0.61 -> p = 3 (0.69 / 0.61 - 1) = 0.39
+    fms13 = runs.parallels[by["fms-a100-l2-13b"]]
+    assert float(fms13.recompute) == 2
+    assert float(fms13.recompute_layer_frac) == pytest.approx(3 * (0.69 / 0.61 - 1), abs=5e-3)
     # step = global batch x seq / (tokens/s/GPU x GPUs): 16 x 8192 / (5762 x 8)
     assert runs.step_time_s[tt] == pytest.approx(16 * 8192 / (5762 * 8), rel=1e-5)
 
@@ -227,3 +237,23 @@ def test_cli_validate_reports_the_set_of_each_system(capsys, tmp_path):
         "grand-teton-h100": "h100-default", "a100-80gb-400gbps-node": "a100-default"}
     assert main(["validate", str(p), "--calibration", "none"]) == 0
     assert "physics-defaults" in capsys.readouterr().out
+
+
+def test_render_trust_says_when_no_error_was_measured_outside(capsys):
+    """Outside the envelope with no measured extrapolation regime, the text says the error
+    there is unknown and gives the x/÷ factor, instead of naming 'unmeasured' as a regime;
+    with a measured one it names that regime."""
+    from diffperf.cli.predict_cmd import render_trust
+
+    base = dict(efficiency_set=dict(name="a100-default", gpu="a100", measured=True, path=None,
+                                    note=None))
+    for regime, q, want, not_want in (
+            ("unmeasured", tr.UNMEASURED_Q, "no error measured outside it: interval widened "
+             "to x/÷ 1.65", "nearest measured regime"),
+            ("fsdp-published", 0.3, "nearest measured regime: fsdp-published",
+             "no error measured")):
+        rec = dict(base, trust=dict(inside_envelope=False, envelope_score=0.11, regime=regime,
+                                    q95_log=q, interval_95_s=[1.0, 2.0]))
+        render_trust(rec)
+        out = " ".join(capsys.readouterr().out.split())
+        assert want in out and not_want not in out, out

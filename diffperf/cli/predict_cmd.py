@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from diffperf.cli.output import console, fmt, print_json, table
 from diffperf.cli.cache import kernel_store
 from diffperf.errors import SpecError
@@ -290,17 +292,21 @@ def trust_of(args, parallel, system, train, step_time_s) -> dict:
 
 
 def render_trust(record) -> None:
-    from diffperf.trust import UNMEASURED_Q, describe_text
+    from diffperf.trust import describe_text
 
     t = record["trust"]
     console.print(describe_text(_set_for_text(record["efficiency_set"])))
-    where = ("inside its envelope" if t["inside_envelope"] else
-             f"OUTSIDE its envelope (score {t['envelope_score']:.2f}; interval widened by the "
-             f"error of the nearest measured regime: {t['regime']})")
-    unmeasured = "; no held-out error known" if t["regime"] == "unmeasured" and \
-        t["q95_log"] == UNMEASURED_Q else ""
+    if t["inside_envelope"]:
+        where = "inside its envelope"
+    elif t["regime"] == "unmeasured":
+        # no measured regime outside the envelope: the set's error there is unknown
+        where = (f"OUTSIDE its envelope (score {t['envelope_score']:.2f}; no error measured "
+                 f"outside it: interval widened to x/÷ {math.exp(t['q95_log']):.2f})")
+    else:
+        where = (f"OUTSIDE its envelope (score {t['envelope_score']:.2f}; interval widened by "
+                 f"the error of the nearest measured regime: {t['regime']})")
     lo, hi = t["interval_95_s"]
-    console.print(f"layout {where}{unmeasured}; 95 % interval of the step time: "
+    console.print(f"layout {where}; 95 % interval of the step time: "
                   f"{fmt(lo)} - {fmt(hi)} s")
 
 

@@ -15,10 +15,44 @@ from diffperf.workload.flops import (lowp_pass_fracs, lowp_quantize_bytes,
                                      lowp_quantize_kernels, quantized_elem_bytes)
 
 
+# Large-GEMM throughput / datasheet peak of the generation the shipped matmul efficiency
+# (Efficiency.mm_max 0.8, the NERSC default; the fitted H100 sets) describes: H100 SXM, cuBLAS
+# BF16 8192^3 at 797.5 TFLOP/s of 989.4 (zzc0721/torch-performance-test-data issue #79,
+# PyTorch 2.7 / CUDA 12.8) = 0.806. A100 (PAPERS.md 3.2: ~0.8 of 312) is the same fraction.
+REFERENCE_GEMM_FRAC = 797.5 / 989.4
+
+
+def sustained_scale(measured_frac):
+    """Sustained tensor-core rate of a GPU as a multiple of its datasheet peak, relative to
+    the reference generation whose fraction the efficiencies (mm_max) already hold:
+
+        s = f / f_ref   (f > 0: a published large-GEMM measurement of this GPU),   1 otherwise
+    f = measured TFLOP/s of the largest GEMMs / datasheet peak of that precision (System.
+    matmul_*_sustained_frac, configs/systems), f_ref = REFERENCE_GEMM_FRAC (H100 BF16, 0.806).
+    Why: datasheet peaks are the boost-clock rate; how much of it a GPU sustains under its
+    power cap and with its kernels differs by generation and precision (B200 at 1000 W: BF16
+    1512.8 of 2250 = 0.672, FP8 2544.7 of 4500 = 0.566; configs/systems/dgx-b200.yaml), and a
+    shape efficiency fitted on H100 does not know it. Example: f = 0.566 -> s = 0.702.
+    """
+    f = jnp.asarray(measured_frac)
+    measured = f > 0
+    # double where: the unmeasured branch must give no NaN or infinite gradient
+    return jnp.where(measured, jnp.where(measured, f, REFERENCE_GEMM_FRAC) / REFERENCE_GEMM_FRAC,
+                     1.0)
+
+
 def matmul_peak(system, training):
-    """F_peak of the precision the matmuls run in (16-bit tensor cores, or TF32/fp32)."""
+    """F_peak of the precision the matmuls run in (16-bit tensor cores, or TF32/fp32): the
+    datasheet figure, the denominator of MFU."""
     return jnp.where(training.matmul_fp32 > 0, system.matmul_fp32_flops_per_s,
                      system.matmul_flops_per_s)
+
+
+def matmul_rate(system, training):
+    """F of the matmuls' roofline: `matmul_peak` x `sustained_scale` of the 16-bit
+    measurement (TF32 / fp32 matmuls: no measurement, scale 1)."""
+    s = sustained_scale(system.matmul_sustained_frac)
+    return matmul_peak(system, training) * jnp.where(training.matmul_fp32 > 0, 1.0, s)
 
 
 def lowp_peak(system, training):
@@ -33,14 +67,26 @@ def lowp_peak(system, training):
     return jnp.where(lp > 0, lp, matmul_peak(system, training))
 
 
+def lowp_rate(system, training):
+    """F of the low-precision GEMMs' roofline: `lowp_peak` x `sustained_scale` of the
+    published FP4 (training.lowp_fp4) or FP8 large-GEMM measurement; `matmul_rate` on a
+    device without that peak (refused before it gets here, see `lowp_peak`)."""
+    lp = jnp.where(training.lowp_fp4 > 0, system.matmul_fp4_flops_per_s,
+                   system.matmul_fp8_flops_per_s)
+    s = jnp.where(training.lowp_fp4 > 0, sustained_scale(system.matmul_fp4_sustained_frac),
+                  sustained_scale(system.matmul_fp8_sustained_frac))
+    return jnp.where(lp > 0, lp * s, matmul_rate(system, training))
+
+
 def lowp_gemm_times_s(gemms, system, training, eff_max, half_dim, temperature=None):
     """Per-GEMM  count x roofline time with both inputs quantized (one per row), as
     `gemm_times_s` but
 
         t = roofline(2 m n k, e_q (m k + k n) + q m n;  F_lp, eta(d))
-    F_lp = `lowp_peak` (FP8 or FP4), eta the same shape efficiency as the 16-bit GEMM (the
-    same tile and wave quantization), e_q = `workload.flops.quantized_elem_bytes` per input
-    element, q = training.activation_bytes per output element (TE's FP8 GEMMs write BF16).
+    F_lp = `lowp_rate` (the FP8 or FP4 peak x its `sustained_scale`), eta the same shape
+    efficiency as the 16-bit GEMM (the same tile and wave quantization),
+    e_q = `workload.flops.quantized_elem_bytes` per input element, q =
+    training.activation_bytes per output element (TE's FP8 GEMMs write BF16).
     Example: an 8192^3 FP8 GEMM on an H100 SXM (1978.9 TFLOP/s dense FP8), eta = 0.8 x
     1 / (1 + (64 / 8192)^1.5) = 0.79945: 2 x 8192^3 / (1978.9e12 x 0.79945) = 0.695 ms
     (1.390 ms in BF16 at 989.4 TFLOP/s).
@@ -54,7 +100,7 @@ def lowp_gemm_times_s(gemms, system, training, eff_max, half_dim, temperature=No
     flops = 2.0 * m * n * k
     bytes_moved = quantized_elem_bytes(training) * (m * k + k * n) + (
         training.activation_bytes * m * n)
-    each = roofline_time_s(flops, bytes_moved, lowp_peak(system, training), eff,
+    each = roofline_time_s(flops, bytes_moved, lowp_rate(system, training), eff,
                            system.hbm_bandwidth_Bps, system.eff.mem_eff, temperature)
     return gemms.count * each
 
@@ -114,7 +160,7 @@ def gemm_times_s(gemms, system, training, eff_max, half_dim, temperature=None):
     eff = eff * alignment_factor(gemms.n, gemms.k, q, system.eff.mm_align_exponent)
     flops = 2.0 * m * n * k
     bytes_moved = q * (m * k + k * n + m * n)
-    each = roofline_time_s(flops, bytes_moved, matmul_peak(system, training), eff,
+    each = roofline_time_s(flops, bytes_moved, matmul_rate(system, training), eff,
                            system.hbm_bandwidth_Bps, system.eff.mem_eff, temperature)
     return gemms.count * each
 
@@ -146,7 +192,7 @@ def attention_time_s(attention, system, training, io_bytes, temperature=None):
     work = jnp.maximum(attention.count[0] * attention.m[0] * attention.n[0], 1.0)
     eta = attention_efficiency(work, attention.k[0], e)
     flops = jnp.sum(attention.flops)
-    fused = roofline_time_s(flops, io_bytes, matmul_peak(system, training), eta,
+    fused = roofline_time_s(flops, io_bytes, matmul_rate(system, training), eta,
                             system.hbm_bandwidth_Bps, e.mem_eff, temperature)
     unfused = gemms_time_s(attention, system, training, e.mm_max, e.mm_half_dim, temperature)
     flash = training.flash_attention

@@ -15,10 +15,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from diffperf.workload.cp import cp_kv_bytes
-from diffperf.workload.flops import (head_shards, is_mla, quantized_elem_bytes, score_elements,
-                                     softmax_fallback, softmax_fallback_costs,
+from diffperf.workload.flops import (head_shards, is_mla, layer_ops, quantized_elem_bytes,
+                                     score_elements, softmax_fallback, softmax_fallback_costs,
                                      tokens_per_device, v_dim, vocab_rows_per_rank)
 from diffperf.workload.params import active_ffn_width, residual_shards
+from diffperf.workload.recompute import (full_frac, megatron_selective_frac, none_frac,
+                                         op_sac_frac, sac_recompute_fracs)
 
 
 def layer_activation_parts(model, parallel, training):
@@ -62,9 +64,43 @@ def layer_activation_parts(model, parallel, training):
     full = training.residual_bytes * sbh / t_sp
     whole = (replicated + sharded + stats  # + scores, which recompute (1, 2) does not keep
              - lowp_saved_input_saving(model, parallel, training))
-    no_recompute = jnp.where(parallel.recompute == 0, 1.0, 0.0)
-    kept = jnp.where(parallel.recompute == 2, full, whole + no_recompute * scores)
-    return kept, jnp.where(parallel.recompute == 2, whole + scores, 0.0)
+    sac = op_sac_kept_bytes(model, parallel, training)
+    # The mean layer (workload.recompute): a share phi_full of the layers checkpointed whole,
+    # the rest keeping everything; Megatron's selective or TorchTitan's per-op SAC.
+    kept = (full_frac(parallel) * full + megatron_selective_frac(parallel) * whole
+            + op_sac_frac(parallel) * sac + none_frac(parallel) * (whole + scores))
+    rebuilt = (jnp.where(parallel.recompute == 2, whole + scores, 0.0)
+               + op_sac_frac(parallel) * jnp.maximum(whole - sac, 0.0))
+    return kept, rebuilt
+
+
+def op_sac_kept_bytes(model, parallel, training):
+    """Bytes one layer keeps for its backward under TorchTitan's per-op SAC, one micro-batch,
+    on one device: the checkpoint's input, the saved GEMM outputs, the attention output with
+    its softmax statistics, and the sequence-parallel reduce-scatter outputs:
+
+        A = q_r s b h / t_sp + q_a sum_r (1 - rho_r) m_r n_r count_r + q_a s b a d_v / t
+            + 4 b a s / t + [t > 1, SP] 2 q_a s b h / t
+    rho_r = `workload.recompute.sac_recompute_fracs` (1 - rho_r: the saved share of each GEMM
+    row's output: wq and wv of the fused QKV row, w1, w2 of a gated Llama block; w2's output
+    is the row-parallel partial sum, b s h per rank). The sum runs over every row: the
+    router, expert and MLA rows, which that policy takes as saved (rho = 0, no recompute
+    time), keep their outputs. Source: pytorch/torchtitan
+    parallelize_llama.py `_save_list` at 9dec370 (mm, SDPA, reduce_scatter_tensor saved).
+    Example (Llama 3 8B, b 1, s 8192, t 1, bf16): 2 x 8192 x (4096 + 4096 + 1024 + 14336
+    + 4096 + 4096) + 4 x 32 x 8192 = 521.1e6 B (1141.9e6 B without recompute).
+    """
+    t, q = head_shards(parallel), training.activation_bytes
+    T = tokens_per_device(model, parallel)
+    dense = layer_ops(model, parallel, training).dense
+    saved = 1.0 - sac_recompute_fracs(model, parallel)
+    gemm_out = q * jnp.sum(saved * dense.m * dense.n * dense.count)
+    attn_out = q * T * model.n_heads * v_dim(model) / t
+    stats = 4.0 * parallel.micro_batch * model.n_heads * model.seq_len / (parallel.cp * t)
+    rs = jnp.where((parallel.tp > 1) & (parallel.sequence_parallel > 0),
+                   2.0 * q * T * model.hidden / t, 0.0)
+    return (training.residual_bytes * T * model.hidden / residual_shards(parallel) + gemm_out
+            + attn_out + stats + rs)
 
 
 def lowp_saved_input_saving(model, parallel, training):

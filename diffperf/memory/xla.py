@@ -41,6 +41,7 @@ from diffperf.memory.weights import gradient_bytes, optimizer_bytes, weight_byte
 from diffperf.result import MEMORY_PARTS, Memory
 from diffperf.workload.flops import tokens_per_device, vocab_rows_per_rank
 from diffperf.workload.params import layer_params_per_device, residual_shards
+from diffperf.workload.recompute import full_frac
 from diffperf.workload.stages import each, pipeline_stages
 from diffperf.workload.xla import FP32_BYTES, layer_residual_bytes
 
@@ -54,6 +55,8 @@ def scan_residual_bytes(model, parallel, training):
                                                    saves some values is not modelled, nor
                                                    XLA's own rematerialisation near the
                                                    memory limit)
+    Full recompute of a fraction p of the layers (`workload.recompute.full_frac`): the mean
+    layer stacks p x the carry + (1 - p) x layer_residual_bytes.
     q_r = training.residual_bytes (the dtype of the carry, the residual stream); a checkpointed
     body keeps its input and rebuilds the rest in the backward; its weights are slices of the
     scanned stack, so nothing is stacked for them [D: jaxpr].
@@ -62,8 +65,8 @@ def scan_residual_bytes(model, parallel, training):
     """
     T = tokens_per_device(model, parallel)
     carry = training.residual_bytes * T * model.hidden / residual_shards(parallel)
-    return jnp.where(parallel.recompute == 2, carry, layer_residual_bytes(model, parallel,
-                                                                          training))
+    p = full_frac(parallel)
+    return p * carry + (1.0 - p) * layer_residual_bytes(model, parallel, training)
 
 
 def xla_working_layer_bytes(model, parallel, training):

@@ -93,6 +93,14 @@ class Parallel(struct.PyTreeNode):
                                 # copied out of the all-gather buffer into its parameters on
                                 # the compute stream (workload.dp.zero3_copy_out_bytes);
                                 # 0: FSDP1 / DeepSpeed flat buffers, the parameters are views
+    recompute_layer_frac: Any = 1.0  # recompute = full: the fraction of the layers that are
+                                # checkpointed, the rest keeping every activation (fms-fsdp
+                                # selective AC's p, TorchTitan's selective layer AC 1/k);
+                                # workload.recompute
+    recompute_policy: Any = 0   # recompute = selective: 0 Megatron (the attention core),
+                                # 1 TorchTitan per-op SAC (saves every 2nd mm and SDPA,
+                                # recomputes the rest), 2 the same with Float8 linears (no
+                                # linear saved); workload.recompute.sac_recompute_fracs
     pp_first_layers: Any = 0    # layers on the first pipeline stage, and
     pp_last_layers: Any = 0     # on the last (both > 0, or both 0: balanced automatically,
                                 # the first and last stage giving up layers first; see

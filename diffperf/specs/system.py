@@ -117,6 +117,12 @@ class System(struct.PyTreeNode):
     matmul_fp4_flops_per_s: Any = 0.0  # dense FP4 (E2M1, block-scaled NVFP4 / MXFP4) peak;
                                        # 0: none. Non-zero also marks block-scaled tensor
                                        # cores (Blackwell's MX / NVFP4 MMA), which MXFP8 needs
+    # Published large-GEMM throughput / datasheet peak of THIS GPU per precision (cuBLAS /
+    # CUTLASS benchmarks, configs/systems sources); 0: not measured, the GPU sustains its peak
+    # as the reference generation does (costs.compute.sustained_scale, REFERENCE_GEMM_FRAC).
+    matmul_sustained_frac: Any = 0.0      # 16-bit GEMMs
+    matmul_fp8_sustained_frac: Any = 0.0  # FP8 GEMMs
+    matmul_fp4_sustained_frac: Any = 0.0  # FP4 GEMMs
     name: str = struct.field(pytree_node=False, default="system")
     gpu: str = struct.field(pytree_node=False, default="")  # GPU generation ('a100', 'h100',
     # ...; '' unknown): picks the shipped default efficiency set (diffperf.trust)

@@ -38,6 +38,14 @@ class Training(struct.PyTreeNode):
     vocab_pad_to: Any = 128.0    # the framework pads the vocabulary to a multiple of this x t
                                  # (Megatron-LM --make-vocab-size-divisible-by, default 128);
                                  # 0: no padding, each rank takes floor(V / t) rows
+    norm_extra_bytes: Any = 0.0  # HBM bytes per element that each norm's forward moves beyond
+                                 # one fused kernel's read + write (2 q_a): eager fp32 RMSNorm
+                                 # as TorchTitan's `RMSNorm` (7 kernels): 32
+                                 # (workload.flops.eager_pointwise_bytes)
+    llama_eager_pointwise: Any = 0.0  # 1: the Meta Llama reference attention / MLP element-wise
+                                 # ops run as separate eager kernels (fp32 complex rotary on Q
+                                 # and K, repeat_kv copies of K and V, SiLU and the product
+                                 # apart); 0: fused (torch.compile) or not counted
     checkpoint_interval_s: Any = 0.0  # run choice: training seconds between checkpoints
                                  # (tau); 0: the optimum of Daly (2006), schedule.goodput
     xla_compiled: Any = 0.0      # 1: the whole step is one XLA program (JAX jit): memory is

@@ -77,7 +77,8 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     (etp = 0) or ep x etp divides tp x cp x dp (etp in {1, tp}; etp < tp needs SP) and ep divides
     moe_experts (ep > 1 needs an MoE model); micro_batch x dp
     divides global_batch; interleaving needs pp > 1 and micro-batches a multiple of pp;
-    zero_stage in 0..3; recompute in 0..2; cp_ring and axonn_overlap in {0, 1}; placement
+    zero_stage in 0..3; recompute in 0..2; recompute_policy in 0..2; recompute_layer_frac in
+    (0, 1]; cp_ring and axonn_overlap in {0, 1}; placement
     indexes ORDERS; tp_overlap and ep_overlap in [0, 1]; the AxoNN grid rules (`_check_grid`);
     tp x cp x dp x pp x gx x gy x gz = n_devices when given; every degree, batch and
     count at most INT_MAX (and finite).
@@ -88,7 +89,7 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         "sequence_parallel", "dp_overlap", "tp_overlap", "ep_overlap", "cp_ring",
         "axonn_overlap", "placement", "pp_first_layers", "pp_last_layers", "zero_shard",
         "zero3_prefetch_params", "zero3_regather", "zero3_calls_per_layer",
-        "zero3_copy_out", "etp", "ep_dispatch")}
+        "zero3_copy_out", "etp", "ep_dispatch", "recompute_layer_frac", "recompute_policy")}
     M = {f: _arr(getattr(model, f), where) for f in (
         "n_heads", "n_kv_heads", "ffn_hidden", "n_layers", "seq_len", "n_experts", "hidden",
         "head_dim")}
@@ -99,7 +100,8 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
               lambda i, f=f: f"{f}={pick(P[f], i):g} must be a whole number >= 1 (at "
                              f"most {INT_MAX})")
     for f, hi in (("zero_stage", 3), ("recompute", 2), ("sequence_parallel", 1),
-                  ("dp_overlap", 1), ("cp_ring", 1), ("axonn_overlap", 1), ("zero3_regather", 1)):
+                  ("dp_overlap", 1), ("cp_ring", 1), ("axonn_overlap", 1), ("zero3_regather", 1),
+                  ("recompute_policy", 2)):
         v = P[f]
         _fail((v < 0) | (v > hi) | (v != xp.round(v)), where,
               lambda i, f=f, hi=hi: f"{f}={pick(P[f], i):g} is not allowed (allowed: "
@@ -111,6 +113,10 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     for f in ("tp_overlap", "ep_overlap"):
         _fail(~((P[f] >= 0) & (P[f] <= 1)), where,
               lambda i, f=f: f"{f}={pick(P[f], i):g} must be in [0, 1]")
+    r = P["recompute_layer_frac"]
+    _fail(~((r > 0) & (r <= 1)), where, lambda i: (
+        f"recompute_layer_frac={pick(r, i):g} must be in (0, 1] (the fraction of the layers "
+        f"that full recompute checkpoints; 1: every layer)"))
     _check_grid(P, M, where, pick)
     _check_zero(P, where, pick)
     tp, heads = P["tp"], M["n_heads"]
@@ -367,7 +373,8 @@ EFF_POSITIVE = ("mm_half_dim", "mm_exponent", "attn_half_work", "attn_exponent",
 # Training: 0/1 switches, and byte counts that must be > 0 (the others: finite, >= 0).
 TRAINING_SWITCHES = ("grad_buffers_persist", "matmul_fp32", "flash_attention", "dropout",
                      "xla_compiled", "lowp_fprop", "lowp_dgrad", "lowp_wgrad", "lowp_fp4",
-                     "lowp_amax_pass", "lowp_weight_cache", "lowp_param_gather")
+                     "lowp_amax_pass", "lowp_weight_cache", "lowp_param_gather",
+                     "llama_eager_pointwise")
 TRAINING_POSITIVE = ("weight_bytes", "grad_bytes", "activation_bytes", "residual_bytes")
 # Network tiers: static structure, each tier adds its collectives' terms to the compiled
 # program. Measured (gpt-small, 2-core CPU under load, 2026-11-26): first predict 22 s with
@@ -450,6 +457,9 @@ def check_system(system, where: str = "system") -> None:
     for f in ("matmul_flops_per_s", "matmul_fp32_flops_per_s", "vector_flops_per_s",
               "hbm_bandwidth_Bps", "hbm_capacity_bytes", "power_W"):
         rule(getattr(system, f), lambda v: v > 0, f, "> 0")
+    for f in ("matmul_sustained_frac", "matmul_fp8_sustained_frac", "matmul_fp4_sustained_frac"):
+        rule(getattr(system, f), lambda v: (v >= 0) & (v <= 1), f,
+             "0 to 1 (a published GEMM throughput over the datasheet peak; 0: not measured)")
     prev = None
     for j, t in enumerate(system.tiers):
         rule(t.domain_size, lambda v: v >= 1, f"tiers[{j}].domain_size", ">= 1")

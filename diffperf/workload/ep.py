@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from diffperf.workload.flops import moe_layer_fraction, tokens_per_device
+from diffperf.workload.recompute import full_frac
 
 
 def ep_routed_tokens(model, parallel):
@@ -43,11 +44,11 @@ def ep_a2a_per_layer(parallel):
     """(forward, backward) all-to-alls per MoE layer per micro-batch:
 
         forward 2 (dispatch, combine); backward 2 (the gradients of both) (+2 with full
-        recompute: the recomputed forward dispatches and combines again).
+        recompute: the recomputed forward dispatches and combines again; x the share of the
+        layers checkpointed, `workload.recompute.full_frac`).
     Selective recompute (attention core only) adds none. Source: PAPERS.md section 5.8 [D].
     """
-    full = parallel.recompute == 2
-    return 2.0, 2.0 + 2.0 * full
+    return 2.0, 2.0 + 2.0 * full_frac(parallel)
 
 
 def expert_tp(parallel):

@@ -234,7 +234,8 @@ def layer_ops(model, parallel, training) -> LayerOps:
                    + _ELEMENTWISE_KERNELS + model.gated_mlp
                    + _MLA_EXTRA_KERNELS * mla
                    + (1.0 - training.flash_attention) * _UNFUSED_ATTENTION_EXTRA_KERNELS
-                   + fallback * softmax_fallback_costs(training)[0]),
+                   + fallback * softmax_fallback_costs(training)[0]
+                   + eager_pointwise_kernels(model, training)),
         vector_flops=vector_flops(model, parallel, training),
     )
 
@@ -270,7 +271,54 @@ def elementwise_bytes(model, parallel, training, fallback=None):
         + fallback * softmax_fallback_costs(training)[1])
     latents = is_mla(model) * 4.0 * T * (model.q_lora_rank + model.kv_lora_rank)
     return (q * (T_sp * h * 10.0 + T * f_act * (2.0 + model.gated_mlp) / t + latents) + scores
-            + moe_permute_bytes(model, parallel, training))
+            + moe_permute_bytes(model, parallel, training)
+            + eager_pointwise_bytes(model, parallel, training, T_sp, f_act))
+
+
+def eager_pointwise_bytes(model, parallel, training, T_sp, f_act):
+    """HBM traffic of a layer's forward element-wise ops that an eager framework runs as
+    separate kernels, beyond the fused forms `elementwise_bytes` counts (one device):
+
+        E = 2 n_x T_sp h                                  (two norms, n_x = norm_extra_bytes)
+          + lambda [ (2 q_a + 16) T (a + a_kv) d_qk / t    (rotary in fp32 complex: cast in,
+                                                           r q_a w 4; product r 4 w 4; cast
+                                                           out r 4 w q_a; on Q and K)
+                   + [a_kv < a] q_a T (a_kv + a)(d_qk + d_v) / t   (repeat_kv: read K and V
+                                                           of a_kv heads, write them for a)
+                   + gated 2 q_a T f' / t ]               (SiLU apart from the product: its
+                                                           output written and read again)
+    lambda = llama_eager_pointwise. Eager fp32 RMSNorm (TorchTitan `RMSNorm`: x.float(),
+    pow, mean, x * rsqrt, type_as, * weight) moves 6 + 8 + 4 + 8 + 6 + 4 = 36 B per element
+    against a fused kernel's 2 q_a = 4: n_x = 32. Sources: pytorch/torchtitan
+    torchtitan/models/norms.py `RMSNorm` and torchtitan/models/llama/model.py
+    `apply_rotary_emb`, `repeat_kv`, `FeedForward.forward` at 9dec370 (2024-12-26; the same
+    code at 1ea476e9f); norm_type "rmsnorm" in train_configs/llama3_8b.toml at 9dec370.
+    The backward is taken as 2 x these bytes, as for every element-wise op (PAPERS.md 5.2):
+    about right for the norms (their autograd backward moves ~72 B per element), an
+    over-count for the rotary and repeat_kv (one pass back). torch.compile fuses all of
+    them (set both to 0).
+    Example (Llama 3 8B, b 2, s 8192, t 1, bf16): norms 2 x 32 x 16384 x 4096 = 4.295e9 B;
+    rotary 20 x 16384 x 40 x 128 = 1.678e9, repeat_kv 2 x 16384 x 40 x 256 = 0.336e9, SiLU
+    2 x 2 x 16384 x 14336 = 0.940e9: 7.248e9 B per layer forward.
+    """
+    t, q = head_shards(parallel), training.activation_bytes
+    T = tokens_per_device(model, parallel)
+    a, akv, dqk, dv = model.n_heads, model.n_kv_heads, model.head_dim, v_dim(model)
+    rope = (2.0 * q + 16.0) * T * (a + akv) * dqk / t
+    repeat = jnp.where(akv < a, 1.0, 0.0) * q * T * (akv + a) * (dqk + dv) / t
+    glu = model.gated_mlp * 2.0 * q * T * f_act / t
+    return (2.0 * training.norm_extra_bytes * T_sp * model.hidden
+            + training.llama_eager_pointwise * (rope + repeat + glu))
+
+
+def eager_pointwise_kernels(model, training):
+    """Kernels `eager_pointwise_bytes` adds to a layer's forward: 6 per unfused norm (7 in
+    place of 1), 6 for the rotary (cast, product, cast back, on Q and K) and 2 for
+    repeat_kv (a_kv < a) under llama_eager_pointwise (SiLU and the product are already
+    counted apart in layer_ops' n_kernels)."""
+    norms = 2.0 * 6.0 * jnp.where(training.norm_extra_bytes > 0, 1.0, 0.0)
+    repeat = 2.0 * jnp.where(model.n_kv_heads < model.n_heads, 1.0, 0.0)
+    return norms + training.llama_eager_pointwise * (6.0 + repeat)
 
 
 def moe_permute_bytes(model, parallel, training):

@@ -7,6 +7,7 @@ Source: Shoeybi et al. 2019 (Megatron-LM, Section 3); Korthikanti et al. 2022 Se
 from __future__ import annotations
 
 from diffperf.workload.flops import tokens_per_device
+from diffperf.workload.recompute import full_frac, op_sac_frac
 
 
 def tp_message_bytes(model, parallel, training):
@@ -17,12 +18,16 @@ def tp_message_bytes(model, parallel, training):
 def tp_collectives_per_layer(parallel):
     """(forward, backward) count of all-reduce equivalents per layer per micro-batch:
 
-        forward 2, backward 2 (+2 with full recompute: the recomputed forward's collectives).
-    With sequence parallelism each all-reduce is a reduce-scatter + all-gather pair of the same
-    ring cost (PAPERS.md section 5.3). Selective recompute adds none.
+        forward 2, backward 2 + 2 phi_full + phi_sac
+    phi_full: the share of the layers under full recompute (their recomputed forward's
+    collectives, `workload.recompute.full_frac`). phi_sac = 1 under TorchTitan's per-op SAC:
+    the recompute re-runs the all-gather of each sequence-parallel input (attention and MLP:
+    two all-gathers, one all-reduce equivalent; the reduce-scatters are in its save list;
+    without SP the output all-reduce of the recomputed wo). With sequence parallelism each
+    all-reduce is a reduce-scatter + all-gather pair of the same ring cost (PAPERS.md
+    section 5.3). Megatron's selective recompute adds none.
     """
-    full = parallel.recompute == 2
-    return 2.0, 2.0 + 2.0 * full
+    return 2.0, 2.0 + 2.0 * full_frac(parallel) + op_sac_frac(parallel)
 
 
 def tp_calls_per_all_reduce(parallel):

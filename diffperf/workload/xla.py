@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from diffperf.workload.flops import head_shards, tokens_per_device
 from diffperf.workload.params import (active_ffn_width, layer_params_per_device,
                                       layer_vector_params, residual_shards)
+from diffperf.workload.recompute import full_frac
 
 FP32_BYTES = 4.0  # the fp32 values JAX saves for a norm's backward and for the softmax
 # Tensors of b s f elements one MLP's backward reads, stacked by the scan: GELU(tanh) keeps the
@@ -66,7 +67,8 @@ def layer_residual_bytes(model, parallel, training):
 
 def stacked_pass_traffic_bytes(model, parallel, training):
     """HBM bytes one layer's stacked residuals move in each pass, forward and backward, one
-    micro-batch (XLA without full recompute; else 0):
+    micro-batch (XLA without full recompute; else 0; x (1 - p) under full recompute of a
+    fraction p of the layers, `workload.recompute.full_frac`):
 
         layer_residual_bytes          written by the forward scan (a dynamic-update-slice
                                       into the [L, ...] buffer), and again read back by the
@@ -80,8 +82,9 @@ def stacked_pass_traffic_bytes(model, parallel, training):
     Example (h 4096, a 32, f 16384, b 1, s 4096, q 2): 1.71 GB a layer and pass (0.6 ms at
     2.85 TB/s), 3.42 GB forward and backward.
     """
-    on = (training.xla_compiled > 0) & (parallel.recompute != 2)
-    return jnp.where(on, layer_residual_bytes(model, parallel, training), 0.0)
+    kept = 1.0 - full_frac(parallel)  # the share of the layers not checkpointed
+    return jnp.where(training.xla_compiled > 0,
+                     kept * layer_residual_bytes(model, parallel, training), 0.0)
 
 
 def optimizer_bytes_per_param(training):
