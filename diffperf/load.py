@@ -638,12 +638,18 @@ OVERLAY_KEYS = ("efficiency", "fitted_on", "heldout", "description", "created_by
 
 def apply_overlay(system: System, overlay) -> System:
     """The system with the efficiency fields of a calibration overlay: a shipped name
-    ('vtrain-a100', `diffperf list calibrations`), a YAML path or a mapping."""
+    ('vtrain-a100', `diffperf list calibrations`), a YAML path or a mapping.
+
+    The overlay's `fitted_on` is checked as --calibration and `write_overlay` check it (a
+    SpecError for a malformed one); its framework facts are Parallel and Training fields,
+    not System ones, so they are the caller's to apply (`overlay_facts`; the commands apply
+    them with a note)."""
     if not isinstance(overlay, dict):
         overlay = resources.overlay_path(overlay)  # a shipped name ('vtrain-a100') or a path
     where = str(overlay) if not isinstance(overlay, dict) else "overlay"
     d = overlay if isinstance(overlay, dict) else read_yaml(overlay)
     _check_keys(d, OVERLAY_KEYS, where)
+    overlay_facts(d, where)
     eff = efficiency_from_dict(d.get("efficiency") or {}, f"{where}.efficiency", system.eff)
     return system.replace(eff=eff)
 
@@ -679,11 +685,13 @@ def write_overlay(path, efficiency, *, fitted_on=None, heldout=None, description
     return overlay
 
 
-def overlay_facts(overlay) -> tuple[list, object]:
+def overlay_facts(overlay, where: str | None = None) -> tuple[list, object]:
     """(fitted_on.set, fitted_on.precision) of a calibration overlay (path or mapping): the
     framework facts (`FIELD=VALUE` strings, as `parse_overrides` reads them) and the
-    precision its runs were fitted under; ([], None) where it records none."""
-    where = str(overlay) if not isinstance(overlay, dict) else "overlay"
+    precision its runs were fitted under; ([], None) where it records none. `where` names
+    the overlay in errors (default: its path, or 'overlay' for a mapping)."""
+    if where is None:
+        where = str(overlay) if not isinstance(overlay, dict) else "overlay"
     if not isinstance(overlay, dict):
         overlay = resources.overlay_path(overlay)  # a shipped name ('vtrain-a100') or a path
     d = overlay if isinstance(overlay, dict) else read_yaml(overlay)

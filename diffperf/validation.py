@@ -10,13 +10,28 @@ import numpy as np
 from diffperf.api import _as_float, _normalize, predict_batch
 from diffperf.predict import FEATURES, predict_step
 from diffperf.specs.batch import anonymous, stack
-from diffperf.specs.validate import check_layout, check_precision
+from diffperf.specs.validate import check_inputs
 
 
-@functools.partial(jax.jit, static_argnames=("temperature", "features"))
-def _predict_rows(model, parallel, system, training, temperature, features):
+def _predict_rows_impl(model, parallel, system, training, temperature, features):
     return jax.vmap(predict_step, in_axes=(0, 0, 0, 0, None, None))(
         model, parallel, system, training, temperature, features)
+
+
+@functools.cache
+def _rows_program():
+    """The jitted rows program; on XLA:CPU with predict's quick options, as api._predict_vmap
+    (a runs CSV compiles about twice as fast and runs in milliseconds either way)."""
+    if jax.default_backend() != "cpu":
+        return jax.jit(_predict_rows_impl, static_argnames=("temperature", "features"))
+    from diffperf.search.kernel import _CPU_QUICK_OPTIONS
+
+    return jax.jit(_predict_rows_impl, static_argnames=("temperature", "features"),
+                   compiler_options=_CPU_QUICK_OPTIONS)
+
+
+def _predict_rows(*args, **kwargs):
+    return _rows_program()(*args, **kwargs)
 
 
 def predict_runs(runs, systems: dict, temperature=None):
@@ -35,11 +50,11 @@ def predict_runs(runs, systems: dict, temperature=None):
     of = {name: systems.get("*", systems.get(name)) for name in names}
     structures = {jax.tree.structure(anonymous(s)) for s in of.values()}
     if len(names) > 1 and len(structures) == 1:
-        for name in names:  # the checks predict_batch makes, per system
+        for name in names:  # the checks predict_batch makes (check_inputs), per system
             idx = [i for i, s in enumerate(runs.systems) if s == name]
-            check_layout(stack([runs.models[i] for i in idx]),
-                         _normalize(stack([runs.parallels[i] for i in idx])))
-            check_precision(of[name], stack([runs.trainings[i] for i in idx]))
+            check_inputs(stack([runs.models[i] for i in idx]),
+                         _normalize(stack([runs.parallels[i] for i in idx])), of[name],
+                         stack([runs.trainings[i] for i in idx]))
         args = _as_float((stack(runs.models), _normalize(stack(runs.parallels)),
                           stack([of[s] for s in runs.systems]), stack(runs.trainings)))
         res = _predict_rows(*args, temperature=temperature or None, features=FEATURES)

@@ -11,6 +11,7 @@ import csv
 import json
 import re
 
+import numpy as np
 import pytest
 import yaml
 
@@ -1362,6 +1363,74 @@ def test_search_framework_facts(facts, message):
     with _raises(message):
         search(m, diffperf.load_system("h100-sxm-80gb"), None, enumerate_layouts(m, 2, 4)[:1],
                parallel=facts)
+
+
+@pytest.mark.parametrize("fitted_on,message", [
+    (["vtrain_a100"], ".fitted_on must be a mapping, got list"),
+    ({"set": [4]}, ".fitted_on.set=[4] must be a list of FIELD=VALUE strings"),
+])
+def test_apply_overlay_checks_fitted_on(tmp_path, fitted_on, message):
+    """apply_overlay (load_system(..., calibration=)) checks an overlay's fitted_on as
+    --calibration and write_overlay do: the same SpecError, naming the file."""
+    d = {"efficiency": {"mm_max": 0.7}, "fitted_on": fitted_on}
+    p = _write_yaml(tmp_path, d, "overlay.yaml")
+    s = load_system("a100-sxm-80gb")
+    with _raises(f"overlay{message}"):
+        apply_overlay(s, d)
+    with _raises(f"{p}{message}"):
+        apply_overlay(s, p)
+    with _raises(f"{p}{message}"):
+        load_system("a100-sxm-80gb", calibration=p)
+    with _raises("--set: unknown field 'dp_overlapp'; did you mean 'dp_overlap'?"):
+        apply_overlay(s, dict(d, fitted_on={"set": ["dp_overlapp=0"]}))  # as --calibration
+    ok = dict(d, fitted_on={"set": ["dp_overlap=0"], "precision": "bf16"})
+    assert float(apply_overlay(s, ok).eff.mm_max) == 0.7
+
+
+def test_validate_of_several_systems_checks_what_predict_batch_checks(tmp_path):
+    """predict_runs' one-vmap path (a CSV of several systems of one structure) validates each
+    system's rows through check_inputs as predict_batch does: a bad System is the same
+    SpecError there as on the one-system path (before, only the layout and the precision
+    were checked there, and a negative HBM bandwidth predicted an infinite step)."""
+    from diffperf.validation import predict_runs
+
+    head = ("id,system,num_gpus,num_layers,hidden,num_heads,vocab,seq_len,tp,pp,dp,"
+            "global_batch,micro_batch,step_time_s\n")
+    a = "a,a100-sxm-80gb,8,12,768,12,50257,1024,2,1,4,16,2,0.05\n"
+    b = "b,h100-sxm-80gb,8,12,768,12,50257,1024,1,1,8,16,1,0.05\n"
+    (tmp_path / "two.csv").write_text(head + a + b)
+    (tmp_path / "one.csv").write_text(head + a)
+    two, one = load_runs(tmp_path / "two.csv"), load_runs(tmp_path / "one.csv")
+    a100, h100 = load_system("a100-sxm-80gb"), load_system("h100-sxm-80gb")
+    bad = a100.replace(hbm_bandwidth_Bps=-1.0)
+    assert np.isfinite(predict_runs(two, {"a100-sxm-80gb": a100, "h100-sxm-80gb": h100})[0]).all()
+    message = "system: hbm_bandwidth_Bps=-1 is not allowed (allowed: > 0)"
+    with _raises(message):  # several systems: one vmap
+        predict_runs(two, {"a100-sxm-80gb": bad, "h100-sxm-80gb": h100})
+    with _raises(message):  # one system: predict_batch
+        predict_runs(one, {"a100-sxm-80gb": bad})
+
+
+@pytest.mark.parametrize("case", ["layout", "job", "precision"])
+def test_predict_batch_refuses_what_predict_refuses(case):
+    """predict_batch validates through the one layer predict uses (check_inputs): a bad
+    layout, a job larger than the cluster, a recipe without its tensor cores give the same
+    SpecError from both (a batch's Trainings are anonymous: the entry stands for the name)."""
+    m, system, train = _small(), diffperf.load_system("a100-sxm-80gb"), diffperf.training()
+    parallel = Parallel()
+    if case == "layout":
+        parallel = Parallel(tp=3)
+    elif case == "job":
+        parallel = Parallel(dp=1 << 21, global_batch=1 << 21)  # the cluster: 2^20 GPUs
+    else:
+        train = diffperf.training("fp8-current")
+    with pytest.raises(SpecError) as single:
+        diffperf.predict(m, parallel, system, train)
+    with pytest.raises(SpecError) as batch:
+        diffperf.predict_batch(diffperf.stack([m]), diffperf.stack([parallel]), system,
+                               diffperf.stack([train]))
+    assert str(batch.value) == str(single.value).replace(
+        "precision='fp8-current'", "precision of batch entry 0")
 
 
 @pytest.mark.parametrize("precision,system,message", [

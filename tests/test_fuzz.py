@@ -50,6 +50,7 @@ from diffperf import (Parallel, SpecError, Training, apply_overlay, load_model, 
                       load_system)
 from diffperf.cli.main import main
 from diffperf.predict import predict_step
+from diffperf.search.kernel import _CPU_QUICK_OPTIONS
 from diffperf.specs.batch import stack
 from diffperf.load import (_FRACTIONS, _HF_UNSUPPORTED, EFFICIENCY_KEYS, MODEL_KEYS,
                            RUN_REQUIRED, SYSTEM_KEYS, TIER_KEYS,
@@ -198,7 +199,11 @@ def _short(x, n=300) -> str:
 # --------------------------------------------------------------- predicting what loaded
 
 BATCH = 64
-_PREDICT = jax.jit(jax.vmap(predict_step))
+# Compiled with predict's quick XLA:CPU options (search.kernel._CPU_QUICK_OPTIONS, those of
+# api._predict_jit_cpu and predict_batch): the flavour the library runs on CPU, and a quicker
+# compile than XLA's defaults.
+_PREDICT = jax.jit(jax.vmap(predict_step), **(
+    dict(compiler_options=_CPU_QUICK_OPTIONS) if jax.default_backend() == "cpu" else {}))
 _SMALL = dict(tp=2, pp=2, dp=4, micro_batch=1, global_batch=8, zero_stage=1)
 
 

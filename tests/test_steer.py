@@ -125,6 +125,29 @@ def test_near_ties_merge_only_same_degrees_within_the_tie():
     assert [g.tolist() for g in merged(result, layouts, k=2, tie=0.005)] == [[0, 1], [3]]
 
 
+def test_near_ties_by_another_key_among_the_kept_layouts():
+    """merged / ranked with a key (search --robust: the interval's top) rank and tie by that
+    key, and with a mask (--in-envelope) group only the layouts it keeps."""
+    from diffperf.search import ranked
+
+    layouts = _rows((2, 1, 1, 0), (2, 1, 2, 0), (2, 1, 3, 1), (2, 2, 1, 0), (4, 1, 1, 0))
+    result = _fake([1.000, 1.004, 1.006, 1.001, 1.002])
+    # the key turns the order around: 4, then 2 (with 1 and 0 within 0.5 % of it), then 3
+    key = np.array([1.104, 1.102, 1.100, 1.200, 1.050])
+    assert ranked(result, key=key).tolist() == [4, 2, 1, 0, 3]
+    assert [g.tolist() for g in merged(result, layouts, tie=0.005, key=key)] == [
+        [4], [2, 1, 0], [3]]
+    assert [g.tolist() for g in merged(result, layouts, tie=0.0, key=key)] == [
+        [4], [2], [1], [0], [3]]
+    keep = np.array([True, True, False, True, False])
+    assert ranked(result, key=key, keep=keep).tolist() == [1, 0, 3]
+    assert [g.tolist() for g in merged(result, layouts, tie=0.005, key=key, keep=keep)] == [
+        [1, 0], [3]]
+    # without a key, exactly the step-time ranking (the mask still applies)
+    assert ranked(result).tolist() == [0, 3, 4, 1, 2]
+    assert ranked(result, keep=keep).tolist() == [0, 3, 1]
+
+
 def test_token_budget_golden():
     """The docstring's example by hand: 1e12 tokens at 1e6 tokens/s on 1024 GPUs of 400 W,
     $2 per GPU-hour."""
@@ -191,6 +214,22 @@ def test_search_cli_steered_csv_and_budget(capsys, tmp_path):
             assert s["step_time_s"] <= e["step_time_s"] * 1.005
             assert all(s["layout"][c] == e["layout"][c] for c in ("tp", "pp", "dp", "cp",
                                                                    "vp", "micro_batch"))
+
+
+def test_search_cli_merges_near_ties_under_robust_too(capsys):
+    """--robust ranks by the 95 % interval's top and merges near-ties by that key, as the
+    plain ranking merges them by the step time; --tie-pct 0 lists the plain robust ranking."""
+    data, _ = _json(capsys, "search", *STEER, "--robust", "--top", "3", "--json")
+    tops = [e["interval_95_s"][1] for e in data["ranked"]]
+    assert tops == sorted(tops) and any(e["similar"] for e in data["ranked"])
+    for e in data["ranked"]:
+        for s in e["similar"]:
+            assert all(s["layout"][c] == e["layout"][c] for c in ("tp", "pp", "dp", "cp",
+                                                                   "vp", "micro_batch"))
+    plain, _ = _json(capsys, "search", *STEER, "--robust", "--tie-pct", "0", "--top", "3",
+                     "--json")
+    assert len(plain["ranked"]) == 3 and not any(e["similar"] for e in plain["ranked"])
+    assert plain["ranked"][0]["layout"] == data["ranked"][0]["layout"]
 
 
 def test_search_cli_steering_errors(capsys):
@@ -452,3 +491,7 @@ def test_overlay_fact_with_its_own_option_goes_to_the_option(capsys, tmp_path):
     assert with_overlay["result"]["step_time_s"] == by_hand["result"]["step_time_s"]
     assert mine["result"]["step_time_s"] == plain["result"]["step_time_s"]
     assert with_overlay["result"]["step_time_s"] > plain["result"]["step_time_s"]
+    # the user's own --set of that field is refused (it has its own option), not mistaken
+    # for the overlay's fact
+    assert "--set dp_overlap: the layout has its own option --dp-overlap" in _error(
+        capsys, *args, "--calibration", str(overlay), "--set", "dp_overlap=1")

@@ -163,8 +163,10 @@ def build(args):
     from diffperf.specs.validate import check_inputs
 
     items, args.notes = framework_facts(args)
-    par_over, tr_over = parse_overrides(items)
-    mine = parse_overrides(list(getattr(args, "set", None) or []))[0]
+    par_over, tr_over = parse_overrides(items)  # the overlay's facts, then the user's --set
+    # The fields the user gave: parse_overrides has checked every item, and framework_facts
+    # keeps no fact for a field the user gave, so the names alone tell them apart.
+    mine = {item.split("=", 1)[0].strip() for item in getattr(args, "set", None) or ()}
     for k in [k for k in par_over if k in _OWN_OPTIONS and k not in mine]:
         value = par_over.pop(k)  # an overlay's fact for a field with its own option: the
         if getattr(args, k, None) is None:  # option's value, unless the user gave it

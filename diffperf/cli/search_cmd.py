@@ -147,16 +147,19 @@ def layout_trust(args, system, train, layouts) -> dict:
     return tr.trust(cols, tset, train.name, system.gpu) | {"set": tset}
 
 
-def _ranked(result, trust, k, robust, in_envelope):
-    """Indices of the layouts that fit (and lie inside the envelope with --in-envelope),
-    fastest first, or by the interval's upper end with --robust (ties keep table order)."""
-    step = np.asarray(result.step_time_s, float)
-    key = step * np.exp(trust["q"]) if robust else step
-    keep = np.asarray(result.fits) & (trust["inside"] if in_envelope else True)
-    key = np.where(keep, key, np.inf)
-    order = np.argsort(key, kind="stable")
-    order = order[np.isfinite(key[order])]
-    return order[:k]
+def _ranked(result, layouts, trust, args) -> list:
+    """The ranked groups of near-tied layouts (search.merged): ranked by the step time, or by
+    the top of each 95 % interval under --robust; only layouts inside the envelope under
+    --in-envelope; near-ties within --tie-pct of the same key merged in every ranking (the
+    reason to merge, a top list not filled with layouts that differ only in ZeRO stage,
+    recompute, SP or placement, holds whatever the key; --tie-pct 0 lists the plain
+    ranking)."""
+    from diffperf.search import merged
+
+    key = (np.asarray(result.step_time_s, float) * np.exp(trust["q"]) if args.robust
+           else None)
+    keep = trust["inside"] if args.in_envelope else None
+    return merged(result, layouts, args.top or 10, args.tie_pct / 100, key=key, keep=keep)
 
 
 def _entry(result, i, row, placements, rank=None, detail=None, trust=None) -> dict:
@@ -275,7 +278,7 @@ def run(args) -> int:
     import dataclasses
 
     from diffperf.search import (DEFAULT_CHUNK, RANK_FIELDS, axonn_mask, enumerate_layouts,
-                                 merged, pareto_front, search)
+                                 pareto_front, search)
 
     model, system, train, placements, steer = build(args)
     if args.csv:
@@ -303,12 +306,8 @@ def run(args) -> int:
                         devices=devices, store=store, fields=RANK_FIELDS,
                         parallel=steer["parallel"])
         trust = layout_trust(args, system, train, layouts)
-        if args.robust or args.in_envelope:  # the trust ranking; no near-tie merging
-            top = _ranked(result, trust, args.top or 10, args.robust, args.in_envelope)
-            groups = [np.array([i]) for i in top]
-        else:
-            groups = merged(result, layouts, args.top or 10, args.tie_pct / 100)
-            top = np.array([g[0] for g in groups], dtype=np.int64)
+        groups = _ranked(result, layouts, trust, args)
+        top = np.array([g[0] for g in groups], dtype=np.int64)
         detail = search(model, system, train, layouts[top], placements=placements,
                         validate=False, optimize=False, store=store,
                         parallel=steer["parallel"]) if len(top) else None

@@ -35,8 +35,9 @@ def add_steering(p) -> None:
         "(tp_overlap=0, dp_overlap=0, cp_ring=0) or a Training field (flash_attention=0); "
         "repeatable. With --calibration, the overlay's fitted_on.set is applied first"))
     g.add_argument("--tie-pct", type=float, default=0.5, help="merge, in the top list, "
-                   "layouts with the same degrees and micro-batch whose step time is within "
-                   "this many %% of the group's fastest (they differ only in ZeRO stage, "
+                   "layouts with the same degrees and micro-batch whose step time (under --robust "
+                   "the 95 %% interval's top) is within this many %% of the group's best "
+                   "(they differ only in ZeRO stage, "
                    "recompute, sequence parallelism or placement); 0: no merging (default "
                    "0.5)")
     g.add_argument("--csv", metavar="PATH", help="write every layout that fits, fastest "

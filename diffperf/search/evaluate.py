@@ -184,11 +184,17 @@ def search_sharded(model, system, training=None, layouts=None, *, devices=None, 
     return search(model, system, training, layouts, devices=devices or jax.devices(), **kwargs)
 
 
-def ranked(result, k=None) -> np.ndarray:
-    """Indices of the layouts that fit, fastest first (ties keep the table order)."""
-    step = np.where(np.asarray(result.fits), np.asarray(result.step_time_s), np.inf)
-    order = np.argsort(step, kind="stable")
-    order = order[np.isfinite(step[order])]
+def ranked(result, k=None, key=None, keep=None) -> np.ndarray:
+    """Indices of the layouts that fit, fastest first (ties keep the table order).
+
+    `key` (one number a layout; default the step time) ranks in place of the step time, and
+    `keep` (a boolean mask) leaves out the layouts where it is False: `diffperf search
+    --robust` ranks by the top of each 95 % interval, `--in-envelope` keeps those inside."""
+    key = np.asarray(result.step_time_s if key is None else key)
+    keep = np.asarray(result.fits) & (True if keep is None else np.asarray(keep, dtype=bool))
+    key = np.where(keep, key, np.inf)
+    order = np.argsort(key, kind="stable")
+    order = order[np.isfinite(key[order])]
     return order if k is None else order[:k]
 
 
@@ -210,31 +216,33 @@ def pareto_front(step_s, mem_bytes) -> np.ndarray:
 TIE_COLUMNS = ("zero_stage", "recompute", "sequence_parallel", "placement")
 
 
-def merged(result, layouts, k=None, tie=0.005) -> list:
-    """Groups of near-tied layouts among those that fit, fastest group first.
+def merged(result, layouts, k=None, tie=0.005, key=None, keep=None) -> list:
+    """Groups of near-tied layouts among those that fit, first group first.
 
     Two layouts are near-tied when they differ only in TIE_COLUMNS (ZeRO stage, recompute,
     sequence parallelism, placement: the same degrees and micro-batch) and the step time of
     the slower is within `tie` (relative: 0.005 = 0.5 %) of the group's fastest layout,
     which represents the group. Walking the ranking (`ranked`), a layout joins the open group
     of its degrees when it is within `tie` of that group's fastest, else it opens a group.
-    tie = 0: every layout its own group (the ranking). Returns a list of at most `k` (None:
-    all) int arrays of table indices, each fastest first.
+    tie = 0: every layout its own group (the ranking). `key` and `keep` as in `ranked` (the
+    tie then compares keys: `diffperf search --robust` merges layouts whose intervals' tops
+    are within `tie`). Returns a list of at most `k` (None: all) int arrays of table
+    indices, each best first.
     """
-    order = ranked(result)
-    step = np.asarray(result.step_time_s)
-    keep = np.ones(len(COLUMNS), dtype=bool)
-    keep[[COLUMNS.index(c) for c in TIE_COLUMNS]] = False
-    keys = np.asarray(layouts)[:, keep]
+    order = ranked(result, key=key, keep=keep)
+    score = np.asarray(result.step_time_s if key is None else key)
+    same = np.ones(len(COLUMNS), dtype=bool)
+    same[[COLUMNS.index(c) for c in TIE_COLUMNS]] = False
+    degrees = np.asarray(layouts)[:, same]
     groups, open_group = [], {}
     for i in order:
-        if k is not None and len(groups) >= k and step[i] > step[groups[-1][0]] * (1 + tie):
+        if k is not None and len(groups) >= k and score[i] > score[groups[-1][0]] * (1 + tie):
             break  # no later layout joins a listed group
-        key = keys[i].tobytes()
-        g = open_group.get(key)
-        if tie > 0 and g is not None and step[i] <= step[groups[g][0]] * (1 + tie):
+        d = degrees[i].tobytes()
+        g = open_group.get(d)
+        if tie > 0 and g is not None and score[i] <= score[groups[g][0]] * (1 + tie):
             groups[g].append(i)
         elif k is None or len(groups) < k:
-            open_group[key] = len(groups)
+            open_group[d] = len(groups)
             groups.append([i])
     return [np.asarray(g, dtype=np.int64) for g in groups]

@@ -314,6 +314,17 @@ def _check_zero(P, where, pick) -> None:
         f"buffers, 1 FSDP2 copy-out)"))
 
 
+def _recipe(where: str, name, bad) -> str:
+    """How a precision error names the recipe: "precision='fp8-current'", or, for the
+    anonymous Trainings of a batch (specs.batch.stack blanks names), "precision of batch
+    entry i" (the first that fails)."""
+    if name:
+        return f"{where}={name!r}"
+    if np.ndim(bad) == 0:
+        return f"{where} (an unnamed Training)"
+    return f"{where} of batch entry {int(np.flatnonzero(np.ravel(bad))[0])}"
+
+
 def check_precision(system, training, where: str = "precision") -> None:
     """Refuse a low-precision recipe on a device that lacks the tensor cores it needs:
 
@@ -335,14 +346,14 @@ def check_precision(system, training, where: str = "precision") -> None:
     name = getattr(training, "name", "?")
     low_names = "fp8-delayed, fp8-current (fp8), fp8-blockwise, mxfp8, nvfp4"
     if np.any(lowp & ~(p8 > 0)):
-        raise SpecError(f"{where}={name!r} runs GEMMs in FP8/FP4 but system "
+        raise SpecError(f"{_recipe(where, name, lowp & ~(p8 > 0))} runs GEMMs in FP8/FP4 but system "
                         f"'{getattr(system, 'name', '?')}' has no FP8 tensor cores "
                         f"(matmul_fp8_TFLOPs absent or 0); use bf16, fp16 or another "
                         f"16-bit preset there ({low_names} need an FP8 GPU: H100, H200, "
                         f"B200, B300, GB200, GB300)")
     blocked = lowp & ((fp4 > 0) | ((block > 0) & (block < 128)))
     if np.any(blocked & ~(p4 > 0)):
-        raise SpecError(f"{where}={name!r} needs block-scaled tensor cores (MXFP8 / NVFP4: "
+        raise SpecError(f"{_recipe(where, name, blocked & ~(p4 > 0))} needs block-scaled tensor cores (MXFP8 / NVFP4: "
                         f"Blackwell) but system '{getattr(system, 'name', '?')}' has none "
                         f"(matmul_fp4_TFLOPs absent or 0); on Hopper use fp8-delayed, "
                         f"fp8-current or fp8-blockwise")
