@@ -720,6 +720,27 @@ def test_op_sac_keeps_the_saved_outputs_only(x64):
                                rtol=1e-12)
 
 
+def test_op_sac_kept_bytes_on_a_layout_table_equal_each_layout(x64):
+    """The memory functions take a whole layout table (test_parallelisms evaluates every row
+    at once): per-op SAC's kept bytes of a table of layouts (policies 0, 1, 2; tp 1 and 8)
+    equal each layout's own, row by row (not summed across layouts)."""
+    from diffperf.memory.activations import op_sac_kept_bytes
+
+    model, train = _llama3_8b(), Training()
+    tps, policies = [1.0, 8.0, 1.0], [0.0, 1.0, 2.0]
+    table = Parallel(micro_batch=1, recompute=1, tp=np.array(tps),
+                     sequence_parallel=np.array([0.0, 1.0, 0.0]),
+                     recompute_policy=np.array(policies))
+    each = [float(op_sac_kept_bytes(model, Parallel(micro_batch=1, recompute=1, tp=t,
+                                                    sequence_parallel=float(t > 1),
+                                                    recompute_policy=r), train))
+            for t, r in zip(tps, policies)]
+    got = np.asarray(op_sac_kept_bytes(model, table, train))
+    assert got.shape == (3,)
+    np.testing.assert_allclose(got, each, rtol=1e-12)
+    assert each[0] != each[2]  # policy 2 (Float8 linears) saves no linear output
+
+
 def test_fraction_of_layers_checkpointed_mixes_full_and_none(x64):
     """fms-fsdp's selective AC (p of the blocks checkpointed): the mean layer keeps
     p x (its input) + (1 - p) x (everything)."""

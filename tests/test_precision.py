@@ -7,6 +7,8 @@ peak never slows a step) is in tests/test_gradients.py, which shares its compila
 
 from __future__ import annotations
 
+import re
+
 import math
 from pathlib import Path
 
@@ -381,7 +383,9 @@ def test_sustained_fraction_over_one_is_refused(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(text.replace("matmul_fp8_sustained_frac: 0.566",
                                 "matmul_fp8_sustained_frac: 1.5"))
-    with pytest.raises(SpecError, match=r"matmul_fp8_sustained_frac=1.5 must be at most 1"):
+    with pytest.raises(SpecError, match=re.escape(
+            "matmul_fp8_sustained_frac=1.5 must be at most 1 (a measured throughput over "
+            "the datasheet peak; 0 = not measured)")):
         load_system(str(bad))
 
 

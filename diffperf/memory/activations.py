@@ -12,6 +12,8 @@ q_a (1 + 2 a_kv/a + 1 + (2 + gated) f / h), scores a s^2 b (q_a + dropout (1 + q
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 
 from diffperf.workload.cp import cp_kv_bytes
@@ -94,7 +96,12 @@ def op_sac_kept_bytes(model, parallel, training):
     T = tokens_per_device(model, parallel)
     dense = layer_ops(model, parallel, training).dense
     saved = 1.0 - sac_recompute_fracs(model, parallel)
-    gemm_out = q * jnp.sum(saved * dense.m * dense.n * dense.count)
+    # rows first; each factor's batch dims (a layout table's) after them, aligned
+    parts = (saved, dense.m, dense.n, dense.count)
+    nd = max(jnp.ndim(x) for x in parts)
+    prod = functools.reduce(jnp.multiply, [jnp.reshape(x, jnp.shape(x) + (1,) * (nd - jnp.ndim(x)))
+                                           for x in parts])
+    gemm_out = q * jnp.sum(prod, axis=0)  # over the rows
     attn_out = q * T * model.n_heads * v_dim(model) / t
     stats = 4.0 * parallel.micro_batch * model.n_heads * model.seq_len / (parallel.cp * t)
     rs = jnp.where((parallel.tp > 1) & (parallel.sequence_parallel > 0),

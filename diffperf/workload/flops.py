@@ -164,6 +164,13 @@ def _moe_weights(model):
     return 1.0 - phi, phi
 
 
+def _rows(xs):
+    """jnp.stack of a GEMM table's rows, each broadcast to the common batch shape first (a
+    row that depends only on the model is a scalar beside rows that vary with a batched
+    layout, when the memory functions are called on a whole layout table)."""
+    return jnp.stack(jnp.broadcast_arrays(*xs))
+
+
 def layer_ops(model, parallel, training) -> LayerOps:
     """Forward GEMMs, attention and elementwise traffic of one (mean) layer on one device.
 
@@ -210,11 +217,11 @@ def layer_ops(model, parallel, training) -> LayerOps:
     qkv_k = jnp.where((mla > 0) & (r_q > 0), r_q, hx)
     q_down = mla * jnp.where(r_q > 0, 1.0, 0.0)
     dense = Gemms(
-        m=jnp.stack([T, T, T, T, T, tokens_per_expert, tokens_per_expert, T, T, T, T, T]),
-        n=jnp.stack([qkv_n, hx, gate * f / t, hx, E, gate * fe / t_e, h, gate * fs / t, h,
+        m=_rows([T, T, T, T, T, tokens_per_expert, tokens_per_expert, T, T, T, T, T]),
+        n=_rows([qkv_n, hx, gate * f / t, hx, E, gate * fe / t_e, h, gate * fs / t, h,
                      r_q, r_kv + d_r, a * (dh - d_r + dv) / t]),
-        k=jnp.stack([qkv_k, a * dv / t, hx, f / t, h, h, fe / t_e, h, fs / t, h, h, r_kv]),
-        count=jnp.stack([1.0, 1.0, dense_w, dense_w, moe_w, moe_w * E / ep, moe_w * E / ep,
+        k=_rows([qkv_k, a * dv / t, hx, f / t, h, h, fe / t_e, h, fs / t, h, h, r_kv]),
+        count=_rows([1.0, 1.0, dense_w, dense_w, moe_w, moe_w * E / ep, moe_w * E / ep,
                          moe_w * model.n_shared_experts, moe_w * model.n_shared_experts,
                          q_down, mla, mla]),
     )
@@ -222,8 +229,8 @@ def layer_ops(model, parallel, training) -> LayerOps:
     fallback = softmax_fallback(model, parallel, training)
     s_q, s_kv = model.seq_len / parallel.cp, model.seq_len
     heads = parallel.micro_batch * a / t
-    attention = Gemms(m=jnp.stack([s_q, s_q]), n=jnp.stack([s_kv, dv]), k=jnp.stack([dh, s_kv]),
-                      count=jnp.stack([heads * kappa, heads * kappa]))
+    attention = Gemms(m=_rows([s_q, s_q]), n=_rows([s_kv, dv]), k=_rows([dh, s_kv]),
+                      count=_rows([heads * kappa, heads * kappa]))
     return LayerOps(
         dense=dense,
         attention=attention,

@@ -79,8 +79,15 @@ def sac_recompute_fracs(model, parallel):
     gated = model.gated_mlp
     not_mla = 1.0 - is_mla(model)
     wk = not_mla * akv * dqk / (a * dqk + akv * (dqk + dv))
-    one = jnp.ones_like(wk)
-    by_policy = jnp.stack([wk, one, 0.5 * gated, 1.0 - gated])
-    all_linears = jnp.stack([not_mla, one, one, one])
-    rows = jnp.where(parallel.recompute_policy >= 2, all_linears, by_policy)
-    return jnp.concatenate([rows, jnp.zeros(N_ROWS - 4, dtype=rows.dtype)])
+    # rows first, then the batch shape of a layout / model table (scalars under vmap)
+    policy = parallel.recompute_policy
+    batch = jnp.broadcast_shapes(jnp.shape(wk), jnp.shape(gated), jnp.shape(policy))
+    one = jnp.ones(batch, jnp.result_type(wk))
+
+    def rows_of(xs):
+        return jnp.stack([jnp.broadcast_to(x, batch) for x in xs])
+
+    by_policy = rows_of([wk, one, 0.5 * gated, 1.0 - gated])
+    all_linears = rows_of([not_mla, one, one, one])
+    rows = jnp.where(jnp.broadcast_to(policy, batch) >= 2, all_linears, by_policy)
+    return jnp.concatenate([rows, jnp.zeros((N_ROWS - 4,) + batch, dtype=rows.dtype)])
