@@ -26,21 +26,46 @@ def x64():
         jax.config.update("jax_enable_x64", previous)
 
 
-def pytest_terminal_summary(terminalreporter):
-    """The fuzz suite's counts (tests/test_fuzz.py TOTALS) in the summary of any run that
-    included it, also under -q: inputs tried, refused, loaded, predicted, crashes."""
+def _fuzz_totals() -> list[dict]:
+    """This process's fuzz counts (tests/test_fuzz.py TOTALS), as plain dicts."""
     import sys
 
-    totals = [t for name, mod in list(sys.modules.items()) if name.endswith("test_fuzz")
-              for t in getattr(mod, "TOTALS", ())]
+    return [dict(family=t.family, tried=t.tried, refused=t.refused, loaded=t.loaded,
+                 predicted=t.predicted, crashes=len(t.crashes))
+            for name, mod in list(sys.modules.items()) if name.endswith("test_fuzz")
+            for t in getattr(mod, "TOTALS", ())]
+
+
+def pytest_sessionfinish(session):
+    """Under pytest-xdist a worker hands its fuzz counts to the controller."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["fuzz_totals"] = _fuzz_totals()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The controller collects each worker's fuzz counts (pytest-xdist's workeroutput)."""
+    output = getattr(node, "workeroutput", None) or {}
+    node.config.stash.setdefault(_FUZZ_KEY, []).extend(output.get("fuzz_totals", []))
+
+
+_FUZZ_KEY = pytest.StashKey[list]()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The fuzz suite's counts (tests/test_fuzz.py TOTALS) in the summary of any run that
+    included it, also under -q and with pytest-xdist's workers: inputs tried, refused,
+    loaded, predicted, crashes."""
+    totals = _fuzz_totals() + terminalreporter.config.stash.get(_FUZZ_KEY, [])
     if not totals:
         return
     terminalreporter.section("fuzz counts")
     for t in totals:
         terminalreporter.write_line(
-            f"{t.family}: {t.tried} inputs, {t.refused} refused, {t.loaded} loaded, "
-            f"{t.predicted} predicted, {len(t.crashes)} crashes")
+            f"{t['family']}: {t['tried']} inputs, {t['refused']} refused, {t['loaded']} "
+            f"loaded, {t['predicted']} predicted, {t['crashes']} crashes")
     terminalreporter.write_line(
-        f"total: {sum(t.tried for t in totals)} inputs, "
-        f"{sum(len(t.crashes) for t in totals)} crashes (tracebacks, hangs, non-finite "
+        f"total: {sum(t['tried'] for t in totals)} inputs, "
+        f"{sum(t['crashes'] for t in totals)} crashes (tracebacks, hangs, non-finite "
         f"outputs, bad values accepted)")
