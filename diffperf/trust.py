@@ -39,6 +39,7 @@ GPU_GENERATIONS = ("a100", "h100", "h200", "b200", "b300", "mi300x", "tpu-v5p")
 NUMERIC_DIMS = ("tp", "pp", "dp", "cp", "ep", "gpus", "micro_batch")
 CATEGORICAL_DIMS = ("zero_stage", "recompute", "precision", "gpu")
 RECOMPUTE = ("none", "selective", "full")
+NOT_A_MODE = -1.0  # layout_columns' recompute of a layout no RECOMPUTE mode describes
 UNMEASURED_Q = 0.5  # log half-width where no held-out error is known (x/÷ 1.65)
 VALIDATED_MAPE_PCT = 10.0  # a held-out regime joins the envelope when the set's MAPE there
                            # is at most this (issue 21's target for held-out runs)
@@ -117,6 +118,18 @@ def resolve(system, calibration):
     return apply_overlay(system, s["path"]), s
 
 
+def unnamed_recompute(recompute, recompute_policy=0.0, recompute_layer_frac=1.0):
+    """The recompute column with NOT_A_MODE where the layout's recompute is no mode of
+    RECOMPUTE: TorchTitan's per-op SAC (recompute_policy > 0 with 'selective') or a fraction
+    of the layers checkpointed (recompute_layer_frac < 1 with 'full'). The regimes list a
+    mode only where runs measured it as a layout names it (calibration/trust_sets.
+    envelope_of), so such a layout lies inside none of them."""
+    r = np.atleast_1d(np.asarray(recompute, float))
+    op_sac = (np.asarray(recompute_policy, float) > 0) & (r == 1)
+    partial = (np.asarray(recompute_layer_frac, float) < 1) & (r == 2)
+    return np.where(op_sac | partial, NOT_A_MODE, r)
+
+
 def layout_columns(parallel_or_table, columns=None, gpus=None) -> dict:
     """{dim: float array} of the numeric and ZeRO / recompute dims of a layout table (rows =
     layouts, `columns` = search.COLUMNS) or of one Parallel (a 1-row table)."""
@@ -125,6 +138,9 @@ def layout_columns(parallel_or_table, columns=None, gpus=None) -> dict:
         out = {k: np.atleast_1d(np.asarray(getattr(p, k), float))
                for k in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "zero_stage", "recompute",
                          "gx", "gy", "gz")}
+        out["recompute"] = unnamed_recompute(out["recompute"],
+                                             getattr(p, "recompute_policy", 0.0),
+                                             getattr(p, "recompute_layer_frac", 1.0))
     else:
         t = np.asarray(parallel_or_table, float)
         out = {k: t[:, columns.index(k)] for k in ("tp", "pp", "dp", "cp", "ep", "micro_batch",

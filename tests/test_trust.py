@@ -257,3 +257,30 @@ def test_render_trust_says_when_no_error_was_measured_outside(capsys):
         render_trust(rec)
         out = " ".join(capsys.readouterr().out.split())
         assert want in out and not_want not in out, out
+
+
+def test_op_sac_and_layer_fraction_are_no_measured_recompute_mode():
+    """The regimes list a recompute mode only where runs measured it as a layout names it
+    (calibration/trust_sets.envelope_of leaves out TorchTitan's per-op SAC and a fraction of
+    the layers checkpointed): such a layout is inside no regime that lists 'selective' or
+    'full', while the same layout with the plain mode is."""
+    from diffperf import Parallel
+
+    env = dict(gpu=["h100"], precision=["bf16"], tp=[1, 8], pp=[1, 8], dp=[1, 64], cp=[1, 1],
+               ep=[1, 1], gpus=[1, 512], micro_batch=[1, 4], zero_stage=[3],
+               recompute=["selective", "full"])
+    plain = Parallel(dp=16, zero_stage=3, recompute=1)
+    for p, inside in ((plain, True), (plain.replace(recompute_policy=1.0), False),
+                      (plain.replace(recompute=2, recompute_layer_frac=0.5), False),
+                      (plain.replace(recompute=2), True)):
+        d = tr.envelope_distance(tr.layout_columns(p), env, "bf16", "h100")
+        assert (float(d[0]) == 0.0) == inside, (p.recompute, d)
+
+
+def test_unnamed_recompute_marks_only_the_mode_a_fact_changes():
+    """search's --set facts apply to every layout of a table: per-op SAC changes only the
+    'selective' rows, a fraction of the layers only the 'full' rows."""
+    r = np.array([0.0, 1.0, 2.0])
+    np.testing.assert_array_equal(tr.unnamed_recompute(r, 1.0, 1.0), [0.0, tr.NOT_A_MODE, 2.0])
+    np.testing.assert_array_equal(tr.unnamed_recompute(r, 0.0, 0.4), [0.0, 1.0, tr.NOT_A_MODE])
+    np.testing.assert_array_equal(tr.unnamed_recompute(r), r)

@@ -135,7 +135,7 @@ def layout_dict(row, placements) -> dict:
     return out
 
 
-def layout_trust(args, system, train, layouts) -> dict:
+def layout_trust(args, system, train, layouts, parallel=None) -> dict:
     """diffperf.trust.trust of every layout of the table (numpy, vectorized) under the
     efficiency set the command uses, plus the 95 % interval (low, high) of each step time
     (filled in by `with_interval`)."""
@@ -144,6 +144,10 @@ def layout_trust(args, system, train, layouts) -> dict:
 
     tset = getattr(args, "efficiency_set", None) or tr.resolve(system, "none")[1]
     cols = tr.layout_columns(layouts, COLUMNS, gpus=args.gpus)
+    facts = parallel or {}  # --set Parallel facts, the same for every layout
+    cols["recompute"] = tr.unnamed_recompute(cols["recompute"],
+                                             facts.get("recompute_policy", 0.0),
+                                             facts.get("recompute_layer_frac", 1.0))
     return tr.trust(cols, tset, train.name, system.gpu) | {"set": tset}
 
 
@@ -305,7 +309,7 @@ def run(args) -> int:
                         chunk=args.chunk or DEFAULT_CHUNK, validate=False, progress=progress,
                         devices=devices, store=store, fields=RANK_FIELDS,
                         parallel=steer["parallel"])
-        trust = layout_trust(args, system, train, layouts)
+        trust = layout_trust(args, system, train, layouts, steer["parallel"])
         groups = _ranked(result, layouts, trust, args)
         top = np.array([g[0] for g in groups], dtype=np.int64)
         detail = search(model, system, train, layouts[top], placements=placements,
