@@ -20,7 +20,8 @@ from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s
                                         ring_phase_calls_s, ring_phase_s, ring_step_s,
                                         send_recv_s)
 from diffperf.costs.compute import (gemms_time_s, layer_dense_times_s, layer_pass_gemm_times_s,
-                                    layer_times_s, lowp_quantize_times_s, matmul_peak,
+                                    attention_time_s, layer_times_s,
+                                    lowp_quantize_times_s, matmul_peak,
                                     memory_time_s)
 from diffperf.costs.smooth import pnorm_max
 from diffperf.costs.xla import kernel_fixed_s
@@ -232,8 +233,13 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         (calls - 1.0) * tp_on * e.coll_base_s)
     tp_f, tp_fh = split_exposed(n_f * c_tp, parallel.tp_overlap * dense, temperature)
     tp_b, tp_bh = split_exposed(n_b * c_tp, parallel.tp_overlap * dense_b, temperature)
-    # Attention backward: 2 x forward, + the recomputed scores of flash attention (0.5 x).
-    attn_bwd = (2.0 + 0.5 * training.flash_attention) * attn
+    # Attention backward: 2 x forward, + the recomputed scores of flash attention (0.5 x),
+    # at the backward kernel's rate (costs.compute.attention_kernel_factor; the forward's
+    # unless the run ran FlashAttention-2 on a GPU with a published FA2 rate).
+    attn_b1 = attention_time_s(ops.attention, system, training,
+                               attention_io_bytes(model, parallel, training), temperature,
+                               backward=True)
+    attn_bwd = (2.0 + 0.5 * training.flash_attention) * attn_b1
     cp_f, cp_fh, cp_b, cp_bh = (_cp_parts(model, parallel, system, training, attn, attn_bwd,
                                           temperature) if "cp" in features else _zeros(attn, 4))
     ep_f, ep_fh, ep_b, ep_bh = (_ep_parts(model, parallel, system, training, dense - tp_fh,
