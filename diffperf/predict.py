@@ -19,7 +19,8 @@ from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s
                                         hierarchical_all_to_all_s, ring_group,
                                         ring_phase_calls_s, ring_phase_s, ring_step_s,
                                         send_recv_s)
-from diffperf.costs.compute import (gemms_time_s, layer_dense_times_s, layer_pass_gemm_times_s,
+from diffperf.costs.compute import (attention_by_kind_time_s, gemms_time_s,
+                                    layer_dense_times_s, layer_pass_gemm_times_s,
                                     layer_times_s, lowp_quantize_times_s, matmul_peak,
                                     memory_time_s)
 from diffperf.costs.smooth import pnorm_max
@@ -43,7 +44,7 @@ from diffperf.workload.dp import (dp_volumes_bytes, product_group, zero3_copy_ou
                                   zero3_prefetch_frac, zero_groups)
 from diffperf.workload.ep import (ep_a2a_bytes, ep_a2a_per_layer, ep_stride, expert_dp_degree,
                                   expert_tp, moe_mlp_on_tp)
-from diffperf.workload.flops import (attention_io_bytes, head_ops, layer_ops,
+from diffperf.workload.flops import (attention_by_kind, attention_io_bytes, head_ops, layer_ops,
                                      lowp_quantize_kernels, moe_layer_fraction)
 from diffperf.workload.groups import stride
 from diffperf.workload.params import (grid_shards, layer_params_per_device,
@@ -210,8 +211,13 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     same compute [D]."""
     e = system.eff
     ops = layer_ops(model, parallel, training)
-    _, attn, other = layer_times_s(ops, system, training,
-                                   attention_io_bytes(model, parallel, training), temperature)
+    attn_io = attention_io_bytes(model, parallel, training)
+    _, attn, other = layer_times_s(ops, system, training, attn_io, temperature)
+    # attn_tile > 0: full and sliding-window layers as their own kernels, tile by tile
+    # (costs.compute.attention_by_kind_time_s); 0 keeps the mean layer's one kernel exactly.
+    attn = jnp.where(training.attn_tile > 0, attention_by_kind_time_s(
+        attention_by_kind(model, parallel, training), system, training, attn_io,
+        temperature), attn)
     # Dense GEMM rows of the forward (fprop) and of the backward's two GEMMs (dgrad, wgrad):
     # each at its own precision (16-bit presets: dgrad = wgrad = fprop, dense_b = 2 dense).
     dense_rows, _, wgrad_rows = layer_pass_gemm_times_s(ops, system, training, temperature)
