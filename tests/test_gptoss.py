@@ -106,6 +106,12 @@ def test_attn_tile_zero_leaves_every_prediction_alone_and_128_moves_windows_only
     assert float(base.step_time_s) == float(again.step_time_s)
     tiled = diffperf.predict(GPT_OSS, par, h100, TILED)
     assert float(tiled.step_time_s) > float(base.step_time_s)
+    # the program of a layout that features_of finds (search, calibrate) keeps the term
+    from diffperf.predict import features_of, predict_step
+    feats = features_of(GPT_OSS, par, TILED)
+    assert "tiles" in feats and "tiles" not in features_of(GPT_OSS, par, BF16)
+    same = predict_step(GPT_OSS, par, h100, TILED, features=feats)
+    assert float(same.step_time_s) == pytest.approx(float(tiled.step_time_s), rel=1e-6)
     # no window: the mean layer is the full one; kappa 0.5156 vs 0.5 (s 4096)
     llama = _model("llama3-8b")
     lpar = Parallel(dp=8.0, micro_batch=1.0, global_batch=64.0)
