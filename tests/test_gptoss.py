@@ -54,6 +54,20 @@ def test_tile_counts_against_cudnn_window_timings(window, tiles):
     assert 0.9 < (tiles / 528) / measured < 1.0
 
 
+@pytest.mark.parametrize("tile", [1e-30, 0.5, 1e30])
+def test_any_tile_a_user_sets_gives_finite_kappas(tile):
+    """attn_tile is clipped to [1, s]: a tile of one score counts the exact causal triangle
+    (kappa_full = (s + 1) / 2s), a tile as large as the sequence computes it whole (1)."""
+    k_full, k_win, _ = (float(x) for x in attention_tile_kappas(
+        GPT_OSS, BF16.replace(attn_tile=tile)))
+    assert np.isfinite(k_full) and np.isfinite(k_win) and 0 < k_win <= k_full <= 1
+    if tile > 1e3:
+        assert k_full == 1.0
+    else:
+        assert k_full == pytest.approx(4097 / 8192, rel=1e-6)
+        assert k_win == pytest.approx((128 * 4096 - 128 * 127 / 2) / 4096**2, rel=1e-5)
+
+
 def test_no_window_and_a_window_as_long_as_the_sequence():
     """A model without windows has f_win = 0; a window >= s is full causal attention."""
     llama = _model("llama3-8b")

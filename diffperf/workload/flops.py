@@ -109,8 +109,10 @@ def attention_tile_kappas(model, training):
     A property of the integer shape, constant in every System leaf.
     """
     s = model.seq_len
-    B = jnp.maximum(training.attn_tile, 1.0)
-    n = jnp.ceil(s / B - 1e-6)
+    # a tile is at least one score and at most the whole square (keeps n^2 and B^2 / s^2
+    # finite in float32 for any attn_tile a user may --set)
+    B = jnp.clip(training.attn_tile, 1.0, s)
+    n = jnp.maximum(jnp.ceil(s / B - 1e-6), 1.0)
     causal = model.causal > 0
     n_full = jnp.where(causal, 0.5 * n * (n + 1.0), n * n)
     w = jnp.clip(model.sliding_window, 1.0, s)
