@@ -96,3 +96,23 @@ def test_fa2_rate_above_one_is_refused(tmp_path):
     p.write_text(yaml.safe_dump(d))
     with pytest.raises(SpecError, match="attn_fa2_fwd_frac=1.5 must be at most 1"):
         diffperf.load_system(str(p))
+
+
+def test_fa2_backward_rate_reaches_the_tiled_window_kernels():
+    """With full and window layers as their own kernels (attn_tile > 0), the backward rate
+    applies to each kernel too: compute-bound (io 0), backward / forward per unit of work =
+    r_f / r_b = c_fwd / c_bwd = 0.3386 / 0.3254 = 1.040565 at GPT-OSS's head dim 64 (the
+    default plateau 0.75 / (1 + 40 / 64) = 0.4615 is above both rates)."""
+    from diffperf.costs.compute import attention_by_kind_time_s
+    from diffperf.workload.flops import attention_by_kind
+
+    model = diffperf.load_model("gpt-oss-20b")
+    h100 = diffperf.load_system("h100-sxm-80gb").replace(eff=Efficiency())
+    training = Training(attention_fa2=1.0, attn_tile=128.0)
+    kinds = attention_by_kind(model, Parallel(), training)
+    fwd = float(attention_by_kind_time_s(kinds, h100, training, 0.0))
+    bwd = float(attention_by_kind_time_s(kinds, h100, training, 0.0, backward=True))
+    assert bwd / fwd == pytest.approx(0.3386 / 0.3254, rel=1e-5)
+    plain = Training(attn_tile=128.0)
+    assert float(attention_by_kind_time_s(kinds, h100, plain, 0.0, backward=True)) == float(
+        attention_by_kind_time_s(kinds, h100, plain, 0.0))

@@ -508,6 +508,8 @@ def test_features_of_names_each_feature():
     assert features_of(moe, Parallel(dp=8.0, ep=np.array([1.0, 8.0]))) == {"experts", "ep"}
     assert features_of(dense, Parallel(), training("xla-amp-bf16")) == {"xla"}
     assert features_of(dense, Parallel(), training("amp-bf16")) == frozenset()
+    tiled = training("bf16").replace(attn_tile=128.0)
+    assert features_of(dense, Parallel(), tiled) == {"tiles"}
     seen = []  # a traced leaf: values unknown, so every feature stays in the program
     jax.make_jaxpr(lambda cp: seen.append(features_of(dense, Parallel(cp=cp))) or cp)(1.0)
     assert seen == [FEATURES]

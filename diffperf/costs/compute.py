@@ -233,6 +233,25 @@ def attention_time_s(attention, system, training, io_bytes, temperature=None,
     return flash * fused + (1.0 - flash) * unfused
 
 
+def attention_by_kind_time_s(kinds, system, training, io_bytes, temperature=None,
+                             backward=False):
+    """Attention core forward of the mean layer when full and sliding-window layers are
+    separate kernels (training.attn_tile > 0; `workload.flops.attention_by_kind`):
+
+        t = (1 - f_win) t_attn(full) + f_win t_attn(window)
+    t_attn = `attention_time_s` of each layer's own score tiles, so that each kernel runs at
+    the efficiency of its own work (a window layer's few tiles per row block run at the
+    lower efficiency of a small kernel) and each reads Q, K, V and writes O (io_bytes).
+    Example: GPT-OSS on one H100 (b 1, s 4096, 64 heads of 64, B 128): the full layer's
+    137.9 GFLOP and the window layer's 16.4 GFLOP forward; see tests/test_golden.py.
+    `backward=True`: each kernel at the backward's rate (`attention_time_s`).
+    """
+    full, window, f_win = kinds
+    t_full = attention_time_s(full, system, training, io_bytes, temperature, backward)
+    t_win = attention_time_s(window, system, training, io_bytes, temperature, backward)
+    return (1.0 - f_win) * t_full + f_win * t_win
+
+
 def memory_time_s(bytes_moved, system):
     """Memory-bound op: bytes / (BW_hbm eta_mem)."""
     return bytes_moved / (system.hbm_bandwidth_Bps * system.eff.mem_eff)

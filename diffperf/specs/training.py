@@ -52,6 +52,12 @@ class Training(struct.PyTreeNode):
                                  # costs.compute.attention_kernel_factor); 0: the kernel the
                                  # efficiency set's attention curve describes (on Hopper
                                  # cuDNN / FA3-class, data/kernels/h100_attention.csv)
+    attn_tile: Any = 0.0         # B > 0: the fused attention kernel computes the score matrix
+                                 # in B x B tiles (every tile that one query of its row block
+                                 # sees, whole), and a sliding-window layer and a full layer are
+                                 # each timed as its own kernel (workload.flops.attention_by_kind,
+                                 # costs.compute.attention_by_kind_time_s); 0: the exact band of
+                                 # scores, one kernel for the mean layer (the default)
     checkpoint_interval_s: Any = 0.0  # run choice: training seconds between checkpoints
                                  # (tau); 0: the optimum of Daly (2006), schedule.goodput
     xla_compiled: Any = 0.0      # 1: the whole step is one XLA program (JAX jit): memory is
