@@ -19,7 +19,7 @@ from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s
                                         hierarchical_all_to_all_s, ring_group,
                                         ring_phase_calls_s, ring_phase_s, ring_step_s,
                                         send_recv_s)
-from diffperf.costs.compute import (attention_by_kind_time_s, gemms_time_s,
+from diffperf.costs.compute import (attention_by_kind_time_s, attention_time_s, gemms_time_s,
                                     layer_dense_times_s, layer_pass_gemm_times_s,
                                     layer_times_s, lowp_quantize_times_s, matmul_peak,
                                     memory_time_s)
@@ -217,10 +217,17 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     _, attn, other = layer_times_s(ops, system, training, attn_io, temperature)
     # attn_tile > 0: full and sliding-window layers as their own kernels, tile by tile
     # (costs.compute.attention_by_kind_time_s); 0 keeps the mean layer's one kernel exactly.
+    # The backward kernel's time per unit of forward work (the forward's, unless the run ran
+    # FlashAttention-2 on a GPU with a published FA2 rate: costs.compute.
+    # attention_kernel_factor), the same way.
+    attn_b1 = attention_time_s(ops.attention, system, training, attn_io, temperature,
+                               backward=True)
     if "tiles" in features:
+        kinds = attention_by_kind(model, parallel, training)
         attn = jnp.where(training.attn_tile > 0, attention_by_kind_time_s(
-            attention_by_kind(model, parallel, training), system, training, attn_io,
-            temperature), attn)
+            kinds, system, training, attn_io, temperature), attn)
+        attn_b1 = jnp.where(training.attn_tile > 0, attention_by_kind_time_s(
+            kinds, system, training, attn_io, temperature, backward=True), attn_b1)
     # Dense GEMM rows of the forward (fprop) and of the backward's two GEMMs (dgrad, wgrad):
     # each at its own precision (16-bit presets: dgrad = wgrad = fprop, dense_b = 2 dense).
     dense_rows, _, wgrad_rows = layer_pass_gemm_times_s(ops, system, training, temperature)
@@ -241,8 +248,9 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         (calls - 1.0) * tp_on * e.coll_base_s)
     tp_f, tp_fh = split_exposed(n_f * c_tp, parallel.tp_overlap * dense, temperature)
     tp_b, tp_bh = split_exposed(n_b * c_tp, parallel.tp_overlap * dense_b, temperature)
-    # Attention backward: 2 x forward, + the recomputed scores of flash attention (0.5 x).
-    attn_bwd = (2.0 + 0.5 * training.flash_attention) * attn
+    # Attention backward: 2 x forward, + the recomputed scores of flash attention (0.5 x),
+    # at the backward kernel's rate (attn_b1 above).
+    attn_bwd = (2.0 + 0.5 * training.flash_attention) * attn_b1
     cp_f, cp_fh, cp_b, cp_bh = (_cp_parts(model, parallel, system, training, attn, attn_bwd,
                                           temperature) if "cp" in features else _zeros(attn, 4))
     ep_f, ep_fh, ep_b, ep_bh = (_ep_parts(model, parallel, system, training, dense - tp_fh,
