@@ -268,3 +268,31 @@ def test_ep_dispatch_column_follows_each_rows_performance_recipe():
     by_id = {r["id"]: r for r in rows}
     assert by_id["mb-26_02-dgx-b200-gpt-oss-120b-bf16-64g"]["ep_dispatch"] == "0"
     assert by_id["mb-26_04-dgx-h100-qwen3-30b-a3b-fp8-current-16g"]["ep_dispatch"] == "1"
+
+
+def test_ep_overlap_facts_follow_each_rows_container_release():
+    """`ep_overlap=1` in the CSV's set column exactly where the row's container release's
+    performance recipe sets overlap_moe_expert_parallel_comm (calibration/bridge_recipe_facts.py,
+    A2A_OVERLAP: read at Megatron-Bridge v0.1.0rc3 ... v0.6.0, one tag per container), and the
+    CSV is what that file writes (so a re-transcription cannot drift from it). Spot checks read
+    by hand from the release presets: Qwen3 30B-A3B GB200 MXFP8 has no overlap at 26.04
+    (v0.4.0 QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1: cuda_graph_scope router +
+    preprocess, moe_a2a_overlap default False) and has it at 26.06 (v0.5.0: full_iteration,
+    moe_a2a_overlap=True); at 25.09 only DeepSeek-V3 on H100 (run_script.py A2A_1F1B)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "bridge_recipe_facts", Path(__file__).parent.parent / "calibration" / "bridge_recipe_facts.py")
+    facts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(facts)
+    rows = {r["id"]: r for r in csv.DictReader(open(CSV))}
+    for r in rows.values():
+        written = facts.row_facts(r, {"overlap", "layout"})
+        mine = [f for f in r["set"].split(";") if f and f.split("=")[0] in facts.OWNED]
+        assert mine == written, (r["id"], r["set"], written)
+    has = lambda i: "ep_overlap=1" in rows["mb-" + i]["set"].split(";")  # noqa: E731
+    assert not has("26_04-dgx-gb200-qwen3-30b-a3b-mxfp8-8g")
+    assert has("26_06-dgx-gb200-qwen3-30b-a3b-mxfp8-8g")
+    assert has("26_08-dgx-gb200-qwen3-30b-a3b-mxfp8-8g")
+    assert has("25_09-dgx-h100-deepseek-v3-fp8-current-1024g")
+    assert not has("25_09-dgx-gb200-qwen3-30b-a3b-mxfp8-8g")
+    assert sum(has(i[3:]) for i in rows) == 39
