@@ -296,3 +296,43 @@ def test_ep_overlap_facts_follow_each_rows_container_release():
     assert has("25_09-dgx-h100-deepseek-v3-fp8-current-1024g")
     assert not has("25_09-dgx-gb200-qwen3-30b-a3b-mxfp8-8g")
     assert sum(has(i[3:]) for i in rows) == 39
+
+
+def test_merged_ep_schedule_exposes_each_phase_by_hand():
+    """Megatron-Core's EP all-to-all overlap (model_chunk_schedule_plan.py: comm combine_bwd |
+    dispatch_fwd, dispatch_bwd | combine_fwd against compute A_f | M_b, M_f | A_b), by hand:
+    c = 1 ms, A_f = 0.6, M_f = 1, M_b = 2, A_b = 1.2, o = 1: phase 1 exposes 1 - 0.6 = 0.4 ms
+    (the backward's combine), phases 2 and 3 none; o = 0.5: phase 1 1 - 0.3 = 0.7, phase 2
+    2 - 1.5 = 0.5 (half each pass), phase 3 1 - 0.6 = 0.4 (the forward's combine);
+    o = 0: all 4 ms exposed, 2 per pass. A full recompute's two extra all-to-alls (c_x = 2 ms)
+    join phase 2 on the backward's side: 4 - 3 = 1 ms, of which c / 4 = 0.25 forward."""
+    from diffperf.schedule.overlap import ep_merged_1f1b_exposed_s as merged
+    ms = 1e-3
+    f, fh, b, bh = (float(x) for x in merged(ms, 0.0, 0.6 * ms, ms, 2 * ms, 1.2 * ms, 1.0))
+    np.testing.assert_allclose([f, fh, b, bh], [0, 2 * ms, 0.4 * ms, 1.6 * ms], atol=1e-9)
+    f, fh, b, bh = (float(x) for x in merged(ms, 0.0, 0.6 * ms, ms, 2 * ms, 1.2 * ms, 0.5))
+    np.testing.assert_allclose([f, b], [0.4 * ms + 0.25 * ms, 0.7 * ms + 0.25 * ms], rtol=1e-6)
+    np.testing.assert_allclose([f + fh, b + bh], [2 * ms, 2 * ms], rtol=1e-6)
+    f, fh, b, bh = (float(x) for x in merged(ms, 0.0, 0.6 * ms, ms, 2 * ms, 1.2 * ms, 0.0))
+    np.testing.assert_allclose([f, fh, b, bh], [2 * ms, 0, 2 * ms, 0], atol=1e-9)
+    f, fh, b, bh = (float(x) for x in merged(ms, 2 * ms, 0.6 * ms, ms, 2 * ms, 1.2 * ms, 1.0))
+    np.testing.assert_allclose([f, b], [0.25 * ms, 0.4 * ms + 0.75 * ms], rtol=1e-6)
+    np.testing.assert_allclose(b + bh, 4 * ms, rtol=1e-6)
+
+
+def test_merged_ep_schedule_gradient_contract(x64):
+    """Smooth (temperature > 0): check_grads on log-inputs; more all-to-all time exposes more,
+    more compute in any phase exposes less, a larger overlap fraction exposes less."""
+    from jax.test_util import check_grads
+    from diffperf.schedule.overlap import ep_merged_1f1b_exposed_s as merged
+
+    def total(logs):
+        c, af, mf, mb, ab, o = (v * jnp.exp(x) for v, x in zip(
+            (1e-3, 0.6e-3, 1e-3, 2e-3, 1.2e-3, 0.8), logs))
+        f, _, b, _ = merged(c, 0.0, af, mf, mb, ab, o, temperature=0.05)
+        return f + b
+
+    x = jnp.zeros(6)
+    check_grads(total, (x,), order=1, modes=("rev",), eps=1e-4)
+    g = np.asarray(jax.grad(total)(x))
+    assert np.all(np.isfinite(g)) and g[0] > 0 and np.all(g[1:] < 0), g

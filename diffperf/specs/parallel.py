@@ -65,7 +65,9 @@ class Parallel(struct.PyTreeNode):
     recompute: Any = 0          # Recompute (0 none, 1 selective, 2 full)
     dp_overlap: Any = 1         # 1: gradient reduction overlaps the backward (bucketed DDP)
     tp_overlap: Any = 0         # fraction of TP communication that can hide behind GEMMs
-    ep_overlap: Any = 0         # fraction of the EP all-to-alls that can hide behind GEMMs
+    ep_overlap: Any = 0         # fraction of the compute the EP all-to-alls can hide behind,
+                                # as Megatron-Core's merged forward-backward EP schedule pairs
+                                # them (schedule.overlap.ep_merged_1f1b_exposed_s); 0: none
     ep_dispatch: Any = 0        # EP token exchange: 0 pairwise all-to-all (NCCL; Megatron-Core's
                                 # alltoall dispatcher), 1 DeepEP-style hierarchical dispatch with
                                 # one scale-out copy per remote NVLink domain (flex dispatcher,
