@@ -154,6 +154,29 @@ def test_moe_permutation_traffic_by_hand():
     assert float(moe_permute_bytes(qwen, sp, BF16)) == 2 * 2048 * (T / 2) * (2 * 9 + 32)
 
 
+def test_flex_dispatch_permutes_one_copy_per_target_rank_by_hand():
+    """Megatron-Core's flex dispatcher (DeepEP / HybridEP) sends a token once per EP rank that
+    holds one of its experts and permutes it to the local experts after the dispatch, with no
+    chunk sorts: permute + unpermute 2 (r + k) copies of T h q, r = e p_g,
+    p_g = 1 - C(E - E/e, k) / C(E, k). Qwen3 30B-A3B-like (E 128, k 8) at e = 8:
+    p_g = 1 - C(112, 8) / C(128, 8), r = 5.339 (against 2 (1 + 8) + 32 = 50 for alltoall)."""
+    from math import comb
+
+    from diffperf.workload.flops import flex_rank_copies
+    qwen = MIXTRAL.replace(hidden=2048.0, moe_topk=8.0, n_experts=128.0)
+    par = Parallel(dp=8, ep=8, micro_batch=4, ep_dispatch=1)
+    T = 4 * 4096
+    r = 8 * (1 - comb(112, 8) / comb(128, 8))
+    np.testing.assert_allclose(float(flex_rank_copies(qwen, par)), r, rtol=1e-5)
+    np.testing.assert_allclose(float(moe_permute_bytes(qwen, par, BF16)),
+                               2 * 2048 * T * 2 * (r + 8), rtol=1e-5)
+    # one expert per rank (e = E): every one of the k experts is a different rank, r = k
+    one = qwen.replace(n_experts=8.0)
+    np.testing.assert_allclose(float(flex_rank_copies(one, par)), 8.0, rtol=1e-5)
+    # e = 1: no dispatch, the single-rank permutation of the alltoall form
+    assert float(moe_permute_bytes(qwen, par.replace(ep=1), BF16)) == 2 * 2048 * T * 18
+
+
 def test_hierarchical_dispatch_sends_one_copy_per_remote_domain():
     from math import comb
 
@@ -167,14 +190,23 @@ def test_hierarchical_dispatch_sends_one_copy_per_remote_domain():
     nvl, ib = h100.tiers[0], h100.tiers[1]
     e = h100.eff
     S = 134e6
-    # Inside one node: the pairwise all-to-all exactly.
+    # Inside one node: the pairwise all-to-all with one copy per target GPU, g = 8 p_g / 8
+    # of its NVLink bytes (p_g = 1 - C(112, 8) / C(128, 8)); with one expert per GPU (E = 8)
+    # every copy goes to a different GPU and it is the pairwise all-to-all exactly.
+    g8 = 8 * (1 - comb(112, 8) / comb(128, 8)) / 8
+    hand8 = (e.coll_base_s + 7 * nvl.latency_s
+             + g8 * S * 7 / 8 / (nvl.bandwidth_Bps * e.coll_eff_intra))
     np.testing.assert_allclose(float(hierarchical_all_to_all_s(S, 8.0, 1.0, 8.0, 128.0, h100)),
-                               float(all_to_all_s(S, 8.0, 1.0, h100)), rtol=1e-6)
+                               hand8, rtol=1e-5)
+    np.testing.assert_allclose(float(hierarchical_all_to_all_s(S, 8.0, 1.0, 8.0, 8.0, h100)),
+                               float(all_to_all_s(S, 8.0, 1.0, h100)), rtol=1e-5)
     # Two nodes (n 16, k 8, E 128): InfiniBand carries N p / k = 2 p / 8 of the pairwise
-    # volume 8/16 S; NVLink the local 7/16 S and the forwarded 8/16 x 7/8 S.
+    # volume 8/16 S; NVLink g16 = 16 p_g / 8 of the local 7/16 S and the forwarded
+    # 8/16 x 7/8 S (p_g = 1 - C(120, 8) / C(128, 8): one of a GPU's 8 experts is hit).
     p = 1 - comb(64, 8) / comb(128, 8)
+    g16 = 16 * (1 - comb(120, 8) / comb(128, 8)) / 8
     hand = (e.coll_base_s + 15 * ib.latency_s
-            + S * (7 / 16 + 8 / 16 * 7 / 8) / (nvl.bandwidth_Bps * e.coll_eff_intra)
+            + g16 * S * (7 / 16 + 8 / 16 * 7 / 8) / (nvl.bandwidth_Bps * e.coll_eff_intra)
             + 2 * p / 8 * 8 / 16 * S / (ib.bandwidth_Bps * e.coll_eff_inter))
     got = float(hierarchical_all_to_all_s(S, 16.0, 1.0, 8.0, 128.0, h100))
     np.testing.assert_allclose(got, hand, rtol=1e-5)
