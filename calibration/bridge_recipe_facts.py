@@ -28,6 +28,17 @@ per container").
    recipes to every container: 62 rows of 25.09-26.04.01 carried an overlap their release did
    not run (the MXFP8 Blackwell MoE recipes gained it with full-iteration CUDA graphs and the
    fused grouped MLP in 26.06) and 4 lacked one it did.
+3. The `ep_dispatch` column (not the set column) of the rows whose release ran Megatron-Core's
+   `alltoall` dispatcher where the snapshot's recipe runs the flex one (`ALLTOALL_BY_RELEASE`):
+   at 25.11 (v0.2.0) and 26.02 (v0.3.0) the dispatcher is flex only when the workload preset
+   names a backend (`apply_flex_dispatcher_backend`, `src/megatron/bridge/training/
+   flex_dispatcher_backend.py`: it sets `moe_token_dispatcher_type = "flex"`; no backend, the
+   recipe's alltoall), and from 26.02.01 (v0.3.1) to 26.06.01 (v0.5.1) Qwen3 235B-A22B's
+   `qwen3_llm_pretrain.py` sets the type per GPU (DGX-B300: alltoall until v0.4.0, flex from
+   v0.4.2; DGX-B200 and DGX-H100: alltoall). DeepSeek-V3 and GPT-OSS rows of 26.02.01+ and the
+   25.09 rows keep the snapshot's dispatcher (not re-read). With the flex dispatcher's own
+   data movement (`workload.flops.moe_permute_bytes`, `costs.collectives.
+   hierarchical_all_to_all_s`) the dispatcher matters inside one NVLink domain too.
 2. DeepSeek-V3's pipeline layout (`pp_first_layers`, `pp_last_layers`: decoder layers on the
    first and the last device) from Megatron-Bridge's `_get_deepseek_v3_pipeline_layout`
    (recipes/deepseek/h100/deepseek_v3.py), which every DeepSeek-V3 performance recipe applies:
@@ -73,6 +84,18 @@ A2A_OVERLAP = {
     "26.06.01": _FULL_ITER_MXFP8,
     "26.08": _FULL_ITER_MXFP8,
 }
+# container -> (model, system, precision, GPUs) of the rows whose release ran the alltoall
+# dispatcher though the snapshot's recipe runs flex (docstring item 3): their ep_dispatch is 0
+ALLTOALL_BY_RELEASE = {
+    "25.11": [("deepseek-v3", "dgx-b200", "mxfp8", "256"), ("qwen3-30b-a3b", "dgx-b200", "mxfp8", "8"),
+              ("qwen3-30b-a3b", "h100-sxm-80gb", "fp8-current", "16")],
+    "26.02": [("gpt-oss-120b", "dgx-b300", "bf16", "64"), ("qwen3-30b-a3b", "dgx-b200", "mxfp8", "8"),
+              ("qwen3-235b-a22b", "dgx-b300", "mxfp8", "256"),
+              ("qwen3-235b-a22b", "dgx-b200", "mxfp8", "256")],
+    "26.02.01": [("qwen3-235b-a22b", "dgx-b300", "mxfp8", "256")],
+    "26.04": [("qwen3-235b-a22b", "dgx-b300", "mxfp8", "256")],
+    "26.04.01": [("qwen3-235b-a22b", "dgx-b200", "mxfp8", "256")],
+}
 # the set-column fields this file writes (the others a row carries are kept)
 OWNED = ("ep_overlap", "pp_first_layers", "pp_last_layers")
 # DeepSeek-V3 (pp, vp) -> (decoder layers on the first device, on the last device)
@@ -99,7 +122,7 @@ def row_facts(row, facts) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
-    p.add_argument("--facts", default="overlap,layout")
+    p.add_argument("--facts", default="overlap,layout,dispatch")
     args = p.parse_args(argv)
     facts = set(args.facts.split(","))
     rows = list(csv.reader(CSV.open(newline="")))
@@ -115,6 +138,9 @@ def main(argv=None) -> int:
         if len(r) <= col:
             r.append("")
         r[col] = ";".join(f)
+        key = (row["model"], row["system"], row["precision"], row["num_gpus"])
+        if "dispatch" in facts and key in ALLTOALL_BY_RELEASE.get(row["container"], ()):
+            r[rows[0].index("ep_dispatch")] = "0"
         n += bool(f)
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerows([header] + rows[1:])

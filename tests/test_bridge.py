@@ -276,12 +276,25 @@ def test_every_bridge_row_loads_and_predicts_finite():
         np.testing.assert_allclose(step[i], float(one), rtol=2e-5)
 
 
+def _recipe_facts():
+    """calibration/bridge_recipe_facts.py as a module (its tables of the recipes' facts)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "bridge_recipe_facts", Path(__file__).parent.parent / "calibration" / "bridge_recipe_facts.py")
+    facts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(facts)
+    return facts
+
+
 def test_ep_dispatch_column_follows_each_rows_performance_recipe():
     """ep_dispatch = 1 exactly where the row's Megatron-Bridge performance recipe
     (perf_recipes/<model>/<system>/, snapshot 067f987d) runs the flex dispatcher with a DeepEP /
     HybridEP backend; Megatron-Core uses the backend only with moe_token_dispatcher_type
     "flex" (moe_utils.py), so GPT-OSS's BF16 recipes, which keep the bridge's "alltoall", are 0.
-    A CSV fact, so that a re-transcription or an edit cannot silently swap the two exchanges."""
+    A CSV fact, so that a re-transcription or an edit cannot silently swap the two exchanges.
+    Ten rows differ from the snapshot: their own release ran alltoall."""
+    facts = _recipe_facts()
+    ALLTOALL_BY_RELEASE = facts.ALLTOALL_BY_RELEASE
     flex = {  # (model, system, precision) -> recipe dispatcher is flex
         ("gpt-oss-120b", "dgx-b300", "bf16"), ("gpt-oss-120b", "dgx-b300", "mxfp8"),
         ("gpt-oss-120b", "gb200-nvl72", "mxfp8"), ("gpt-oss-120b", "gb300-nvl72", "mxfp8")}
@@ -295,10 +308,19 @@ def test_ep_dispatch_column_follows_each_rows_performance_recipe():
         else:  # Qwen3 235B-A22B: alltoall on DGX-H100, on DGX-B200 at 64 GPUs / BF16 / FP8-CS
             want = int(not (r["system"] == "h100-sxm-80gb" or (
                 r["system"] == "dgx-b200" and (r["num_gpus"] == "64" or r["precision"] != "mxfp8"))))
+        # rows whose own release ran the alltoall dispatcher (bridge_recipe_facts.py,
+        # ALLTOALL_BY_RELEASE: read at Megatron-Bridge v0.2.0 ... v0.5.1)
+        if (r["model"], r["system"], r["precision"], r["num_gpus"]) in ALLTOALL_BY_RELEASE.get(
+                r["container"], ()):
+            want = 0
         assert int(r["ep_dispatch"]) == want, (r["id"], r["ep_dispatch"], want)
     # the rows whose EP group leaves one NVLink domain, where the two exchanges differ
     by_id = {r["id"]: r for r in rows}
     assert by_id["mb-26_02-dgx-b200-gpt-oss-120b-bf16-64g"]["ep_dispatch"] == "0"
+    # 26.02 (v0.3.0): no backend in QWEN3_30B_A3B_PRETRAIN_CONFIG_B200_FP8_MX_V1, so
+    # apply_flex_dispatcher_backend leaves the recipe's alltoall; 26.04 (v0.4.0) sets flex
+    assert by_id["mb-26_02-dgx-b200-qwen3-30b-a3b-mxfp8-8g"]["ep_dispatch"] == "0"
+    assert by_id["mb-26_04-dgx-b200-qwen3-30b-a3b-mxfp8-8g"]["ep_dispatch"] == "1"
     assert by_id["mb-26_04-dgx-h100-qwen3-30b-a3b-fp8-current-16g"]["ep_dispatch"] == "1"
 
 
@@ -311,11 +333,7 @@ def test_ep_overlap_facts_follow_each_rows_container_release():
     (v0.4.0 QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1: cuda_graph_scope router +
     preprocess, moe_a2a_overlap default False) and has it at 26.06 (v0.5.0: full_iteration,
     moe_a2a_overlap=True); at 25.09 only DeepSeek-V3 on H100 (run_script.py A2A_1F1B)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "bridge_recipe_facts", Path(__file__).parent.parent / "calibration" / "bridge_recipe_facts.py")
-    facts = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(facts)
+    facts = _recipe_facts()
     rows = {r["id"]: r for r in csv.DictReader(open(CSV))}
     for r in rows.values():
         written = facts.row_facts(r, {"overlap", "layout"})
