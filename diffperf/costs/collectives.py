@@ -157,26 +157,19 @@ def hierarchical_all_to_all_s(S, n, stride, k, E, system):
 
         N = n / n_0  domains spanned (n_0: members per innermost domain, `tier_ranks`)
         scale-out bytes = S / k x (N - 1) p          (p = `domain_hit_fraction`(k, E, N))
-        NVLink bytes    = g S [ (n_0 - 1)/n + (n - n_0)/n x (n_0 - 1)/n_0 ]  (local + forwarded)
-        g = n p_g / k,  p_g = `domain_hit_fraction`(k, E, n)   (one copy per target GPU)
+        NVLink bytes    = S [ (n_0 - 1)/n + (n - n_0)/n x (n_0 - 1)/n_0 ]  (local + forwarded)
         T = t0 + (n - 1) alpha_max + NVLink bytes / (BW_0 eta_0)
             + d sum_{i>0} (n_i - n_{i-1}) / n S / (BW_i eta_i),   d = N p / k
     d = (N - 1) p / (k (N - 1) / N) is the scale-out volume relative to the pairwise
     all-to-all's (`all_to_all_s` sends every one of a token's k (N - 1) / N remote copies);
-    1 / k <= d <= 1 for N > 1. Over NVLink a token goes once to each GPU that holds one of
-    its experts (DeepEP `get_dispatch_layout`: is_token_in_rank; HybridEP's intra-node token
-    buffer, one slot per source token and rank, `Hybrid-EP_Implementation.md` section 4.2 on
-    DeepEP's hybrid-ep branch; the combine returns one partial sum per GPU), so the k-copy volume is scaled by g = n p_g / k, the expected GPUs a
-    token hits over k: within one domain (N = 1) the pairwise all-to-all's time with its
-    NVLink bytes x g (Qwen3 30B-A3B, n 8, E 128, k 8: g = 0.667; g -> 1 with one expert per
-    GPU). Source: DeepSeek-V3 technical report (arXiv
+    1 / k <= d <= 1 for N > 1. Within one domain (N = 1) the NVLink term is the pairwise
+    all-to-all's. Source: DeepSeek-V3 technical report (arXiv
     2412.19437) Section 3.2.2 ("cross-node all-to-all ... IB to the GPUs with the same in-node
     index on the target nodes, then forwarded via NVLink"; tokens deduplicated per node) and the
     DeepEP README (normal kernels: NVLink and RDMA forwarding); Megatron-Core's flex dispatcher
     with the deepep / hybridep backend [S].
     Example: n = 16 over two 8-GPU nodes, k = 8, E = 128: N = 2, p = 0.9969, d = 2 p / 8
-    = 0.249: a quarter of the pairwise all-to-all's InfiniBand bytes; p_g = 1 - C(120, 8) /
-    C(128, 8) = 0.4123, g = 16 p_g / 8 = 0.825 of its NVLink bytes.
+    = 0.249: a quarter of the pairwise all-to-all's InfiniBand bytes.
     """
     ranks = tier_ranks(n, stride, system)
     bws = tier_bandwidths_Bps(system)
@@ -184,9 +177,7 @@ def hierarchical_all_to_all_s(S, n, stride, k, E, system):
     N = n / n0
     p = domain_hit_fraction(k, E, N)
     d = jnp.where(N > 1.0, N * p / jnp.maximum(k, 1.0), 1.0)
-    # one copy per target GPU, not per expert: g = n p_g / k of the k-copy NVLink volume
-    g = n * domain_hit_fraction(k, E, n) / jnp.maximum(k, 1.0)
-    nvl = g * S * ((n0 - 1.0) / n + (n - n0) / n * (n0 - 1.0) / n0) / bws[0]
+    nvl = S * ((n0 - 1.0) / n + (n - n0) / n * (n0 - 1.0) / n0) / bws[0]
     outer_t = 0.0
     inner = n0
     alpha = jnp.where(n0 > 1.0, system.tiers[0].latency_s, 0.0)

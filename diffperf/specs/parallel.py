@@ -70,9 +70,9 @@ class Parallel(struct.PyTreeNode):
                                 # them (schedule.overlap.ep_merged_1f1b_exposed_s); 0: none
     ep_dispatch: Any = 0        # EP token exchange: 0 pairwise all-to-all (NCCL; Megatron-Core's
                                 # alltoall dispatcher), 1 DeepEP-style hierarchical dispatch with
-                                # one scale-out copy per remote NVLink domain and one NVLink copy
-                                # per target GPU, permuted after the dispatch (flex dispatcher,
-                                # deepep / hybridep); costs.collectives.hierarchical_all_to_all_s,
+                                # one scale-out copy per remote NVLink domain, permuted to the
+                                # local experts after the dispatch (flex dispatcher, deepep /
+                                # hybridep); costs.collectives.hierarchical_all_to_all_s,
                                 # workload.flops.moe_permute_bytes
     cp_ring: Any = 1            # CP form: 1 ring (p2p K/V blocks, Megatron-Core's default "p2p"),
                                 # 0 all-gather of K/V (NERSC 2D-seqp, PAPERS.md 3.5)

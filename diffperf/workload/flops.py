@@ -344,6 +344,10 @@ def flex_rank_copies(model, parallel):
     = dispatch kernel, then a permute kernel to the local experts; combine_with_unpermute =
     unpermute kernel, then the combine kernel); Megatron-Core `token_dispatcher.py`,
     `_DeepepManager` (core_v0.15.0), `_HybridEPManager` (core_v0.16.0) [S].
+    The NVLink volume of the dispatch itself keeps its k-copy form in
+    `costs.collectives.hierarchical_all_to_all_s` (scaling it by r / k was measured: its
+    reverse-mode gradient disagreed with finite differences under predict's quick XLA:CPU
+    compile options, docs/accuracy-bridge.md, change 3), so only the permutation uses r.
     Example (Qwen3 30B-A3B, E 128, k 8, e 8): p_g = 1 - C(112, 8) / C(128, 8) = 0.6674,
     r = 5.339 copies against k = 8; DeepSeek-V3 (E 256, e 64): r = 7.676.
     """
