@@ -1,23 +1,44 @@
-"""The Megatron-Bridge MoE rows with two recipe facts the CSV does not carry, as a `set` column
-(`diffperf validate`'s per-row FIELD=VALUE facts): an experiment, not the shipped CSV
-(docs/accuracy-bridge.md, section "MoE physics", says why and what it measured).
+"""The recipe facts of the Megatron-Bridge MoE and GPT-OSS rows in the CSV's `set` column
+(`diffperf validate`'s per-row FIELD=VALUE facts), each read from the performance recipe of the
+row's own container release (docs/accuracy-bridge.md, sections "MoE physics" and "Recipe facts
+per container").
 
-    python calibration/bridge_recipe_facts.py OUT.csv [--facts overlap,layout,attn]
+    python calibration/bridge_recipe_facts.py OUT.csv [--facts overlap,layout,dispatch,attn]
+    python calibration/bridge_recipe_facts.py data/megatron_bridge.csv   # the shipped CSV
     python calibration/bridge_moe_rows.py --csv OUT.csv          # per-row effect
 
-1. `ep_overlap=1` where the row's performance recipe sets Megatron-Core's
-   `overlap_moe_expert_parallel_comm = True` (the EP all-to-all of one micro-batch runs behind
-   the computation of another; Megatron-Bridge `src/megatron/bridge/perf_recipes/`, snapshot
-   067f987d): DeepSeek-V3 MXFP8 on DGX-B200 (`deepseek_v3_pretrain_256gpu_b200_fp8mx_config`),
-   DGX-B300 / GB200 / GB300 (`_enable_deepseek_full_iteration_mxfp8`, deepseek/common.py);
-   GPT-OSS 120B GB200 BF16 (`gpt_oss_120b_pretrain_64gpu_gb200_bf16_config`) and GB200 / GB300
-   MXFP8 (`_apply_gpt_oss_120b_full_iter_fp8mx_configs`, gpt_oss/common.py); Qwen3 235B-A22B
-   DGX-H100 FP8-CS (`qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config`) and the MXFP8 recipes
-   that call `_enable_hybridep_full_iteration_mxfp8` (qwen/common.py: GB200 / GB300 at 64 and
-   256 GPUs, DGX-B200 / B300 at 256 GPUs; Qwen3 30B-A3B DGX-B300 / GB200 / GB300 at 8 GPUs), and
-   Qwen3 30B-A3B DGX-B200 MXFP8 (`qwen3_30b_a3b_pretrain_8gpu_b200_fp8mx_config`). diffperf's
-   `Parallel.ep_overlap` = 1 lets the all-to-alls hide behind the layer's GEMM time
-   (`predict._ep_parts`).
+1. `ep_overlap=1` where the row's performance recipe, *at the row's container release*, sets
+   Megatron-Core's `overlap_moe_expert_parallel_comm = True` (the EP all-to-all of one
+   micro-batch runs behind the computation of another). diffperf's `Parallel.ep_overlap` = 1
+   lets the all-to-alls hide behind the layer's GEMM time (`predict._ep_parts`).
+   Container -> Megatron-Bridge release (Megatron-Bridge `docs/versions1.json` and
+   `docs/releases/software-versions.md`): 25.09 v0.1.0rc3, 25.11 v0.2.0, 26.02 v0.3.0,
+   26.02.01 v0.3.1, 26.04 v0.4.0, 26.04.01 v0.4.2, 26.06 v0.5.0, 26.06.01 v0.5.1, 26.08
+   v0.6.0. At each release the flag is the workload preset's `moe_a2a_overlap`
+   (`scripts/performance/configs/<family>/*workload_base_configs.py`, applied by
+   `utils/overrides.py` / `utils/helpers.py` as `overlap_moe_expert_parallel_comm = True`;
+   25.09: `scripts/performance/run_script.py`, which turns it on for DeepSeek-V3 on H100 only;
+   26.08: `src/megatron/bridge/perf_recipes/`, e.g. `_enable_deepseek_full_iteration_mxfp8`,
+   `_enable_hybridep_full_iteration_mxfp8`, `_apply_gpt_oss_120b_full_iter_fp8mx_configs`).
+   The preset of a row is the one of its model, GPU, precision whose GPUs, MBS, TP, PP and EP
+   are the row's; where two variants (V1, V2) match, V2 (the 26.06 GPT-OSS GB200 MXFP8 rows ran
+   at the 26.08 full-iteration recipe's speed, 2.83 vs 2.86 s); where none matches the printed
+   layout (seven 25.11 GB300 / GB200 rows), every preset of that model, GPU and precision
+   agrees. The first version of this file applied the snapshot's (067f987d, after 26.08)
+   recipes to every container: 62 rows of 25.09-26.04.01 carried an overlap their release did
+   not run (the MXFP8 Blackwell MoE recipes gained it with full-iteration CUDA graphs and the
+   fused grouped MLP in 26.06) and 4 lacked one it did.
+3. The `ep_dispatch` column (not the set column) of the rows whose release ran Megatron-Core's
+   `alltoall` dispatcher where the snapshot's recipe runs the flex one (`ALLTOALL_BY_RELEASE`):
+   at 25.11 (v0.2.0) and 26.02 (v0.3.0) the dispatcher is flex only when the workload preset
+   names a backend (`apply_flex_dispatcher_backend`, `src/megatron/bridge/training/
+   flex_dispatcher_backend.py`: it sets `moe_token_dispatcher_type = "flex"`; no backend, the
+   recipe's alltoall), and from 26.02.01 (v0.3.1) to 26.06.01 (v0.5.1) Qwen3 235B-A22B's
+   `qwen3_llm_pretrain.py` sets the type per GPU (DGX-B300: alltoall until v0.4.0, flex from
+   v0.4.2; DGX-B200 and DGX-H100: alltoall). DeepSeek-V3 and GPT-OSS rows of 26.02.01+ and the
+   25.09 rows keep the snapshot's dispatcher (not re-read). With the flex dispatcher's own
+   data movement (`workload.flops.moe_permute_bytes`, `costs.collectives.
+   hierarchical_all_to_all_s`) the dispatcher matters inside one NVLink domain too.
 2. DeepSeek-V3's pipeline layout (`pp_first_layers`, `pp_last_layers`: decoder layers on the
    first and the last device) from Megatron-Bridge's `_get_deepseek_v3_pipeline_layout`
    (recipes/deepseek/h100/deepseek_v3.py), which every DeepSeek-V3 performance recipe applies:
@@ -27,7 +48,7 @@
    "Et|(tt|)*30mL" (32 virtual stages: E + 1, 30 x 2, MTP + loss) -> 7, 6. Other (pp, vp)
    (GB300's (2, 8) and (2, 4), GB200's (8, 4) of 25.11) have no layout in the map and keep
    diffperf's automatic split.
-3. `attn_tile=128` on the GPT-OSS 120B rows (the one model with sliding-window layers): its
+4. `attn_tile=128` on the GPT-OSS 120B rows (the one model with sliding-window layers): its
    attention runs as Transformer Engine's FusedAttention (cuDNN F16_arbitrary_seqlen), which
    is the only fused backend for `softmax_type = learnable` (TE `attention/dot_product_
    attention/utils.py` get_attention_backend, v2.9 to v2.16: FlashAttention disabled for
@@ -52,20 +73,44 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CSV = ROOT / "data" / "megatron_bridge.csv"
 
-# (model, system, precision, GPUs or None) of the recipes that set overlap_moe_expert_parallel_comm
-A2A_OVERLAP = [
-    ("deepseek-v3", "dgx-b200", "mxfp8", None), ("deepseek-v3", "dgx-b300", "mxfp8", None),
-    ("deepseek-v3", "gb200-nvl72", "mxfp8", None), ("deepseek-v3", "gb300-nvl72", "mxfp8", None),
-    ("gpt-oss-120b", "gb200-nvl72", "bf16", None), ("gpt-oss-120b", "gb200-nvl72", "mxfp8", None),
-    ("gpt-oss-120b", "gb300-nvl72", "mxfp8", None),
-    ("qwen3-235b-a22b", "h100-sxm-80gb", "fp8-current", None),
-    ("qwen3-235b-a22b", "gb200-nvl72", "mxfp8", None),
-    ("qwen3-235b-a22b", "gb300-nvl72", "mxfp8", None),
-    ("qwen3-235b-a22b", "dgx-b200", "mxfp8", "256"), ("qwen3-235b-a22b", "dgx-b300", "mxfp8", "256"),
-    ("qwen3-30b-a3b", "dgx-b200", "mxfp8", None), ("qwen3-30b-a3b", "dgx-b300", "mxfp8", None),
-    ("qwen3-30b-a3b", "gb200-nvl72", "mxfp8", None), ("qwen3-30b-a3b", "gb300-nvl72", "mxfp8", None),
-]
-# Models of the CSV with sliding-window layers, and the fused kernel's score tile (fact 3)
+# container -> (model, system, precision, GPUs) of the rows whose release's performance recipe
+# sets overlap_moe_expert_parallel_comm (read at the release tags, docstring item 1)
+_FULL_ITER_MXFP8 = [  # 26.06+: full-iteration CUDA graph + hybridep + fused grouped MLP presets
+    ("deepseek-v3", "gb200-nvl72", "mxfp8", "256"), ("deepseek-v3", "gb300-nvl72", "mxfp8", "256"),
+    ("gpt-oss-120b", "gb200-nvl72", "mxfp8", "64"), ("gpt-oss-120b", "gb300-nvl72", "mxfp8", "64"),
+    ("qwen3-235b-a22b", "gb200-nvl72", "mxfp8", "256"),
+    ("qwen3-235b-a22b", "gb300-nvl72", "mxfp8", "256"),
+    ("qwen3-30b-a3b", "gb200-nvl72", "mxfp8", "8"), ("qwen3-30b-a3b", "gb300-nvl72", "mxfp8", "8")]
+_H100_235B = ("qwen3-235b-a22b", "h100-sxm-80gb", "fp8-current", "256")
+_GB200_OSS_BF16 = ("gpt-oss-120b", "gb200-nvl72", "bf16", "64")
+A2A_OVERLAP = {
+    "25.09": [("deepseek-v3", "h100-sxm-80gb", "fp8-current", "1024")],
+    "25.11": [("qwen3-235b-a22b", "dgx-b200", "mxfp8", "64"), _H100_235B,
+              ("qwen3-30b-a3b", "h100-sxm-80gb", "fp8-current", "16")],
+    "26.02": [("qwen3-235b-a22b", "dgx-b300", "mxfp8", "256"), _H100_235B,
+              ("qwen3-30b-a3b", "h100-sxm-80gb", "fp8-current", "16")],
+    "26.02.01": [_H100_235B],
+    "26.04": [_GB200_OSS_BF16, _H100_235B],
+    "26.04.01": [("deepseek-v3", "dgx-b200", "mxfp8", "256"), _GB200_OSS_BF16, _H100_235B],
+    "26.06": _FULL_ITER_MXFP8 + [("qwen3-30b-a3b", "dgx-b300", "mxfp8", "8")],
+    "26.06.01": _FULL_ITER_MXFP8,
+    "26.08": _FULL_ITER_MXFP8,
+}
+# container -> (model, system, precision, GPUs) of the rows whose release ran the alltoall
+# dispatcher though the snapshot's recipe runs flex (docstring item 3): their ep_dispatch is 0
+ALLTOALL_BY_RELEASE = {
+    "25.11": [("deepseek-v3", "dgx-b200", "mxfp8", "256"), ("qwen3-30b-a3b", "dgx-b200", "mxfp8", "8"),
+              ("qwen3-30b-a3b", "h100-sxm-80gb", "fp8-current", "16")],
+    "26.02": [("gpt-oss-120b", "dgx-b300", "bf16", "64"), ("qwen3-30b-a3b", "dgx-b200", "mxfp8", "8"),
+              ("qwen3-235b-a22b", "dgx-b300", "mxfp8", "256"),
+              ("qwen3-235b-a22b", "dgx-b200", "mxfp8", "256")],
+    "26.02.01": [("qwen3-235b-a22b", "dgx-b300", "mxfp8", "256")],
+    "26.04": [("qwen3-235b-a22b", "dgx-b300", "mxfp8", "256")],
+    "26.04.01": [("qwen3-235b-a22b", "dgx-b200", "mxfp8", "256")],
+}
+# the set-column fields this file writes (the others a row carries are kept)
+OWNED = ("ep_overlap", "pp_first_layers", "pp_last_layers", "attn_tile")
+# Models of the CSV with sliding-window layers, and the fused kernel's score tile (fact 4)
 SLIDING_WINDOW_MODELS = ("gpt-oss-120b",)
 ATTN_TILE = 128
 # DeepSeek-V3 (pp, vp) -> (decoder layers on the first device, on the last device)
@@ -78,9 +123,8 @@ DSV3_H100_LAYOUT = (7, 6)
 def row_facts(row, facts) -> list[str]:
     """The FIELD=VALUE facts of one CSV row (a dict of its columns)."""
     out = []
-    if "overlap" in facts and any(
-            (row["model"], row["system"], row["precision"]) == (m, s, p)
-            and (g is None or row["num_gpus"] == g) for m, s, p, g in A2A_OVERLAP):
+    key = (row["model"], row["system"], row["precision"], row["num_gpus"])
+    if "overlap" in facts and key in A2A_OVERLAP.get(row["container"], ()):
         out.append("ep_overlap=1")
     if "attn" in facts and row["model"] in SLIDING_WINDOW_MODELS:
         out.append(f"attn_tile={ATTN_TILE}")
@@ -95,17 +139,25 @@ def row_facts(row, facts) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
-    p.add_argument("--facts", default="overlap,layout,attn")
+    p.add_argument("--facts", default="overlap,layout,dispatch,attn")
     args = p.parse_args(argv)
     facts = set(args.facts.split(","))
     rows = list(csv.reader(CSV.open(newline="")))
-    # the shipped CSV carries a `set` column already: rewrite it (same result when rerun)
-    keep = [i for i, c in enumerate(rows[0]) if c != "set"]
-    header = [rows[0][i] for i in keep] + ["set"]
+    header = rows[0] if "set" in rows[0] else rows[0] + ["set"]
+    col = header.index("set")
     n = 0
     for r in rows[1:]:
-        f = row_facts(dict(zip(rows[0], r)), facts)
-        r[:] = [r[i] for i in keep] + [";".join(f)]
+        row = dict(zip(rows[0], r))
+        # keep the facts this file does not write; rewrite the ones it does
+        kept = [f for f in row.get("set", "").split(";")
+                if f and f.split("=")[0] not in OWNED]
+        f = row_facts(row, facts) + kept
+        if len(r) <= col:
+            r.append("")
+        r[col] = ";".join(f)
+        key = (row["model"], row["system"], row["precision"], row["num_gpus"])
+        if "dispatch" in facts and key in ALLTOALL_BY_RELEASE.get(row["container"], ()):
+            r[rows[0].index("ep_dispatch")] = "0"
         n += bool(f)
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerows([header] + rows[1:])

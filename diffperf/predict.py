@@ -32,7 +32,8 @@ from diffperf.result import EXPOSED_PARTS, Breakdown, Goodput, Result
 from diffperf.schedule.goodput import (checkpoint_bytes, checkpoint_write_s, daly_interval_s,
                                       job_mtbf_s, lost_fracs)
 from diffperf.schedule.overlap import (axonn_exposed_s, dp_hidden_slowdown_s,
-                                       dp_step_exposed_s, ring_exposed_s, split_exposed,
+                                       dp_step_exposed_s, ep_merged_1f1b_exposed_s,
+                                       ring_exposed_s, split_exposed,
                                        zero3_layer_exposed_s, zero3_microbatch_edge_s)
 from diffperf.schedule.pipeline import (critical_stage, p2p_exposed_s, pipeline_times_s,
                                         stage_times_s)
@@ -80,15 +81,23 @@ def _tp_collective_s(model, parallel, system, training):
     return all_reduce_s(S, parallel.tp, stride(_placed(parallel), "tp"), system)
 
 
-def _ep_parts(model, parallel, system, training, free_f, free_b, temperature):
+# Rows of `workload.flops.layer_ops`' dense GEMMs that Megatron-Core's merged EP schedule
+# runs in the MLP chunk (dense MLP up / down, routed experts up / down, shared experts up /
+# down) and in the pre-dispatch chunk (QKV, output projection, router, MLA projections).
+_MLP_ROWS = (0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0)
+
+
+def _ep_parts(model, parallel, system, training, windows, temperature):
     """(fwd exposed, fwd hidden, bwd exposed, bwd hidden) of the MoE token all-to-alls of one
     layer, one micro-batch: 2 forward + 2 backward (+2 under full recompute) of
-    S = k C_f T_r h q_a over the ep ranks (PAPERS.md section 5.8); a fraction `ep_overlap`
-    of the layer's GEMM time can hide them (e.g. behind shared experts or another chunk):
+    S = k C_f T_r h q_a over the ep ranks (PAPERS.md section 5.8). With ep_overlap > 0 they
+    run as Megatron-Core's merged forward-backward schedule pairs them with the other
+    micro-batch's compute (`schedule.overlap.ep_merged_1f1b_exposed_s`), a fraction
+    ep_overlap of each phase's compute usable:
 
-        window = ep_overlap x (GEMM time - TP communication already hidden behind it)
-    `free_f`, `free_b`: forward and backward GEMM time not hiding TP (one GEMM cannot hide
-    two collectives at once)."""
+        windows = (A_f, M_f, M_b, A_b): pre-dispatch (attention, router) and MLP compute of
+                  the forward and the backward, less the TP communication already hidden
+                  behind them (one GEMM cannot hide two collectives at once)."""
     n_f, n_b = ep_a2a_per_layer(parallel)
     S = ep_a2a_bytes(model, parallel, training)
     s_ep = ep_stride(parallel, stride(_placed(parallel), "ep"))
@@ -96,9 +105,9 @@ def _ep_parts(model, parallel, system, training, free_f, free_b, temperature):
                   hierarchical_all_to_all_s(S, parallel.ep, s_ep, model.moe_topk,
                                             model.n_experts, system),
                   all_to_all_s(S, parallel.ep, s_ep, system))
-    f, fh = split_exposed(n_f * c, parallel.ep_overlap * free_f, temperature)
-    b, bh = split_exposed(n_b * c, parallel.ep_overlap * free_b, temperature)
-    return f, fh, b, bh
+    attn_f, mlp_f, mlp_b, attn_b = windows
+    return ep_merged_1f1b_exposed_s(c, (n_b - 2.0) * c, attn_f, mlp_f, mlp_b, attn_b,
+                                    parallel.ep_overlap, temperature)
 
 
 def _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature):
@@ -230,7 +239,8 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
             kinds, system, training, attn_io, temperature, backward=True), attn_b1)
     # Dense GEMM rows of the forward (fprop) and of the backward's two GEMMs (dgrad, wgrad):
     # each at its own precision (16-bit presets: dgrad = wgrad = fprop, dense_b = 2 dense).
-    dense_rows, _, wgrad_rows = layer_pass_gemm_times_s(ops, system, training, temperature)
+    dense_rows, dgrad_rows, wgrad_rows = layer_pass_gemm_times_s(ops, system, training,
+                                                                 temperature)
     dense, dense_b = layer_dense_times_s(ops, system, training, temperature)
     # Low precision: the quantization kernels of the layer's inputs, output gradients and
     # weights (0 for 16-bit presets; costs.compute.lowp_quantize_times_s).
@@ -253,9 +263,19 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     attn_bwd = (2.0 + 0.5 * training.flash_attention) * attn_b1
     cp_f, cp_fh, cp_b, cp_bh = (_cp_parts(model, parallel, system, training, attn, attn_bwd,
                                           temperature) if "cp" in features else _zeros(attn, 4))
-    ep_f, ep_fh, ep_b, ep_bh = (_ep_parts(model, parallel, system, training, dense - tp_fh,
-                                          dense_b - tp_bh, temperature)
-                                if "ep" in features else _zeros(dense, 4))
+    if "ep" in features:
+        # the merged EP schedule's compute chunks (A_f, M_f, M_b, A_b), less hidden TP
+        mlp = jnp.asarray(_MLP_ROWS)
+        mlp_f = jnp.sum(mlp * dense_rows)
+        mlp_b = jnp.sum(mlp * (dgrad_rows + wgrad_rows))
+        attn_f, attn_b = dense - mlp_f + attn, dense_b - mlp_b + attn_bwd
+        free_f = 1.0 - tp_fh / jnp.maximum(attn_f + mlp_f, 1e-30)
+        free_b = 1.0 - tp_bh / jnp.maximum(attn_b + mlp_b, 1e-30)
+        windows = (free_f * attn_f, free_f * mlp_f, free_b * mlp_b, free_b * attn_b)
+        ep_f, ep_fh, ep_b, ep_bh = _ep_parts(model, parallel, system, training, windows,
+                                             temperature)
+    else:
+        ep_f, ep_fh, ep_b, ep_bh = _zeros(dense, 4)
     ax_f, ax_fh, ax_b, ax_bh, ax_calls = (_axonn_parts(
         model, parallel, system, training, wgrad_rows, dense + attn, dense_b + attn_bwd,
         temperature) if "axonn" in features else _zeros(dense, 5))

@@ -154,6 +154,29 @@ def test_moe_permutation_traffic_by_hand():
     assert float(moe_permute_bytes(qwen, sp, BF16)) == 2 * 2048 * (T / 2) * (2 * 9 + 32)
 
 
+def test_flex_dispatch_permutes_one_copy_per_target_rank_by_hand():
+    """Megatron-Core's flex dispatcher (DeepEP / HybridEP) sends a token once per EP rank that
+    holds one of its experts and permutes it to the local experts after the dispatch, with no
+    chunk sorts: permute + unpermute 2 (r + k) copies of T h q, r = e p_g,
+    p_g = 1 - C(E - E/e, k) / C(E, k). Qwen3 30B-A3B-like (E 128, k 8) at e = 8:
+    p_g = 1 - C(112, 8) / C(128, 8), r = 5.339 (against 2 (1 + 8) + 32 = 50 for alltoall)."""
+    from math import comb
+
+    from diffperf.workload.flops import flex_rank_copies
+    qwen = MIXTRAL.replace(hidden=2048.0, moe_topk=8.0, n_experts=128.0)
+    par = Parallel(dp=8, ep=8, micro_batch=4, ep_dispatch=1)
+    T = 4 * 4096
+    r = 8 * (1 - comb(112, 8) / comb(128, 8))
+    np.testing.assert_allclose(float(flex_rank_copies(qwen, par)), r, rtol=1e-5)
+    np.testing.assert_allclose(float(moe_permute_bytes(qwen, par, BF16)),
+                               2 * 2048 * T * 2 * (r + 8), rtol=1e-5)
+    # one expert per rank (e = E): every one of the k experts is a different rank, r = k
+    one = qwen.replace(n_experts=8.0)
+    np.testing.assert_allclose(float(flex_rank_copies(one, par)), 8.0, rtol=1e-5)
+    # e = 1: no dispatch, the single-rank permutation of the alltoall form
+    assert float(moe_permute_bytes(qwen, par.replace(ep=1), BF16)) == 2 * 2048 * T * 18
+
+
 def test_hierarchical_dispatch_sends_one_copy_per_remote_domain():
     from math import comb
 
@@ -244,12 +267,25 @@ def test_every_bridge_row_loads_and_predicts_finite():
         np.testing.assert_allclose(step[i], float(one), rtol=2e-5)
 
 
+def _recipe_facts():
+    """calibration/bridge_recipe_facts.py as a module (its tables of the recipes' facts)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "bridge_recipe_facts", Path(__file__).parent.parent / "calibration" / "bridge_recipe_facts.py")
+    facts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(facts)
+    return facts
+
+
 def test_ep_dispatch_column_follows_each_rows_performance_recipe():
     """ep_dispatch = 1 exactly where the row's Megatron-Bridge performance recipe
     (perf_recipes/<model>/<system>/, snapshot 067f987d) runs the flex dispatcher with a DeepEP /
     HybridEP backend; Megatron-Core uses the backend only with moe_token_dispatcher_type
     "flex" (moe_utils.py), so GPT-OSS's BF16 recipes, which keep the bridge's "alltoall", are 0.
-    A CSV fact, so that a re-transcription or an edit cannot silently swap the two exchanges."""
+    A CSV fact, so that a re-transcription or an edit cannot silently swap the two exchanges.
+    Ten rows differ from the snapshot: their own release ran alltoall."""
+    facts = _recipe_facts()
+    ALLTOALL_BY_RELEASE = facts.ALLTOALL_BY_RELEASE
     flex = {  # (model, system, precision) -> recipe dispatcher is flex
         ("gpt-oss-120b", "dgx-b300", "bf16"), ("gpt-oss-120b", "dgx-b300", "mxfp8"),
         ("gpt-oss-120b", "gb200-nvl72", "mxfp8"), ("gpt-oss-120b", "gb300-nvl72", "mxfp8")}
@@ -263,8 +299,81 @@ def test_ep_dispatch_column_follows_each_rows_performance_recipe():
         else:  # Qwen3 235B-A22B: alltoall on DGX-H100, on DGX-B200 at 64 GPUs / BF16 / FP8-CS
             want = int(not (r["system"] == "h100-sxm-80gb" or (
                 r["system"] == "dgx-b200" and (r["num_gpus"] == "64" or r["precision"] != "mxfp8"))))
+        # rows whose own release ran the alltoall dispatcher (bridge_recipe_facts.py,
+        # ALLTOALL_BY_RELEASE: read at Megatron-Bridge v0.2.0 ... v0.5.1)
+        if (r["model"], r["system"], r["precision"], r["num_gpus"]) in ALLTOALL_BY_RELEASE.get(
+                r["container"], ()):
+            want = 0
         assert int(r["ep_dispatch"]) == want, (r["id"], r["ep_dispatch"], want)
     # the rows whose EP group leaves one NVLink domain, where the two exchanges differ
     by_id = {r["id"]: r for r in rows}
     assert by_id["mb-26_02-dgx-b200-gpt-oss-120b-bf16-64g"]["ep_dispatch"] == "0"
+    # 26.02 (v0.3.0): no backend in QWEN3_30B_A3B_PRETRAIN_CONFIG_B200_FP8_MX_V1, so
+    # apply_flex_dispatcher_backend leaves the recipe's alltoall; 26.04 (v0.4.0) sets flex
+    assert by_id["mb-26_02-dgx-b200-qwen3-30b-a3b-mxfp8-8g"]["ep_dispatch"] == "0"
+    assert by_id["mb-26_04-dgx-b200-qwen3-30b-a3b-mxfp8-8g"]["ep_dispatch"] == "1"
     assert by_id["mb-26_04-dgx-h100-qwen3-30b-a3b-fp8-current-16g"]["ep_dispatch"] == "1"
+
+
+def test_ep_overlap_facts_follow_each_rows_container_release():
+    """`ep_overlap=1` in the CSV's set column exactly where the row's container release's
+    performance recipe sets overlap_moe_expert_parallel_comm (calibration/bridge_recipe_facts.py,
+    A2A_OVERLAP: read at Megatron-Bridge v0.1.0rc3 ... v0.6.0, one tag per container), and the
+    CSV is what that file writes (so a re-transcription cannot drift from it). Spot checks read
+    by hand from the release presets: Qwen3 30B-A3B GB200 MXFP8 has no overlap at 26.04
+    (v0.4.0 QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1: cuda_graph_scope router +
+    preprocess, moe_a2a_overlap default False) and has it at 26.06 (v0.5.0: full_iteration,
+    moe_a2a_overlap=True); at 25.09 only DeepSeek-V3 on H100 (run_script.py A2A_1F1B)."""
+    facts = _recipe_facts()
+    rows = {r["id"]: r for r in csv.DictReader(open(CSV))}
+    for r in rows.values():
+        written = facts.row_facts(r, {"overlap", "layout", "attn"})
+        mine = [f for f in r["set"].split(";") if f and f.split("=")[0] in facts.OWNED]
+        assert mine == written, (r["id"], r["set"], written)
+    has = lambda i: "ep_overlap=1" in rows["mb-" + i]["set"].split(";")  # noqa: E731
+    assert not has("26_04-dgx-gb200-qwen3-30b-a3b-mxfp8-8g")
+    assert has("26_06-dgx-gb200-qwen3-30b-a3b-mxfp8-8g")
+    assert has("26_08-dgx-gb200-qwen3-30b-a3b-mxfp8-8g")
+    assert has("25_09-dgx-h100-deepseek-v3-fp8-current-1024g")
+    assert not has("25_09-dgx-gb200-qwen3-30b-a3b-mxfp8-8g")
+    assert sum(has(i[3:]) for i in rows) == 39
+
+
+def test_merged_ep_schedule_exposes_each_phase_by_hand():
+    """Megatron-Core's EP all-to-all overlap (model_chunk_schedule_plan.py: comm combine_bwd |
+    dispatch_fwd, dispatch_bwd | combine_fwd against compute A_f | M_b, M_f | A_b), by hand:
+    c = 1 ms, A_f = 0.6, M_f = 1, M_b = 2, A_b = 1.2, o = 1: phase 1 exposes 1 - 0.6 = 0.4 ms
+    (the backward's combine), phases 2 and 3 none; o = 0.5: phase 1 1 - 0.3 = 0.7, phase 2
+    2 - 1.5 = 0.5 (half each pass), phase 3 1 - 0.6 = 0.4 (the forward's combine);
+    o = 0: all 4 ms exposed, 2 per pass. A full recompute's two extra all-to-alls (c_x = 2 ms)
+    join phase 2 on the backward's side: 4 - 3 = 1 ms, of which c / 4 = 0.25 forward."""
+    from diffperf.schedule.overlap import ep_merged_1f1b_exposed_s as merged
+    ms = 1e-3
+    f, fh, b, bh = (float(x) for x in merged(ms, 0.0, 0.6 * ms, ms, 2 * ms, 1.2 * ms, 1.0))
+    np.testing.assert_allclose([f, fh, b, bh], [0, 2 * ms, 0.4 * ms, 1.6 * ms], atol=1e-9)
+    f, fh, b, bh = (float(x) for x in merged(ms, 0.0, 0.6 * ms, ms, 2 * ms, 1.2 * ms, 0.5))
+    np.testing.assert_allclose([f, b], [0.4 * ms + 0.25 * ms, 0.7 * ms + 0.25 * ms], rtol=1e-6)
+    np.testing.assert_allclose([f + fh, b + bh], [2 * ms, 2 * ms], rtol=1e-6)
+    f, fh, b, bh = (float(x) for x in merged(ms, 0.0, 0.6 * ms, ms, 2 * ms, 1.2 * ms, 0.0))
+    np.testing.assert_allclose([f, fh, b, bh], [2 * ms, 0, 2 * ms, 0], atol=1e-9)
+    f, fh, b, bh = (float(x) for x in merged(ms, 2 * ms, 0.6 * ms, ms, 2 * ms, 1.2 * ms, 1.0))
+    np.testing.assert_allclose([f, b], [0.25 * ms, 0.4 * ms + 0.75 * ms], rtol=1e-6)
+    np.testing.assert_allclose(b + bh, 4 * ms, rtol=1e-6)
+
+
+def test_merged_ep_schedule_gradient_contract(x64):
+    """Smooth (temperature > 0): check_grads on log-inputs; more all-to-all time exposes more,
+    more compute in any phase exposes less, a larger overlap fraction exposes less."""
+    from jax.test_util import check_grads
+    from diffperf.schedule.overlap import ep_merged_1f1b_exposed_s as merged
+
+    def total(logs):
+        c, af, mf, mb, ab, o = (v * jnp.exp(x) for v, x in zip(
+            (1e-3, 0.6e-3, 1e-3, 2e-3, 1.2e-3, 0.8), logs))
+        f, _, b, _ = merged(c, 0.0, af, mf, mb, ab, o, temperature=0.05)
+        return f + b
+
+    x = jnp.zeros(6)
+    check_grads(total, (x,), order=1, modes=("rev",), eps=1e-4)
+    g = np.asarray(jax.grad(total)(x))
+    assert np.all(np.isfinite(g)) and g[0] > 0 and np.all(g[1:] < 0), g

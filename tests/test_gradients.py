@@ -255,10 +255,13 @@ CHECK_GRAD_CASES = {
     "mla-moe-mtp-deepseek-v2-lite-h100": ("deepseek-v2-lite+mtp", "h100-sxm-80gb", dict(
         tp=2, pp=3, dp=8, ep=2, micro_batch=1, global_batch=64, zero_stage=1, recompute=1,
         sequence_parallel=1), {}),
-    # 32 GPUs: GPT-OSS's 128-token sliding window on half the layers, sinks, biased experts
+    # 32 GPUs: GPT-OSS's 128-token sliding window on half the layers, sinks, biased experts;
+    # half of the merged EP schedule's compute usable to hide the all-to-alls
+    # (schedule.overlap.ep_merged_1f1b_exposed_s); the flex dispatcher (one copy per target
+    # GPU, permuted after the dispatch: workload.flops.moe_permute_bytes)
     "sliding-moe-gpt-oss-20b-h100": ("gpt-oss-20b", "h100-sxm-80gb", dict(
         tp=2, pp=2, dp=8, ep=8, micro_batch=1, global_batch=64, zero_stage=1,
-        sequence_parallel=1), {}),
+        sequence_parallel=1, ep_overlap=0.5, ep_dispatch=1), {}),
     # 1024 GPUs: DP of 16 with 9 ranks per NVL72 domain, 8 pipeline stages across racks
     "multi-node-gpt3-gb200": ("gpt3-175b", "gb200-nvl72", dict(
         tp=8, pp=8, dp=16, micro_batch=1, global_batch=512, zero_stage=1, recompute=2,

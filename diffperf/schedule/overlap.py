@@ -141,3 +141,42 @@ def axonn_exposed_s(fwd_ar_s, z_gather_s, bwd_ar_s, z_scatter_s, dw_windows_s, f
     rest = jnp.maximum(overlap * bwd_window_s - jnp.sum(h_ar), 0.0)
     e_z, h_z = split_exposed(z_gather_s + z_scatter_s, rest, temperature)
     return (jnp.sum(fwd_ar_s) + e_ag, h_ag, jnp.sum(e_ar) + e_z, jnp.sum(h_ar) + h_z)
+
+
+def ep_merged_1f1b_exposed_s(a2a_s, extra_bwd_s, attn_f_s, mlp_f_s, mlp_b_s, attn_b_s,
+                             overlap, temperature=None):
+    """(forward exposed, forward hidden, backward exposed, backward hidden) of one MoE
+    layer's token all-to-alls under Megatron-Core's EP all-to-all overlap, which merges the
+    forward of one micro-batch with the backward of the previous one, layer by layer, on two
+    streams (`overlap_moe_expert_parallel_comm`), in three phases:
+
+        comm stream:     combine_bwd  | dispatch_fwd -> dispatch_bwd  | combine_fwd
+        compute stream:  A_f          | M_b -> M_f                    | A_b
+        exposed = sum over phases of max(0, C_i - o K_i)
+          phase 1: C = c,              K = A_f   (pre-dispatch forward: attention, router)
+          phase 2: C = 2 c + c_x,      K = M_b + M_f   (expert MLP backward, its wgrad, forward)
+          phase 3: C = c,              K = A_b   (pre-dispatch backward: attention backward)
+    c = one dispatch or combine all-to-all (`a2a_s`), c_x = `extra_bwd_s` (the all-to-alls
+    a full recompute adds, which the schedule does not pair), o = ep_overlap. Phase 1's
+    all-to-all is the backward's (combine_bwd), phase 3's the forward's (combine_fwd), and
+    phase 2's are one of each (split half and half, c_x to the backward).
+    Source: Megatron-Core `megatron/core/models/common/model_chunk_schedule_plan.py`,
+    `TransformerLayerSchedulePlan.run` docstring (the stream diagram above, at d98e8a64);
+    `megatron/core/transformer/moe/README.md`, "EP A2A Overlap: overlaps All-to-All with
+    computation by merging FWD-BWD passes of adjacent microbatches" [S]. The first and last
+    micro-batch of a pipeline phase have no partner (not modelled: counted as overlapped).
+    Example: c = 1 ms, A_f = 0.6, M_f = 1, M_b = 2, A_b = 1.2 ms, o = 1: phase 1 exposes
+    0.4 ms, phase 2 none (2 ms behind 3 ms), phase 3 none: 0.4 ms of 4 ms exposed (the
+    window-per-pass form, forward 2 c behind M_f + A_f = 1.6 ms, exposed 0.4 ms, backward 2 c
+    behind 3.2 ms, none, gives the same here; it differs when the forward's all-to-alls
+    exceed its own compute but not the paired backward's).
+    """
+    e1 = exposed(a2a_s, overlap * attn_f_s, temperature)
+    e2 = exposed(2.0 * a2a_s + extra_bwd_s, overlap * (mlp_b_s + mlp_f_s), temperature)
+    e3 = exposed(a2a_s, overlap * attn_b_s, temperature)
+    total2 = 2.0 * a2a_s + extra_bwd_s
+    # phase 2's exposed share, by the all-to-all time each pass put into it
+    share_f = a2a_s / jnp.where(total2 > 0, total2, 1.0)
+    f = e3 + share_f * e2
+    b = e1 + (1.0 - share_f) * e2
+    return f, 2.0 * a2a_s - f, b, a2a_s + a2a_s + extra_bwd_s - b

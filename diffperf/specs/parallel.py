@@ -65,11 +65,15 @@ class Parallel(struct.PyTreeNode):
     recompute: Any = 0          # Recompute (0 none, 1 selective, 2 full)
     dp_overlap: Any = 1         # 1: gradient reduction overlaps the backward (bucketed DDP)
     tp_overlap: Any = 0         # fraction of TP communication that can hide behind GEMMs
-    ep_overlap: Any = 0         # fraction of the EP all-to-alls that can hide behind GEMMs
+    ep_overlap: Any = 0         # fraction of the compute the EP all-to-alls can hide behind,
+                                # as Megatron-Core's merged forward-backward EP schedule pairs
+                                # them (schedule.overlap.ep_merged_1f1b_exposed_s); 0: none
     ep_dispatch: Any = 0        # EP token exchange: 0 pairwise all-to-all (NCCL; Megatron-Core's
                                 # alltoall dispatcher), 1 DeepEP-style hierarchical dispatch with
-                                # one scale-out copy per remote NVLink domain (flex dispatcher,
-                                # deepep / hybridep); costs.collectives.hierarchical_all_to_all_s
+                                # one scale-out copy per remote NVLink domain, permuted to the
+                                # local experts after the dispatch (flex dispatcher, deepep /
+                                # hybridep); costs.collectives.hierarchical_all_to_all_s,
+                                # workload.flops.moe_permute_bytes
     cp_ring: Any = 1            # CP form: 1 ring (p2p K/V blocks, Megatron-Core's default "p2p"),
                                 # 0 all-gather of K/V (NERSC 2D-seqp, PAPERS.md 3.5)
     gx: Any = 1                 # AxoNN 3D tensor grid G_x (innermost; replaces tp when > 1)

@@ -389,24 +389,60 @@ def eager_pointwise_kernels(model, training):
     return norms + training.llama_eager_pointwise * (6.0 + repeat)
 
 
+def flex_rank_copies(model, parallel):
+    """r = e p_g: the copies of a routed token that DeepEP / HybridEP move, one per EP rank
+    holding at least one of its k experts (the flex dispatcher sends a token once per target
+    rank, `is_token_in_rank`, and combines one partial sum per rank), where the pairwise
+    all-to-all dispatcher moves k C_f (one per expert):
+
+        p_g = 1 - C(E - E/e, k) / C(E, k)     (`costs.collectives.domain_hit_fraction` with
+                                               one rank as the domain of its E / e experts)
+        r   = e p_g                           (self included; 0 for e = 1)
+    Force-balanced routing, experts spread evenly over the e ranks. Source: DeepEP README and
+    `deep_ep/buffer.py` (`get_dispatch_layout`: num_tokens_per_rank, is_token_in_rank);
+    deepseek-ai/DeepEP branch hybrid-ep, `Hybrid-EP_Implementation.md` sections 2, 4.2 and 5
+    (the intra-node token buffer holds one slot per source token and rank; dispatch_with_permute
+    = dispatch kernel, then a permute kernel to the local experts; combine_with_unpermute =
+    unpermute kernel, then the combine kernel); Megatron-Core `token_dispatcher.py`,
+    `_DeepepManager` (core_v0.15.0), `_HybridEPManager` (core_v0.16.0) [S].
+    The NVLink volume of the dispatch itself keeps its k-copy form in
+    `costs.collectives.hierarchical_all_to_all_s` (scaling it by r / k was measured: its
+    reverse-mode gradient disagreed with finite differences under predict's quick XLA:CPU
+    compile options, docs/accuracy-bridge.md, change 3), so only the permutation uses r.
+    Example (Qwen3 30B-A3B, E 128, k 8, e 8): p_g = 1 - C(112, 8) / C(128, 8) = 0.6674,
+    r = 5.339 copies against k = 8; DeepSeek-V3 (E 256, e 64): r = 7.676.
+    """
+    from diffperf.costs.collectives import domain_hit_fraction
+
+    return parallel.ep * domain_hit_fraction(model.moe_topk, jnp.maximum(model.n_experts, 1.0),
+                                             parallel.ep)
+
+
 def moe_permute_bytes(model, parallel, training):
     """HBM traffic of an MoE layer's token permutation (forward, one device, one micro-batch):
 
-        q_a h T_e [ 2 (1 + k C_f) + 4 k C_f [e > 1] ],      T_e = T t_e / t
-    permute (read the T_e tokens, write their k C_f copies grouped by expert) and unpermute
-    (read the k C_f expert outputs, write the T_e probability-weighted sums): 2 (1 + k C_f);
-    with e > 1 the received tokens are sorted by local expert after the dispatch all-to-all and
-    back before the combine (read + write k C_f T_e each): 4 k C_f. T_e: the tokens a rank's
-    experts serve (`workload.ep.expert_token_share`: T / t routed from the sequence shard when
-    t_e = 1 < t, T after the TP gather when t_e = t). Fused or not (TE's fused permute kernels
-    move the same bytes), these are memory-bound copies (PAPERS.md section 5.2).
-    Source: Megatron-Core MoE token dispatcher (megatron/core/transformer/moe/
-    token_dispatcher.py, MoEAlltoAllTokenDispatcher: permute -> all-to-all ->
+        alltoall (ep_dispatch = 0):  q_a h T_e [ 2 (1 + k C_f) + 4 k C_f [e > 1] ]
+        flex (ep_dispatch = 1, e > 1): q_a h T_e 2 (r + k C_f),   r = `flex_rank_copies`
+    T_e = T t_e / t. alltoall: permute (read the T_e tokens, write their k C_f copies grouped
+    by expert) and unpermute (read the k C_f expert outputs, write the T_e probability-weighted
+    sums): 2 (1 + k C_f); with e > 1 the received tokens are sorted by local expert after the
+    dispatch all-to-all and back before the combine (read + write k C_f T_e each): 4 k C_f.
+    flex (DeepEP / HybridEP): the tokens are dispatched unpermuted, one copy per target rank
+    (r T_e received per rank on average), then permuted to the rank's local experts (read r,
+    write k C_f) and unpermuted before the combine (read k C_f, write r): no chunk sorts.
+    T_e: the tokens a rank's experts serve (`workload.ep.expert_token_share`: T / t routed
+    from the sequence shard when t_e = 1 < t, T after the TP gather when t_e = t). Fused or not
+    (TE's fused permute kernels move the same bytes), these are memory-bound copies (PAPERS.md
+    section 5.2).
+    Source: Megatron-Core MoE token dispatchers (megatron/core/transformer/moe/
+    token_dispatcher.py: MoEAlltoAllTokenDispatcher: permute -> all-to-all ->
     sort_chunks_by_idxs -> experts -> sort_chunks_by_idxs -> all-to-all -> unpermute;
-    moe_utils.permute / unpermute) [S]. 0 for a dense model; x phi (`moe_layer_fraction`) for
-    the mean layer of a model with dense layers.
+    MoEFlexTokenDispatcher: fused dispatch -> permute (get_permuted_hidden_states_by_experts)
+    -> experts -> unpermute -> fused combine; moe_utils.permute / unpermute) [S]. 0 for a
+    dense model; x phi (`moe_layer_fraction`) for the mean layer of a model with dense layers.
     Example (Qwen3-30B-A3B: h 2048, k 8, C_f 1; b 4, s 4096, t = t_e = 1, e = 8, bf16):
-    2 x 2048 x 16384 x (2 x 9 + 32) = 3.36e9 B.
+    alltoall 2 x 2048 x 16384 x (2 x 9 + 32) = 3.36e9 B; flex 2 x 2048 x 16384 x 2 x (5.339
+    + 8) = 1.79e9 B.
     """
     is_moe = moe_layer_fraction(model)
     t = head_shards(parallel)
@@ -414,7 +450,10 @@ def moe_permute_bytes(model, parallel, training):
     T_e = tokens_per_device(model, parallel) * t_e / t
     kc = model.moe_topk * model.capacity_factor
     sort = jnp.where(parallel.ep > 1, 4.0 * kc, 0.0)
-    return is_moe * training.activation_bytes * model.hidden * T_e * (2.0 * (1.0 + kc) + sort)
+    alltoall = 2.0 * (1.0 + kc) + sort
+    flex = 2.0 * (flex_rank_copies(model, parallel) + kc)
+    copies = jnp.where((parallel.ep_dispatch > 0) & (parallel.ep > 1), flex, alltoall)
+    return is_moe * training.activation_bytes * model.hidden * T_e * copies
 
 
 def attention_io_bytes(model, parallel, training):
