@@ -2,7 +2,7 @@
 (`diffperf validate`'s per-row FIELD=VALUE facts): an experiment, not the shipped CSV
 (docs/accuracy-bridge.md, section "MoE physics", says why and what it measured).
 
-    python calibration/bridge_recipe_facts.py OUT.csv [--facts overlap,layout,attn]
+    python calibration/bridge_recipe_facts.py OUT.csv [--facts overlap,layout,attn,moe_act]
     python calibration/bridge_moe_rows.py --csv OUT.csv          # per-row effect
 
 1. `ep_overlap=1` where the row's performance recipe sets Megatron-Core's
@@ -68,6 +68,9 @@ A2A_OVERLAP = [
 # Models of the CSV with sliding-window layers, and the fused kernel's score tile (fact 3)
 SLIDING_WINDOW_MODELS = ("gpt-oss-120b",)
 ATTN_TILE = 128
+# Containers whose Megatron Core (0.15-0.17) runs GPT-OSS's expert clamp and fc2 bias as eager
+# kernels (fact 4)
+EAGER_CLAMP_BIAS_CONTAINERS = ("25.11", "26.02", "26.02.01", "26.04", "26.04.01")
 # DeepSeek-V3 (pp, vp) -> (decoder layers on the first device, on the last device)
 DSV3_LAYOUT = {("16", "1"): (4, 1), ("8", "2"): (8, 5), ("8", "1"): (8, 5),
                ("4", "4"): (16, 13), ("4", "2"): (16, 13)}
@@ -84,6 +87,9 @@ def row_facts(row, facts) -> list[str]:
         out.append("ep_overlap=1")
     if "attn" in facts and row["model"] in SLIDING_WINDOW_MODELS:
         out.append(f"attn_tile={ATTN_TILE}")
+    if ("moe_act" in facts and row["model"] == "gpt-oss-120b"
+            and row["container"] in EAGER_CLAMP_BIAS_CONTAINERS):
+        out.append("moe_eager_clamp_bias=1")
     if "layout" in facts and row["model"] == "deepseek-v3":
         lay = (DSV3_H100_LAYOUT if row["system"] == "h100-sxm-80gb"
                else DSV3_LAYOUT.get((row["pp"], row["vp"])))
@@ -95,7 +101,7 @@ def row_facts(row, facts) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
-    p.add_argument("--facts", default="overlap,layout,attn")
+    p.add_argument("--facts", default="overlap,layout,attn,moe_act")
     args = p.parse_args(argv)
     facts = set(args.facts.split(","))
     rows = list(csv.reader(CSV.open(newline="")))
