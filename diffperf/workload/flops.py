@@ -323,7 +323,9 @@ def elementwise_bytes(model, parallel, training, fallback=None):
     the shared experts), mean over dense and MoE layers (`moe_layer_fraction`);
     + q_a 4 T (r_q + r_kv) with MLA (the two latent RMSNorms read and write their latents).
     Source: PAPERS.md section 5.2 (elementwise ops, intensity <~ 1 FLOP/B) [D].
-    Flash-attention's own Q, K, V, O traffic is in `attention_io_bytes`.
+    Flash-attention's own Q, K, V, O traffic is in `attention_io_bytes`; the MoE token
+    permutation in `moe_permute_bytes`; eager kernels a framework adds in
+    `eager_pointwise_bytes` and `moe_eager_clamp_bias_bytes` (both 0 by default).
     """
     t, h, q = head_shards(parallel), model.hidden, training.activation_bytes
     T = tokens_per_device(model, parallel)
