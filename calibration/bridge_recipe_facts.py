@@ -3,7 +3,7 @@
 row's own container release (docs/accuracy-bridge.md, sections "MoE physics" and "Recipe facts
 per container").
 
-    python calibration/bridge_recipe_facts.py OUT.csv [--facts overlap,layout,dispatch,attn]
+    python calibration/bridge_recipe_facts.py OUT.csv [--facts overlap,layout,dispatch,attn,moe_act]
     python calibration/bridge_recipe_facts.py data/megatron_bridge.csv   # the shipped CSV
     python calibration/bridge_moe_rows.py --csv OUT.csv          # per-row effect
 
@@ -60,6 +60,12 @@ per container").
    the score tiles no query of a row block sees (cuDNN's own sliding-window backward timings:
    cudnn-frontend PR #505); `workload.flops.attention_tile_kappas` counts them, 128 x 128
    tiles (flash-attention's head_dim-64 forward). docs/accuracy-gptoss.md.
+5. `moe_eager_clamp_bias=1` on the GPT-OSS 120B rows of containers 25.11 to 26.04.01 (Megatron
+   Core 0.15-0.17): `weighted_bias_quick_geglu_impl` clamps and concatenates the two fc1 halves in
+   eager PyTorch before its fused activation, and `TEGroupedMLP._apply_bias` adds the fc2 bias per
+   local expert in a Python loop (the fused op path, `use_transformer_engine_op_fuser`, first
+   appears in core_v0.18.0); `Training.moe_eager_clamp_bias`, docs/accuracy-gptoss.md section
+   "Expert MLP element-wise".
 """
 
 from __future__ import annotations
@@ -109,10 +115,14 @@ ALLTOALL_BY_RELEASE = {
     "26.04.01": [("qwen3-235b-a22b", "dgx-b200", "mxfp8", "256")],
 }
 # the set-column fields this file writes (the others a row carries are kept)
-OWNED = ("ep_overlap", "pp_first_layers", "pp_last_layers", "attn_tile")
+OWNED = ("ep_overlap", "pp_first_layers", "pp_last_layers", "attn_tile",
+         "moe_eager_clamp_bias")
 # Models of the CSV with sliding-window layers, and the fused kernel's score tile (fact 4)
 SLIDING_WINDOW_MODELS = ("gpt-oss-120b",)
 ATTN_TILE = 128
+# Containers whose Megatron Core (0.15-0.17) runs GPT-OSS's expert clamp and fc2 bias as eager
+# kernels (fact 5)
+EAGER_CLAMP_BIAS_CONTAINERS = ("25.11", "26.02", "26.02.01", "26.04", "26.04.01")
 # DeepSeek-V3 (pp, vp) -> (decoder layers on the first device, on the last device)
 DSV3_LAYOUT = {("16", "1"): (4, 1), ("8", "2"): (8, 5), ("8", "1"): (8, 5),
                ("4", "4"): (16, 13), ("4", "2"): (16, 13)}
@@ -128,6 +138,9 @@ def row_facts(row, facts) -> list[str]:
         out.append("ep_overlap=1")
     if "attn" in facts and row["model"] in SLIDING_WINDOW_MODELS:
         out.append(f"attn_tile={ATTN_TILE}")
+    if ("moe_act" in facts and row["model"] == "gpt-oss-120b"
+            and row["container"] in EAGER_CLAMP_BIAS_CONTAINERS):
+        out.append("moe_eager_clamp_bias=1")
     if "layout" in facts and row["model"] == "deepseek-v3":
         lay = (DSV3_H100_LAYOUT if row["system"] == "h100-sxm-80gb"
                else DSV3_LAYOUT.get((row["pp"], row["vp"])))
@@ -139,7 +152,7 @@ def row_facts(row, facts) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
-    p.add_argument("--facts", default="overlap,layout,dispatch,attn")
+    p.add_argument("--facts", default="overlap,layout,dispatch,attn,moe_act")
     args = p.parse_args(argv)
     facts = set(args.facts.split(","))
     rows = list(csv.reader(CSV.open(newline="")))

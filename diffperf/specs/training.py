@@ -58,6 +58,12 @@ class Training(struct.PyTreeNode):
                                  # each timed as its own kernel (workload.flops.attention_by_kind,
                                  # costs.compute.attention_by_kind_time_s); 0: the exact band of
                                  # scores, one kernel for the mean layer (the default)
+    moe_eager_clamp_bias: Any = 0.0  # 1: the MoE expert MLP clamps its fc1 output (two clamps
+                                 # and a cat) and adds its fc2 bias (per local expert: bias x
+                                 # prob, add, then one cat) as separate eager kernels, as
+                                 # Megatron-Core 0.15-0.17's TEGroupedMLP does for GPT-OSS
+                                 # (workload.flops.moe_eager_clamp_bias_bytes); 0: fused or
+                                 # absent (the default)
     checkpoint_interval_s: Any = 0.0  # run choice: training seconds between checkpoints
                                  # (tau); 0: the optimum of Daly (2006), schedule.goodput
     xla_compiled: Any = 0.0      # 1: the whole step is one XLA program (JAX jit): memory is

@@ -303,7 +303,8 @@ def layer_ops(model, parallel, training) -> LayerOps:
                    + _MLA_EXTRA_KERNELS * mla
                    + (1.0 - training.flash_attention) * _UNFUSED_ATTENTION_EXTRA_KERNELS
                    + fallback * softmax_fallback_costs(training)[0]
-                   + eager_pointwise_kernels(model, training)),
+                   + eager_pointwise_kernels(model, training)
+                   + moe_eager_clamp_bias_kernels(model, parallel, training)),
         vector_flops=vector_flops(model, parallel, training),
     )
 
@@ -322,7 +323,9 @@ def elementwise_bytes(model, parallel, training, fallback=None):
     the shared experts), mean over dense and MoE layers (`moe_layer_fraction`);
     + q_a 4 T (r_q + r_kv) with MLA (the two latent RMSNorms read and write their latents).
     Source: PAPERS.md section 5.2 (elementwise ops, intensity <~ 1 FLOP/B) [D].
-    Flash-attention's own Q, K, V, O traffic is in `attention_io_bytes`.
+    Flash-attention's own Q, K, V, O traffic is in `attention_io_bytes`; the MoE token
+    permutation in `moe_permute_bytes`; eager kernels a framework adds in
+    `eager_pointwise_bytes` and `moe_eager_clamp_bias_bytes` (both 0 by default).
     """
     t, h, q = head_shards(parallel), model.hidden, training.activation_bytes
     T = tokens_per_device(model, parallel)
@@ -340,7 +343,8 @@ def elementwise_bytes(model, parallel, training, fallback=None):
     latents = is_mla(model) * 4.0 * T * (model.q_lora_rank + model.kv_lora_rank)
     return (q * (T_sp * h * 10.0 + T * f_act * (2.0 + model.gated_mlp) / t + latents) + scores
             + moe_permute_bytes(model, parallel, training)
-            + eager_pointwise_bytes(model, parallel, training, T_sp, f_act))
+            + eager_pointwise_bytes(model, parallel, training, T_sp, f_act)
+            + moe_eager_clamp_bias_bytes(model, parallel, training))
 
 
 def eager_pointwise_bytes(model, parallel, training, T_sp, f_act):
@@ -454,6 +458,64 @@ def moe_permute_bytes(model, parallel, training):
     flex = 2.0 * (flex_rank_copies(model, parallel) + kc)
     copies = jnp.where((parallel.ep_dispatch > 0) & (parallel.ep > 1), flex, alltoall)
     return is_moe * training.activation_bytes * model.hidden * T_e * copies
+
+
+def moe_eager_clamp_bias_bytes(model, parallel, training):
+    """HBM traffic of an MoE layer's expert-MLP element-wise ops that Megatron-Core runs as
+    separate eager kernels around its fused activation (forward, one device, one micro-batch;
+    0 unless training.moe_eager_clamp_bias = 1):
+
+        E = phi q_a R (8 f_e / t_e + 6 h),      R = k C_f T_e,  T_e = T t_e / t
+
+    R routed token copies on the rank's local experts (`moe_permute_bytes`' T_e), fc1 output
+    2 f_e / t_e wide, fc2 output h wide.
+    Clamp (8 f_e / t_e elements per copy, 3 kernels): `weighted_bias_quick_geglu_impl` with
+    activation_func_clamp_value set chunks the fc1 output, clamps the gate half (max = 7) and
+    the linear half (+-7), each read + written, and torch.cat's the two halves back (read +
+    write 2 f_e) before the torch.compile'd fused quick-GeGLU (whose own read 2 f_e + write
+    f_e `elementwise_bytes` already counts).
+    fc2 bias (6 h elements per copy, 2 E_loc + 1 kernels, E_loc = E / e): TEGroupedMLP builds
+    linear_fc2 with skip_bias_add = True and adds its bias in `_apply_bias`: for each local
+    expert b * p (write h per token), t + b p (read 2 h, write h), then one torch.cat of the
+    experts' outputs (read h, write h); the probabilities are the router's dtype (bf16:
+    moe_router_dtype unset in the GPT-OSS recipes), so the final .to(dtype) copies nothing.
+    The fc1 bias is not here: linear_fc1 has skip_bias_add = False, so Transformer Engine's
+    GroupedLinear adds it in its grouped GEMM.
+    Sources: NVIDIA/Megatron-LM megatron/core/fusions/fused_bias_geglu.py
+    `weighted_bias_quick_geglu_impl` and megatron/core/transformer/moe/experts.py
+    `TEGroupedMLP.__init__` / `_apply_bias` / `bias_act_func`, the same at core_v0.15.0,
+    core_v0.16.0 and core_v0.17.0 (the Megatron Core of NeMo 25.11, 26.02, 26.04:
+    Megatron-Bridge docs/releases/software-versions.md); the GPT-OSS provider's
+    add_bias_linear = True, bias_activation_fusion = True, activation_func = quick_gelu,
+    glu_linear_offset = 1.0, activation_func_clamp_value = 7.0 (Megatron-Bridge
+    models/gpt_oss/gpt_oss_provider.py). From core_v0.18.0 a recipe that sets
+    use_transformer_engine_op_fuser runs clamp, activation and both biases in Transformer
+    Engine's fused grouped-MLP ops instead (set 0 for such runs).
+    The backward is 2 x these bytes by the element-wise convention (PAPERS.md 5.2); counted
+    from autograd it is 10 f_e / t_e (two clamp backwards read grad and input, write grad;
+    the chunk's backward concatenates) + 8 h (the two MulBackward products and their
+    reductions, the split's backward cat) per copy, i.e. the convention over-counts by
+    6 f_e / t_e + 4 h, about what the recipes' `moe_act` recompute adds back (the clamp and
+    cat once more, 8 f_e / t_e), which diffperf does not price apart.
+    Example (GPT-OSS 120B: h = f_e = 2880, k 4, C_f 1; b 1, s 4096, t = t_e = 1, bf16):
+    R = 16384, E = 2 x 16384 x 14 x 2880 = 1.3212e9 B per layer forward.
+    """
+    t = head_shards(parallel)
+    t_e = jnp.where(parallel.etp > 0, parallel.etp, t)
+    T_e = tokens_per_device(model, parallel) * t_e / t
+    R = model.moe_topk * model.capacity_factor * T_e
+    return (training.moe_eager_clamp_bias * moe_layer_fraction(model)
+            * training.activation_bytes * R
+            * (8.0 * model.moe_ffn_hidden / t_e + 6.0 * model.hidden))
+
+
+def moe_eager_clamp_bias_kernels(model, parallel, training):
+    """Kernels `moe_eager_clamp_bias_bytes` adds to a layer's forward: 3 for the clamp (two
+    clamps, one cat) and 2 E / e + 1 for the fc2 bias (bias x prob and the add per local
+    expert, one cat), x phi."""
+    E_loc = jnp.maximum(model.n_experts, 1.0) / parallel.ep
+    return (training.moe_eager_clamp_bias * moe_layer_fraction(model)
+            * (3.0 + 2.0 * E_loc + 1.0))
 
 
 def attention_io_bytes(model, parallel, training):
