@@ -60,7 +60,7 @@ from diffperf.workload.xla import (grad_accumulation_traffic_bytes, optimizer_by
 
 # Terms that are exactly 0 for most layouts, and that a caller who knows so can leave out of
 # the traced program (`features` of predict_step; `features_of` finds them from concrete specs).
-FEATURES = frozenset({"ep", "cp", "axonn", "experts", "hsdp", "xla"})
+FEATURES = frozenset({"ep", "cp", "axonn", "experts", "hsdp", "xla", "lowp"})
 _PARTS = ("compute_s", "recompute_s", "tp_exposed_s", "cp_exposed_s", "ep_exposed_s",
           "axonn_exposed_s", "overhead_s", "overlap_slowdown_s", "tp_hidden_s", "cp_hidden_s",
           "ep_hidden_s", "axonn_hidden_s")
@@ -153,22 +153,30 @@ def features_of(model, parallel, training=None) -> frozenset:
         axonn: some gx gy gz > 1 (grid collectives)  experts: some moe_experts > 0
         hsdp: some zero_shard > 0 (ZeRO shard groups smaller than the DP group, replicas)
         xla: training.xla_compiled = 1 (one XLA program: memory/xla.py, workload/xla.py)
-    training None: the default Training() (xla_compiled = 0).
+        lowp: some dense GEMM pass in low precision (training.lowp_fprop, lowp_dgrad or
+              lowp_wgrad, with lowp_layer_frac, not 0: workload.flops.lowp_pass_fracs);
+              without it the low-precision GEMM times are not computed
+              (costs.compute.layer_pass_gemm_times_s)
+    training None: the default Training() (xla_compiled = 0, every lowp pass 0).
     Every feature when a leaf is traced (values unknown). Leaving a feature out when its
     terms are 0 changes no result: each of them is multiplied by a size-1-group factor of
     exactly 0 (collectives.*: `active`), or is a group with no parameters.
     """
     xla = 0.0 if training is None else training.xla_compiled
+    passes = (0.0, 0.0, 0.0, 0.0) if training is None else (
+        training.lowp_fprop, training.lowp_dgrad, training.lowp_wgrad, training.lowp_layer_frac)
     leaves = (parallel.ep, parallel.cp, parallel.gx, parallel.gy, parallel.gz, model.n_experts,
-              parallel.zero_shard, xla)
+              parallel.zero_shard, xla, *passes)
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
         return FEATURES
+    f, d, w, frac = (np.abs(np.asarray(x, float)) for x in passes)
+    lowp = bool(np.any((np.maximum(np.maximum(f, d), w) * frac) != 0))
     big = lambda x: bool(np.any(np.asarray(x) > 1))  # noqa: E731
     experts = bool(np.any(np.asarray(model.n_experts) > 0))
     on = {"ep": experts and big(parallel.ep), "cp": big(parallel.cp),
           "axonn": big(parallel.gx) or big(parallel.gy) or big(parallel.gz), "experts": experts,
           "hsdp": bool(np.any(np.asarray(parallel.zero_shard) > 0)),
-          "xla": bool(np.any(np.asarray(xla) > 0))}
+          "xla": bool(np.any(np.asarray(xla) > 0)), "lowp": lowp}
     return frozenset(k for k, v in on.items() if v)
 
 
@@ -214,8 +222,10 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
                                    attention_io_bytes(model, parallel, training), temperature)
     # Dense GEMM rows of the forward (fprop) and of the backward's two GEMMs (dgrad, wgrad):
     # each at its own precision (16-bit presets: dgrad = wgrad = fprop, dense_b = 2 dense).
-    dense_rows, _, wgrad_rows = layer_pass_gemm_times_s(ops, system, training, temperature)
-    dense, dense_b = layer_dense_times_s(ops, system, training, temperature)
+    lowp = "lowp" in features
+    dense_rows, _, wgrad_rows = layer_pass_gemm_times_s(ops, system, training, temperature,
+                                                        lowp)
+    dense, dense_b = layer_dense_times_s(ops, system, training, temperature, lowp)
     # Low precision: the quantization kernels of the layer's inputs, output gradients and
     # weights (0 for 16-bit presets; costs.compute.lowp_quantize_times_s).
     quant_f, quant_b = lowp_quantize_times_s(ops.dense, system, training,
