@@ -239,7 +239,15 @@ _FIT_STATIC = ("length", "learning_rate", "steps", "temperature", "mem_weight", 
 #   classic emitters, -O0 (quick)               3.5              7.8
 # (a step of a fit: 3.4 ms, of which ~0.1 ms the memory terms). Below this many run-steps
 # (runs x fits x steps) the quick options win (compile 7 s less, a run-step 4.8 us more:
-# break-even ~1.5 M; vTrain's 5-fold CV: 11 M).
+# break-even ~1.5 M; vTrain's 5-fold CV: 11 M). Since the features 'lowp' and 'mla' (no
+# low-precision GEMM times, 4 GEMM rows of 12 for the vTrain runs: predict.features_of) a
+# step costs less than half (session 9, CPU s under load 1-6, in turns):
+#   classic emitters, -O1 (these)         9.3-12.7            1.3-1.5
+#   fusion emitters, -O1                     17.8              1.13-1.20
+#   classic emitters, -O0 (quick)             3.0              4.1-4.2
+# (break-even of the quick options now ~2.6 M run-steps; FIT_QUICK_BELOW is left as it was,
+# since the two option sets do not give the same fit to rounding: their losses after 80
+# steps of the vTrain fits differ by up to 3 %).
 _CPU_FIT_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 1}
 FIT_QUICK_BELOW = 1_300_000
 
