@@ -2,7 +2,7 @@
 (`diffperf validate`'s per-row FIELD=VALUE facts): an experiment, not the shipped CSV
 (docs/accuracy-bridge.md, section "MoE physics", says why and what it measured).
 
-    python calibration/bridge_recipe_facts.py OUT.csv [--facts overlap,layout]
+    python calibration/bridge_recipe_facts.py OUT.csv [--facts overlap,layout,attn]
     python calibration/bridge_moe_rows.py --csv OUT.csv          # per-row effect
 
 1. `ep_overlap=1` where the row's performance recipe sets Megatron-Core's
@@ -27,6 +27,18 @@
    "Et|(tt|)*30mL" (32 virtual stages: E + 1, 30 x 2, MTP + loss) -> 7, 6. Other (pp, vp)
    (GB300's (2, 8) and (2, 4), GB200's (8, 4) of 25.11) have no layout in the map and keep
    diffperf's automatic split.
+3. `attn_tile=128` on the GPT-OSS 120B rows (the one model with sliding-window layers): its
+   attention runs as Transformer Engine's FusedAttention (cuDNN F16_arbitrary_seqlen), which
+   is the only fused backend for `softmax_type = learnable` (TE `attention/dot_product_
+   attention/utils.py` get_attention_backend, v2.9 to v2.16: FlashAttention disabled for
+   sinks; FusedAttention needs cuDNN >= 9.13.1, `common/fused_attn/fused_attn.cpp`), and every
+   container of these rows ships cuDNN >= 9.13.1 (Megatron-Bridge docs/releases/software-
+   versions.md: 25.11 9.13.1.26, 26.02 9.18.0.50, 26.04 9.20.0.48, 26.06 9.21.1.3). Megatron-
+   Bridge's GPT-OSS bridge sets `window_size = (127, 0)`, `window_attn_skip_freq = 2`,
+   `softmax_type = "learnable"` (models/gpt_oss/gpt_oss_bridge.py). A fused kernel skips only
+   the score tiles no query of a row block sees (cuDNN's own sliding-window backward timings:
+   cudnn-frontend PR #505); `workload.flops.attention_tile_kappas` counts them, 128 x 128
+   tiles (flash-attention's head_dim-64 forward). docs/accuracy-gptoss.md.
 """
 
 from __future__ import annotations
@@ -53,6 +65,9 @@ A2A_OVERLAP = [
     ("qwen3-30b-a3b", "dgx-b200", "mxfp8", None), ("qwen3-30b-a3b", "dgx-b300", "mxfp8", None),
     ("qwen3-30b-a3b", "gb200-nvl72", "mxfp8", None), ("qwen3-30b-a3b", "gb300-nvl72", "mxfp8", None),
 ]
+# Models of the CSV with sliding-window layers, and the fused kernel's score tile (fact 3)
+SLIDING_WINDOW_MODELS = ("gpt-oss-120b",)
+ATTN_TILE = 128
 # DeepSeek-V3 (pp, vp) -> (decoder layers on the first device, on the last device)
 DSV3_LAYOUT = {("16", "1"): (4, 1), ("8", "2"): (8, 5), ("8", "1"): (8, 5),
                ("4", "4"): (16, 13), ("4", "2"): (16, 13)}
@@ -67,6 +82,8 @@ def row_facts(row, facts) -> list[str]:
             (row["model"], row["system"], row["precision"]) == (m, s, p)
             and (g is None or row["num_gpus"] == g) for m, s, p, g in A2A_OVERLAP):
         out.append("ep_overlap=1")
+    if "attn" in facts and row["model"] in SLIDING_WINDOW_MODELS:
+        out.append(f"attn_tile={ATTN_TILE}")
     if "layout" in facts and row["model"] == "deepseek-v3":
         lay = (DSV3_H100_LAYOUT if row["system"] == "h100-sxm-80gb"
                else DSV3_LAYOUT.get((row["pp"], row["vp"])))
@@ -78,15 +95,17 @@ def row_facts(row, facts) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
-    p.add_argument("--facts", default="overlap,layout")
+    p.add_argument("--facts", default="overlap,layout,attn")
     args = p.parse_args(argv)
     facts = set(args.facts.split(","))
     rows = list(csv.reader(CSV.open(newline="")))
-    header = rows[0] + ["set"]
+    # the shipped CSV carries a `set` column already: rewrite it (same result when rerun)
+    keep = [i for i, c in enumerate(rows[0]) if c != "set"]
+    header = [rows[0][i] for i in keep] + ["set"]
     n = 0
     for r in rows[1:]:
         f = row_facts(dict(zip(rows[0], r)), facts)
-        r.append(";".join(f))
+        r[:] = [r[i] for i in keep] + [";".join(f)]
         n += bool(f)
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerows([header] + rows[1:])

@@ -43,6 +43,27 @@ COLUMNS = ["id", "source", "system", "num_gpus", "gpus_per_node", "model", "num_
 #     llama3_8b.toml at 9dec370, llama3_70b.toml at 1ea476e9f, llama_70b.toml at 395a526) an
 #     eager fp32 RMSNorm (norm_extra_bytes=32); "fused_rmsnorm" (llama3_8b.toml at 1ea476e9f,
 #     llama_13b.toml at 395a526) is one Triton kernel (0). torch.compile fuses them (both 0).
+#   Attention kernel (Training.attention_fa2, costs.compute.attention_kernel_factor): every row
+#     below but the 405B one ran FlashAttention-2 (PyTorch SDPA's flash backend; on Hopper FA2
+#     plateaus near a third of the peak, the H100 set's curve is cuDNN's):
+#     - fms-fsdp: README @3b1ce15 "SDPA implementation of Flash attention v2";
+#     - TorchTitan A100 (2024-04): torch of April 2024, cuDNN SDPA only behind the
+#       TORCH_CUDNN_SDPA_ENABLED=1 opt-in (pytorch PR 125343, which removed it, landed later
+#       and was reverted, PR 128539); on A100 FA2 is the set's own kernel (no change);
+#     - TorchTitan H100 2024-12 (torch 1963fc8, torchtitan 9dec370: plain F.scaled_dot_product_
+#       attention): pytorch PR 138522 (2024-10-22, cherry-picked to 2.5.1) put cuDNN last in
+#       the SDPA priority ("Make CuDNN Attention Opt in"); pytorch issue 142132 (nightly
+#       2.6.0.dev20241204, H100): SDPA ran at 329 TFLOP/s, cuDNN 631 ("This is expected");
+#       the CP rows: torchtitan utils.get_train_context at 9dec370 forces
+#       sdpa_kernel([FLASH_ATTENTION, EFFICIENT_ATTENTION]) under context parallelism;
+#     - TorchTitan asyncTP 2025-06 (820504e): models/attention.py ScaledDotProductAttention
+#       sets sdpa_kernel([FLASH, EFFICIENT, MATH], set_priority=True), cuDNN first only on
+#       compute capability 10.0 (B200).
+#     405B (2024-08, torchtitan 3faaa1a, torch version not stated): between the revert of
+#     June 2024 and PR 138522 the nightlies tried cuDNN first on H100 (PyTorch 2.5 release
+#     notes; torchtune issue 1652, 2024-09-22, nightly on H100 runs cuDNN SDPA); the date of
+#     that re-land was not found: no fact, the set's (cuDNN) curve.
+FA2 = "attention_fa2=1"
 FSDP_FACTS = "zero3_regather=0;vocab_pad_to=0;loss_bytes_per_logit=40"
 TITAN_FACTS = FSDP_FACTS + ";grad_bytes=4;zero3_copy_out=1"
 OP_SAC = "recompute_policy=1"
@@ -70,7 +91,7 @@ SHAPES = {
 
 
 def row(rid, source, system, model, n, tp, dp, seq, local_batch, recompute, tps, compile_,
-        exact, notes, pp=1, cp=1, precision="bf16", zero_shard=0, facts=()):
+        exact, notes, pp=1, cp=1, precision="bf16", zero_shard=0, facts=(), fa2=True):
     L, h, f, a, kv, V = SHAPES[model]
     gb = local_batch * dp
     step = gb * seq / (tps * n)
@@ -80,7 +101,7 @@ def row(rid, source, system, model, n, tp, dp, seq, local_batch, recompute, tps,
                 cp=cp, ep=1, vp=1, sequence_parallel=int(tp > 1), zero_stage=3,
                 zero_shard=zero_shard,
                 set=";".join([TITAN_FACTS if source.startswith("torchtitan") else FSDP_FACTS,
-                              *facts]),
+                              *facts, *((FA2,) if fa2 else ())]),
                 recompute=recompute, global_batch=gb, micro_batch=local_batch,
                 precision=precision, step_time_s=f"{step:.6g}", tokens_per_s_per_gpu=tps,
                 torch_compile=int(compile_), fields_exact=int(exact), notes=notes)
@@ -144,7 +165,8 @@ bf16 = [
     row("tt-h100-l31-405b-n128-tp8", "torchtitan-h100", "grand-teton-h100", "llama3-405b",
         128, 8, 16, 8192, 2, "full", 109, True, True,
         f"{TT_405}; FSDP 16 x TP 8 (sequence parallel), full AC, compile=true in "
-        "train_configs/llama3_405b.toml; MFU 29.0 % of the SXM peak"),
+        "train_configs/llama3_405b.toml; MFU 29.0 % of the SXM peak; attention kernel not "
+        "determined (torch nightly of August 2024 not stated)", fa2=False),
     row("tt-h100-l3-70b-n256-tp8", "torchtitan-h100", "grand-teton-h100", "llama3-70b", 256,
         8, 32, 8192, 16, "full", 597.3, True, True,
         f"{TT_ATP}; FSDP 32 x TP 8, full AC, local batch 16"),
@@ -198,8 +220,12 @@ fp8 = [
         facts=(OP_SAC_FP8,)),
     *[row(f"tt-h100-l3-8b-n8-cp{c}-fp8", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 8,
           1, 8 // c, s, 1, "full", t, True, False,
-          f"{TT_H100}; Table 2; FSDP {8 // c} x CP {c}, full AC, Float8; whether TPS counts "
-          "the CP-split tokens once is not stated", cp=c, precision=FP8)
+          f"{TT_H100}; Table 2; FSDP {8 // c} x CP {c}, full AC, Float8; TPS counts each "
+          "sequence once (train.py at 9dec370 adds labels.numel() before the CP context "
+          "shards the buffers and divides by non_data_parallel_size = cp tp pp); K/V "
+          "exchange: --experimental.context_parallel_rotate_method not stated, its default "
+          "'allgather' (config_manager.py at 9dec370): cp_ring=0", cp=c, precision=FP8,
+          facts=("cp_ring=0",))
       for c, s, t in ((1, 32768, 3890), (2, 65536, 2540), (4, 131072, 1071),
                       (8, 262144, 548))],
     row("tt-h100-l3-70b-n256-tp8-fp8", "torchtitan-h100", "grand-teton-h100", "llama3-70b", 256,

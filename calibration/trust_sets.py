@@ -242,7 +242,8 @@ def main():
     vt = load_runs(DATA / "vtrain_a100.csv", None, VTRAIN_FACTS)
     h1 = load_runs(DATA / "h100_single_gpu.csv", "amp-bf16", None)
     FSDP = ("PyTorch FSDP: TorchTitan FSDP2 (bf16 all-gather, fp32 reduce-scatter) and "
-            "fms-fsdp FSDP1 (bf16), flash attention, no vocabulary padding; activation "
+            "fms-fsdp FSDP1 (bf16), flash attention (FlashAttention-2 where the run's "
+            "source says so: attention_fa2), no vocabulary padding; activation "
             "checkpointing as each run states it (TorchTitan per-op SAC, fms-fsdp's fraction "
             "of blocks: recompute_policy, recompute_layer_frac); eager or compiled "
             "element-wise kernels (norm_extra_bytes, llama_eager_pointwise); "

@@ -19,7 +19,8 @@ from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s
                                         hierarchical_all_to_all_s, ring_group,
                                         ring_phase_calls_s, ring_phase_s, ring_step_s,
                                         send_recv_s)
-from diffperf.costs.compute import (gemms_time_s, layer_dense_times_s, layer_pass_gemm_times_s,
+from diffperf.costs.compute import (attention_by_kind_time_s, attention_time_s, gemms_time_s,
+                                    layer_dense_times_s, layer_pass_gemm_times_s,
                                     layer_times_s, lowp_quantize_times_s, matmul_peak,
                                     memory_time_s)
 from diffperf.costs.smooth import pnorm_max
@@ -43,8 +44,9 @@ from diffperf.workload.dp import (dp_volumes_bytes, product_group, zero3_copy_ou
                                   zero3_prefetch_frac, zero_groups)
 from diffperf.workload.ep import (ep_a2a_bytes, ep_a2a_per_layer, ep_stride, expert_dp_degree,
                                   expert_tp, moe_mlp_on_tp)
-from diffperf.workload.flops import (DENSE_ROW_BLOCKS, attention_io_bytes, head_ops,
-                                     layer_ops, lowp_quantize_kernels, moe_layer_fraction)
+from diffperf.workload.flops import (DENSE_ROW_BLOCKS, attention_by_kind, attention_io_bytes,
+                                     head_ops, layer_ops, lowp_quantize_kernels,
+                                     moe_layer_fraction)
 from diffperf.workload.groups import stride
 from diffperf.workload.params import (grid_shards, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device,
@@ -60,7 +62,7 @@ from diffperf.workload.xla import (grad_accumulation_traffic_bytes, optimizer_by
 
 # Terms that are exactly 0 for most layouts, and that a caller who knows so can leave out of
 # the traced program (`features` of predict_step; `features_of` finds them from concrete specs).
-FEATURES = frozenset({"ep", "cp", "axonn", "experts", "hsdp", "xla", "lowp", "mla"})
+FEATURES = frozenset({"ep", "cp", "axonn", "experts", "hsdp", "xla", "tiles", "lowp", "mla"})
 _PARTS = ("compute_s", "recompute_s", "tp_exposed_s", "cp_exposed_s", "ep_exposed_s",
           "axonn_exposed_s", "overhead_s", "overlap_slowdown_s", "tp_hidden_s", "cp_hidden_s",
           "ep_hidden_s", "axonn_hidden_s")
@@ -153,6 +155,7 @@ def features_of(model, parallel, training=None) -> frozenset:
         axonn: some gx gy gz > 1 (grid collectives)  experts: some moe_experts > 0
         hsdp: some zero_shard > 0 (ZeRO shard groups smaller than the DP group, replicas)
         xla: training.xla_compiled = 1 (one XLA program: memory/xla.py, workload/xla.py)
+        tiles: training.attn_tile > 0 (full and window attention kernels tile by tile)
         lowp: some dense GEMM pass in low precision (training.lowp_fprop, lowp_dgrad or
               lowp_wgrad, with lowp_layer_frac, not 0: workload.flops.lowp_pass_fracs);
               without it the low-precision GEMM times are not computed
@@ -160,16 +163,18 @@ def features_of(model, parallel, training=None) -> frozenset:
         mla: some kv_lora_rank > 0 (multi-head latent attention: the MLA GEMM rows; without
              it, and without experts, those rows of workload.flops.DENSE_ROW_BLOCKS are not
              timed)
-    training None: the default Training() (xla_compiled = 0, every lowp pass 0).
+    training None: the default Training() (xla_compiled = 0, attn_tile = 0, every lowp pass
+    0).
     Every feature when a leaf is traced (values unknown). Leaving a feature out when its
     terms are 0 changes no result: each of them is multiplied by a size-1-group factor of
     exactly 0 (collectives.*: `active`), or is a group with no parameters.
     """
     xla = 0.0 if training is None else training.xla_compiled
+    tile = 0.0 if training is None else training.attn_tile
     passes = (0.0, 0.0, 0.0, 0.0) if training is None else (
         training.lowp_fprop, training.lowp_dgrad, training.lowp_wgrad, training.lowp_layer_frac)
     leaves = (parallel.ep, parallel.cp, parallel.gx, parallel.gy, parallel.gz, model.n_experts,
-              parallel.zero_shard, model.kv_lora_rank, xla, *passes)
+              parallel.zero_shard, model.kv_lora_rank, xla, tile, *passes)
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
         return FEATURES
     f, d, w, frac = (np.abs(np.asarray(x, float)) for x in passes)
@@ -179,8 +184,8 @@ def features_of(model, parallel, training=None) -> frozenset:
     on = {"ep": experts and big(parallel.ep), "cp": big(parallel.cp),
           "axonn": big(parallel.gx) or big(parallel.gy) or big(parallel.gz), "experts": experts,
           "hsdp": bool(np.any(np.asarray(parallel.zero_shard) > 0)),
-          "xla": bool(np.any(np.asarray(xla) > 0)), "lowp": lowp,
-          "mla": bool(np.any(np.asarray(model.kv_lora_rank) > 0))}
+          "xla": bool(np.any(np.asarray(xla) > 0)), "tiles": bool(np.any(np.asarray(tile) > 0)),
+          "lowp": lowp, "mla": bool(np.any(np.asarray(model.kv_lora_rank) > 0))}
     return frozenset(k for k, v in on.items() if v)
 
 
@@ -222,8 +227,21 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     same compute [D]."""
     e = system.eff
     ops = layer_ops(model, parallel, training)
-    _, attn, other = layer_times_s(ops, system, training,
-                                   attention_io_bytes(model, parallel, training), temperature)
+    attn_io = attention_io_bytes(model, parallel, training)
+    _, attn, other = layer_times_s(ops, system, training, attn_io, temperature)
+    # attn_tile > 0: full and sliding-window layers as their own kernels, tile by tile
+    # (costs.compute.attention_by_kind_time_s); 0 keeps the mean layer's one kernel exactly.
+    # The backward kernel's time per unit of forward work (the forward's, unless the run ran
+    # FlashAttention-2 on a GPU with a published FA2 rate: costs.compute.
+    # attention_kernel_factor), the same way.
+    attn_b1 = attention_time_s(ops.attention, system, training, attn_io, temperature,
+                               backward=True)
+    if "tiles" in features:
+        kinds = attention_by_kind(model, parallel, training)
+        attn = jnp.where(training.attn_tile > 0, attention_by_kind_time_s(
+            kinds, system, training, attn_io, temperature), attn)
+        attn_b1 = jnp.where(training.attn_tile > 0, attention_by_kind_time_s(
+            kinds, system, training, attn_io, temperature, backward=True), attn_b1)
     # Dense GEMM rows of the forward (fprop) and of the backward's two GEMMs (dgrad, wgrad):
     # each at its own precision (16-bit presets: dgrad = wgrad = fprop, dense_b = 2 dense).
     lowp = "lowp" in features
@@ -248,8 +266,9 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         (calls - 1.0) * tp_on * e.coll_base_s)
     tp_f, tp_fh = split_exposed(n_f * c_tp, parallel.tp_overlap * dense, temperature)
     tp_b, tp_bh = split_exposed(n_b * c_tp, parallel.tp_overlap * dense_b, temperature)
-    # Attention backward: 2 x forward, + the recomputed scores of flash attention (0.5 x).
-    attn_bwd = (2.0 + 0.5 * training.flash_attention) * attn
+    # Attention backward: 2 x forward, + the recomputed scores of flash attention (0.5 x),
+    # at the backward kernel's rate (attn_b1 above).
+    attn_bwd = (2.0 + 0.5 * training.flash_attention) * attn_b1
     cp_f, cp_fh, cp_b, cp_bh = (_cp_parts(model, parallel, system, training, attn, attn_bwd,
                                           temperature) if "cp" in features else _zeros(attn, 4))
     ep_f, ep_fh, ep_b, ep_bh = (_ep_parts(model, parallel, system, training, dense - tp_fh,

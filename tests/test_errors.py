@@ -1540,6 +1540,7 @@ def test_runs_row_model_config_must_agree(tmp_path):
 @pytest.mark.parametrize("fields, message", [
     (dict(llama_eager_pointwise=2.0), "llama_eager_pointwise=2 is not allowed (allowed: 0, 1)"),
     (dict(norm_extra_bytes=-1.0), "norm_extra_bytes=-1 must be >= 0"),
+    (dict(attention_fa2=0.5), "attention_fa2=0.5 is not allowed (allowed: 0, 1)"),
 ])
 def test_eager_pointwise_training_facts(fields, message):
     from diffperf.specs.validate import check_training

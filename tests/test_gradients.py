@@ -40,7 +40,8 @@ SMOOTH = 0.05  # the temperature of the smooth variant (calibration, differentia
 HARDWARE_RATES = ("matmul_flops_per_s", "matmul_fp32_flops_per_s", "vector_flops_per_s",
                   "hbm_bandwidth_Bps", "tiers[*].bandwidth_Bps", "matmul_fp8_flops_per_s",
                   "matmul_fp4_flops_per_s", "matmul_sustained_frac",
-                  "matmul_fp8_sustained_frac", "matmul_fp4_sustained_frac")
+                  "matmul_fp8_sustained_frac", "matmul_fp4_sustained_frac",
+                  "attn_fa2_fwd_frac", "attn_fa2_bwd_frac")
 # Efficiencies multiply a peak rate, so they are rates too (those of them the System has).
 RATE_LEAVES = HARDWARE_RATES + ("eff.mm_max", "eff.attn_max", "eff.mem_eff",
                                 "eff.coll_eff_intra", "eff.coll_eff_inter")
@@ -267,8 +268,11 @@ CHECK_GRAD_CASES = {
 
 # Training facts of a case beyond its precision (the eager element-wise kernels of
 # workload.flops.eager_pointwise_bytes).
+# The same case ran FlashAttention-2 (TorchTitan 2024-12: attention_fa2, at the H100's FA2 rate,
+# costs.compute.attention_kernel_factor).
 TRAINING_EXTRA = {"fsdp2-op-sac-eager-llama3-8b-h100": dict(norm_extra_bytes=32.0,
-                                                            llama_eager_pointwise=1.0)}
+                                                            llama_eager_pointwise=1.0,
+                                                            attention_fa2=1.0)}
 
 
 # fms-fsdp's selective AC: 40 % of the blocks checkpointed, TP 2 with SP, across nodes
@@ -277,8 +281,9 @@ LAYER_FRAC = dict(tp=2, pp=1, dp=8, micro_batch=1, global_batch=32, zero_stage=3
 
 
 def test_op_sac_and_eager_kernels_obey_the_physical_signs():
-    """Per-op SAC with eager element-wise kernels, and full recompute of 40 % of the layers:
-    finite gradients in every System leaf; more FLOP/s or HBM bandwidth never slows the step;
+    """Per-op SAC with eager element-wise kernels and FlashAttention-2, and full recompute of
+    40 % of the layers: finite gradients in every System leaf; more FLOP/s or HBM bandwidth
+    (or a faster FA2 kernel, forward and backward) never slows the step;
     the recomputed element-wise work gives HBM bandwidth a larger elasticity than without it.
     (check_grads of the first: CHECK_GRAD_CASES["fsdp2-op-sac-eager-llama3-8b-h100"].)"""
     model_name, system_name, layout, _ = CHECK_GRAD_CASES["fsdp2-op-sac-eager-llama3-8b-h100"]
@@ -291,7 +296,9 @@ def test_op_sac_and_eager_kernels_obey_the_physical_signs():
         step, grad = _value_and_grad(model, par, system, training, None)
         bad = {n: float(g) for n, _, g in _named_leaves(grad) if not np.isfinite(g)}
         assert not bad, bad
-        for leaf in ("matmul_flops_per_s", "hbm_bandwidth_Bps", "eff.mem_eff", "eff.mm_max"):
+        fa2 = ("attn_fa2_fwd_frac", "attn_fa2_bwd_frac") if label == "eager" else ()
+        for leaf in ("matmul_flops_per_s", "hbm_bandwidth_Bps", "eff.mem_eff", "eff.mm_max",
+                     *fa2):
             g = float(functools.reduce(getattr, leaf.split("."), grad))
             assert g < 0, (label, leaf, g)
         elasticity[label] = float(grad.hbm_bandwidth_Bps * system.hbm_bandwidth_Bps / step)

@@ -515,6 +515,8 @@ def test_features_of_names_each_feature():
     assert features_of(dense, Parallel(), training("mxfp8", lowp_layer_frac=0.0)) == frozenset()
     assert features_of(dense, Parallel(), training("amp-bf16").replace(
         lowp_wgrad=np.array([0.0, 1.0]))) == {"lowp"}
+    tiled = training("bf16").replace(attn_tile=128.0)
+    assert features_of(dense, Parallel(), tiled) == {"tiles"}
     seen = []  # a traced leaf: values unknown, so every feature stays in the program
     jax.make_jaxpr(lambda cp: seen.append(features_of(dense, Parallel(cp=cp))) or cp)(1.0)
     assert seen == [FEATURES]

@@ -115,6 +115,20 @@ def test_system_gpu_key_is_checked(tmp_path):
 
 # ------------------------------------------------------------------------ published runs
 
+def test_published_fp8_rows_carry_the_kernel_and_cp_facts():
+    """Float8 rows: FlashAttention-2 (TorchTitan 2024-12), and the CP rows all-gather K/V
+    (TorchTitan's default rotate method, cp_ring=0); step = seq / (TPS x 8) with one sequence
+    per FSDP rank (TPS counts each sequence once): CP 8, 262144 / (548 x 8) = 59.796 s."""
+    runs = load_runs(PUBLISHED.parent / "published_fsdp_fp8.csv")
+    by = dict(zip(runs.ids, range(len(runs))))
+    assert len(runs) == 7
+    assert all(float(t.attention_fa2) == 1 for t in runs.trainings)
+    for rid, i in by.items():
+        assert float(runs.parallels[i].cp_ring) == (0 if "-cp" in rid else 1), rid
+    assert runs.step_time_s[by["tt-h100-l3-8b-n8-cp8-fp8"]] == pytest.approx(
+        262144 / (548 * 8), rel=1e-5)
+
+
 def test_published_fsdp_csv_loads_with_its_row_facts():
     """Each row's `set` facts reach its specs: FSDP2 rows reduce in fp32 and copy out, FSDP1
     rows reduce in bf16; HSDP rows shard over the node (zero_shard 8); TorchTitan's op SAC
@@ -133,6 +147,11 @@ def test_published_fsdp_csv_loads_with_its_row_facts():
     assert float(runs.trainings[tt].llama_eager_pointwise) == 1
     compiled = by["tt-h100-l3-8b-n8-compile"]
     assert float(runs.trainings[compiled].llama_eager_pointwise) == 0
+    # The attention kernel (data/published_fsdp.md): FlashAttention-2 in every row but the
+    # 405B one, whose torch nightly is not stated
+    fa2 = {rid: float(runs.trainings[i].attention_fa2) for rid, i in by.items()}
+    assert fa2.pop("tt-h100-l31-405b-n128-tp8") == 0
+    assert set(fa2.values()) == {1.0}
     # fms-fsdp README: A100 13B HFU 0.69, MFU 0.61 -> p = 3 (0.69 / 0.61 - 1) = 0.39
     fms13 = runs.parallels[by["fms-a100-l2-13b"]]
     assert float(fms13.recompute) == 2

@@ -219,23 +219,76 @@ def attention_efficiency(work, head_dim, eff):
                            * (1.0 + eff.attn_half_head_dim / head_dim))
 
 
-def attention_time_s(attention, system, training, io_bytes, temperature=None):
+def attention_kernel_factor(head_dim, system, training, backward=False):
+    """Factor on the attention efficiency for the kernel the run ran (1: the set's kernel):
+
+        r = min(1, c_pass / eta_inf(d_h)),   eta_inf(d_h) = eta_max / (1 + d_half / d_h)
+    when training.attention_fa2 = 1 and the GPU has a published FlashAttention-2 rate
+    c_pass > 0 (System.attn_fa2_fwd_frac, attn_fa2_bwd_frac for the backward), else 1.
+    eta_inf is the long-sequence plateau of the set's curve (`attention_efficiency` at
+    W -> inf), so  eta_attn r  keeps the set's fall-off with work (wave quantization of the
+    score tiles, the same grid) and plateaus at c_pass of the peak at every head size.
+    Why: FlashAttention-2 issues Ampere's warp-level mma.sync and synchronous loads; on
+    Hopper the full tensor rate needs WGMMA and TMA (FlashAttention-3, Shah et al. 2024,
+    arXiv:2407.08608, sections 1 and 3), so FA2 plateaus near a third of the H100's peak at
+    every head size (its Figs. 5 and 6, H100 SXM5 BF16, sequence 16k: FA2 forward 299 /
+    335 / 298 TFLOP/s causal and 324 / 370 / 326 non-causal at d_h 64 / 128 / 256, backward
+    322 at d_h 128), while cuDNN / FA3 reach 539 / 616 (causal) and 595 / 648 forward,
+    516 / 561 backward at d_h 128. The set's curve on
+    H100 was measured with cuDNN (PyTorch 2.11, cuDNN 9.19; data/kernels/h100_attention.csv).
+    Example: H100 set (eta_max 0.7833, d_half 49.83), d_h 128: eta_inf = 0.5638; FA2
+    forward c = 335 / 989.4 = 0.3386 -> r = 0.6005 (the paper's FA2 / cuDNN ratio at 16k:
+    335 / 539 = 0.622).
+    """
+    e = system.eff
+    c = system.attn_fa2_bwd_frac if backward else system.attn_fa2_fwd_frac
+    plateau = e.attn_max / (1.0 + e.attn_half_head_dim / head_dim)
+    on = (training.attention_fa2 > 0) & (c > 0)
+    # double where: the unmeasured branch must give no NaN or infinite gradient
+    return jnp.where(on, jnp.minimum(1.0, jnp.where(on, c, 1.0) / plateau), 1.0)
+
+
+def attention_time_s(attention, system, training, io_bytes, temperature=None,
+                     backward=False):
     """Attention core forward (QK^T and AV of `attention` Gemms, rows 0 and 1).
 
     Flash attention: one fused kernel,
-        t = max( sum 2 m n k count / (F_peak eta_attn),  io_bytes / (BW_hbm eta_mem) )
+        t = max( sum 2 m n k count / (F_peak eta_attn r),  io_bytes / (BW_hbm eta_mem) )
+    r = `attention_kernel_factor` (1 unless the run ran FlashAttention-2 on a GPU with a
+    published FA2 rate; `backward=True`: at the backward's rate, the forward's FLOPs and
+    bytes, which the caller scales by the backward's 2.5x work).
     Unfused (flash_attention = 0): two batched GEMMs at the GEMM-shape efficiency; the
     materialised scores' traffic is in the layer's elementwise bytes.
     """
     e = system.eff
     work = jnp.maximum(attention.count[0] * attention.m[0] * attention.n[0], 1.0)
-    eta = attention_efficiency(work, attention.k[0], e)
+    eta = attention_efficiency(work, attention.k[0], e) * attention_kernel_factor(
+        attention.k[0], system, training, backward)
     flops = jnp.sum(attention.flops)
     fused = roofline_time_s(flops, io_bytes, matmul_rate(system, training), eta,
                             system.hbm_bandwidth_Bps, e.mem_eff, temperature)
     unfused = gemms_time_s(attention, system, training, e.mm_max, e.mm_half_dim, temperature)
     flash = training.flash_attention
     return flash * fused + (1.0 - flash) * unfused
+
+
+def attention_by_kind_time_s(kinds, system, training, io_bytes, temperature=None,
+                             backward=False):
+    """Attention core forward of the mean layer when full and sliding-window layers are
+    separate kernels (training.attn_tile > 0; `workload.flops.attention_by_kind`):
+
+        t = (1 - f_win) t_attn(full) + f_win t_attn(window)
+    t_attn = `attention_time_s` of each layer's own score tiles, so that each kernel runs at
+    the efficiency of its own work (a window layer's few tiles per row block run at the
+    lower efficiency of a small kernel) and each reads Q, K, V and writes O (io_bytes).
+    Example: GPT-OSS on one H100 (b 1, s 4096, 64 heads of 64, B 128): the full layer's
+    137.9 GFLOP and the window layer's 16.4 GFLOP forward; see tests/test_golden.py.
+    `backward=True`: each kernel at the backward's rate (`attention_time_s`).
+    """
+    full, window, f_win = kinds
+    t_full = attention_time_s(full, system, training, io_bytes, temperature, backward)
+    t_win = attention_time_s(window, system, training, io_bytes, temperature, backward)
+    return (1.0 - f_win) * t_full + f_win * t_win
 
 
 def memory_time_s(bytes_moved, system):

@@ -123,6 +123,13 @@ class System(struct.PyTreeNode):
     matmul_sustained_frac: Any = 0.0      # 16-bit GEMMs
     matmul_fp8_sustained_frac: Any = 0.0  # FP8 GEMMs
     matmul_fp4_sustained_frac: Any = 0.0  # FP4 GEMMs
+    # Published long-sequence throughput of FlashAttention-2 on THIS GPU / its 16-bit peak,
+    # forward and backward (costs.compute.attention_kernel_factor; runs with
+    # Training.attention_fa2 = 1). 0: not measured, or FA2 is the kernel the efficiency set's
+    # attention curve describes on this GPU (A100): no change. Hopper: FA2 has no WGMMA / TMA
+    # and plateaus near a third of the peak (FlashAttention-3 paper, configs/systems sources)
+    attn_fa2_fwd_frac: Any = 0.0
+    attn_fa2_bwd_frac: Any = 0.0
     name: str = struct.field(pytree_node=False, default="system")
     gpu: str = struct.field(pytree_node=False, default="")  # GPU generation ('a100', 'h100',
     # ...; '' unknown): picks the shipped default efficiency set (diffperf.trust)

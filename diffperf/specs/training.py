@@ -46,6 +46,18 @@ class Training(struct.PyTreeNode):
                                  # ops run as separate eager kernels (fp32 complex rotary on Q
                                  # and K, repeat_kv copies of K and V, SiLU and the product
                                  # apart); 0: fused (torch.compile) or not counted
+    attention_fa2: Any = 0.0     # 1: the run's fused attention was FlashAttention-2 (PyTorch
+                                 # SDPA's flash backend, the flash-attn 2 package), timed at
+                                 # the GPU's published FA2 rate (System.attn_fa2_*_frac;
+                                 # costs.compute.attention_kernel_factor); 0: the kernel the
+                                 # efficiency set's attention curve describes (on Hopper
+                                 # cuDNN / FA3-class, data/kernels/h100_attention.csv)
+    attn_tile: Any = 0.0         # B > 0: the fused attention kernel computes the score matrix
+                                 # in B x B tiles (every tile that one query of its row block
+                                 # sees, whole), and a sliding-window layer and a full layer are
+                                 # each timed as its own kernel (workload.flops.attention_by_kind,
+                                 # costs.compute.attention_by_kind_time_s); 0: the exact band of
+                                 # scores, one kernel for the mean layer (the default)
     checkpoint_interval_s: Any = 0.0  # run choice: training seconds between checkpoints
                                  # (tau); 0: the optimum of Daly (2006), schedule.goodput
     xla_compiled: Any = 0.0      # 1: the whole step is one XLA program (JAX jit): memory is

@@ -374,7 +374,7 @@ EFF_POSITIVE = ("mm_half_dim", "mm_exponent", "attn_half_work", "attn_exponent",
 TRAINING_SWITCHES = ("grad_buffers_persist", "matmul_fp32", "flash_attention", "dropout",
                      "xla_compiled", "lowp_fprop", "lowp_dgrad", "lowp_wgrad", "lowp_fp4",
                      "lowp_amax_pass", "lowp_weight_cache", "lowp_param_gather",
-                     "llama_eager_pointwise")
+                     "llama_eager_pointwise", "attention_fa2")
 TRAINING_POSITIVE = ("weight_bytes", "grad_bytes", "activation_bytes", "residual_bytes")
 # Network tiers: static structure, each tier adds its collectives' terms to the compiled
 # program. Measured (gpt-small, 2-core CPU under load, 2026-11-26): first predict 22 s with
@@ -460,6 +460,10 @@ def check_system(system, where: str = "system") -> None:
     for f in ("matmul_sustained_frac", "matmul_fp8_sustained_frac", "matmul_fp4_sustained_frac"):
         rule(getattr(system, f), lambda v: (v >= 0) & (v <= 1), f,
              "0 to 1 (a published GEMM throughput over the datasheet peak; 0: not measured)")
+    for f in ("attn_fa2_fwd_frac", "attn_fa2_bwd_frac"):
+        rule(getattr(system, f), lambda v: (v >= 0) & (v <= 1), f,
+             "0 to 1 (a published FlashAttention-2 throughput over the 16-bit peak; 0: not "
+             "measured)")
     prev = None
     for j, t in enumerate(system.tiers):
         rule(t.domain_size, lambda v: v >= 1, f"tiers[{j}].domain_size", ">= 1")

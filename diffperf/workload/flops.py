@@ -84,6 +84,67 @@ def attention_kappa(model, training):
     return (1.0 - frac) * full + frac * windowed
 
 
+def attention_tile_kappas(model, training):
+    """(kappa_full, kappa_win, f_win): the fraction of the s x s score square that a fused
+    attention kernel working in B x B tiles (B = training.attn_tile > 0) computes in a
+    full-attention layer and in a sliding-window layer, and the share of window layers.
+
+        n = ceil(s / B) row blocks of queries (and column blocks of keys)
+        N_full = n (n + 1) / 2  (causal)  or  n^2
+        N_win  = sum_{i<n} (min(i, c) + 1) = n + c (c + 1) / 2 + c (n - 1 - c)   (n > c),
+                 c = ceil((w - 1) / B)                  (query i sees keys i - w + 1 .. i)
+        kappa  = min(N B^2 / s^2, 1),     f_win = L_w / L  (w < s, causal; else 0)
+    The kernel skips a tile only when no query of its row block sees any key of it and
+    computes the others whole, masking element by element (FlashAttention-2, Dao 2023,
+    Section 3.1.1: blocks above the causal diagonal are skipped, the diagonal blocks masked;
+    the window's left edge the same way, flash-attention `flash_fwd_kernel.h`
+    n_block_min from window_size_left). B = 128: flash-attention's forward for head_dim 64
+    (`run_mha_fwd_hdim64`, Flash_fwd_kernel_traits<64, 128, 128, ...>). Without flash
+    attention the whole square is computed (kappa = 1, as `attention_kappa`).
+    Checked against cuDNN's own backward timings (cudnn-frontend PR #505, B1 H16 d64 causal,
+    s 4096, cudnn column): window 511 / full = 171.0 / 558.2 = 0.306 measured, N_win / N_full
+    = 150 / 528 = 0.284 here; window 1023: 0.496 measured, 252 / 528 = 0.477.
+    Example: GPT-OSS (s 4096, w 128, B 128): n = 32, c = 1, N_full = 528, N_win = 63:
+    kappa_full = 0.5156, kappa_win = 0.0615 (the exact band: 0.5, 0.0308), f_win = 0.5.
+    A property of the integer shape, constant in every System leaf.
+    """
+    s = model.seq_len
+    # a tile is at least one score and at most the whole square (keeps n^2 and B^2 / s^2
+    # finite in float32 for any attn_tile a user may --set)
+    B = jnp.clip(training.attn_tile, 1.0, s)
+    n = jnp.maximum(jnp.ceil(s / B - 1e-6), 1.0)
+    causal = model.causal > 0
+    n_full = jnp.where(causal, 0.5 * n * (n + 1.0), n * n)
+    w = jnp.clip(model.sliding_window, 1.0, s)
+    c = jnp.ceil((w - 1.0) / B - 1e-6)
+    n_win = jnp.where(n - 1.0 >= c, n + 0.5 * c * (c + 1.0) + c * (n - 1.0 - c), n_full)
+    area = B * B / (s * s)
+    flash = training.flash_attention
+    k_full = flash * jnp.minimum(n_full * area, 1.0) + (1.0 - flash)
+    k_win = flash * jnp.minimum(jnp.minimum(n_win, n_full) * area, 1.0) + (1.0 - flash)
+    windowed = (model.sliding_window > 0) & (model.sliding_window < s) & causal
+    f_win = jnp.where(windowed, model.sliding_layers / model.n_layers, 0.0)
+    return k_full, k_win, f_win
+
+
+def attention_by_kind(model, parallel, training):
+    """(full, window, f_win): the attention core of one full-attention layer and of one
+    sliding-window layer as `layer_ops` builds it (QK^T and AV, count = b (a/t) kappa), each
+    at its tile kappa (`attention_tile_kappas`), and the share f_win of window layers. The
+    mean layer's attention time is (1 - f_win) t(full) + f_win t(window) with each kernel at
+    its own work (`costs.compute.attention_by_kind_time_s`)."""
+    k_full, k_win, f_win = attention_tile_kappas(model, training)
+    s_q, s_kv = model.seq_len / parallel.cp, model.seq_len
+    heads = parallel.micro_batch * model.n_heads / head_shards(parallel)
+    dh, dv = model.head_dim, v_dim(model)
+
+    def core(kappa):
+        return Gemms(m=_rows([s_q, s_q]), n=_rows([s_kv, dv]), k=_rows([dh, s_kv]),
+                     count=_rows([heads * kappa, heads * kappa]))
+
+    return core(k_full), core(k_win), f_win
+
+
 def score_elements(model, parallel):
     """Elements of the (s/c) x s score matrices of one device's heads, one micro-batch:
     b (a / t) (s / c) s."""

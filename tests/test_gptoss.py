@@ -1,0 +1,168 @@
+"""GPT-OSS's attention as the fused kernel computes it (docs/accuracy-gptoss.md): sliding-window
+and full layers as separate kernels, each over the B x B score tiles it cannot skip
+(Training.attn_tile; workload.flops.attention_tile_kappas, costs.compute.
+attention_by_kind_time_s). Expected values are the docstrings' arithmetic, worked by hand.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import diffperf
+from diffperf import Parallel
+from diffperf.costs.compute import attention_by_kind_time_s, layer_times_s
+from diffperf.workload.flops import (attention_by_kind, attention_io_bytes, attention_kappa,
+                                     attention_tile_kappas, layer_ops)
+from shipped import model as _model, system as _system
+
+BF16 = diffperf.training("bf16")
+TILED = BF16.replace(attn_tile=128.0)
+GPT_OSS = _model("gpt-oss-120b")
+
+
+def test_tile_kappas_of_gpt_oss_by_hand():
+    """s 4096, w 128, B 128: n = 32 row blocks; a causal layer computes n (n + 1) / 2 = 528
+    tiles, a window layer min(i, c) + 1 per row block with c = ceil(127 / 128) = 1:
+    1 + 31 x 2 = 63 tiles; each tile 128^2 of the 4096^2 square."""
+    k_full, k_win, f_win = (float(x) for x in attention_tile_kappas(GPT_OSS, TILED))
+    assert k_full == pytest.approx(528 * 128**2 / 4096**2, rel=1e-6)  # 0.515625
+    assert k_win == pytest.approx(63 * 128**2 / 4096**2, rel=1e-6)  # 0.0615234
+    assert f_win == 0.5  # 18 of 36 layers
+    # the exact band (attn_tile = 0's kappa) is about half the window layer's tiles
+    band = (128 * 4096 - 128 * 127 / 2) / 4096**2
+    assert k_win / band == pytest.approx(63 * 128**2 / (128 * 4096 - 128 * 127 / 2), rel=1e-6)
+    assert 1.99 < k_win / band < 2.0
+    # without flash attention every score is computed, as attention_kappa says
+    nf = attention_tile_kappas(GPT_OSS, TILED.replace(flash_attention=0.0))
+    assert [float(x) for x in nf[:2]] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("window, tiles", [(512, 150), (1024, 252)])
+def test_tile_counts_against_cudnn_window_timings(window, tiles):
+    """cudnn-frontend PR #505 (cuDNN backend, B1 H16 d64 causal s 4096 backward): window /
+    full time 171.0 / 558.2 = 0.306 for a 511-key left bound, 276.6 / 558.2 = 0.496 for 1023.
+    Tiles: c = ceil((w - 1) / 128) = 4 or 8; N = 32 + c (c + 1) / 2 + c (31 - c) = 150, 252
+    of 528: 0.284 and 0.477, within 7 % below the measured ratios (the per-block prologue and
+    epilogue the count leaves out)."""
+    m = GPT_OSS.replace(sliding_window=float(window))
+    k_full, k_win, _ = (float(x) for x in attention_tile_kappas(m, TILED))
+    assert k_win / k_full == pytest.approx(tiles / 528, rel=1e-6)
+    measured = {512: 171.0 / 558.2, 1024: 276.6 / 558.2}[window]
+    assert 0.9 < (tiles / 528) / measured < 1.0
+
+
+@pytest.mark.parametrize("tile", [1e-30, 0.5, 1e30])
+def test_any_tile_a_user_sets_gives_finite_kappas(tile):
+    """attn_tile is clipped to [1, s]: a tile of one score counts the exact causal triangle
+    (kappa_full = (s + 1) / 2s), a tile as large as the sequence computes it whole (1)."""
+    k_full, k_win, _ = (float(x) for x in attention_tile_kappas(
+        GPT_OSS, BF16.replace(attn_tile=tile)))
+    assert np.isfinite(k_full) and np.isfinite(k_win) and 0 < k_win <= k_full <= 1
+    if tile > 1e3:
+        assert k_full == 1.0
+    else:
+        assert k_full == pytest.approx(4097 / 8192, rel=1e-6)
+        assert k_win == pytest.approx((128 * 4096 - 128 * 127 / 2) / 4096**2, rel=1e-5)
+
+
+def test_no_window_and_a_window_as_long_as_the_sequence():
+    """A model without windows has f_win = 0; a window >= s is full causal attention."""
+    llama = _model("llama3-8b")
+    assert float(attention_tile_kappas(llama, TILED)[2]) == 0.0
+    wide = GPT_OSS.replace(sliding_window=8192.0)
+    assert float(attention_tile_kappas(wide, TILED)[2]) == 0.0
+
+
+def test_attention_by_kind_time_on_h100_by_hand():
+    """GPT-OSS on one H100 SXM (b 1, t 1): each kernel's roofline at its own efficiency,
+
+        eta = attn_max / [(1 + (W_half / W)^gamma)(1 + d_half / 64)],  W = 64 x 4096^2 kappa
+        t = max(4 x 4096^2 x 64 x 64 kappa / (F eta), io / (BW eta_mem))
+    io = 2 B x 4096 x (64 + 8 + 8 + 64) x 64 = 75.5 MB (Q, K, V read, O written), and the
+    mean layer (1 - 0.5) t_full + 0.5 t_win."""
+    h100 = _system("h100-sxm-80gb")
+    e = h100.eff
+    par = Parallel(micro_batch=1.0)
+    io = float(attention_io_bytes(GPT_OSS, par, TILED))
+    assert io == 2 * 4096 * 144 * 64
+    frac = float(h100.matmul_sustained_frac)
+    F = float(h100.matmul_flops_per_s) * (frac / (797.5 / 989.4) if frac > 0 else 1.0)
+
+    def kernel(kappa):
+        work = 64 * 4096**2 * kappa
+        eta = float(e.attn_max) / ((1 + (float(e.attn_half_work) / work) ** float(
+            e.attn_exponent)) * (1 + float(e.attn_half_head_dim) / 64))
+        flops = 4 * 4096**2 * 64 * 64 * kappa
+        return max(flops / (F * eta), io / (float(h100.hbm_bandwidth_Bps) * float(e.mem_eff)))
+
+    hand = 0.5 * kernel(528 / 1024) + 0.5 * kernel(63 / 1024)
+    got = float(attention_by_kind_time_s(attention_by_kind(GPT_OSS, par, TILED), h100, TILED,
+                                         io))
+    assert got == pytest.approx(hand, rel=1e-5)
+    # the one blended kernel of attn_tile = 0 (kappa 0.2654 at the mean work) is faster
+    ops = layer_ops(GPT_OSS, par, BF16)
+    blended = float(layer_times_s(ops, h100, BF16, io)[1])
+    assert float(attention_kappa(GPT_OSS, BF16)) == pytest.approx(0.265381, rel=1e-5)
+    assert blended < got
+
+
+def test_attn_tile_128_moves_windowed_models_with_a_physical_gradient():
+    """attn_tile = 128 moves a model with windows (its window layers cost their tiles), with
+    finite gradients and a faster peak never slower: one value-and-gradient program (the
+    layout's own features, `features_of`, and the XLA:CPU options predict uses) for both
+    trainings. attn_tile = 0 (the default) leaving every prediction alone is
+    tests/test_regression.py's (the public predict keeps the term). A model without windows
+    moves only by the causal diagonal tiles (kappa (s + B) / 2s against 1/2)."""
+    from diffperf.api import _normalize
+    from diffperf.predict import features_of, predict_step
+    from diffperf.search.kernel import _CPU_QUICK_OPTIONS
+
+    h100 = _system("h100-sxm-80gb")
+    par = _normalize(Parallel(dp=8.0, ep=8.0, micro_batch=1.0, global_batch=64.0))
+    feats = features_of(GPT_OSS, par, TILED)
+    assert feats == {"ep", "experts", "tiles"}
+    opts = dict(compiler_options=_CPU_QUICK_OPTIONS) if jax.default_backend() == "cpu" else {}
+    step = jax.jit(jax.value_and_grad(
+        lambda s, t: predict_step(GPT_OSS, par, s, t, features=feats).step_time_s), **opts)
+    base, _ = step(h100, BF16)
+    tiled, grad = step(h100, TILED)
+    assert float(tiled) > float(base)
+    assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grad))
+    assert float(grad.matmul_flops_per_s) < 0 and float(grad.eff.attn_max) < 0
+    assert "tiles" not in features_of(GPT_OSS, par, BF16)
+    # no window: the mean layer is the full one; kappa 0.5156 vs 0.5 (s 4096)
+    llama = _model("llama3-8b")
+    lpar = Parallel(dp=8.0, micro_batch=1.0, global_batch=64.0)
+    full, _, f = attention_by_kind(llama, lpar, TILED)
+    assert float(f) == 0.0
+    ratio = float(jnp.sum(full.flops)) / float(jnp.sum(layer_ops(llama, lpar, BF16)
+                                                         .attention.flops))
+    assert ratio == pytest.approx((8192 + 128) / 8192, rel=1e-6)  # llama3-8b: s 8192
+
+
+def test_attention_by_kind_gradient_contract(x64):
+    """d t / d log(leaf) for the matmul peak, HBM bandwidth, attn_max and attn_half_work:
+    matches finite differences (float64), finite, and the physical sign (faster rates never
+    slow it, a larger half-work never speeds it)."""
+    from jax.test_util import check_grads
+
+    h100 = _system("h100-sxm-80gb")
+    par = Parallel(micro_batch=1.0)
+    kinds = attention_by_kind(GPT_OSS, par, TILED)
+    io = attention_io_bytes(GPT_OSS, par, TILED)
+
+    def t(logs):
+        e = h100.eff.replace(attn_max=h100.eff.attn_max * jnp.exp(logs[2]),
+                             attn_half_work=h100.eff.attn_half_work * jnp.exp(logs[3]))
+        s = h100.replace(matmul_flops_per_s=h100.matmul_flops_per_s * jnp.exp(logs[0]),
+                         hbm_bandwidth_Bps=h100.hbm_bandwidth_Bps * jnp.exp(logs[1]), eff=e)
+        return attention_by_kind_time_s(kinds, s, TILED, io)
+
+    x = jnp.zeros(4)
+    check_grads(t, (x,), order=1, modes=("rev",), eps=1e-4)
+    g = np.asarray(jax.grad(t)(x))
+    assert np.all(np.isfinite(g))
+    assert g[0] < 0 and g[1] <= 0 and g[2] < 0 and g[3] > 0
