@@ -239,7 +239,15 @@ _FIT_STATIC = ("length", "learning_rate", "steps", "temperature", "mem_weight", 
 #   classic emitters, -O0 (quick)               3.5              7.8
 # (a step of a fit: 3.4 ms, of which ~0.1 ms the memory terms). Below this many run-steps
 # (runs x fits x steps) the quick options win (compile 7 s less, a run-step 4.8 us more:
-# break-even ~1.5 M; vTrain's 5-fold CV: 11 M).
+# break-even ~1.5 M; vTrain's 5-fold CV: 11 M). Since the features 'lowp' and 'mla' (no
+# low-precision GEMM times, 4 GEMM rows of 12 for the vTrain runs: predict.features_of) a
+# step costs less than half (session 9, CPU s under load 1-6, in turns):
+#   classic emitters, -O1 (these)         9.3-12.7            1.3-1.5
+#   fusion emitters, -O1                     17.8              1.13-1.20
+#   classic emitters, -O0 (quick)             3.0              4.1-4.2
+# (break-even of the quick options now ~2.6 M run-steps; FIT_QUICK_BELOW is left as it was,
+# since the two option sets do not give the same fit to rounding: their losses after 80
+# steps of the vTrain fits differ by up to 3 %).
 _CPU_FIT_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 1}
 FIT_QUICK_BELOW = 1_300_000
 
@@ -265,13 +273,16 @@ def fit_program(run_steps: int):
 
 
 def fit_many(starts, weights, sets, fields=STEP_FIELDS, benches=(), *, steps=600,
-             learning_rate=0.05, temperature=0.02, mem_weight=1.0, progress=None) -> list:
+             learning_rate=0.05, temperature=0.02, mem_weight=1.0, progress=None,
+             on_traced=None) -> list:
     """`fit` from each of `starts` with the run weights of the same index (weights[i]: one
     array per RunSet; the sets' own weights are ignored), all at once: one compiled program
     (`_fit_chunk`) whatever the number of starts and folds. Returns one Fit per start.
 
     progress: optional callable(steps) called after each chunk of CHUNK_STEPS optimizer
     steps with the steps every fit has advanced.
+    on_traced: optional callable() called once the fit's program is traced and lowered,
+    before XLA compiles it (`calibrate_folds` starts compiling its later programs then).
     """
     sets = tuple(sets)
     us = [to_unconstrained(s, fields) for s in starts]
@@ -289,12 +300,17 @@ def fit_many(starts, weights, sets, fields=STEP_FIELDS, benches=(), *, steps=600
     calls, length = _chunking(steps)
     rows = sum(int(np.asarray(rs.log_step).shape[0]) for rs in sets)
     program = fit_program(rows * len(starts) * steps)
+    static = dict(length=length, learning_rate=learning_rate, steps=steps,
+                  temperature=temperature, mem_weight=mem_weight, features=set_features(sets))
+    if on_traced is not None:
+        # Trace and lower now (jit keeps both for the call below, which then only compiles):
+        # the callback's threads trace (holding the GIL) while XLA compiles (releasing it).
+        program.lower(u, state, w, prior, base, jnp.int32(0), sets, tuple(benches), **static)
+        on_traced()
     history = []
     for c in range(calls):
-        u, state, losses = program(
-            u, state, w, prior, base, jnp.int32(c * length), sets, tuple(benches),
-            length=length, learning_rate=learning_rate, steps=steps, temperature=temperature,
-            mem_weight=mem_weight, features=set_features(sets))
+        u, state, losses = program(u, state, w, prior, base, jnp.int32(c * length), sets,
+                                   tuple(benches), **static)
         history.append(np.asarray(losses))
         if progress is not None:
             progress(min(steps, (c + 1) * length) - min(steps, c * length))
@@ -548,8 +564,10 @@ def _compile_after_fit(base, sets, groups, temperature) -> threading.Thread:
     the starting efficiencies (the fitted ones have the same types and shapes, so the later
     calls find them compiled). XLA compiles without holding the GIL: the compilation runs
     beside the fit's on the other core instead of after the fit (measured for the vTrain
-    CSV on 2 cores: ~11 s of CPU, the Jacobian's compile most of it). A failure here is
-    left to the later call, which compiles again and raises."""
+    CSV on 2 cores: ~6 s of CPU, the Jacobian's trace and compile most of it).
+    `calibrate_folds` starts it once the fit's program is traced (`fit_many`'s on_traced),
+    so that the two traces do not take turns on the GIL (~2 s of the vTrain fit's trace and
+    compile). A failure here is left to the later call, which compiles again and raises."""
     features = set_features([rs for _, rs in sets])
 
     def work():
@@ -582,7 +600,13 @@ def calibrate_folds(runs, systems: dict, fit_masks, *, benches=(), fields=None, 
     fields_of = [tuple(fields) if fields is not None else default_fields(runs, m)
                  for m in masks]
     best = [None] * len(masks)
-    compiling = _compile_after_fit(base, sets, tuple(dict.fromkeys(fields_of)), temperature)
+    compiling = []
+
+    def start_compiling():  # once, when the first batch's fit program is traced
+        if not compiling:
+            compiling.append(_compile_after_fit(base, sets, tuple(dict.fromkeys(fields_of)),
+                                                temperature))
+
     for group in dict.fromkeys(fields_of):
         jobs = [(k, start) for k, m in enumerate(masks) if fields_of[k] == group
                 for start in starting_points(base, group)]
@@ -590,11 +614,12 @@ def calibrate_folds(runs, systems: dict, fit_masks, *, benches=(), fields=None, 
                         [tuple(m[i].astype(np.float32) for i in idxs)
                          for m in (masks[k] for k, _ in jobs)],
                         rsets, group, benches, steps=steps, temperature=temperature,
-                        progress=progress)
+                        progress=progress, on_traced=start_compiling)
         for (k, start), f in zip(jobs, fits):
             if best[k] is None or f.loss_history[-1] < best[k][0].loss_history[-1]:
                 best[k] = (f, start)
-    compiling.join()
+    for thread in compiling:
+        thread.join()
     return [_predict_with_intervals(runs, sets, m, _unfitted_to_base(f, start, base),
                                     fields_of[k], temperature)
             for k, (m, (f, start)) in enumerate(zip(masks, best))]

@@ -45,8 +45,9 @@ from diffperf.workload.dp import (dp_volumes_bytes, product_group, zero3_copy_ou
                                   zero3_prefetch_frac, zero_groups)
 from diffperf.workload.ep import (ep_a2a_bytes, ep_a2a_per_layer, ep_stride, expert_dp_degree,
                                   expert_tp, moe_mlp_on_tp)
-from diffperf.workload.flops import (attention_by_kind, attention_io_bytes, head_ops, layer_ops,
-                                     lowp_quantize_kernels, moe_layer_fraction)
+from diffperf.workload.flops import (DENSE_ROW_BLOCKS, attention_by_kind, attention_io_bytes,
+                                     head_ops, layer_ops, lowp_quantize_kernels,
+                                     moe_layer_fraction)
 from diffperf.workload.groups import stride
 from diffperf.workload.params import (grid_shards, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device,
@@ -62,7 +63,7 @@ from diffperf.workload.xla import (grad_accumulation_traffic_bytes, optimizer_by
 
 # Terms that are exactly 0 for most layouts, and that a caller who knows so can leave out of
 # the traced program (`features` of predict_step; `features_of` finds them from concrete specs).
-FEATURES = frozenset({"ep", "cp", "axonn", "experts", "hsdp", "xla", "tiles"})
+FEATURES = frozenset({"ep", "cp", "axonn", "experts", "hsdp", "xla", "tiles", "lowp", "mla"})
 _PARTS = ("compute_s", "recompute_s", "tp_exposed_s", "cp_exposed_s", "ep_exposed_s",
           "axonn_exposed_s", "overhead_s", "overlap_slowdown_s", "tp_hidden_s", "cp_hidden_s",
           "ep_hidden_s", "axonn_hidden_s")
@@ -164,23 +165,36 @@ def features_of(model, parallel, training=None) -> frozenset:
         hsdp: some zero_shard > 0 (ZeRO shard groups smaller than the DP group, replicas)
         xla: training.xla_compiled = 1 (one XLA program: memory/xla.py, workload/xla.py)
         tiles: training.attn_tile > 0 (full and window attention kernels tile by tile)
-    training None: the default Training() (xla_compiled = 0, attn_tile = 0).
+        lowp: some dense GEMM pass in low precision (training.lowp_fprop, lowp_dgrad or
+              lowp_wgrad, with lowp_layer_frac, not 0: workload.flops.lowp_pass_fracs);
+              without it the low-precision GEMM times are not computed
+              (costs.compute.layer_pass_gemm_times_s)
+        mla: some kv_lora_rank > 0 (multi-head latent attention: the MLA GEMM rows; without
+             it, and without experts, those rows of workload.flops.DENSE_ROW_BLOCKS are not
+             timed)
+    training None: the default Training() (xla_compiled = 0, attn_tile = 0, every lowp pass
+    0).
     Every feature when a leaf is traced (values unknown). Leaving a feature out when its
     terms are 0 changes no result: each of them is multiplied by a size-1-group factor of
     exactly 0 (collectives.*: `active`), or is a group with no parameters.
     """
     xla = 0.0 if training is None else training.xla_compiled
     tile = 0.0 if training is None else training.attn_tile
+    passes = (0.0, 0.0, 0.0, 0.0) if training is None else (
+        training.lowp_fprop, training.lowp_dgrad, training.lowp_wgrad, training.lowp_layer_frac)
     leaves = (parallel.ep, parallel.cp, parallel.gx, parallel.gy, parallel.gz, model.n_experts,
-              parallel.zero_shard, xla, tile)
+              parallel.zero_shard, model.kv_lora_rank, xla, tile, *passes)
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
         return FEATURES
+    f, d, w, frac = (np.abs(np.asarray(x, float)) for x in passes)
+    lowp = bool(np.any((np.maximum(np.maximum(f, d), w) * frac) != 0))
     big = lambda x: bool(np.any(np.asarray(x) > 1))  # noqa: E731
     experts = bool(np.any(np.asarray(model.n_experts) > 0))
     on = {"ep": experts and big(parallel.ep), "cp": big(parallel.cp),
           "axonn": big(parallel.gx) or big(parallel.gy) or big(parallel.gz), "experts": experts,
           "hsdp": bool(np.any(np.asarray(parallel.zero_shard) > 0)),
-          "xla": bool(np.any(np.asarray(xla) > 0)), "tiles": bool(np.any(np.asarray(tile) > 0))}
+          "xla": bool(np.any(np.asarray(xla) > 0)), "tiles": bool(np.any(np.asarray(tile) > 0)),
+          "lowp": lowp, "mla": bool(np.any(np.asarray(model.kv_lora_rank) > 0))}
     return frozenset(k for k, v in on.items() if v)
 
 
@@ -239,9 +253,12 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
             kinds, system, training, attn_io, temperature, backward=True), attn_b1)
     # Dense GEMM rows of the forward (fprop) and of the backward's two GEMMs (dgrad, wgrad):
     # each at its own precision (16-bit presets: dgrad = wgrad = fprop, dense_b = 2 dense).
+    lowp = "lowp" in features
+    rows = tuple((a, b) for a, b, f in DENSE_ROW_BLOCKS if f is None or f in features)
+    rows = None if len(rows) == len(DENSE_ROW_BLOCKS) else rows
     dense_rows, dgrad_rows, wgrad_rows = layer_pass_gemm_times_s(ops, system, training,
-                                                                 temperature)
-    dense, dense_b = layer_dense_times_s(ops, system, training, temperature)
+                                                                 temperature, lowp, rows)
+    dense, dense_b = layer_dense_times_s(ops, system, training, temperature, lowp, rows)
     # Low precision: the quantization kernels of the layer's inputs, output gradients and
     # weights (0 for 16-bit presets; costs.compute.lowp_quantize_times_s).
     quant_f, quant_b = lowp_quantize_times_s(ops.dense, system, training,

@@ -98,8 +98,11 @@ def test_folds_and_starts_share_one_compiled_fit(x64):
     programs = cal._fit_programs().values()
     for p in programs:
         p.clear_cache()
+    traced = []  # on_traced: once, after tracing and before the compile (calibrate_folds)
     fits = cal.fit_many([s for _, s in jobs], [(f.astype(np.float32),) for f, _ in jobs],
-                        [rs], fields, steps=12)
+                        [rs], fields, steps=12,
+                        on_traced=lambda: traced.append(sum(p._cache_size() for p in programs)))
+    assert traced == [0]
     assert sum(p._cache_size() for p in programs) == 1
     alone = cal.fit(starts[1], [rs._replace(weight=folds[2].astype(np.float32))], fields,
                     steps=12)

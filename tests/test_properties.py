@@ -474,7 +474,8 @@ def test_smooth_converges_to_hard_over_a_batch():
 def test_leaving_out_zero_features_changes_no_result():
     """predict_step(features=features_of(...)) equals the full program for every configuration
     of the fixed batch, exact and smooth (t = 0.1): the terms a search leaves out of its
-    program (EP all-to-alls, CP exchange, AxoNN grid, expert DP group, XLA's) are exactly 0 when
+    program (EP all-to-alls, CP exchange, AxoNN grid, expert DP group, XLA's, low-precision
+    GEMM rows, the MoE and MLA GEMM rows) are exactly 0 when
     features_of says so. Configurations grouped by their feature set; eager (no compile). Each
     feature set runs on the whole batch and is compared on its own rows: one shape for every
     call, so the eager ops compile once (a sub-batch per set recompiled them all: 70 s)."""
@@ -508,6 +509,12 @@ def test_features_of_names_each_feature():
     assert features_of(moe, Parallel(dp=8.0, ep=np.array([1.0, 8.0]))) == {"experts", "ep"}
     assert features_of(dense, Parallel(), training("xla-amp-bf16")) == {"xla"}
     assert features_of(dense, Parallel(), training("amp-bf16")) == frozenset()
+    assert features_of(dense, Parallel(), training("fp8-current")) == {"lowp"}
+    assert features_of(_shipped_model("deepseek-v2-lite"), Parallel(dp=8.0)) == {"experts",
+                                                                                  "mla"}
+    assert features_of(dense, Parallel(), training("mxfp8", lowp_layer_frac=0.0)) == frozenset()
+    assert features_of(dense, Parallel(), training("amp-bf16").replace(
+        lowp_wgrad=np.array([0.0, 1.0]))) == {"lowp"}
     tiled = training("bf16").replace(attn_tile=128.0)
     assert features_of(dense, Parallel(), tiled) == {"tiles"}
     seen = []  # a traced leaf: values unknown, so every feature stays in the program

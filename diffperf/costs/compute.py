@@ -6,6 +6,7 @@ kernel. Source: PAPERS.md sections 3.2 (NERSC: 20 us per op, 0.8 efficiency) [C]
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from diffperf.costs.xla import kernel_fixed_s
@@ -105,7 +106,7 @@ def lowp_gemm_times_s(gemms, system, training, eff_max, half_dim, temperature=No
     return gemms.count * each
 
 
-def layer_pass_gemm_times_s(ops, system, training, temperature=None):
+def layer_pass_gemm_times_s(ops, system, training, temperature=None, lowp=True, rows=None):
     """(fprop, dgrad, wgrad) times of a layer's dense GEMMs, one per row, one micro-batch:
 
         t_pass[r] = t16[r] + l_pass[r] (t_lp[r] - t16[r])
@@ -113,30 +114,68 @@ def layer_pass_gemm_times_s(ops, system, training, temperature=None):
     `workload.flops.lowp_pass_fracs` (0 for every row in the 16-bit presets, so each pass is
     exactly t16: the backward's dgrad + wgrad = 2 x forward, as before). dgrad (dY W) and
     wgrad (X^T dY) have the forward's FLOPs and are timed at its shape (PAPERS.md 5.1).
+    lowp=False (static): the caller knows every l_pass is 0 (`predict.features_of`, feature
+    'lowp'); t_lp is not computed (see `_gemm_rows_and_lowp_gain`). rows (static): the
+    [start, stop) blocks of rows whose count can be non-zero (`workload.flops.
+    DENSE_ROW_BLOCKS`); the others are 0 without being timed (None: every row is timed).
     """
-    t16, diff = _gemm_rows_and_lowp_gain(ops, system, training, temperature)
+    t16, diff = _gemm_rows_and_lowp_gain(ops, system, training, temperature, lowp, rows)
     return tuple(t16 + frac * diff for frac in lowp_pass_fracs(training))
 
 
-def _gemm_rows_and_lowp_gain(ops, system, training, temperature=None):
+def _take_rows(gemms, rows):
+    """The rows of a Gemms table (rows on axis 0) in the [start, stop) blocks `rows`."""
+    return jax.tree.map(lambda x: jnp.concatenate([x[a:b] for a, b in rows]), gemms)
+
+
+def _put_rows(times, rows, n):
+    """Per-row times of the blocks `rows` (`_take_rows`) back at their places among n rows,
+    exact zeros elsewhere."""
+    out, at, pos = [], 0, 0
+    for a, b in rows:
+        if a > pos:
+            out.append(jnp.zeros((a - pos,) + times.shape[1:], times.dtype))
+        out.append(times[at:at + b - a])
+        at, pos = at + b - a, b
+    if n > pos:
+        out.append(jnp.zeros((n - pos,) + times.shape[1:], times.dtype))
+    return jnp.concatenate(out)
+
+
+def _gemm_rows_and_lowp_gain(ops, system, training, temperature=None, lowp=True, rows=None):
     """(t16, t_lp - t16): a layer's 16-bit dense GEMM times and the change each row takes
-    when it runs in low precision (one per row, one micro-batch)."""
+    when it runs in low precision (one per row, one micro-batch). lowp=False (static: every
+    row's low-precision fraction is 0, so the change is multiplied by an exact 0): the change
+    is taken as 0 instead of computed, the same sums bit for bit (t16 + 0 x finite = t16 +
+    0) and a smaller program (the low-precision GEMM rows were ~40 % of a calibration step on
+    the 16-bit vTrain runs). rows: the blocks of rows timed (`layer_pass_gemm_times_s`); a
+    row left out has a count of exactly 0, so its time is the same exact 0 (count x finite)
+    and the other two thirds of the rows of a dense model without MLA are not computed."""
     e = system.eff
-    t16 = gemm_times_s(ops.dense, system, training, e.mm_max, e.mm_half_dim, temperature)
-    tlp = lowp_gemm_times_s(ops.dense, system, training, e.mm_max, e.mm_half_dim, temperature)
-    return t16, tlp - t16
+    dense = ops.dense if rows is None else _take_rows(ops.dense, rows)
+    t16 = gemm_times_s(dense, system, training, e.mm_max, e.mm_half_dim, temperature)
+    if lowp:
+        tlp = lowp_gemm_times_s(dense, system, training, e.mm_max, e.mm_half_dim, temperature)
+        diff = tlp - t16
+    else:
+        diff = jnp.zeros_like(t16)
+    if rows is not None:
+        n = ops.dense.count.shape[0]
+        t16, diff = _put_rows(t16, rows, n), _put_rows(diff, rows, n)
+    return t16, diff
 
 
-def layer_dense_times_s(ops, system, training, temperature=None):
+def layer_dense_times_s(ops, system, training, temperature=None, lowp=True, rows=None):
     """(forward, backward) dense GEMM seconds of a layer, one micro-batch:
 
         t_f = sum_r t16[r] + sum_r l_f[r] dt[r]
         t_b = 2 sum_r t16[r] + sum_r (l_d[r] + l_w[r]) dt[r]
     dt = t_lp - t16 (`layer_pass_gemm_times_s`'s terms, summed). Written so that the 16-bit
     presets (every l = 0) compute exactly sum t16 and 2 sum t16, the forward and backward of
-    the 16-bit model, bit for bit (adding an exact 0 to one reduction).
+    the 16-bit model, bit for bit (adding an exact 0 to one reduction). lowp, rows: as in
+    `layer_pass_gemm_times_s`.
     """
-    t16, diff = _gemm_rows_and_lowp_gain(ops, system, training, temperature)
+    t16, diff = _gemm_rows_and_lowp_gain(ops, system, training, temperature, lowp, rows)
     f, d, w = lowp_pass_fracs(training)
     base = jnp.sum(t16)
     return base + jnp.sum(f * diff), 2.0 * base + jnp.sum((d + w) * diff)

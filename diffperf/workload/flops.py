@@ -232,6 +232,13 @@ def _rows(xs):
     return jnp.stack(jnp.broadcast_arrays(*xs))
 
 
+# Blocks [start, stop) of layer_ops(...).dense rows, each with the predict feature without
+# which its count is exactly 0 (None: always there): the MoE rows 4-8 carry phi =
+# moe_layer_fraction (0 without experts), the MLA rows 9-11 carry is_mla (0 without a
+# kv_lora_rank). costs.compute times only the rows a caller's features keep.
+DENSE_ROW_BLOCKS = ((0, 4, None), (4, 9, "experts"), (9, 12, "mla"))
+
+
 def layer_ops(model, parallel, training) -> LayerOps:
     """Forward GEMMs, attention and elementwise traffic of one (mean) layer on one device.
 
