@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 from diffperf import Parallel, SpecError, Training, load_runs, predict
-from diffperf.costs.collectives import (all_to_all_s, domain_hit_fraction,
-                                        hierarchical_all_to_all_s)
+from diffperf.costs.collectives import all_to_all_s, hierarchical_all_to_all_s
 from diffperf.workload.flops import moe_permute_bytes
 from diffperf.specs.validate import check_layout
-from diffperf.workload.ep import (ep_a2a_bytes, ep_stride, expert_dp_degree, expert_token_share,
-                                  expert_tp, moe_mlp_on_tp)
+from diffperf.workload.ep import (domain_hit_fraction, ep_a2a_bytes, ep_stride,
+                                  expert_dp_degree, expert_token_share, expert_tp,
+                                  moe_mlp_on_tp)
 from diffperf.workload.flops import layer_ops
 from diffperf.workload.params import layer_params_per_device
 from shipped import model as _model, system as _system

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from diffperf.costs.tiers import tier_bandwidths_Bps, tier_ranks
+from diffperf.workload.ep import domain_hit_fraction
 
 
 class RingGroup(NamedTuple):
@@ -131,32 +132,13 @@ def all_to_all_s(S, n, stride, system):
     return active * (total + (n - 1.0) * alpha + system.eff.coll_base_s)
 
 
-def domain_hit_fraction(k, E, N):
-    """p: probability that a token's k distinct routed experts include at least one of the
-    E / N experts of a given domain, experts spread evenly over N domains and chosen uniformly
-    (force-balanced routing: every expert gets k T / E tokens on average):
-
-        p = 1 - C(E - E/N, k) / C(E, k)      (hypergeometric; 0 for N = 1)
-    Evaluated with log-gamma, so it is smooth in N (the domain count has a gradient).
-    Example: k = 8, E = 128, N = 2: 1 - C(64, 8) / C(128, 8) = 0.9969.
-    """
-    from jax.scipy.special import gammaln
-
-    rest = E - E / jnp.maximum(N, 1.0)
-    ok = rest - k + 1.0 > 0.0
-    rest_safe = jnp.where(ok, rest, k)
-    log_miss = (gammaln(rest_safe + 1.0) - gammaln(rest_safe - k + 1.0)
-                - gammaln(E + 1.0) + gammaln(E - k + 1.0))
-    return jnp.where(N > 1.0, 1.0 - jnp.where(ok, jnp.exp(log_miss), 0.0), 0.0)
-
-
 def hierarchical_all_to_all_s(S, n, stride, k, E, system):
     """DeepEP-style dispatch (or combine) of an S-byte buffer (k copies of each routed token):
     a token crosses the scale-out network once per remote NVLink domain that holds one of its
     k experts, then the receiving GPU forwards it over NVLink to the experts' GPUs.
 
         N = n / n_0  domains spanned (n_0: members per innermost domain, `tier_ranks`)
-        scale-out bytes = S / k x (N - 1) p          (p = `domain_hit_fraction`(k, E, N))
+        scale-out bytes = S / k x (N - 1) p          (p = `workload.ep.domain_hit_fraction`(k, E, N))
         NVLink bytes    = S [ (n_0 - 1)/n + (n - n_0)/n x (n_0 - 1)/n_0 ]  (local + forwarded)
         T = t0 + (n - 1) alpha_max + NVLink bytes / (BW_0 eta_0)
             + d sum_{i>0} (n_i - n_{i-1}) / n S / (BW_i eta_i),   d = N p / k

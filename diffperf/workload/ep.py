@@ -106,3 +106,22 @@ def moe_mlp_on_tp(model, parallel):
     layer of a model with dense layers: 1 - phi [t_e < t] (phi = `moe_layer_fraction`)."""
     phi = moe_layer_fraction(model)  # the mean layer: its share of MoE layers
     return 1.0 - phi * jnp.where(expert_tp(parallel) < parallel.tp, 1.0, 0.0)
+
+
+def domain_hit_fraction(k, E, N):
+    """p: probability that a token's k distinct routed experts include at least one of the
+    E / N experts of a given domain, experts spread evenly over N domains and chosen uniformly
+    (force-balanced routing: every expert gets k T / E tokens on average):
+
+        p = 1 - C(E - E/N, k) / C(E, k)      (hypergeometric; 0 for N = 1)
+    Evaluated with log-gamma, so it is smooth in N (the domain count has a gradient).
+    Example: k = 8, E = 128, N = 2: 1 - C(64, 8) / C(128, 8) = 0.9969.
+    """
+    from jax.scipy.special import gammaln
+
+    rest = E - E / jnp.maximum(N, 1.0)
+    ok = rest - k + 1.0 > 0.0
+    rest_safe = jnp.where(ok, rest, k)
+    log_miss = (gammaln(rest_safe + 1.0) - gammaln(rest_safe - k + 1.0)
+                - gammaln(E + 1.0) + gammaln(E - k + 1.0))
+    return jnp.where(N > 1.0, 1.0 - jnp.where(ok, jnp.exp(log_miss), 0.0), 0.0)

@@ -406,7 +406,7 @@ def flex_rank_copies(model, parallel):
     rank, `is_token_in_rank`, and combines one partial sum per rank), where the pairwise
     all-to-all dispatcher moves k C_f (one per expert):
 
-        p_g = 1 - C(E - E/e, k) / C(E, k)     (`costs.collectives.domain_hit_fraction` with
+        p_g = 1 - C(E - E/e, k) / C(E, k)     (`workload.ep.domain_hit_fraction` with
                                                one rank as the domain of its E / e experts)
         r   = e p_g                           (self included; 0 for e = 1)
     Force-balanced routing, experts spread evenly over the e ranks. Source: DeepEP README and
@@ -423,7 +423,7 @@ def flex_rank_copies(model, parallel):
     Example (Qwen3 30B-A3B, E 128, k 8, e 8): p_g = 1 - C(112, 8) / C(128, 8) = 0.6674,
     r = 5.339 copies against k = 8; DeepSeek-V3 (E 256, e 64): r = 7.676.
     """
-    from diffperf.costs.collectives import domain_hit_fraction
+    from diffperf.workload.ep import domain_hit_fraction
 
     return parallel.ep * domain_hit_fraction(model.moe_topk, jnp.maximum(model.n_experts, 1.0),
                                              parallel.ep)
