@@ -8,6 +8,7 @@ data-parallel ranks (workload.groups: ep shares dp's stride).
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax.scipy.special import gammaln
 
 from diffperf.workload.flops import moe_layer_fraction, tokens_per_device
 from diffperf.workload.recompute import full_frac
@@ -117,8 +118,6 @@ def domain_hit_fraction(k, E, N):
     Evaluated with log-gamma, so it is smooth in N (the domain count has a gradient).
     Example: k = 8, E = 128, N = 2: 1 - C(64, 8) / C(128, 8) = 0.9969.
     """
-    from jax.scipy.special import gammaln
-
     rest = E - E / jnp.maximum(N, 1.0)
     ok = rest - k + 1.0 > 0.0
     rest_safe = jnp.where(ok, rest, k)

@@ -429,6 +429,14 @@ def flex_rank_copies(model, parallel):
                                              parallel.ep)
 
 
+def _expert_tokens(model, parallel):
+    """(t_e, T_e): the expert-TP degree (etp, or the head shards t when etp is 0) and the
+    tokens a rank's experts serve, T_e = T t_e / t (`moe_permute_bytes`)."""
+    t = head_shards(parallel)
+    t_e = jnp.where(parallel.etp > 0, parallel.etp, t)
+    return t_e, tokens_per_device(model, parallel) * t_e / t
+
+
 def moe_permute_bytes(model, parallel, training):
     """HBM traffic of an MoE layer's token permutation (forward, one device, one micro-batch):
 
@@ -456,9 +464,7 @@ def moe_permute_bytes(model, parallel, training):
     + 8) = 1.79e9 B.
     """
     is_moe = moe_layer_fraction(model)
-    t = head_shards(parallel)
-    t_e = jnp.where(parallel.etp > 0, parallel.etp, t)
-    T_e = tokens_per_device(model, parallel) * t_e / t
+    _, T_e = _expert_tokens(model, parallel)
     kc = model.moe_topk * model.capacity_factor
     sort = jnp.where(parallel.ep > 1, 4.0 * kc, 0.0)
     alltoall = 2.0 * (1.0 + kc) + sort
@@ -507,9 +513,7 @@ def moe_eager_clamp_bias_bytes(model, parallel, training):
     Example (GPT-OSS 120B: h = f_e = 2880, k 4, C_f 1; b 1, s 4096, t = t_e = 1, bf16):
     R = 16384, E = 2 x 16384 x 14 x 2880 = 1.3212e9 B per layer forward.
     """
-    t = head_shards(parallel)
-    t_e = jnp.where(parallel.etp > 0, parallel.etp, t)
-    T_e = tokens_per_device(model, parallel) * t_e / t
+    t_e, T_e = _expert_tokens(model, parallel)
     R = model.moe_topk * model.capacity_factor * T_e
     return (training.moe_eager_clamp_bias * moe_layer_fraction(model)
             * training.activation_bytes * R
