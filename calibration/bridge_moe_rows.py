@@ -33,6 +33,11 @@ def main(argv=None) -> int:
                    help="experiment: rows whose `mtp` column is 0 or 1 get that many MTP modules "
                         "(load_runs keeps the model config's; the column is informational)")
     p.add_argument("--set", default="", help="experiment: training fields f=v,... for the rows")
+    p.add_argument("--pairs", action="store_true",
+                   help="also print each alltoall row beside the rows of the same model, system "
+                        "and layout (tp, pp, vp, ep, micro-batch) that differ in dispatcher or "
+                        "token routing (drop-and-pad vs dropless): docs/accuracy-bridge.md, "
+                        "section 'Session 10'")
     args = p.parse_args(argv)
     from diffperf import load_runs
     from diffperf.api import _as_float, _normalize
@@ -76,9 +81,35 @@ def main(argv=None) -> int:
         for x in sel:
             print(f"{x['id'][3:61]:58s} {x['err_pct']:+6.1f} {x['meas_s']:7.3f} "
                   f"{x['pred_s']:7.3f} " + " ".join(f"{x[k]:8.3f}" for k in PARTS))
+    if args.pairs:
+        _print_pairs(runs.rows, rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
+
+
+def _print_pairs(csv_rows, pred_rows) -> None:
+    """Rows of one model, system and layout that ran different token paths: dispatcher
+    (ep_dispatch 0 alltoall / 1 flex) and routing (moe_token_drop 1: Megatron-Core's alltoall
+    drop-and-pad, no device-to-host sync; 0: dropless), with the A2A overlap fact."""
+    layout = ("model", "system", "tp", "pp", "vp", "ep", "micro_batch")
+    groups: dict = {}
+    for r, x in zip(csv_rows, pred_rows):
+        groups.setdefault(tuple(r[k] for k in layout), []).append((r, x))
+    print("== same model, system and layout (tp pp vp ep mbs); path = dispatcher/routing")
+    for key, members in sorted(groups.items()):
+        paths = {(r["ep_dispatch"], r["moe_token_drop"]) for r, _ in members}
+        if len(paths) < 2 or not any(r["ep_dispatch"] == "0" for r, _ in members):
+            continue
+        print(f"-- {key[0]} {key[1]} tp {key[2]} pp {key[3]} vp {key[4]} ep {key[5]} "
+              f"mbs {key[6]}")
+        for r, x in sorted(members, key=lambda m: m[0]["container"]):
+            path = ("flex" if r["ep_dispatch"] == "1" else "alltoall") + (
+                "/drop-pad" if r["moe_token_drop"] == "1" else "/dropless")
+            ov = " +a2a-overlap" if "ep_overlap=1" in r.get("set", "") else ""
+            print(f"   {r['container']:9s} {r['precision']:12s} gbs {r['global_batch']:>5s} "
+                  f"{path:18s}{ov:14s} "
+                  f"meas {x['meas_s']:7.2f} s  pred {x['pred_s']:7.2f} s  {x['err_pct']:+6.1f} %")
 
 
 if __name__ == "__main__":

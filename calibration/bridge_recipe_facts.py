@@ -36,9 +36,27 @@ per container").
    recipe's alltoall), and from 26.02.01 (v0.3.1) to 26.06.01 (v0.5.1) Qwen3 235B-A22B's
    `qwen3_llm_pretrain.py` sets the type per GPU (DGX-B300: alltoall until v0.4.0, flex from
    v0.4.2; DGX-B200 and DGX-H100: alltoall). DeepSeek-V3 and GPT-OSS rows of 26.02.01+ and the
-   25.09 rows keep the snapshot's dispatcher (not re-read). With the flex dispatcher's own
+   25.09 rows keep the snapshot's dispatcher (not re-read; but see 3b). With the flex dispatcher's own
    data movement (`workload.flops.moe_permute_bytes`, `costs.collectives.
    hierarchical_all_to_all_s`) the dispatcher matters inside one NVLink domain too.
+3b. (session 10, branch qwenmoe) Two more kinds of rows ran the alltoall dispatcher:
+   - every token-drop row (`moe_token_drop` = 1: the 25.09 tables' "token drop" rows): the
+     25.09 performance script (v0.1.0rc3 `scripts/performance/run_script.py`) calls
+     `apply_moe_token_drop` for every Qwen3 recipe and for DeepSeek-V3 on B200 / GB200 (where it
+     also turns DeepEP off: "Using token drop, disabling DeepEP"), and `apply_moe_token_drop`
+     (`src/megatron/bridge/training/utils/moe_token_drop.py`) asserts
+     `moe_token_dispatcher_type in ("alltoall", "alltoall_seq")` ("moe_expert_capacity_factor
+     only works with alltoall token dispatcher"); Megatron-Core's capacity / pad path exists only
+     in `MoEAlltoAllTokenDispatcher` (`drop_and_pad`). 9 rows, all 25.09 (`TOKEN_DROP_ALLTOALL`).
+   - the 26.02 DGX-H100 Qwen3 30B-A3B row: its v0.3.0 preset (`QWEN3_30B_A3B_PRETRAIN_CONFIG_
+     H100_FP8_CS_V1`) names `moe_flex_dispatcher_backend = "deepep"`, but Megatron-Bridge's
+     `docs/releases/known-issues.md` (26.02): "DeepEP is not supported in the current NeMo
+     framework 26.02 container ... which results in reduced DSv3 performance compared to ... 25.09
+     ... on H100", and Megatron-Core raises ImportError ("DeepEP is not installed", core_v0.16.0
+     `transformer/moe/token_dispatcher.py`) when the flex dispatcher's deepep backend is asked
+     for without it; the only other dispatcher of that recipe is the Qwen3 provider's default
+     `moe_token_dispatcher_type = "alltoall"` (`models/qwen/qwen_provider.py`). In
+     `ALLTOALL_BY_RELEASE["26.02"]`.
 2. DeepSeek-V3's pipeline layout (`pp_first_layers`, `pp_last_layers`: decoder layers on the
    first and the last device) from Megatron-Bridge's `_get_deepseek_v3_pipeline_layout`
    (recipes/deepseek/h100/deepseek_v3.py), which every DeepSeek-V3 performance recipe applies:
@@ -108,12 +126,16 @@ ALLTOALL_BY_RELEASE = {
     "25.11": [("deepseek-v3", "dgx-b200", "mxfp8", "256"), ("qwen3-30b-a3b", "dgx-b200", "mxfp8", "8"),
               ("qwen3-30b-a3b", "h100-sxm-80gb", "fp8-current", "16")],
     "26.02": [("gpt-oss-120b", "dgx-b300", "bf16", "64"), ("qwen3-30b-a3b", "dgx-b200", "mxfp8", "8"),
+              ("qwen3-30b-a3b", "h100-sxm-80gb", "fp8-current", "16"),  # no DeepEP in 26.02 (3b)
               ("qwen3-235b-a22b", "dgx-b300", "mxfp8", "256"),
               ("qwen3-235b-a22b", "dgx-b200", "mxfp8", "256")],
     "26.02.01": [("qwen3-235b-a22b", "dgx-b300", "mxfp8", "256")],
     "26.04": [("qwen3-235b-a22b", "dgx-b300", "mxfp8", "256")],
     "26.04.01": [("qwen3-235b-a22b", "dgx-b200", "mxfp8", "256")],
 }
+# token-drop rows (CSV moe_token_drop = 1) ran Megatron-Core's alltoall dispatcher: the only one
+# with a capacity / pad path (docstring item 3b)
+TOKEN_DROP_ALLTOALL = True
 # the set-column fields this file writes (the others a row carries are kept)
 OWNED = ("ep_overlap", "pp_first_layers", "pp_last_layers", "attn_tile",
          "moe_eager_clamp_bias")
@@ -169,7 +191,8 @@ def main(argv=None) -> int:
             r.append("")
         r[col] = ";".join(f)
         key = (row["model"], row["system"], row["precision"], row["num_gpus"])
-        if "dispatch" in facts and key in ALLTOALL_BY_RELEASE.get(row["container"], ()):
+        if "dispatch" in facts and (key in ALLTOALL_BY_RELEASE.get(row["container"], ())
+                                    or (TOKEN_DROP_ALLTOALL and row["moe_token_drop"] == "1")):
             r[rows[0].index("ep_dispatch")] = "0"
         n += bool(f)
     buf = io.StringIO()
