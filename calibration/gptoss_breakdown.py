@@ -12,8 +12,8 @@ proj (QKV and output projection GEMMs), router, experts (the routed expert GEMMs
 all-to-all), head (output layer GEMM and loss, last stage only); GEMMs at each pass's own
 precision (MXFP8 rows: FP8; their quantization kernels are in pred/mb, not in a column), the
 pipeline bubble, DP and optimizer in pred/mb only (so are the dense MLP GEMMs of a dense
-model or of DeepSeek-V3's first layers, and the shared experts, with --model); then the measured time per
-micro-batch (step / m) and the unexplained time per token per layer
+model or of DeepSeek-V3's first layers, and the shared experts, with --model); then the
+measured time per micro-batch (step / m) and the unexplained time per token per layer
 
     gap_us = (step_meas - step_pred) / (m n_layers_stage T) x 1e6,   T = b s tokens
 Reading: a cost that grows with s (the full-attention layers) would make gap_us of the
@@ -72,7 +72,8 @@ def main(argv=None) -> int:
     p.add_argument("--json")
     p.add_argument("--model", default="gpt-oss-120b",
                    help="models of the rows, comma-separated (default gpt-oss-120b)")
-    p.add_argument("--precision", default="", help="only rows of these precisions (comma-separated)")
+    p.add_argument("--precision", default="",
+                   help="only rows of these precisions (comma-separated)")
     args = p.parse_args(argv)
     from diffperf import load_runs
     from diffperf.api import _as_float, _normalize
