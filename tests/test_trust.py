@@ -147,6 +147,11 @@ def test_published_fsdp_csv_loads_with_its_row_facts():
     assert float(runs.trainings[tt].llama_eager_pointwise) == 1
     compiled = by["tt-h100-l3-8b-n8-compile"]
     assert float(runs.trainings[compiled].llama_eager_pointwise) == 0
+    # compiled rows keep the rotary / K-V expansion passes in front of SDPA (rope_kv_pass),
+    # eager rows hold them in llama_eager_pointwise
+    ropes = {rid: float(runs.trainings[i].rope_kv_pass) for rid, i in by.items()}
+    assert ropes["tt-h100-l3-8b-n8-compile"] == 1 and ropes["tt-h100-l3-8b-n8-eager"] == 0
+    assert ropes["fms-h100-l2-70b"] == 1 and ropes["tt-a100-l3-8b-sac-op"] == 0
     # The attention kernel (data/published_fsdp.md): FlashAttention-2 in every row but the
     # 405B one, whose torch nightly is not stated
     fa2 = {rid: float(runs.trainings[i].attention_fa2) for rid, i in by.items()}

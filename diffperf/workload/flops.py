@@ -351,6 +351,7 @@ def elementwise_bytes(model, parallel, training, fallback=None):
     return (q * (T_sp * h * 10.0 + T * f_act * (2.0 + model.gated_mlp) / t + latents) + scores
             + moe_permute_bytes(model, parallel, training)
             + eager_pointwise_bytes(model, parallel, training, T_sp, f_act)
+            + rope_kv_pass_bytes(model, parallel, training)
             + moe_eager_clamp_bias_bytes(model, parallel, training))
 
 
@@ -390,14 +391,56 @@ def eager_pointwise_bytes(model, parallel, training, T_sp, f_act):
             + training.llama_eager_pointwise * (rope + repeat + glu))
 
 
+def rope_kv_pass_bytes(model, parallel, training):
+    """HBM traffic of the rotary and K/V-expansion passes that stay in front of the attention
+    kernel when the Llama code is compiled (torch.compile) but the attention is an extern
+    kernel taking K and V of all a query heads (one device, forward):
+
+        B = rho (1 - lambda) q_a T / t [ 2 a d_qk                   (rotate Q: read, write)
+                                       + (a_kv + a') d_qk           (rotate K: read a_kv heads,
+                                                                     write a' = a with GQA,
+                                                                     a_kv without: the
+                                                                     expansion fused in)
+                                       + [a_kv < a] (a_kv + a) d_v ] (expand V: read, write)
+    rho = rope_kv_pass, lambda = llama_eager_pointwise (the eager term already holds these
+    ops in their eager form). Inductor fuses each element-wise chain into one kernel, but
+    `F.scaled_dot_product_attention` (and the flash kernel under it) is an extern call whose
+    inputs must exist in HBM: TorchTitan's `Attention.forward` (torchtitan/models/llama/
+    model.py at 9dec370 and 3faaa1a, torchtitan/models/llama3/model.py at 820504e) applies
+    `apply_rotary_emb` to xq and xk, then `repeat_kv` to K and V, then SDPA without
+    enable_gqa; fms (foundation-model-stack fms/modules/attention.py at 83267f4, 2024-05,
+    the model of fms-fsdp) rotates Q and K (`adjusted_qk`) and expands K and V
+    (`unsqueeze(2).expand(...).flatten(1, 2)`) when a_kv < a. `elementwise_bytes` has no
+    rotary pass otherwise (Megatron's fused rotary is not counted either). The backward
+    moves the same bytes (dQ rotated back; the expanded dK, dV summed over their copies and
+    dK rotated back): taken as 2 x by the element-wise convention (PAPERS.md 5.2), an
+    over-count of one forward pass of these bytes.
+    Example (Llama 3 8B, b 2, s 8192, t 1, bf16): 2 x 16384 x (2 x 32 x 128 + 40 x 128
+    + 40 x 128) = 603,979,776 B per layer forward (the eager form, `eager_pointwise_bytes`:
+    rotary 1.678e9 + repeat_kv 0.336e9).
+    """
+    t, q = head_shards(parallel), training.activation_bytes
+    T = tokens_per_device(model, parallel)
+    a, akv, dqk, dv = model.n_heads, model.n_kv_heads, model.head_dim, v_dim(model)
+    gqa = jnp.where(akv < a, 1.0, 0.0)
+    a_k = gqa * a + (1.0 - gqa) * akv
+    per_token = 2.0 * a * dqk + (akv + a_k) * dqk + gqa * (akv + a) * dv
+    return (training.rope_kv_pass * (1.0 - training.llama_eager_pointwise)
+            * q * T * per_token / t)
+
+
 def eager_pointwise_kernels(model, training):
     """Kernels `eager_pointwise_bytes` adds to a layer's forward: 6 per unfused norm (7 in
     place of 1), 6 for the rotary (cast, product, cast back, on Q and K) and 2 for
     repeat_kv (a_kv < a) under llama_eager_pointwise (SiLU and the product are already
-    counted apart in layer_ops' n_kernels)."""
+    counted apart in layer_ops' n_kernels); under rope_kv_pass without it, 2 (Q, K) + 1 (V,
+    a_kv < a) fused kernels (`rope_kv_pass_bytes`)."""
     norms = 2.0 * 6.0 * jnp.where(training.norm_extra_bytes > 0, 1.0, 0.0)
     repeat = 2.0 * jnp.where(model.n_kv_heads < model.n_heads, 1.0, 0.0)
-    return norms + training.llama_eager_pointwise * (6.0 + repeat)
+    # rope_kv_pass (compiled): one fused kernel each for Q and K, one for V with GQA
+    fused = (training.rope_kv_pass * (1.0 - training.llama_eager_pointwise)
+             * (2.0 + 0.5 * repeat))
+    return norms + training.llama_eager_pointwise * (6.0 + repeat) + fused
 
 
 def flex_rank_copies(model, parallel):
