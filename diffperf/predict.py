@@ -42,7 +42,7 @@ from diffperf.specs.validate import valid_mask
 from diffperf.workload.axonn import axonn_layer_volumes
 from diffperf.workload.cp import cp_kv_bytes, cp_ring_block_bytes, cp_ring_steps
 from diffperf.workload.dp import (dp_volumes_bytes, product_group, zero3_copy_out_bytes,
-                                  zero3_prefetch_frac, zero_groups)
+                                  zero3_prefetch_frac, zero3_rs_copy_in_bytes, zero_groups)
 from diffperf.workload.ep import (ep_a2a_bytes, ep_a2a_per_layer, ep_stride, expert_dp_degree,
                                   expert_tp, moe_mlp_on_tp)
 from diffperf.workload.flops import (DENSE_ROW_BLOCKS, attention_by_kind, attention_io_bytes,
@@ -441,6 +441,8 @@ def _dp_times(model, parallel, system, training, stages=None, features=FEATURES)
     t["P"] = P
     t["copy_out_s"] = memory_time_s(zero3_copy_out_bytes(
         sum(g[1] for g in groups), training, parallel.zero3_copy_out), system)
+    t["rs_copy_in_s"] = memory_time_s(zero3_rs_copy_in_bytes(
+        sum(g[1] for g in groups), training, parallel.zero3_copy_out), system)
     return t
 
 
@@ -454,8 +456,10 @@ def _zero3_layer_parts(dp, parallel, free_f, free_b, temperature):
                                                free_f, free_b, dp["prefetch"], g_b,
                                                parallel.dp_overlap, temperature)
     # FSDP2's copy-out of each gathered layer runs on the compute stream: exposed, once per
-    # gather (workload.dp.zero3_copy_out_bytes).
-    e_f, e_b = e_f + dp["copy_out_s"], e_b + g_b * dp["copy_out_s"]
+    # gather (workload.dp.zero3_copy_out_bytes); its reduce-scatter copy-in, which the compute
+    # stream waits for, once per backward (workload.dp.zero3_rs_copy_in_bytes).
+    e_f = e_f + dp["copy_out_s"]
+    e_b = e_b + g_b * dp["copy_out_s"] + dp["rs_copy_in_s"]
     z3 = jnp.where(parallel.zero_stage == 3, 1.0, 0.0)
     return tuple(z3 * x for x in (e_f, h_f, e_b, h_b))
 
