@@ -819,6 +819,34 @@ def test_compiled_rope_kv_pass_bytes_by_hand(x64):
     assert np.isfinite(float(g)) and float(g) == want / 2
 
 
+def test_rotary_and_repeat_kv_move_their_bytes_once_back():
+    """The eager rotary and repeat_kv, and the compiled rope / K-V pass, run their backward
+    in one pass of their forward bytes: on one H100, no recompute, one micro-batch, the
+    element-wise compute grows by L [3 (dB / BW' + dK k_s) - B_once / BW'] when the eager
+    kernels are switched on (BW' = BW_hbm x mem_eff; dK = 6 rotary + 2 repeat_kv kernels),
+    B_once = rotary 20 T (a + a_kv) d + repeat_kv 2 T (a_kv + a) 2 d."""
+    from diffperf.costs.xla import kernel_fixed_s
+    from diffperf.workload.flops import elementwise_backward_once_bytes, elementwise_bytes
+
+    model, system = _llama3_8b(), diffperf.load_system("h100-sxm-80gb")
+    par = Parallel(micro_batch=2, global_batch=2)
+    T = 2 * 8192
+    eager, base = Training(llama_eager_pointwise=1.0), Training()
+    once = 20 * T * (A8 + KV8) * D8 + 2 * T * (KV8 + A8) * 2 * D8
+    assert once == 2_013_265_920
+    assert float(elementwise_backward_once_bytes(model, par, eager)) == once
+    compiled = Training(rope_kv_pass=1.0)
+    assert float(elementwise_backward_once_bytes(model, par, compiled)) == 603_979_776
+    assert float(elementwise_backward_once_bytes(model, par, base)) == 0.0
+    bw = float(system.hbm_bandwidth_Bps) * float(system.eff.mem_eff)
+    dB = float(elementwise_bytes(model, par, eager) - elementwise_bytes(model, par, base))
+    k_s = float(kernel_fixed_s(system, base))
+    want = L8 * (3.0 * (dB / bw + 8.0 * k_s) - once / bw)
+    got = float(diffperf.predict(model, par, system, eager).breakdown.compute_s
+                - diffperf.predict(model, par, system, base).breakdown.compute_s)
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
 def test_op_sac_recompute_time_and_collectives():
     """The recompute of one layer under per-op SAC is the recomputed share of each forward
     GEMM row plus every element-wise op (norms, rotary, SiLU, residuals), the attention kernel
