@@ -70,20 +70,35 @@ def _divides(a, b, xp=np):
 def _check_recompute_modules(P, M, where, pick) -> None:
     """Megatron-Core's recompute_modules (Parallel.recompute_<module>, workload.recompute):
     each 0 or 1; other than the default (core_attn 1, the rest 0) only under Megatron's
-    selective recompute (recompute 1, recompute_policy 0), where they are read; mla_up_proj
+    selective recompute (recompute 1, recompute_policy 0), where they are read, and
+    recompute_layer_frac < 1 only under full recompute (both for one layout; not in a
+    search's table, whose --set facts act only on their own mode); mla_up_proj
     needs multi-latent attention and moe_act an MoE model (Megatron-Core's
     TransformerConfig.__post_init__ raises for both)."""
     megatron = (P["recompute"] == 1) & (P["recompute_policy"] == 0)
+    # One layout (predict, validate, a runs CSV): a fact of another recompute mode is an
+    # inconsistent input. A layout table (mask mode: search) is not checked for it: search
+    # applies its --set facts to every row, and each acts only on its own mode (trust.
+    # unnamed_recompute marks the rows it changes).
+    one = not isinstance(where, _Collect)
+    r = P["recompute_layer_frac"]
+    if one:
+        _fail((r < 1) & (P["recompute"] != 2), where, lambda i: (
+            f"recompute_layer_frac={pick(r, i):g} needs recompute=2 (full; got recompute="
+            f"{pick(P['recompute'], i):g}): only full recompute checkpoints a fraction of the "
+            f"layers; allowed with recompute 0 or 1: 1"))
     for m in RECOMPUTE_MODULES:
         f = f"recompute_{m}"
         v = P[f]
         _fail((v != 0) & (v != 1), where, lambda i, f=f: (
             f"{f}={pick(P[f], i):g} is not allowed (allowed: 0, 1)"))
         default = 1 if m == "core_attn" else 0
-        _fail((v != default) & ~megatron, where, lambda i, f=f, d=default: (
-            f"{f}={pick(P[f], i):g} needs Megatron's selective recompute (recompute=1, "
-            f"recompute_policy=0; got recompute={pick(P['recompute'], i):g}, recompute_policy="
-            f"{pick(P['recompute_policy'], i):g}); allowed otherwise: {d}"))
+        if one:
+            _fail((v != default) & ~megatron, where, lambda i, f=f, d=default: (
+                f"{f}={pick(P[f], i):g} needs Megatron's selective recompute (recompute=1, "
+                f"recompute_policy=0; got recompute={pick(P['recompute'], i):g}, "
+                f"recompute_policy={pick(P['recompute_policy'], i):g}); allowed otherwise: "
+                f"{d}"))
     _fail((P["recompute_mla_up_proj"] == 1) & (M["kv_lora_rank"] == 0), where, lambda i: (
         "recompute_mla_up_proj=1 needs multi-latent attention (model.kv_lora_rank > 0; got "
         "0); allowed: 0"))
@@ -142,10 +157,6 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     _fail(~((r > 0) & (r <= 1)), where, lambda i: (
         f"recompute_layer_frac={pick(r, i):g} must be in (0, 1] (the fraction of the layers "
         f"that full recompute checkpoints; 1: every layer)"))
-    _fail((r < 1) & (P["recompute"] != 2), where, lambda i: (
-        f"recompute_layer_frac={pick(r, i):g} needs recompute=2 (full; got recompute="
-        f"{pick(P['recompute'], i):g}): only full recompute checkpoints a fraction of the "
-        f"layers; allowed with recompute 0 or 1: 1"))
     _check_recompute_modules(P, M, where, pick)
     _check_grid(P, M, where, pick)
     _check_zero(P, where, pick)
