@@ -117,7 +117,8 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     moe_experts (ep > 1 needs an MoE model); micro_batch x dp
     divides global_batch; interleaving needs pp > 1 and micro-batches a multiple of pp;
     zero_stage in 0..3; recompute in 0..2; recompute_policy in 0..2; recompute_layer_frac in
-    (0, 1]; cp_ring and axonn_overlap in {0, 1}; placement
+    (0, 1] (< 1 only with full recompute); the recompute_<module> fields
+    (`_check_recompute_modules`); cp_ring and axonn_overlap in {0, 1}; placement
     indexes ORDERS; tp_overlap and ep_overlap in [0, 1]; the AxoNN grid rules (`_check_grid`);
     tp x cp x dp x pp x gx x gy x gz = n_devices when given; every degree, batch and
     count at most INT_MAX (and finite).
