@@ -41,7 +41,7 @@ HARDWARE_RATES = ("matmul_flops_per_s", "matmul_fp32_flops_per_s", "vector_flops
                   "hbm_bandwidth_Bps", "tiers[*].bandwidth_Bps", "matmul_fp8_flops_per_s",
                   "matmul_fp4_flops_per_s", "matmul_sustained_frac",
                   "matmul_fp8_sustained_frac", "matmul_fp4_sustained_frac",
-                  "attn_fa2_fwd_frac", "attn_fa2_bwd_frac")
+                  "attn_fa2_fwd_frac", "attn_fa2_bwd_frac", "sfu_exp_per_s")
 # Efficiencies multiply a peak rate, so they are rates too (those of them the System has).
 RATE_LEAVES = HARDWARE_RATES + ("eff.mm_max", "eff.attn_max", "eff.mem_eff",
                                 "eff.coll_eff_intra", "eff.coll_eff_inter")

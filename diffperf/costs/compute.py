@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from diffperf.costs.xla import kernel_fixed_s
 from diffperf.costs.roofline import (alignment_factor, gemm_size, roofline_time_s,
                                      saturating_efficiency)
+from diffperf.costs.smooth import smax
 from diffperf.workload.flops import (lowp_pass_fracs, lowp_quantize_bytes,
                                      lowp_quantize_kernels, quantized_elem_bytes)
 
@@ -248,17 +249,60 @@ def attention_kernel_factor(head_dim, system, training, backward=False):
     return jnp.where(on, jnp.minimum(1.0, jnp.where(on, c, 1.0) / plateau), 1.0)
 
 
+# Work of the flash-attention backward per unit of forward work: 2 x (dQ, dK, dV GEMMs)
+# + 0.5 x (the recomputed scores QK^T); predict._layer_parts scales `attention_time_s(...,
+# backward=True)` by it (FlashAttention-2 paper, Dao 2023, arXiv:2307.08691, section 3.1).
+FLASH_BACKWARD_WORK = 2.5
+
+
+def attention_exp_floor_s(score_elements, system, backward=False):
+    """Floor of the fused attention kernel set by its exponentials, seconds per pass, in
+    units of the forward work (as `attention_time_s` returns it):
+
+        t_exp = N_exp / R_exp                       forward  (softmax: exp of every score)
+        t_exp = N_exp / (R_exp x 2.5)               backward (the caller scales by 2.5)
+    N_exp = b (a/t) (s/c) s kappa = the score elements the kernel computes (`count m n` of
+    the QK^T row: causal half, sliding-window tiles under attn_tile, per head); the forward
+    takes one exponential per element (P = exp(S - m)), the backward one more (it recomputes
+    P from S and the saved log-sum-exp; FlashAttention-2 paper, Algorithm 2), so both passes
+    take N_exp exponentials while the backward does 2.5x the forward's tensor work.
+    R_exp = System.sfu_exp_per_s (MUFU.EX2 results per second); 0: no floor (returns 0).
+    Why a floor: the special-function units run beside the tensor cores, far slower:
+    FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608, section 3): "the H100 SXM5 GPU has
+    989 TFLOPS of FP16 matmul but only 3.9 TFLOPS of special functions"; FlashAttention-4
+    (Zadouri, Hoehnerbach, Shah, Liu, Thakkar, Dao 2026, arXiv:2603.05451): B200 MMA 8192
+    FLOP/clock/SM but MUFU 16 exp/clock/SM, so a 128 x 128 tile at d_h 128 takes as long in
+    exponentials (1024 clocks) as in its forward GEMMs (4 x 128^2 x 128 / 8192), twice as
+    long at d_h 64. Blackwell Ultra doubles the MUFU rate (NVIDIA technical blog "Inside
+    NVIDIA Blackwell Ultra", 2025: 10.7 TeraExponentials/s vs 5 for Blackwell).
+    Example: B200 (R_exp 4.5e12), one layer of Llama 3 8B at b 1, s 8192, causal (kappa
+    0.5), 32 heads: N_exp = 32 x 8192^2 x 0.5 = 1.0737e9 -> t_exp = 0.2386 ms forward.
+    """
+    r = system.sfu_exp_per_s
+    on = r > 0
+    per_pass = jnp.where(backward, FLASH_BACKWARD_WORK, 1.0)
+    # double where: no rate must give no NaN or infinite gradient
+    return jnp.where(on, score_elements / (jnp.where(on, r, 1.0) * per_pass), 0.0)
+
+
 def attention_time_s(attention, system, training, io_bytes, temperature=None,
                      backward=False):
     """Attention core forward (QK^T and AV of `attention` Gemms, rows 0 and 1).
 
     Flash attention: one fused kernel,
-        t = max( sum 2 m n k count / (F_peak eta_attn r),  io_bytes / (BW_hbm eta_mem) )
+        t = max( sum 2 m n k count / (F_peak eta_attn r),  io_bytes / (BW_hbm eta_mem),
+                 t_exp )
     r = `attention_kernel_factor` (1 unless the run ran FlashAttention-2 on a GPU with a
     published FA2 rate; `backward=True`: at the backward's rate, the forward's FLOPs and
-    bytes, which the caller scales by the backward's 2.5x work).
+    bytes, which the caller scales by the backward's 2.5x work). t_exp =
+    `attention_exp_floor_s` (0 on a GPU without a published exponential rate): a max, not a
+    sum, because the kernels overlap the exponentials of one tile with the GEMMs of another
+    (FlashAttention-3 section 3.1: ping-pong scheduling of two warpgroups and intra-warpgroup
+    softmax / GEMM pipelining; FlashAttention-4 and cuDNN on Blackwell: softmax warpgroups
+    beside an asynchronous tcgen05 MMA warp), so the slower unit sets the time.
     Unfused (flash_attention = 0): two batched GEMMs at the GEMM-shape efficiency; the
-    materialised scores' traffic is in the layer's elementwise bytes.
+    materialised scores' traffic is in the layer's elementwise bytes (its softmax is a
+    memory-bound kernel there, no floor here).
     """
     e = system.eff
     work = jnp.maximum(attention.count[0] * attention.m[0] * attention.n[0], 1.0)
@@ -267,6 +311,7 @@ def attention_time_s(attention, system, training, io_bytes, temperature=None,
     flops = jnp.sum(attention.flops)
     fused = roofline_time_s(flops, io_bytes, matmul_rate(system, training), eta,
                             system.hbm_bandwidth_Bps, e.mem_eff, temperature)
+    fused = smax(fused, attention_exp_floor_s(work, system, backward), temperature)
     unfused = gemms_time_s(attention, system, training, e.mm_max, e.mm_half_dim, temperature)
     flash = training.flash_attention
     return flash * fused + (1.0 - flash) * unfused

@@ -130,6 +130,10 @@ class System(struct.PyTreeNode):
     # and plateaus near a third of the peak (FlashAttention-3 paper, configs/systems sources)
     attn_fa2_fwd_frac: Any = 0.0
     attn_fa2_bwd_frac: Any = 0.0
+    # Exponentials per second of the special-function units (MUFU.EX2) of THIS GPU: a floor
+    # on the fused attention kernel, one exponential per computed score element per pass
+    # (costs.compute.attention_exp_floor_s). 0: no published rate, no floor (no change)
+    sfu_exp_per_s: Any = 0.0
     name: str = struct.field(pytree_node=False, default="system")
     gpu: str = struct.field(pytree_node=False, default="")  # GPU generation ('a100', 'h100',
     # ...; '' unknown): picks the shipped default efficiency set (diffperf.trust)

@@ -507,6 +507,8 @@ def check_system(system, where: str = "system") -> None:
         rule(getattr(system, f), lambda v: (v >= 0) & (v <= 1), f,
              "0 to 1 (a published FlashAttention-2 throughput over the 16-bit peak; 0: not "
              "measured)")
+    rule(system.sfu_exp_per_s, lambda v: v >= 0, "sfu_exp_per_s",
+         ">= 0 (exponentials per second of the special-function units; 0: no floor)")
     prev = None
     for j, t in enumerate(system.tiers):
         rule(t.domain_size, lambda v: v >= 1, f"tiers[{j}].domain_size", ">= 1")
