@@ -17,11 +17,11 @@ import functools
 import jax.numpy as jnp
 
 from diffperf.workload.cp import cp_kv_bytes
-from diffperf.workload.flops import (head_shards, is_mla, layer_ops, quantized_elem_bytes,
-                                     score_elements, softmax_fallback, softmax_fallback_costs,
+from diffperf.workload.flops import (head_shards, is_mla, layer_ops, moe_layer_fraction,
+                                     quantized_elem_bytes, score_elements, shared_expert_width,
+                                     softmax_fallback, softmax_fallback_costs,
                                      tokens_per_device, v_dim, vocab_rows_per_rank)
 from diffperf.workload.params import active_ffn_width, residual_shards
-from diffperf.workload.flops import moe_layer_fraction, shared_expert_width
 from diffperf.workload.recompute import (full_frac, megatron_module_fracs,
                                          megatron_selective_frac, none_frac, op_sac_frac,
                                          sac_recompute_fracs, separate_norms)
