@@ -85,6 +85,23 @@ def test_gpt_oss_moe_act_and_layernorm_by_hand():
         94_371_840 + 23_592_960, rel=1e-6)
 
 
+def test_mlp_recompute_reruns_the_fused_pre_mlp_norm():
+    """DeepSeek-V3 ["mlp"] (3 of 61 layers dense: their pre-MLP norm is fused into fc1,
+    TELayerNormColumnParallelLinear, so the checkpointed MLP re-runs it), b 1, s 4096, bf16:
+    element-wise bytes re-run (3/61) x 2 x 4096 x (18432 x 3 + 2 x 7168) at t 1, and with
+    t 2 + SP (3/61) x 2 x 4096 x (18432 x 3 / 2 + 2 x 7168 / 2): the SiLU-product and the
+    norm (read, write), the norm's output being what the layer no longer keeps."""
+    mlp = Parallel(**SEL, recompute_core_attn=0.0, recompute_mlp=1.0)
+    want = 3.0 / 61.0 * 2 * 4096 * (18432 * 3 + 2 * 7168)
+    assert float(megatron_recompute_bytes(DSV3, mlp, BF16)) == pytest.approx(want, rel=1e-6)
+    tp2 = mlp.replace(tp=2.0, sequence_parallel=1.0)
+    want2 = 3.0 / 61.0 * 2 * 4096 * (18432 * 3 / 2 + 2 * 7168 / 2)
+    assert float(megatron_recompute_bytes(DSV3, tp2, BF16)) == pytest.approx(want2, rel=1e-6)
+    # dropped: fc1 output 2 f q_a, activation output f q_a, the fused norm's output h q_a
+    dropped = 3.0 / 61.0 * 4096 * (18432 * (2 * 2 + 2) + 2 * 7168)
+    assert float(megatron_dropped_bytes(DSV3, mlp, BF16)) == pytest.approx(dropped, rel=1e-6)
+
+
 def test_recompute_time_is_the_modules_forward():
     """One layer's recompute_s under ["mla_up_proj"] less that under [] (predict._layer_parts)
     is the two rows' GEMM time plus the element-wise bytes at HBM speed (bf16: no
