@@ -123,6 +123,22 @@ def test_recompute_time_is_the_modules_forward():
     assert hw == pytest.approx(8 * 62 * (309_237_645_312 + 137_438_953_472), rel=1e-5)
 
 
+def test_mlp_recompute_reruns_the_dense_mlps_tp_pair():
+    """DeepSeek-V3 at t 2 with SP, experts TP-split (t_e = t: every layer's MLP on the TP
+    group), no TP overlap: a layer's exposed TP time is (2 forward + 2 backward) c_tp; with
+    ["mlp"] the 3 dense layers of 61 re-run their MLP's all-gather + reduce-scatter (one
+    all-reduce equivalent), so the mean layer's grows by 3/61 c_tp: a ratio 1 + 3 / (61 x 4)."""
+    from diffperf.predict import _layer_parts
+
+    h100 = _system("h100-sxm-80gb")
+    tp2 = dict(tp=2.0, sequence_parallel=1.0, tp_overlap=0.0)
+    none = _layer_parts(DSV3, NOTHING.replace(**tp2), h100, BF16, None)[0]["tp_exposed_s"]
+    mlp = _layer_parts(DSV3, NOTHING.replace(recompute_mlp=1.0, **tp2), h100, BF16,
+                       None)[0]["tp_exposed_s"]
+    assert float(none) > 0
+    assert float(mlp / none) == pytest.approx(1.0 + 3.0 / (61.0 * 4.0), rel=1e-5)
+
+
 def test_selective_modules_gradient_contract(x64):
     """The selective term of predict._layer_parts' recompute, sum_r rho_r t_r +
     B / (BW_hbm eta_mem): d / d log(HBM bandwidth, GEMM peak efficiency) matches finite
