@@ -67,6 +67,12 @@ def test_mla_up_proj_one_layer_by_hand():
     kept_mla = float(layer_activation_parts(DSV3, MLA, BF16)[0])
     kept_none = float(layer_activation_parts(DSV3, NOTHING, BF16)[0])
     assert kept_none - kept_mla == pytest.approx(553_648_128, rel=1e-5)
+    # ... and holds it again while its backward runs (rebuilt before the attention's
+    # backward), as full recompute's rebuilt layer
+    rebuilt_mla = float(layer_activation_parts(DSV3, MLA, BF16)[1])
+    rebuilt_none = float(layer_activation_parts(DSV3, NOTHING, BF16)[1])
+    assert rebuilt_none == 0.0
+    assert rebuilt_mla == pytest.approx(553_648_128, rel=1e-6)
 
 
 def test_gpt_oss_moe_act_and_layernorm_by_hand():
