@@ -2,6 +2,8 @@
 much time per token and layer the measurement leaves unexplained (docs/accuracy-gptoss.md).
 
     python calibration/gptoss_breakdown.py [--set FIELD=VALUE,...] [--json out.json]
+    python calibration/gptoss_breakdown.py --model deepseek-v3,qwen3-235b-a22b --precision bf16
+                                         (the same columns for other models' rows: controls)
 
 Per row, for one micro-batch on the critical pipeline stage (default efficiencies of the
 row's system, the row's `set` facts, no fitting), forward + backward milliseconds of:
@@ -9,8 +11,9 @@ proj (QKV and output projection GEMMs), router, experts (the routed expert GEMMs
 (attention core), elem (norms, activation, permutation: memory-bound), ep (exposed expert
 all-to-all), head (output layer GEMM and loss, last stage only); GEMMs at each pass's own
 precision (MXFP8 rows: FP8; their quantization kernels are in pred/mb, not in a column), the
-pipeline bubble, DP and optimizer in pred/mb only; then the measured time per
-micro-batch (step / m) and the unexplained time per token per layer
+pipeline bubble, DP and optimizer in pred/mb only (so are the dense MLP GEMMs of a dense
+model or of DeepSeek-V3's first layers, and the shared experts, with --model); then the
+measured time per micro-batch (step / m) and the unexplained time per token per layer
 
     gap_us = (step_meas - step_pred) / (m n_layers_stage T) x 1e6,   T = b s tokens
 Reading: a cost that grows with s (the full-attention layers) would make gap_us of the
@@ -67,6 +70,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--set", default="", help="training / parallel fields f=v,... for the rows")
     p.add_argument("--json")
+    p.add_argument("--model", default="gpt-oss-120b",
+                   help="models of the rows, comma-separated (default gpt-oss-120b)")
+    p.add_argument("--precision", default="",
+                   help="only rows of these precisions (comma-separated)")
     args = p.parse_args(argv)
     from diffperf import load_runs
     from diffperf.api import _as_float, _normalize
@@ -77,7 +84,9 @@ def main(argv=None) -> int:
     from calibration.bridge import CSV, _subset
 
     runs = load_runs(CSV)
-    runs = _subset(runs, [i for i, r in enumerate(runs.rows) if r["model"] == "gpt-oss-120b"])
+    models, precisions = set(args.model.split(",")), set(filter(None, args.precision.split(",")))
+    runs = _subset(runs, [i for i, r in enumerate(runs.rows) if r["model"] in models
+                          and (not precisions or r["precision"] in precisions)])
     systems = load_systems(runs, None, None)
     if args.set:
         kv = dict(x.split("=") for x in args.set.split(","))

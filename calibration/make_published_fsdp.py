@@ -69,6 +69,13 @@ TITAN_FACTS = FSDP_FACTS + ";grad_bytes=4;zero3_copy_out=1"
 OP_SAC = "recompute_policy=1"
 OP_SAC_FP8 = "recompute_policy=2"
 EAGER = "llama_eager_pointwise=1"
+#   Compiled rows (torch.compile; TorchTitan 9dec370 / 3faaa1a / 820504e, fms-fsdp with fms
+#     83267f4): the rotary of Q and K and the K / V expansion to the query heads stay as
+#     fused passes in front of SDPA, an extern kernel that takes a-head K and V (TorchTitan
+#     `repeat_kv` then F.scaled_dot_product_attention without enable_gqa; fms
+#     `adjusted_qk`, then `expand(...).flatten(1, 2)` when a_kv < a): rope_kv_pass=1
+#     (workload.flops.rope_kv_pass_bytes). The eager rows hold them in llama_eager_pointwise.
+COMPILED = "rope_kv_pass=1"
 EAGER_NORM = EAGER + ";norm_extra_bytes=32"
 
 
@@ -101,7 +108,8 @@ def row(rid, source, system, model, n, tp, dp, seq, local_batch, recompute, tps,
                 cp=cp, ep=1, vp=1, sequence_parallel=int(tp > 1), zero_stage=3,
                 zero_shard=zero_shard,
                 set=";".join([TITAN_FACTS if source.startswith("torchtitan") else FSDP_FACTS,
-                              *facts, *((FA2,) if fa2 else ())]),
+                              *facts, *((FA2,) if fa2 else ()),
+                              *((COMPILED,) if compile_ else ())]),
                 recompute=recompute, global_batch=gb, micro_batch=local_batch,
                 precision=precision, step_time_s=f"{step:.6g}", tokens_per_s_per_gpu=tps,
                 torch_compile=int(compile_), fields_exact=int(exact), notes=notes)

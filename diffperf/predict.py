@@ -42,10 +42,11 @@ from diffperf.specs.validate import valid_mask
 from diffperf.workload.axonn import axonn_layer_volumes
 from diffperf.workload.cp import cp_kv_bytes, cp_ring_block_bytes, cp_ring_steps
 from diffperf.workload.dp import (dp_volumes_bytes, product_group, zero3_copy_out_bytes,
-                                  zero3_prefetch_frac, zero_groups)
+                                  zero3_prefetch_frac, zero3_rs_copy_in_bytes, zero_groups)
 from diffperf.workload.ep import (ep_a2a_bytes, ep_a2a_per_layer, ep_stride, expert_dp_degree,
                                   expert_tp, moe_mlp_on_tp)
 from diffperf.workload.flops import (DENSE_ROW_BLOCKS, attention_by_kind, attention_io_bytes,
+                                     elementwise_backward_once_bytes,
                                      head_ops, layer_ops, lowp_quantize_kernels,
                                      moe_layer_fraction)
 from diffperf.workload.groups import stride
@@ -311,7 +312,10 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     sac_share = sac_gemm / jnp.maximum(jnp.sum(dense_rows), 1e-30)
     recompute = (full * (dense - skipped + attn + other + quant_f) + selective * attn
                  + sac * (sac_gemm + other + sac_share * quant_f))
-    other_f, other_b = other + stacked, 2.0 * other + stacked
+    # Element-wise backward = 2 x forward, less one pass of the ops whose backward moves
+    # their bytes once (workload.flops.elementwise_backward_once_bytes; 0 by default).
+    once = memory_time_s(elementwise_backward_once_bytes(model, parallel, training), system)
+    other_f, other_b = other + stacked, 2.0 * other - once + stacked
     hidden_f = tp_fh + cp_fh + ep_fh + ax_fh
     hidden_b = tp_bh + cp_bh + ep_bh + ax_bh
     gpu_f = (dense + attn + other_f + tp_f + cp_f + ep_f + ax_f
@@ -341,7 +345,8 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
                       + again * e.host_recompute_s + sync_b)
     t_f = pnorm_max(gpu_f, host_f, e.floor_pnorm)
     t_b = pnorm_max(gpu_b, host_b, e.floor_pnorm)
-    parts = dict(compute_s=(dense + dense_b + attn + attn_bwd + 3.0 * other + 2.0 * stacked
+    parts = dict(compute_s=(dense + dense_b + attn + attn_bwd + 3.0 * other - once
+                            + 2.0 * stacked
                             + quant_f + quant_b),
                  recompute_s=recompute,
                  tp_exposed_s=tp_f + tp_b, cp_exposed_s=cp_f + cp_b, ep_exposed_s=ep_f + ep_b,
@@ -441,6 +446,8 @@ def _dp_times(model, parallel, system, training, stages=None, features=FEATURES)
     t["P"] = P
     t["copy_out_s"] = memory_time_s(zero3_copy_out_bytes(
         sum(g[1] for g in groups), training, parallel.zero3_copy_out), system)
+    t["rs_copy_in_s"] = memory_time_s(zero3_rs_copy_in_bytes(
+        sum(g[1] for g in groups), training, parallel.zero3_copy_out), system)
     return t
 
 
@@ -454,8 +461,10 @@ def _zero3_layer_parts(dp, parallel, free_f, free_b, temperature):
                                                free_f, free_b, dp["prefetch"], g_b,
                                                parallel.dp_overlap, temperature)
     # FSDP2's copy-out of each gathered layer runs on the compute stream: exposed, once per
-    # gather (workload.dp.zero3_copy_out_bytes).
-    e_f, e_b = e_f + dp["copy_out_s"], e_b + g_b * dp["copy_out_s"]
+    # gather (workload.dp.zero3_copy_out_bytes); its reduce-scatter copy-in, which the compute
+    # stream waits for, once per backward (workload.dp.zero3_rs_copy_in_bytes).
+    e_f = e_f + dp["copy_out_s"]
+    e_b = e_b + g_b * dp["copy_out_s"] + dp["rs_copy_in_s"]
     z3 = jnp.where(parallel.zero_stage == 3, 1.0, 0.0)
     return tuple(z3 * x for x in (e_f, h_f, e_b, h_b))
 

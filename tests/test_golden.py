@@ -781,6 +781,72 @@ def test_eager_llama_pointwise_bytes_by_hand(x64):
     assert got13 == 20 * T13 * 80 * 128 + 2 * 2 * T13 * 13824
 
 
+def test_compiled_rope_kv_pass_bytes_by_hand(x64):
+    """Compiled Llama code in front of an extern SDPA (TorchTitan repeat_kv, fms expand):
+    rotate Q (read + write a heads), rotate K fused with its expansion (read a_kv, write a),
+    expand V (read a_kv, write a); without GQA K is rotated in place and V untouched. Zero
+    when the eager term already holds these ops, and zero by default."""
+    import jax
+
+    from diffperf.workload.flops import (elementwise_bytes, layer_ops,
+                                         rope_kv_pass_bytes)
+
+    model, par = _llama3_8b(), Parallel(micro_batch=2)
+    T = 2 * 8192
+    on = Training(rope_kv_pass=1.0)
+    want = 2 * T * (2 * A8 * D8 + (KV8 + A8) * D8 + (KV8 + A8) * D8)
+    assert want == 603_979_776
+    assert float(elementwise_bytes(model, par, on) - elementwise_bytes(model, par, Training())
+                 ) == want
+    # TP 8: each rank's a / 8 query heads and a_kv / 8 KV heads, the same tokens
+    par8 = Parallel(tp=8, micro_batch=2)
+    assert float(rope_kv_pass_bytes(model, par8, on)) == want / 8
+    # Llama 2 13B (a_kv = a): Q and K rotated in place, nothing expanded
+    m13 = diffperf.Model(n_layers=40, hidden=5120, ffn_hidden=13824, n_heads=40, n_kv_heads=40,
+                         head_dim=128, vocab=32000, seq_len=4096, gated_mlp=1)
+    assert float(rope_kv_pass_bytes(m13, par, on)) == 2 * (2 * 4096) * (2 * 40 * 128
+                                                                        + 2 * 40 * 128)
+    both = Training(rope_kv_pass=1.0, llama_eager_pointwise=1.0)
+    assert float(rope_kv_pass_bytes(model, par, both)) == 0.0
+    # kernels: Q, K and (GQA) V, none under the eager term's own count
+    k_on = float(layer_ops(model, par, on).n_kernels - layer_ops(model, par, Training()).n_kernels)
+    assert k_on == 3.0
+    assert float(layer_ops(model, par, both).n_kernels) == float(
+        layer_ops(model, par, Training(llama_eager_pointwise=1.0)).n_kernels)
+    # physical sign: more bytes per activation element, more traffic
+    g = jax.grad(lambda q: rope_kv_pass_bytes(model, par, Training(rope_kv_pass=1.0,
+                                                                    activation_bytes=q)))(2.0)
+    assert np.isfinite(float(g)) and float(g) == want / 2
+
+
+def test_rotary_and_repeat_kv_move_their_bytes_once_back():
+    """The eager rotary and repeat_kv, and the compiled rope / K-V pass, run their backward
+    in one pass of their forward bytes: on one H100, no recompute, one micro-batch, the
+    element-wise compute grows by L [3 (dB / BW' + dK k_s) - B_once / BW'] when the eager
+    kernels are switched on (BW' = BW_hbm x mem_eff; dK = 6 rotary + 2 repeat_kv kernels),
+    B_once = rotary 20 T (a + a_kv) d + repeat_kv 2 T (a_kv + a) 2 d."""
+    from diffperf.costs.xla import kernel_fixed_s
+    from diffperf.workload.flops import elementwise_backward_once_bytes, elementwise_bytes
+
+    model, system = _llama3_8b(), diffperf.load_system("h100-sxm-80gb")
+    par = Parallel(micro_batch=2, global_batch=2)
+    T = 2 * 8192
+    eager, base = Training(llama_eager_pointwise=1.0), Training()
+    once = 20 * T * (A8 + KV8) * D8 + 2 * T * (KV8 + A8) * 2 * D8
+    assert once == 2_013_265_920
+    assert float(elementwise_backward_once_bytes(model, par, eager)) == once
+    compiled = Training(rope_kv_pass=1.0)
+    assert float(elementwise_backward_once_bytes(model, par, compiled)) == 603_979_776
+    assert float(elementwise_backward_once_bytes(model, par, base)) == 0.0
+    bw = float(system.hbm_bandwidth_Bps) * float(system.eff.mem_eff)
+    dB = float(elementwise_bytes(model, par, eager) - elementwise_bytes(model, par, base))
+    k_s = float(kernel_fixed_s(system, base))
+    want = L8 * (3.0 * (dB / bw + 8.0 * k_s) - once / bw)
+    got = float(diffperf.predict(model, par, system, eager).breakdown.compute_s
+                - diffperf.predict(model, par, system, base).breakdown.compute_s)
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
 def test_op_sac_recompute_time_and_collectives():
     """The recompute of one layer under per-op SAC is the recomputed share of each forward
     GEMM row plus every element-wise op (norms, rotary, SiLU, residuals), the attention kernel

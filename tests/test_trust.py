@@ -13,7 +13,7 @@ from diffperf.cli.main import main
 from diffperf.errors import SpecError
 from diffperf.predict import _dp_times
 from diffperf.schedule.overlap import dp_hidden_slowdown_s
-from diffperf.workload.dp import zero3_copy_out_bytes
+from diffperf.workload.dp import zero3_copy_out_bytes, zero3_rs_copy_in_bytes
 from diffperf.workload.params import layer_params_per_device
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,6 +147,11 @@ def test_published_fsdp_csv_loads_with_its_row_facts():
     assert float(runs.trainings[tt].llama_eager_pointwise) == 1
     compiled = by["tt-h100-l3-8b-n8-compile"]
     assert float(runs.trainings[compiled].llama_eager_pointwise) == 0
+    # compiled rows keep the rotary / K-V expansion passes in front of SDPA (rope_kv_pass),
+    # eager rows hold them in llama_eager_pointwise
+    ropes = {rid: float(runs.trainings[i].rope_kv_pass) for rid, i in by.items()}
+    assert ropes["tt-h100-l3-8b-n8-compile"] == 1 and ropes["tt-h100-l3-8b-n8-eager"] == 0
+    assert ropes["fms-h100-l2-70b"] == 1 and ropes["tt-a100-l3-8b-sac-op"] == 0
     # The attention kernel (data/published_fsdp.md): FlashAttention-2 in every row but the
     # 405B one, whose torch nightly is not stated
     fa2 = {rid: float(runs.trainings[i].attention_fa2) for rid, i in by.items()}
@@ -178,13 +183,19 @@ def test_zero3_copy_out_bytes_by_hand():
     tb = training("bf16")
     assert float(zero3_copy_out_bytes(P, tb, 1.0)) == 4.0 * P
     assert float(zero3_copy_out_bytes(P, tb, 0.0)) == 0.0
+    # reduce-scatter copy-in: read the bf16 gradient, write the reduce dtype (TorchTitan fp32)
+    assert float(zero3_rs_copy_in_bytes(P, tb.replace(grad_bytes=4.0), 1.0)) == 6.0 * P \
+        == 1_308_672_000
+    assert float(zero3_rs_copy_in_bytes(P, tb, 1.0)) == 4.0 * P  # bf16 reduction
+    assert float(zero3_rs_copy_in_bytes(P, tb, 0.0)) == 0.0
     assert float(dp_hidden_slowdown_s(0.387, 0.1)) == pytest.approx(0.0387)
 
 
 def test_copy_out_adds_one_copy_per_gather_to_the_step():
     """ZeRO-3 on one 8-GPU node, 1 stage, full recompute without re-gather (FSDP: 2 gathers
-    per layer pass), m = 2 micro-batches: the step grows by m L 2 t_copy exactly,
-    t_copy = 4 P / (BW_hbm mem_eff)."""
+    per layer pass), m = 2 micro-batches: the step grows by m L (2 t_copy + t_in) exactly,
+    t_copy = 4 P / (BW_hbm mem_eff) per gather, t_in = (2 + 2) P / (BW_hbm mem_eff) the
+    reduce-scatter copy-in of the bf16 preset per backward."""
     model, system = load_model("llama3-8b"), load_system("h100-sxm-80gb")
     par = Parallel(dp=8, micro_batch=1, global_batch=16, zero_stage=3, recompute=2,
                    zero3_regather=0)
@@ -195,7 +206,9 @@ def test_copy_out_adds_one_copy_per_gather_to_the_step():
     t_copy = 4.0 * P / (float(system.hbm_bandwidth_Bps) * float(system.eff.mem_eff))
     assert float(_dp_times(model, par.replace(zero3_copy_out=1), system, tb)["copy_out_s"]) \
         == pytest.approx(t_copy, rel=1e-5)
-    want = 2 * 32 * 2 * t_copy
+    dp = _dp_times(model, par.replace(zero3_copy_out=1), system, tb)
+    assert float(dp["rs_copy_in_s"]) == pytest.approx(t_copy, rel=1e-5)
+    want = 2 * 32 * (2 * t_copy + t_copy)
     assert float(with_copy.step_time_s - base.step_time_s) == pytest.approx(want, rel=1e-3)
     assert float(with_copy.breakdown.dp_exposed_s - base.breakdown.dp_exposed_s) == \
         pytest.approx(want, rel=1e-3)

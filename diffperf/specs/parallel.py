@@ -95,7 +95,10 @@ class Parallel(struct.PyTreeNode):
                                 # flat parameter per layer; DeepSpeed: one per sub-module)
     zero3_copy_out: Any = 0     # 1: FSDP2 (per-parameter sharding): each gathered layer is
                                 # copied out of the all-gather buffer into its parameters on
-                                # the compute stream (workload.dp.zero3_copy_out_bytes);
+                                # the compute stream (workload.dp.zero3_copy_out_bytes), and
+                                # each layer's gradients are cast into the reduce-scatter
+                                # buffer before the compute stream goes on
+                                # (workload.dp.zero3_rs_copy_in_bytes);
                                 # 0: FSDP1 / DeepSpeed flat buffers, the parameters are views
     recompute_layer_frac: Any = 1.0  # recompute = full: the fraction of the layers that are
                                 # checkpointed, the rest keeping every activation (fms-fsdp

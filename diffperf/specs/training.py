@@ -46,6 +46,14 @@ class Training(struct.PyTreeNode):
                                  # ops run as separate eager kernels (fp32 complex rotary on Q
                                  # and K, repeat_kv copies of K and V, SiLU and the product
                                  # apart); 0: fused (torch.compile) or not counted
+    rope_kv_pass: Any = 0.0      # 1: rotary on Q and K, and with GQA the expansion of K and V
+                                 # to the a query heads, run as fused memory-bound passes in
+                                 # front of an attention kernel that takes a-head K and V
+                                 # (torch.compile'd TorchTitan / fms Llama code: repeat_kv, then
+                                 # F.scaled_dot_product_attention without enable_gqa;
+                                 # workload.flops.rope_kv_pass_bytes); counted only where
+                                 # llama_eager_pointwise = 0 (that term holds the eager forms);
+                                 # 0: not counted (the default)
     attention_fa2: Any = 0.0     # 1: the run's fused attention was FlashAttention-2 (PyTorch
                                  # SDPA's flash backend, the flash-attn 2 package), timed at
                                  # the GPU's published FA2 rate (System.attn_fa2_*_frac;

@@ -111,8 +111,8 @@ def zero3_copy_out_bytes(layer_params_local, training, copy_out):
     stream, before the layer can run; FSDP1 and DeepSpeed gather into the flat parameter
     itself and use views (c = 0). P_layer = the layer's parameters on one device (its TP
     shard), q_w = bytes of a gathered weight (param_dtype: bf16, 2). The copy-in of the
-    shard (1/N of this) and the reduce-scatter's copy-in (run on the reduce-scatter stream,
-    overlapped with compute) are not on the compute stream's path and are left out.
+    shard (1/N of this) runs on its own copy-in stream and is left out; the reduce-scatter's
+    copy-in is on the compute stream's path (`zero3_rs_copy_in_bytes`).
     Source: PyTorch PR #117950 "[FSDP2] Added all-gather and unsharded parameter" (the
     all-gather as copy-in / collective / copy-out, `foreach_all_gather_copy_out`); PR #117975
     (reduce-scatter copy-in on its own stream); issue #114299 (per-parameter-sharding FSDP).
@@ -120,3 +120,27 @@ def zero3_copy_out_bytes(layer_params_local, training, copy_out):
     at 2.4 TB/s x 0.83.
     """
     return copy_out * 2.0 * training.weight_bytes * layer_params_local
+
+
+def zero3_rs_copy_in_bytes(layer_params_local, training, copy_out):
+    """HBM bytes of FSDP2's reduce-scatter copy-in of one layer's gradients, per backward:
+
+        B_in = c (q_w + q_g) P_layer
+    FSDP2 (`foreach_reduce`) copies the layer's unsharded gradients, computed in the
+    parameters' dtype (q_w: param_dtype bf16, 2), into one reduce-scatter buffer of the
+    reduce dtype (q_g = grad_bytes: TorchTitan's reduce_dtype float32, 4), chunk by rank
+    (`foreach_reduce_scatter_copy_in`: torch._chunk_cat / cat into the buffer, which casts):
+    read q_w, write q_g per element. The compute stream waits for it before the next layer's
+    backward: in the 2024 code it runs on the reduce-scatter stream and is followed by
+    `current_stream.wait_stream(reduce_scatter_stream)` (earlier: `wait_event(copy_in_event)`)
+    "Only after the copy-in finishes can we free the gradients"; later versions run it on
+    the default stream itself. Only the reduce-scatter collective overlaps the backward.
+    Sources: pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py at
+    415cc2628922556efc715d17fa31ac6bab58df36 and 01d66d21f38a04729a87a5840f405ca1b7acf856
+    (`foreach_reduce` / `foreach_reduce_scatter`); with fp32 or bf16 reduction no divide
+    kernel runs (ReduceOp.AVG), so nothing else touches the full buffer. c = zero3_copy_out
+    (the FSDP2 fact); FSDP1 reduces its flat gradient in place (0).
+    Example: Llama 3 8B layer, P = 218,112,000, bf16 parameters, fp32 reduction:
+    6 P = 1.309e9 bytes per backward, 0.66 ms at 2.4 TB/s x 0.83.
+    """
+    return copy_out * (training.weight_bytes + training.grad_bytes) * layer_params_local

@@ -353,6 +353,7 @@ def elementwise_bytes(model, parallel, training, fallback=None):
     return (q * (T_sp * h * 10.0 + T * f_act * (2.0 + model.gated_mlp) / t + latents) + scores
             + moe_permute_bytes(model, parallel, training)
             + eager_pointwise_bytes(model, parallel, training, T_sp, f_act)
+            + rope_kv_pass_bytes(model, parallel, training)
             + moe_eager_clamp_bias_bytes(model, parallel, training)
             + moe_quant_pad_bytes(model, parallel, training))
 
@@ -376,31 +377,104 @@ def eager_pointwise_bytes(model, parallel, training, T_sp, f_act):
     `apply_rotary_emb`, `repeat_kv`, `FeedForward.forward` at 9dec370 (2024-12-26; the same
     code at 1ea476e9f); norm_type "rmsnorm" in train_configs/llama3_8b.toml at 9dec370.
     The backward is taken as 2 x these bytes, as for every element-wise op (PAPERS.md 5.2):
-    about right for the norms (their autograd backward moves ~72 B per element), an
-    over-count for the rotary and repeat_kv (one pass back). torch.compile fuses all of
-    them (set both to 0).
+    about right for the norms (their autograd backward moves ~72 B per element) and the SiLU;
+    the rotary and repeat_kv move their bytes once back (`elementwise_backward_once_bytes`,
+    which predict takes off). torch.compile fuses all of them (set both to 0; what stays in
+    front of SDPA: `rope_kv_pass_bytes`).
     Example (Llama 3 8B, b 2, s 8192, t 1, bf16): norms 2 x 32 x 16384 x 4096 = 4.295e9 B;
     rotary 20 x 16384 x 40 x 128 = 1.678e9, repeat_kv 2 x 16384 x 40 x 256 = 0.336e9, SiLU
     2 x 2 x 16384 x 14336 = 0.940e9: 7.248e9 B per layer forward.
     """
     t, q = head_shards(parallel), training.activation_bytes
     T = tokens_per_device(model, parallel)
-    a, akv, dqk, dv = model.n_heads, model.n_kv_heads, model.head_dim, v_dim(model)
-    rope = (2.0 * q + 16.0) * T * (a + akv) * dqk / t
-    repeat = jnp.where(akv < a, 1.0, 0.0) * q * T * (akv + a) * (dqk + dv) / t
+    rope, repeat = _eager_rope_repeat_bytes(model, parallel, training)
     glu = model.gated_mlp * 2.0 * q * T * f_act / t
     return (2.0 * training.norm_extra_bytes * T_sp * model.hidden
             + training.llama_eager_pointwise * (rope + repeat + glu))
+
+
+def _eager_rope_repeat_bytes(model, parallel, training):
+    """(rotary, repeat_kv) forward bytes of `eager_pointwise_bytes`, before lambda."""
+    t, q = head_shards(parallel), training.activation_bytes
+    T = tokens_per_device(model, parallel)
+    a, akv, dqk, dv = model.n_heads, model.n_kv_heads, model.head_dim, v_dim(model)
+    rope = (2.0 * q + 16.0) * T * (a + akv) * dqk / t
+    repeat = jnp.where(akv < a, 1.0, 0.0) * q * T * (akv + a) * (dqk + dv) / t
+    return rope, repeat
+
+
+def elementwise_backward_once_bytes(model, parallel, training):
+    """Forward bytes, inside `elementwise_bytes`, of the element-wise ops whose backward moves
+    the same bytes once, where the element-wise convention (PAPERS.md 5.2) takes 2 x:
+
+        B_once = lambda (rotary + repeat_kv) + `rope_kv_pass_bytes`
+    The rotary's autograd backward is its forward in reverse (grad cast to fp32 r q_a w 4,
+    complex product with conj(freqs) r 4 w 4, cast back r 4 w q_a: 2 q_a + 16 per element,
+    as the forward; freqs_cis is a buffer, no gradient); repeat_kv's backward sums the
+    a-head gradient back to a_kv heads (read a, write a_kv: the forward's bytes); the
+    compiled pass likewise (dQ rotated back; dK, dV summed over their copies). The norms
+    (~72 B per element back for 36 forward) and the SiLU apart from its product (two more
+    writes and reads back) keep 2 x. Sources: torchtitan/models/llama/model.py at 9dec370
+    (`apply_rotary_emb`, `repeat_kv`), PyTorch autograd formulas (derivatives.yaml:
+    `_to_copy`, `mul`, `expand` -> sum_to_size).
+    `predict._layer_parts` takes one pass of these bytes off the backward.
+    Example (Llama 3 8B, b 2, s 8192, t 1, bf16, eager): 1.678e9 + 0.336e9 = 2.013e9 B.
+    """
+    rope, repeat = _eager_rope_repeat_bytes(model, parallel, training)
+    return (training.llama_eager_pointwise * (rope + repeat)
+            + rope_kv_pass_bytes(model, parallel, training))
+
+
+def rope_kv_pass_bytes(model, parallel, training):
+    """HBM traffic of the rotary and K/V-expansion passes that stay in front of the attention
+    kernel when the Llama code is compiled (torch.compile) but the attention is an extern
+    kernel taking K and V of all a query heads (one device, forward):
+
+        B = rho (1 - lambda) q_a T / t [ 2 a d_qk                   (rotate Q: read, write)
+                                       + (a_kv + a') d_qk           (rotate K: read a_kv heads,
+                                                                     write a' = a with GQA,
+                                                                     a_kv without: the
+                                                                     expansion fused in)
+                                       + [a_kv < a] (a_kv + a) d_v ] (expand V: read, write)
+    rho = rope_kv_pass, lambda = llama_eager_pointwise (the eager term already holds these
+    ops in their eager form). Inductor fuses each element-wise chain into one kernel, but
+    `F.scaled_dot_product_attention` (and the flash kernel under it) is an extern call whose
+    inputs must exist in HBM: TorchTitan's `Attention.forward` (torchtitan/models/llama/
+    model.py at 9dec370 and 3faaa1a, torchtitan/models/llama3/model.py at 820504e) applies
+    `apply_rotary_emb` to xq and xk, then `repeat_kv` to K and V, then SDPA without
+    enable_gqa; fms (foundation-model-stack fms/modules/attention.py at 83267f4, 2024-05,
+    the model of fms-fsdp) rotates Q and K (`adjusted_qk`) and expands K and V
+    (`unsqueeze(2).expand(...).flatten(1, 2)`) when a_kv < a. `elementwise_bytes` has no
+    rotary pass otherwise (Megatron's fused rotary is not counted either). The backward
+    moves the same bytes (dQ rotated back; the expanded dK, dV summed over their copies and
+    dK rotated back): one pass back (`elementwise_backward_once_bytes`), not the 2 x of the
+    element-wise convention.
+    Example (Llama 3 8B, b 2, s 8192, t 1, bf16): 2 x 16384 x (2 x 32 x 128 + 40 x 128
+    + 40 x 128) = 603,979,776 B per layer forward (the eager form, `eager_pointwise_bytes`:
+    rotary 1.678e9 + repeat_kv 0.336e9).
+    """
+    t, q = head_shards(parallel), training.activation_bytes
+    T = tokens_per_device(model, parallel)
+    a, akv, dqk, dv = model.n_heads, model.n_kv_heads, model.head_dim, v_dim(model)
+    gqa = jnp.where(akv < a, 1.0, 0.0)
+    a_k = gqa * a + (1.0 - gqa) * akv
+    per_token = 2.0 * a * dqk + (akv + a_k) * dqk + gqa * (akv + a) * dv
+    return (training.rope_kv_pass * (1.0 - training.llama_eager_pointwise)
+            * q * T * per_token / t)
 
 
 def eager_pointwise_kernels(model, training):
     """Kernels `eager_pointwise_bytes` adds to a layer's forward: 6 per unfused norm (7 in
     place of 1), 6 for the rotary (cast, product, cast back, on Q and K) and 2 for
     repeat_kv (a_kv < a) under llama_eager_pointwise (SiLU and the product are already
-    counted apart in layer_ops' n_kernels)."""
+    counted apart in layer_ops' n_kernels); under rope_kv_pass without it, 2 (Q, K) + 1 (V,
+    a_kv < a) fused kernels (`rope_kv_pass_bytes`)."""
     norms = 2.0 * 6.0 * jnp.where(training.norm_extra_bytes > 0, 1.0, 0.0)
     repeat = 2.0 * jnp.where(model.n_kv_heads < model.n_heads, 1.0, 0.0)
-    return norms + training.llama_eager_pointwise * (6.0 + repeat)
+    # rope_kv_pass (compiled): one fused kernel each for Q and K, one for V with GQA
+    fused = (training.rope_kv_pass * (1.0 - training.llama_eager_pointwise)
+             * (2.0 + 0.5 * repeat))
+    return norms + training.llama_eager_pointwise * (6.0 + repeat) + fused
 
 
 def flex_rank_copies(model, parallel):
