@@ -15,8 +15,9 @@ import pytest
 import diffperf
 from diffperf import Parallel
 from diffperf.costs.compute import layer_times_s
-from diffperf.workload.flops import (attention_io_bytes, elementwise_bytes, layer_ops,
-                                     moe_quant_pad_bytes, moe_quant_pad_kernels)
+from diffperf.workload.flops import (attention_io_bytes, elementwise_backward_once_bytes,
+                                     elementwise_bytes, layer_ops, moe_quant_pad_bytes,
+                                     moe_quant_pad_kernels)
 from shipped import model as _model, system as _system
 
 MX = diffperf.training("mxfp8")
@@ -34,6 +35,10 @@ def test_qwen3_30b_bytes_and_kernels_by_hand():
     assert got == pytest.approx(536_870_912.0, rel=1e-6)
     delta = float(elementwise_bytes(QWEN, par, PAD)) - float(elementwise_bytes(QWEN, par, MX))
     assert delta == pytest.approx(536_870_912.0, rel=1e-5)
+    # the backward copies the gradients once (pad dY, strip dX): one pass, not the 2 x
+    assert float(elementwise_backward_once_bytes(QWEN, par, PAD)) == pytest.approx(
+        536_870_912.0, rel=1e-6)
+    assert float(elementwise_backward_once_bytes(QWEN, par, MX)) == 0.0
     assert float(moe_quant_pad_kernels(QWEN, PAD)) == 3.0
     dk = float(layer_ops(QWEN, par, PAD).n_kernels) - float(layer_ops(QWEN, par, MX).n_kernels)
     assert dk == pytest.approx(3.0)

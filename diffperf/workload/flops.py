@@ -407,7 +407,7 @@ def elementwise_backward_once_bytes(model, parallel, training):
     """Forward bytes, inside `elementwise_bytes`, of the element-wise ops whose backward moves
     the same bytes once, where the element-wise convention (PAPERS.md 5.2) takes 2 x:
 
-        B_once = lambda (rotary + repeat_kv) + `rope_kv_pass_bytes`
+        B_once = lambda (rotary + repeat_kv) + `rope_kv_pass_bytes` + `moe_quant_pad_bytes`
     The rotary's autograd backward is its forward in reverse (grad cast to fp32 r q_a w 4,
     complex product with conj(freqs) r 4 w 4, cast back r 4 w q_a: 2 q_a + 16 per element,
     as the forward; freqs_cis is a buffer, no gradient); repeat_kv's backward sums the
@@ -416,13 +416,16 @@ def elementwise_backward_once_bytes(model, parallel, training):
     (~72 B per element back for 36 forward) and the SiLU apart from its product (two more
     writes and reads back) keep 2 x. Sources: torchtitan/models/llama/model.py at 9dec370
     (`apply_rotary_emb`, `repeat_kv`), PyTorch autograd formulas (derivatives.yaml:
-    `_to_copy`, `mul`, `expand` -> sum_to_size).
+    `_to_copy`, `mul`, `expand` -> sum_to_size). The quantization padding of a dropless MoE
+    layer copies once back too (Transformer Engine `_Fp8Unpadding.backward` pads the output
+    gradient, `_Fp8Padding.backward` strips the input gradient: `moe_quant_pad_bytes`).
     `predict._layer_parts` takes one pass of these bytes off the backward.
     Example (Llama 3 8B, b 2, s 8192, t 1, bf16, eager): 1.678e9 + 0.336e9 = 2.013e9 B.
     """
     rope, repeat = _eager_rope_repeat_bytes(model, parallel, training)
     return (training.llama_eager_pointwise * (rope + repeat)
-            + rope_kv_pass_bytes(model, parallel, training))
+            + rope_kv_pass_bytes(model, parallel, training)
+            + moe_quant_pad_bytes(model, parallel, training))
 
 
 def rope_kv_pass_bytes(model, parallel, training):
@@ -630,10 +633,10 @@ def moe_quant_pad_bytes(model, parallel, training):
     Not counted: the pad rows themselves (at most E / e x (A - 1) rows per pass, A = 16 or 32:
     under 1.5 % of R for Qwen3 30B-A3B at b 1) and the [R, 1] probabilities' pad (2 R x <= 4 B
     against 4 q_a h R: < 0.1 % at h >= 2048).
-    The backward is 2 x these bytes by the element-wise convention (PAPERS.md 5.2); in the
-    source it is the same two copies once (Fp8Unpadding.backward pads the output gradient,
-    Fp8Padding.backward strips the input gradient: 4 q_a h R), so the convention over-counts
-    the backward by 4 q_a h R.
+    The backward moves these bytes once (Fp8Unpadding.backward pads the output gradient,
+    Fp8Padding.backward strips the input gradient: 4 q_a h R), not the 2 x of the element-wise
+    convention (PAPERS.md 5.2): `elementwise_backward_once_bytes` counts them, and
+    `predict._layer_parts` takes one pass off the backward.
     Sources: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py
     `TEGroupedMLP.__init__` / `forward` (fp8_padding / fp8_unpadding at core_v0.14.0 and
     core_v0.15.0, quantization_padding / quantization_unpadding at core_v0.16.0 and
