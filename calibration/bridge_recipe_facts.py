@@ -4,7 +4,7 @@ row's own container release (docs/accuracy-bridge.md, sections "MoE physics" and
 per container").
 
     python calibration/bridge_recipe_facts.py OUT.csv \
-        [--facts overlap,layout,dispatch,attn,moe_act,quant_pad]
+        [--facts overlap,layout,dispatch,attn,moe_act,recompute,quant_pad]
     python calibration/bridge_recipe_facts.py data/megatron_bridge.csv   # the shipped CSV
     python calibration/bridge_moe_rows.py --csv OUT.csv          # per-row effect
 
@@ -85,7 +85,27 @@ per container").
    local expert in a Python loop (the fused op path, `use_transformer_engine_op_fuser`, first
    appears in core_v0.18.0); `Training.moe_eager_clamp_bias`, docs/accuracy-gptoss.md section
    "Expert MLP element-wise".
-6. `moe_quant_pad=1` (session 10, branch dropless) on the FP8 / MXFP8 MoE rows that ran
+6. The recompute of each row as its release's recipe sets it (`RECOMPUTE_BY_RELEASE`; the CSV's
+   `recompute` column and, in `set`, Megatron-Core's `recompute_modules` as the 0/1 fields
+   `recompute_<module>` of workload.recompute, or `recompute_layer_frac` of full recompute).
+   Per release: the workload preset's `recompute_modules` / `recompute_num_layers`
+   (`scripts/performance/configs/<family>/*workload_base_configs.py`, applied by
+   `utils/overrides.py` `_set_recompute_overrides`: modules -> granularity "selective",
+   num_layers -> "full", method "block"); 25.09: `run_script.py` (DeepSeek-V3: H100
+   ["mla_up_proj", "mlp"], GB200 ["mla_up_proj", "mlp", "moe_act"], else the recipe's
+   selective with Megatron's default ["core_attn"]) and the `*_llm_pretrain.yaml` perf matrix;
+   26.08: `src/megatron/bridge/perf_recipes/<family>/<gpu>/*.py`. The preset of a row is the
+   one of its model, GPU and precision whose GPUs, GBS, MBS, TP, PP, CP, VP and EP are the
+   row's (V2 where V1 and V2 both are candidates and only V2's GPUs and GBS match). At 25.11
+   (v0.2.0) `set_recompute_overrides` sets only the modules, not the granularity: DeepSeek's
+   perf script sets "selective", GPT-OSS's recipe leaves it None (Megatron-Core reads
+   recompute_modules only under "selective"), so the 25.11 GPT-OSS rows recompute nothing.
+   A preset's empty list (`recompute_modules = []`, the 26.06+ DeepSeek GB300 and GPT-OSS GB200
+   MXFP8 full-iteration recipes) recomputes nothing: written as none. Qwen3 rows: the
+   recipes set granularity None at every release (none). Llama: one row, 25.11 DGX-H100
+   Llama 3 8B FP8-CS, recompute_num_layers 5 (full, block: the first 5 of the 32 layers of
+   its one stage). docs/accuracy-bridge.md, "Session 10: selective recompute modules".
+7. `moe_quant_pad=1` (session 10, branch dropless) on the FP8 / MXFP8 MoE rows that ran
    Megatron-Core's alltoall dispatcher dropless (`ep_dispatch` 0 after fact 3 / 3b,
    `moe_token_drop` 0) in containers 25.09-26.04.01 (Megatron Core 0.14-0.17: core_v0.14.0 for
    25.09, the 3rdparty/Megatron-LM commits Megatron-Bridge v0.2.0 / v0.3.0 / v0.4.0 / v0.4.2
@@ -155,9 +175,47 @@ ALLTOALL_BY_RELEASE = {
 # token-drop rows (CSV moe_token_drop = 1) ran Megatron-Core's alltoall dispatcher: the only one
 # with a capacity / pad path (docstring item 3b)
 TOKEN_DROP_ALLTOALL = True
+# container -> [((model, system, precision, GPUs), recompute facts)] (docstring item 6): a
+# tuple of Megatron-Core recompute_modules (selective), or ("full", layer fraction)
+_DS = "deepseek-v3"
+_OSS_LN_ACT = [(("gpt-oss-120b", sys_, "bf16", "64"), ("layernorm", "moe_act"))
+               for sys_ in ("gb200-nvl72", "dgx-b200", "h100-sxm-80gb")]
+_MLA = ("mla_up_proj",)
+RECOMPUTE_BY_RELEASE = {
+    "25.09": [((_DS, "h100-sxm-80gb", "fp8-current", "1024"), ("mla_up_proj", "mlp")),
+              ((_DS, "gb200-nvl72", "fp8-current", "256"), ("mla_up_proj", "mlp", "moe_act")),
+              ((_DS, "dgx-b200", "fp8-current", "256"), ("core_attn",)),
+              ((_DS, "dgx-b200", "mxfp8", "256"), ("core_attn",))],
+    "25.11": [((_DS, "gb300-nvl72", "bf16", "256"), ("moe_act",)),
+              ((_DS, "gb300-nvl72", "mxfp8", "256"), ("moe_act",)),
+              ((_DS, "gb200-nvl72", "bf16", "256"), _MLA),
+              ((_DS, "gb200-nvl72", "mxfp8", "256"), _MLA),
+              ((_DS, "dgx-b200", "mxfp8", "256"), _MLA),
+              (("llama3-8b", "h100-sxm-80gb", "fp8-current", "8"), ("full", 5.0 / 32.0))],
+    "26.02": [((_DS, s_, "mxfp8", "256"), _MLA)
+              for s_ in ("gb300-nvl72", "gb200-nvl72", "dgx-b300", "dgx-b200")] + _OSS_LN_ACT,
+    "26.02.01": [((_DS, s_, "mxfp8", "256"), _MLA)
+                 for s_ in ("gb300-nvl72", "gb200-nvl72", "dgx-b300", "dgx-b200")] + _OSS_LN_ACT,
+    "26.04": [((_DS, "gb300-nvl72", "mxfp8", "256"), _MLA),
+              ((_DS, "gb200-nvl72", "mxfp8", "256"), ("mlp",)),
+              ((_DS, "dgx-b300", "mxfp8", "256"), _MLA),
+              ((_DS, "dgx-b200", "mxfp8", "256"), _MLA)] + _OSS_LN_ACT,
+    "26.04.01": [((_DS, "gb300-nvl72", "mxfp8", "256"), _MLA),
+                 ((_DS, "gb200-nvl72", "mxfp8", "256"), ("mlp",)),
+                 ((_DS, "dgx-b300", "mxfp8", "256"), _MLA),
+                 ((_DS, "dgx-b200", "mxfp8", "256"), ("mla_up_proj", "mlp"))] + _OSS_LN_ACT,
+    "26.06": [((_DS, "gb200-nvl72", "mxfp8", "256"), _MLA),
+              ((_DS, "dgx-b300", "mxfp8", "256"), _MLA)],
+    "26.06.01": [((_DS, "gb200-nvl72", "mxfp8", "256"), _MLA)],
+    "26.08": [((_DS, "gb200-nvl72", "mxfp8", "256"), _MLA)],
+}
+# Megatron-Core's default recompute_modules (TransformerConfig.__post_init__)
+DEFAULT_MODULES = ("core_attn",)
+MODULES = ("core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "shared_experts")
 # the set-column fields this file writes (the others a row carries are kept)
 OWNED = ("ep_overlap", "pp_first_layers", "pp_last_layers", "attn_tile",
-         "moe_eager_clamp_bias", "moe_quant_pad")
+         "moe_eager_clamp_bias", "moe_quant_pad", "recompute_layer_frac",
+         *(f"recompute_{m}" for m in MODULES))
 # Models of the CSV with sliding-window layers, and the fused kernel's score tile (fact 4)
 SLIDING_WINDOW_MODELS = ("gpt-oss-120b",)
 ATTN_TILE = 128
@@ -165,7 +223,7 @@ ATTN_TILE = 128
 # kernels (fact 5)
 EAGER_CLAMP_BIAS_CONTAINERS = ("25.11", "26.02", "26.02.01", "26.04", "26.04.01")
 # Containers whose Megatron Core (0.14-0.17) pads a quantized run's unaligned expert token
-# counts in TEGroupedMLP (fact 6), and the precisions that quantize the expert GEMMs
+# counts in TEGroupedMLP (fact 7), and the precisions that quantize the expert GEMMs
 QUANT_PAD_CONTAINERS = ("25.09", "25.11", "26.02", "26.02.01", "26.04", "26.04.01")
 QUANT_PAD_PRECISIONS = ("fp8-current", "fp8-delayed", "fp8-blockwise", "mxfp8", "nvfp4")
 # DeepSeek-V3 (pp, vp) -> (decoder layers on the first device, on the last device)
@@ -183,6 +241,22 @@ def ran_alltoall(row, facts) -> bool:
                                 or (TOKEN_DROP_ALLTOALL and row["moe_token_drop"] == "1")):
         return True
     return row["ep_dispatch"] == "0"
+
+
+def recompute_of(row, facts) -> tuple[str, list[str]]:
+    """(the `recompute` column, its set-column facts) of one CSV row (docstring item 6)."""
+    key = (row["model"], row["system"], row["precision"], row["num_gpus"])
+    if "recompute" not in facts:
+        return "none", []
+    got = dict(RECOMPUTE_BY_RELEASE.get(row["container"], ()))
+    if key not in got:
+        return "none", []
+    rec = got[key]
+    if rec[0] == "full":
+        return "full", [f"recompute_layer_frac={rec[1]:g}"]
+    out = [f"recompute_{m}={int(m in rec)}" for m in MODULES
+           if (m in rec) != (m in DEFAULT_MODULES)]
+    return "selective", out
 
 
 def row_facts(row, facts) -> list[str]:
@@ -206,13 +280,14 @@ def row_facts(row, facts) -> list[str]:
                else DSV3_LAYOUT.get((row["pp"], row["vp"])))
         if lay:
             out += [f"pp_first_layers={lay[0]}", f"pp_last_layers={lay[1]}"]
-    return out
+    return out + recompute_of(row, facts)[1]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
-    p.add_argument("--facts", default="overlap,layout,dispatch,attn,moe_act,quant_pad")
+    p.add_argument("--facts",
+                   default="overlap,layout,dispatch,attn,moe_act,recompute,quant_pad")
     args = p.parse_args(argv)
     facts = set(args.facts.split(","))
     rows = list(csv.reader(CSV.open(newline="")))
@@ -230,6 +305,7 @@ def main(argv=None) -> int:
         r[col] = ";".join(f)
         if "dispatch" in facts and ran_alltoall(row, facts):
             r[rows[0].index("ep_dispatch")] = "0"
+        r[rows[0].index("recompute")] = recompute_of(row, facts)[0]
         n += bool(f)
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerows([header] + rows[1:])

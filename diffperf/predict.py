@@ -54,8 +54,9 @@ from diffperf.workload.params import (grid_shards, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device,
                                       total_params)
 from diffperf.workload.pp import pp_message_bytes
-from diffperf.workload.recompute import (full_frac, megatron_selective_frac, op_sac_frac,
-                                         sac_recompute_fracs)
+from diffperf.workload.recompute import (full_frac, megatron_module_fracs,
+                                         megatron_recompute_bytes, megatron_recompute_rows,
+                                         op_sac_frac, sac_recompute_fracs)
 from diffperf.workload.stages import at_largest, pipeline_stages
 from diffperf.workload.tp import (tp_calls_per_all_reduce, tp_collectives_per_layer,
                                   tp_message_bytes)
@@ -298,7 +299,7 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         model, parallel, system, training, wgrad_rows, dense + attn, dense_b + attn_bwd,
         temperature) if "axonn" in features else _zeros(dense, 5))
     full = full_frac(parallel)
-    selective = megatron_selective_frac(parallel)
+    modules = megatron_module_fracs(parallel)  # Megatron's selective recompute_modules
     sac = op_sac_frac(parallel)
     skipped = stacked = 0.0
     if "xla" in features:
@@ -310,7 +311,14 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     # element-wise op, the quantization of the recomputed linears; the attention is saved.
     sac_gemm = jnp.sum(sac_recompute_fracs(model, parallel) * dense_rows)
     sac_share = sac_gemm / jnp.maximum(jnp.sum(dense_rows), 1e-30)
-    recompute = (full * (dense - skipped + attn + other + quant_f) + selective * attn
+    # Megatron's selective recompute (workload.recompute): the modules' GEMM rows, the
+    # quantization of their linears' inputs, their element-wise ops and (core_attn) the
+    # attention core, each re-run once in the backward.
+    sel_gemm = jnp.sum(megatron_recompute_rows(model, parallel) * dense_rows)
+    sel_share = sel_gemm / jnp.maximum(jnp.sum(dense_rows), 1e-30)
+    selective = (modules["core_attn"] * attn + sel_gemm + sel_share * quant_f
+                 + memory_time_s(megatron_recompute_bytes(model, parallel, training), system))
+    recompute = (full * (dense - skipped + attn + other + quant_f) + selective
                  + sac * (sac_gemm + other + sac_share * quant_f))
     # Element-wise backward = 2 x forward, less one pass of the ops whose backward moves
     # their bytes once (workload.flops.elementwise_backward_once_bytes; 0 by default).
@@ -333,7 +341,7 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     qk_f = qk_f + qk_w * jnp.where(training.lowp_weight_cache > 0,
                                    1.0 / parallel.n_microbatches, 1.0)
     sync_f = sync_f + qk_f * e.host_kernel_s
-    sync_b = sync_b + (qk_b + (full + sac * sac_share) * qk_f) * e.host_kernel_s
+    sync_b = sync_b + (qk_b + (full + sac * sac_share + sel_share) * qk_f) * e.host_kernel_s
     # One XLA program has no host work per layer or kernel (the step is enqueued as a whole).
     eager = 1.0 - training.xla_compiled
     host_f = eager * (kernels * e.host_kernel_s + e.host_layer_s + sync_f)
@@ -491,8 +499,9 @@ def _flops_per_step(model, parallel, training):
     k routed (+ shared) experts, not all E (the active-parameter convention of Megatron-LM's
     `num_floating_point_operations`, which Megatron-Bridge's "model TFLOP/s" prints).
         hardware = model + B L (flash backward's recomputed scores 0.5 x attention + recompute:
-                   phi_full (dense + attention), Megatron selective attention, per-op SAC
-                   sum_r rho_r dense_r; workload.recompute)
+                   phi_full (dense + attention), Megatron selective: core_attn x attention
+                   + sum_r rho_r dense_r of its recompute_modules, per-op SAC sum_r rho_r
+                   dense_r; workload.recompute)
     per sequence forward FLOPs from `layer_ops` at b = 1 and no sharding (PAPERS.md 5.1).
     """
     unit = Parallel(micro_batch=1.0)
@@ -504,10 +513,12 @@ def _flops_per_step(model, parallel, training):
     logits = jnp.sum(head_ops(model, unit, training.replace(vocab_pad_to=0.0)).logits.flops)
     B, L = parallel.global_batch, model.n_layers + model.mtp_layers
     model_flops = 3.0 * B * (L * (dense + attn) + (1.0 + model.mtp_layers) * logits)
-    full, selective = full_frac(parallel), megatron_selective_frac(parallel)
+    full = full_frac(parallel)
+    selective = (megatron_module_fracs(parallel)["core_attn"] * attn
+                 + jnp.sum(megatron_recompute_rows(model, parallel) * ops.dense.flops))
     sac = op_sac_frac(parallel) * jnp.sum(sac_recompute_fracs(model, parallel) * ops.dense.flops)
     flash_bwd = 0.5 * training.flash_attention * attn  # flash backward recomputes the scores
-    extra = B * L * (flash_bwd + full * (dense - skipped + attn) + selective * attn + sac)
+    extra = B * L * (flash_bwd + full * (dense - skipped + attn) + selective + sac)
     return model_flops, model_flops + extra
 
 

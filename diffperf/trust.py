@@ -118,16 +118,34 @@ def resolve(system, calibration):
     return apply_overlay(system, s["path"]), s
 
 
-def unnamed_recompute(recompute, recompute_policy=0.0, recompute_layer_frac=1.0):
+def unnamed_recompute(recompute, recompute_policy=0.0, recompute_layer_frac=1.0,
+                      modules=None):
     """The recompute column with NOT_A_MODE where the layout's recompute is no mode of
-    RECOMPUTE: TorchTitan's per-op SAC (recompute_policy > 0 with 'selective') or a fraction
-    of the layers checkpointed (recompute_layer_frac < 1 with 'full'). The regimes list a
-    mode only where runs measured it as a layout names it (calibration/trust_sets.
+    RECOMPUTE: TorchTitan's per-op SAC (recompute_policy > 0 with 'selective'), a fraction
+    of the layers checkpointed (recompute_layer_frac < 1 with 'full'), or Megatron-Core
+    recompute_modules other than the default ["core_attn"] with 'selective' (`modules`: a
+    mapping {module: value} of Parallel.recompute_<module>, workload.recompute). The regimes
+    list a mode only where runs measured it as a layout names it (calibration/trust_sets.
     envelope_of), so such a layout lies inside none of them."""
     r = np.atleast_1d(np.asarray(recompute, float))
     op_sac = (np.asarray(recompute_policy, float) > 0) & (r == 1)
     partial = (np.asarray(recompute_layer_frac, float) < 1) & (r == 2)
-    return np.where(op_sac | partial, NOT_A_MODE, r)
+    other = np.zeros_like(r, dtype=bool)
+    for m, v in (modules or {}).items():
+        other = other | (np.asarray(v, float) != (1.0 if m == "core_attn" else 0.0))
+    return np.where(op_sac | partial | (other & (r == 1)), NOT_A_MODE, r)
+
+
+def recompute_modules_of(source, default_of=getattr) -> dict:
+    """{module: value} of the recompute_<module> fields a Parallel (or a --set mapping) has."""
+    from diffperf.specs.parallel import RECOMPUTE_MODULES
+
+    out = {}
+    for m in RECOMPUTE_MODULES:
+        v = default_of(source, f"recompute_{m}", None)
+        if v is not None:
+            out[m] = v
+    return out
 
 
 def layout_columns(parallel_or_table, columns=None, gpus=None) -> dict:
@@ -140,7 +158,8 @@ def layout_columns(parallel_or_table, columns=None, gpus=None) -> dict:
                          "gx", "gy", "gz")}
         out["recompute"] = unnamed_recompute(out["recompute"],
                                              getattr(p, "recompute_policy", 0.0),
-                                             getattr(p, "recompute_layer_frac", 1.0))
+                                             getattr(p, "recompute_layer_frac", 1.0),
+                                             recompute_modules_of(p))
     else:
         t = np.asarray(parallel_or_table, float)
         out = {k: t[:, columns.index(k)] for k in ("tp", "pp", "dp", "cp", "ep", "micro_batch",

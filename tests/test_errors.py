@@ -503,6 +503,21 @@ LAYOUT_RULES = [
     (dict(recompute=2, recompute_layer_frac=0), None,
      "recompute_layer_frac=0 must be in (0, 1] (the fraction of the layers that full "
      "recompute checkpoints; 1: every layer)"),
+    (dict(recompute=1, recompute_layer_frac=0.5), None,
+     "recompute_layer_frac=0.5 needs recompute=2 (full; got recompute=1): only full recompute "
+     "checkpoints a fraction of the layers; allowed with recompute 0 or 1: 1"),
+    (dict(recompute=1, recompute_mlp=2), None, "recompute_mlp=2 is not allowed (allowed: 0, 1)"),
+    (dict(recompute=2, recompute_mlp=1), None,
+     "recompute_mlp=1 needs Megatron's selective recompute (recompute=1, recompute_policy=0; "
+     "got recompute=2, recompute_policy=0); allowed otherwise: 0"),
+    (dict(recompute=1, recompute_policy=1, recompute_core_attn=0), None,
+     "recompute_core_attn=0 needs Megatron's selective recompute (recompute=1, "
+     "recompute_policy=0; got recompute=1, recompute_policy=1); allowed otherwise: 1"),
+    (dict(recompute=1, recompute_mla_up_proj=1), None,
+     "recompute_mla_up_proj=1 needs multi-latent attention (model.kv_lora_rank > 0; got 0); "
+     "allowed: 0"),
+    (dict(recompute=1, recompute_moe_act=1), None,
+     "recompute_moe_act=1 needs an MoE model (model.moe_experts > 0; got 0); allowed: 0"),
     (dict(pp=4, pp_first_layers=2), None,
      "pp_first_layers=2 and pp_last_layers=0: give both (> 0) or neither (0: stages balanced "
      "automatically)"),
@@ -1349,11 +1364,15 @@ def test_unknown_dataset_suggests():
                          "ep_dispatch, cp_ring, axonn_overlap, zero_shard, "
                          "zero3_prefetch_params, zero3_regather, zero3_calls_per_layer, "
                          "zero3_copy_out, recompute_layer_frac, recompute_policy, "
-                         "pp_first_layers, pp_last_layers)"),
+                         "recompute_core_attn, recompute_mlp, recompute_moe_act, "
+                         "recompute_layernorm, recompute_mla_up_proj, "
+                         "recompute_shared_experts, pp_first_layers, pp_last_layers)"),
     ({"zz": 0}, "parallel: 'zz' is not a Parallel field (allowed: etp, dp_overlap, tp_overlap, "
                 "ep_overlap, ep_dispatch, cp_ring, axonn_overlap, zero_shard, "
                 "zero3_prefetch_params, zero3_regather, zero3_calls_per_layer, "
-                "zero3_copy_out, recompute_layer_frac, recompute_policy, pp_first_layers, "
+                "zero3_copy_out, recompute_layer_frac, recompute_policy, recompute_core_attn, "
+                "recompute_mlp, recompute_moe_act, recompute_layernorm, "
+                "recompute_mla_up_proj, recompute_shared_experts, pp_first_layers, "
                 "pp_last_layers)"),
 ])
 def test_search_framework_facts(facts, message):

@@ -316,3 +316,11 @@ def test_unnamed_recompute_marks_only_the_mode_a_fact_changes():
     np.testing.assert_array_equal(tr.unnamed_recompute(r, 1.0, 1.0), [0.0, tr.NOT_A_MODE, 2.0])
     np.testing.assert_array_equal(tr.unnamed_recompute(r, 0.0, 0.4), [0.0, 1.0, tr.NOT_A_MODE])
     np.testing.assert_array_equal(tr.unnamed_recompute(r), r)
+    # Megatron-Core recompute_modules other than the default ["core_attn"]: only 'selective'
+    mla = dict(core_attn=0.0, mla_up_proj=1.0)
+    np.testing.assert_array_equal(tr.unnamed_recompute(r, 0.0, 1.0, mla),
+                                  [0.0, tr.NOT_A_MODE, 2.0])
+    np.testing.assert_array_equal(tr.unnamed_recompute(r, 0.0, 1.0, dict(core_attn=1.0)), r)
+    cols = tr.layout_columns(Parallel(recompute=1, recompute_core_attn=0, recompute_mlp=1))
+    assert float(cols["recompute"][0]) == tr.NOT_A_MODE
+    assert float(tr.layout_columns(Parallel(recompute=1))["recompute"][0]) == 1.0

@@ -147,7 +147,8 @@ def layout_trust(args, system, train, layouts, parallel=None) -> dict:
     facts = parallel or {}  # --set Parallel facts, the same for every layout
     cols["recompute"] = tr.unnamed_recompute(cols["recompute"],
                                              facts.get("recompute_policy", 0.0),
-                                             facts.get("recompute_layer_frac", 1.0))
+                                             facts.get("recompute_layer_frac", 1.0),
+                                             tr.recompute_modules_of(facts, lambda d, k, v: d.get(k, v)))
     return tr.trust(cols, tset, train.name, system.gpu) | {"set": tset}
 
 

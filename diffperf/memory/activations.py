@@ -21,8 +21,10 @@ from diffperf.workload.flops import (head_shards, is_mla, layer_ops, quantized_e
                                      score_elements, softmax_fallback, softmax_fallback_costs,
                                      tokens_per_device, v_dim, vocab_rows_per_rank)
 from diffperf.workload.params import active_ffn_width, residual_shards
-from diffperf.workload.recompute import (full_frac, megatron_selective_frac, none_frac,
-                                         op_sac_frac, sac_recompute_fracs)
+from diffperf.workload.flops import moe_layer_fraction, shared_expert_width
+from diffperf.workload.recompute import (full_frac, megatron_module_fracs,
+                                         megatron_selective_frac, none_frac, op_sac_frac,
+                                         sac_recompute_fracs, separate_norms)
 
 
 def layer_activation_parts(model, parallel, training):
@@ -69,11 +71,64 @@ def layer_activation_parts(model, parallel, training):
     sac = op_sac_kept_bytes(model, parallel, training)
     # The mean layer (workload.recompute): a share phi_full of the layers checkpointed whole,
     # the rest keeping everything; Megatron's selective or TorchTitan's per-op SAC.
-    kept = (full_frac(parallel) * full + megatron_selective_frac(parallel) * whole
+    # Megatron's selective recompute keeps the scores unless core_attn re-runs them, less
+    # what its other recompute_modules discard (megatron_dropped_bytes).
+    sel = megatron_selective_frac(parallel)
+    kept = (full_frac(parallel) * full
+            + sel * (whole + (1.0 - parallel.recompute_core_attn) * scores)
+            - megatron_dropped_bytes(model, parallel, training)
             + op_sac_frac(parallel) * sac + none_frac(parallel) * (whole + scores))
     rebuilt = (jnp.where(parallel.recompute == 2, whole + scores, 0.0)
                + op_sac_frac(parallel) * jnp.maximum(whole - sac, 0.0))
     return kept, rebuilt
+
+
+def megatron_dropped_bytes(model, parallel, training):
+    """Bytes of one layer's activations that Megatron's selective recompute modules
+    (`workload.recompute.megatron_module_fracs`) no longer keep for the backward, one
+    micro-batch, on one device (the terms of `layer_activation_parts` that each module's
+    checkpoint discards):
+
+        mlp:            (1 - phi) [ T f ((1 + g) q_a + r) / t + r T_sp h ]
+                        (fc1 output, activation output, and the fused pre-MLP norm's output
+                         inside TE's LayerNormMLP / LayerNormLinear)
+        moe_act:        phi r T k C_f f_e / t          (the activation output, fc2's input)
+        shared_experts: phi T E_s f_s ((1 + g) q_a + r) / t
+        layernorm:      n_norm r T_sp h                (`separate_norms`' outputs)
+        mla_up_proj:    mla q_a T [ (2 a d_qk + a d_v) / t + r_q + r_kv ]
+                        (Q, K, V after RoPE, and the normed latents the up-projections read)
+    r = q_a - lambda w (q_a - e_q): the bytes the model counts for a linear's saved input
+    (`lowp_saved_input_saving`); T = b s / c, T_sp = T / t_sp, phi = moe_layer_fraction.
+    The output-discarding modules (moe_act, layernorm, mla_up_proj) free their output after
+    its consumer's forward and rebuild it before that consumer's backward, and under FP8 /
+    FP4 make the consumer save the 16-bit input instead of its quantized copy
+    (set_save_original_input / set_for_recompute_input_layernorm), so nothing of it stays;
+    mlp and shared_experts keep only their input. core_attn: the scores, in
+    `layer_activation_parts`. Source: Megatron-Core core_v0.16.0 tensor_parallel/random.py
+    CheckpointWithoutOutput, transformer/moe/experts.py TEGroupedMLP, transformer/
+    transformer_layer.py, transformer/multi_latent_attention.py (as in
+    `workload.recompute.megatron_recompute_rows`) [D for the byte counts].
+    Example (DeepSeek-V3, b 1, s 4096, t 1, bf16, mla_up_proj; a 128, d_qk 192, d_v 128,
+    r_q 1536, r_kv 512): 2 x 4096 x (128 x (384 + 128) + 2048) = 553.6e6 B per layer.
+    """
+    f = megatron_module_fracs(parallel)
+    t, q = head_shards(parallel), training.activation_bytes
+    T = tokens_per_device(model, parallel)
+    T_sp_h = T * model.hidden / residual_shards(parallel)
+    phi, g = moe_layer_fraction(model), model.gated_mlp
+    lowp = training.lowp_layer_frac * training.lowp_wgrad
+    r = q - lowp * (q - quantized_elem_bytes(training))
+    a = model.n_heads
+    mla = is_mla(model) * q * T * ((2.0 * a * model.head_dim + a * v_dim(model)) / t
+                                   + model.q_lora_rank + model.kv_lora_rank)
+    return (f["mlp"] * (1.0 - phi) * (T * model.ffn_hidden * ((1.0 + g) * q + r) / t
+                                      + r * T_sp_h)
+            + f["moe_act"] * phi * r * T * model.moe_topk * model.capacity_factor
+            * model.moe_ffn_hidden / t
+            + f["shared_experts"] * phi * T * model.n_shared_experts
+            * shared_expert_width(model) * ((1.0 + g) * q + r) / t
+            + f["layernorm"] * separate_norms(model) * r * T_sp_h
+            + f["mla_up_proj"] * mla)
 
 
 def op_sac_kept_bytes(model, parallel, training):

@@ -38,7 +38,10 @@ DIMENSIONS = ("tp", "cp", "ep", "dp", "pp")
 PLACED = ("tp", "cp", "dp", "pp")  # the dimensions a rank order places (ep sits inside dp)
 # Every rank order of PLACED, innermost first; ORDERS[0] is Megatron-LM's (tp, cp, dp, pp).
 ORDERS = tuple(itertools.permutations(PLACED))
-GRID = ("gx", "gy", "gz")  # AxoNN 3D tensor grid (Singh et al.; PAPERS.md section 4)
+GRID = ("gx", "gy", "gz")
+# Megatron-Core's recompute_modules that diffperf models, each a Parallel field
+# recompute_<module> (workload.recompute); "moe" (the whole MoE layer) is not modelled.
+RECOMPUTE_MODULES = ("core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "shared_experts")  # AxoNN 3D tensor grid (Singh et al.; PAPERS.md section 4)
 
 
 class Parallel(struct.PyTreeNode):
@@ -108,6 +111,15 @@ class Parallel(struct.PyTreeNode):
                                 # 1 TorchTitan per-op SAC (saves every 2nd mm and SDPA,
                                 # recomputes the rest), 2 the same with Float8 linears (no
                                 # linear saved); workload.recompute.sac_recompute_fracs
+    # recompute = selective, recompute_policy = 0: Megatron-Core's `recompute_modules`, one 0/1
+    # field per module (workload.recompute.megatron_module_fracs); the default is Megatron's
+    # default list ["core_attn"]
+    recompute_core_attn: Any = 1       # the attention core (softmax(QK^T) V) re-runs
+    recompute_mlp: Any = 0             # the dense layers' MLP re-runs (not the MoE layers')
+    recompute_moe_act: Any = 0         # the routed experts' activation (SwiGLU) re-runs
+    recompute_layernorm: Any = 0       # the norms that are modules of their own re-run
+    recompute_mla_up_proj: Any = 0     # MLA's q / kv up-projections (+ RoPE) re-run
+    recompute_shared_experts: Any = 0  # the MoE layers' shared experts re-run
     pp_first_layers: Any = 0    # layers on the first pipeline stage, and
     pp_last_layers: Any = 0     # on the last (both > 0, or both 0: balanced automatically,
                                 # the first and last stage giving up layers first; see

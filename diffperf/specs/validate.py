@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from diffperf.errors import SpecError
-from diffperf.specs.parallel import DIMENSIONS, GRID, ORDERS
+from diffperf.specs.parallel import DIMENSIONS, GRID, ORDERS, RECOMPUTE_MODULES
 
 
 INT_MAX = 2**31 - 1  # every count (degrees, batch, layers, heads, sequence): an int32
@@ -67,6 +67,45 @@ def _divides(a, b, xp=np):
     return xp.mod(b, xp.maximum(a, 1.0)) == 0.0
 
 
+def _check_recompute_modules(P, M, where, pick) -> None:
+    """Megatron-Core's recompute_modules (Parallel.recompute_<module>, workload.recompute):
+    each 0 or 1; other than the default (core_attn 1, the rest 0) only under Megatron's
+    selective recompute (recompute 1, recompute_policy 0), where they are read, and
+    recompute_layer_frac < 1 only under full recompute (both for one layout; not in a
+    search's table, whose --set facts act only on their own mode); mla_up_proj
+    needs multi-latent attention and moe_act an MoE model (Megatron-Core's
+    TransformerConfig.__post_init__ raises for both)."""
+    megatron = (P["recompute"] == 1) & (P["recompute_policy"] == 0)
+    # One layout (predict, validate, a runs CSV): a fact of another recompute mode is an
+    # inconsistent input. A layout table (mask mode: search) is not checked for it: search
+    # applies its --set facts to every row, and each acts only on its own mode (trust.
+    # unnamed_recompute marks the rows it changes).
+    one = not isinstance(where, _Collect)
+    r = P["recompute_layer_frac"]
+    if one:
+        _fail((r < 1) & (P["recompute"] != 2), where, lambda i: (
+            f"recompute_layer_frac={pick(r, i):g} needs recompute=2 (full; got recompute="
+            f"{pick(P['recompute'], i):g}): only full recompute checkpoints a fraction of the "
+            f"layers; allowed with recompute 0 or 1: 1"))
+    for m in RECOMPUTE_MODULES:
+        f = f"recompute_{m}"
+        v = P[f]
+        _fail((v != 0) & (v != 1), where, lambda i, f=f: (
+            f"{f}={pick(P[f], i):g} is not allowed (allowed: 0, 1)"))
+        default = 1 if m == "core_attn" else 0
+        if one:
+            _fail((v != default) & ~megatron, where, lambda i, f=f, d=default: (
+                f"{f}={pick(P[f], i):g} needs Megatron's selective recompute (recompute=1, "
+                f"recompute_policy=0; got recompute={pick(P['recompute'], i):g}, "
+                f"recompute_policy={pick(P['recompute_policy'], i):g}); allowed otherwise: "
+                f"{d}"))
+    _fail((P["recompute_mla_up_proj"] == 1) & (M["kv_lora_rank"] == 0), where, lambda i: (
+        "recompute_mla_up_proj=1 needs multi-latent attention (model.kv_lora_rank > 0; got "
+        "0); allowed: 0"))
+    _fail((P["recompute_moe_act"] == 1) & (M["n_experts"] == 0), where, lambda i: (
+        "recompute_moe_act=1 needs an MoE model (model.moe_experts > 0; got 0); allowed: 0"))
+
+
 def check_layout(model, parallel, n_devices=None, where: str = "parallel",
                  devices_field: str = "number of devices") -> None:
     """Raise SpecError unless the layout is structurally valid for the model.
@@ -78,7 +117,8 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     moe_experts (ep > 1 needs an MoE model); micro_batch x dp
     divides global_batch; interleaving needs pp > 1 and micro-batches a multiple of pp;
     zero_stage in 0..3; recompute in 0..2; recompute_policy in 0..2; recompute_layer_frac in
-    (0, 1]; cp_ring and axonn_overlap in {0, 1}; placement
+    (0, 1] (< 1 only with full recompute); the recompute_<module> fields
+    (`_check_recompute_modules`); cp_ring and axonn_overlap in {0, 1}; placement
     indexes ORDERS; tp_overlap and ep_overlap in [0, 1]; the AxoNN grid rules (`_check_grid`);
     tp x cp x dp x pp x gx x gy x gz = n_devices when given; every degree, batch and
     count at most INT_MAX (and finite).
@@ -89,10 +129,11 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         "sequence_parallel", "dp_overlap", "tp_overlap", "ep_overlap", "cp_ring",
         "axonn_overlap", "placement", "pp_first_layers", "pp_last_layers", "zero_shard",
         "zero3_prefetch_params", "zero3_regather", "zero3_calls_per_layer",
-        "zero3_copy_out", "etp", "ep_dispatch", "recompute_layer_frac", "recompute_policy")}
+        "zero3_copy_out", "etp", "ep_dispatch", "recompute_layer_frac", "recompute_policy",
+        *(f"recompute_{m}" for m in RECOMPUTE_MODULES))}
     M = {f: _arr(getattr(model, f), where) for f in (
         "n_heads", "n_kv_heads", "ffn_hidden", "n_layers", "seq_len", "n_experts", "hidden",
-        "head_dim")}
+        "head_dim", "kv_lora_rank")}
     pick = lambda a, i: a[i] if a.size > 1 else a[0]  # noqa: E731
     for f in (*DIMENSIONS, *GRID, "vp", "micro_batch", "global_batch"):
         v = P[f]
@@ -117,6 +158,7 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     _fail(~((r > 0) & (r <= 1)), where, lambda i: (
         f"recompute_layer_frac={pick(r, i):g} must be in (0, 1] (the fraction of the layers "
         f"that full recompute checkpoints; 1: every layer)"))
+    _check_recompute_modules(P, M, where, pick)
     _check_grid(P, M, where, pick)
     _check_zero(P, where, pick)
     tp, heads = P["tp"], M["n_heads"]

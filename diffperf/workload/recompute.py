@@ -14,15 +14,24 @@ Parallel.recompute picks the mode (0 none, 1 selective, 2 full); two framework f
   and recomputes all the rest (`sac_recompute_fracs`); 2 the same policy when the linears are
   not aten.mm (Float8 linears run torch._scaled_mm, which is not in the save list): every
   linear is recomputed, the attention kernel is saved.
+
+Under Megatron's selective recompute (recompute_policy 0) the modules re-run are Megatron-Core's
+`recompute_modules`, one 0/1 field of Parallel each (`MODULES`; default ["core_attn"], as
+Megatron-Core's TransformerConfig.__post_init__ sets it): `megatron_module_fracs`,
+`megatron_recompute_rows` (their GEMMs), `megatron_recompute_bytes` (their element-wise
+forward traffic), memory.activations.megatron_dropped_bytes (what they no longer keep).
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from diffperf.workload.flops import is_mla
+from diffperf.specs.parallel import RECOMPUTE_MODULES
+from diffperf.workload.flops import (head_shards, is_mla, moe_layer_fraction,
+                                     shared_expert_width, tokens_per_device)
 
 N_ROWS = 12  # rows of workload.flops.layer_ops' dense Gemms
+MODULES = RECOMPUTE_MODULES  # Parallel.recompute_<module> (specs.parallel)
 
 
 def full_frac(parallel):
@@ -91,3 +100,90 @@ def sac_recompute_fracs(model, parallel):
     all_linears = rows_of([not_mla, one, one, one])
     rows = jnp.where(jnp.broadcast_to(policy, batch) >= 2, all_linears, by_policy)
     return jnp.concatenate([rows, jnp.zeros((N_ROWS - 4,) + batch, dtype=rows.dtype)])
+
+
+def megatron_module_fracs(parallel) -> dict:
+    """{module: 1 where Megatron's selective recompute (recompute = 1, recompute_policy = 0)
+    re-runs it, else 0} for each of `MODULES` (Parallel.recompute_<module>)."""
+    sel = megatron_selective_frac(parallel)
+    return {m: sel * getattr(parallel, f"recompute_{m}") for m in MODULES}
+
+
+def separate_norms(model):
+    """n_norm: the norms of the mean layer that are modules of their own, which "layernorm"
+    recomputes (Megatron-Core TransformerLayer.__init__: recompute_input_layernorm /
+    recompute_pre_mlp_layernorm only where the norm is not an IdentityOp):
+
+        n_norm = mla + phi
+    Megatron-Core's Transformer Engine layer spec (models/gpt/gpt_layer_specs.py,
+    get_gpt_layer_with_transformer_engine_spec, core_v0.16.0) fuses the input norm into the
+    QKV linear (TELayerNormColumnParallelLinear; input_layernorm = IdentityOp) except with
+    multi-latent attention (input_layernorm = TENorm: the down-projections are plain
+    TELinear), and the pre-MLP norm into fc1 except in MoE layers (pre_mlp_layernorm =
+    TENorm when num_experts: the router reads the norm's output). phi = moe_layer_fraction.
+    Example: DeepSeek-V3 (MLA, 58 of 61 MoE layers): 1 + 58/61 = 1.951; GPT-OSS: 1.
+    """
+    return is_mla(model) + moe_layer_fraction(model)
+
+
+def megatron_recompute_rows(model, parallel):
+    """rho_r: the share of each dense GEMM row of `workload.flops.layer_ops` that the
+    selective recompute modules (`megatron_module_fracs`) re-run in the backward:
+
+        rows 2, 3 (dense MLP up, down)      = mlp            (the counts carry 1 - phi)
+        rows 7, 8 (shared expert up, down)  = shared_experts
+        rows 0, 11 (MLA W^UQ;W^QR, W^UK;W^UV) = mla_up_proj x mla
+        the rest 0 (core_attn: the attention core, `layer_ops(...).attention`, not a row;
+                    moe_act and layernorm re-run element-wise ops only)
+    Source (Megatron-Core core_v0.16.0): transformer/transformer_layer.py
+    TransformerLayer._forward_mlp (`recompute_mlp`: tensor_parallel.checkpoint / te_checkpoint
+    of self.mlp, set in __init__ only when the MLP is not a MoELayer);
+    transformer/moe/shared_experts.py / moe_layer.py (`shared_experts_recompute`: the shared
+    experts' forward under tensor_parallel.checkpoint); transformer/multi_latent_attention.py
+    get_query_key_value_tensors (`recompute_up_proj`: qkv_up_proj_and_rope_apply, the q and kv
+    up-projections with their fused latent norms and the RoPE, under CheckpointWithoutOutput,
+    re-run when the attention output's gradient arrives).
+    Example (DeepSeek-V3, mla_up_proj): rho = 1 on rows 0 and 11, 0 elsewhere.
+    """
+    f = megatron_module_fracs(parallel)
+    mla = f["mla_up_proj"] * is_mla(model)
+    zero = jnp.zeros_like(mla * f["mlp"] * f["shared_experts"])
+    rows = [mla, zero, f["mlp"], f["mlp"], zero, zero, zero, f["shared_experts"],
+            f["shared_experts"], zero, zero, mla]
+    return jnp.stack(jnp.broadcast_arrays(*rows))
+
+
+def megatron_recompute_bytes(model, parallel, training):
+    """HBM bytes of the element-wise forward ops the selective recompute modules re-run, one
+    layer, one micro-batch, on one device (the terms of `workload.flops.elementwise_bytes`
+    that belong to each module, so that a module's recompute costs what its forward costs):
+
+        mlp:            (1 - phi) q_a T f (2 + g) / t               (activation of the dense MLP)
+        moe_act:        phi q_a T k C_f f_e (2 + g) / t             (routed experts' activation)
+        shared_experts: phi q_a T E_s f_s (2 + g) / t               (shared experts' activation)
+        layernorm:      n_norm 2 q_a T_sp h                          (`separate_norms`: read, write)
+        mla_up_proj:    mla 4 q_a T (r_q + r_kv)                     (the latent norms fused into
+                                                                      the up-projections)
+    T = b s / c, T_sp = T / t with sequence parallelism, g = gated_mlp, phi = moe_layer_fraction.
+    Source: Megatron-Core core_v0.16.0 transformer/moe/experts.py TEGroupedMLP.forward
+    (`activation_recompute`: bias_act_func under CheckpointWithoutOutput, discarded after fc2
+    and re-run before fc2's backward), transformer/transformer_layer.py (input /
+    pre-MLP norm under CheckpointWithoutOutput); the rest as `megatron_recompute_rows`.
+    Example (GPT-OSS 120B, b 1, s 4096, t 1, bf16, moe_act + layernorm; k 4, f_e 2880, h 2880):
+    moe_act 2 x 4096 x 4 x 2880 x 3 = 283.1e6 B, layernorm 1 x 2 x 2 x 4096 x 2880 = 47.2e6 B.
+    """
+    from diffperf.workload.params import residual_shards  # params imports ep, which imports us
+
+    f = megatron_module_fracs(parallel)
+    q, t = training.activation_bytes, head_shards(parallel)
+    T = tokens_per_device(model, parallel)
+    T_sp = T / residual_shards(parallel)
+    phi = moe_layer_fraction(model)
+    act = q * T * (2.0 + model.gated_mlp) / t
+    return (f["mlp"] * (1.0 - phi) * act * model.ffn_hidden
+            + f["moe_act"] * phi * act * model.moe_topk * model.capacity_factor
+            * model.moe_ffn_hidden
+            + f["shared_experts"] * phi * act * model.n_shared_experts * shared_expert_width(model)
+            + f["layernorm"] * separate_norms(model) * 2.0 * q * T_sp * model.hidden
+            + f["mla_up_proj"] * is_mla(model) * 4.0 * q * T
+            * (model.q_lora_rank + model.kv_lora_rank))
