@@ -3,7 +3,8 @@
 row's own container release (docs/accuracy-bridge.md, sections "MoE physics" and "Recipe facts
 per container").
 
-    python calibration/bridge_recipe_facts.py OUT.csv [--facts overlap,layout,dispatch,attn,moe_act,recompute]
+    python calibration/bridge_recipe_facts.py OUT.csv \
+        [--facts overlap,layout,dispatch,attn,moe_act,recompute,quant_pad]
     python calibration/bridge_recipe_facts.py data/megatron_bridge.csv   # the shipped CSV
     python calibration/bridge_moe_rows.py --csv OUT.csv          # per-row effect
 
@@ -104,6 +105,24 @@ per container").
    recipes set granularity None at every release (none). Llama: one row, 25.11 DGX-H100
    Llama 3 8B FP8-CS, recompute_num_layers 5 (full, block: the first 5 of the 32 layers of
    its one stage). docs/accuracy-bridge.md, "Session 10: selective recompute modules".
+7. `moe_quant_pad=1` (session 10, branch dropless) on the FP8 / MXFP8 MoE rows that ran
+   Megatron-Core's alltoall dispatcher dropless (`ep_dispatch` 0 after fact 3 / 3b,
+   `moe_token_drop` 0) in containers 25.09-26.04.01 (Megatron Core 0.14-0.17: core_v0.14.0 for
+   25.09, the 3rdparty/Megatron-LM commits Megatron-Bridge v0.2.0 / v0.3.0 / v0.4.0 / v0.4.2
+   pin for the later ones): TEGroupedMLP pads the routed tokens per local expert to the
+   quantized GEMM's alignment (Transformer Engine Fp8Padding) and strips the fc2 output
+   (Fp8Unpadding) whenever the run quantizes, and both copy unless every expert's token count
+   is already a multiple of 16 (32 for MXFP8): never under force-balanced dropless routing
+   (the Qwen3 performance recipes set `moe_router_force_load_balancing = True`, "required for
+   token dropless"), always aligned in the drop-and-pad rows (capacity x EP x TP tokens per
+   expert). No recipe of these models sets `moe_router_padding_for_fp8` /
+   `_for_quantization` (Megatron-Bridge v0.1.0rc3 ... v0.4.2; DeepSeek's sets it False), which
+   would pad in the router instead. Not set on the flex rows: DeepEP's dispatch returns
+   unaligned counts (Megatron-Core `fused_a2a.py` passes no `expert_alignment`) but HybridEP
+   (core 0.16+, and Megatron-Bridge v0.2.0's pinned dev core) pads inside its dispatch
+   (`pad_multiple`), and the CSV does not carry which backend a flex row ran.
+   `Training.moe_quant_pad`, `workload.flops.moe_quant_pad_bytes`; docs/accuracy-bridge.md
+   "Session 10: the dropless alltoall path".
 """
 
 from __future__ import annotations
@@ -195,7 +214,7 @@ DEFAULT_MODULES = ("core_attn",)
 MODULES = ("core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "shared_experts")
 # the set-column fields this file writes (the others a row carries are kept)
 OWNED = ("ep_overlap", "pp_first_layers", "pp_last_layers", "attn_tile",
-         "moe_eager_clamp_bias", "recompute_layer_frac",
+         "moe_eager_clamp_bias", "moe_quant_pad", "recompute_layer_frac",
          *(f"recompute_{m}" for m in MODULES))
 # Models of the CSV with sliding-window layers, and the fused kernel's score tile (fact 4)
 SLIDING_WINDOW_MODELS = ("gpt-oss-120b",)
@@ -203,11 +222,25 @@ ATTN_TILE = 128
 # Containers whose Megatron Core (0.15-0.17) runs GPT-OSS's expert clamp and fc2 bias as eager
 # kernels (fact 5)
 EAGER_CLAMP_BIAS_CONTAINERS = ("25.11", "26.02", "26.02.01", "26.04", "26.04.01")
+# Containers whose Megatron Core (0.14-0.17) pads a quantized run's unaligned expert token
+# counts in TEGroupedMLP (fact 7), and the precisions that quantize the expert GEMMs
+QUANT_PAD_CONTAINERS = ("25.09", "25.11", "26.02", "26.02.01", "26.04", "26.04.01")
+QUANT_PAD_PRECISIONS = ("fp8-current", "fp8-delayed", "fp8-blockwise", "mxfp8", "nvfp4")
 # DeepSeek-V3 (pp, vp) -> (decoder layers on the first device, on the last device)
 DSV3_LAYOUT = {("16", "1"): (4, 1), ("8", "2"): (8, 5), ("8", "1"): (8, 5),
                ("4", "4"): (16, 13), ("4", "2"): (16, 13)}
 # DGX-H100's recipe passes its own layout "Et|(tt|)*30mL" (perf_recipes/deepseek/h100)
 DSV3_H100_LAYOUT = (7, 6)
+
+
+def ran_alltoall(row, facts) -> bool:
+    """Whether the row ran Megatron-Core's alltoall dispatcher: its CSV ep_dispatch, as fact 3 /
+    3b rewrite it when "dispatch" is among the facts."""
+    key = (row["model"], row["system"], row["precision"], row["num_gpus"])
+    if "dispatch" in facts and (key in ALLTOALL_BY_RELEASE.get(row["container"], ())
+                                or (TOKEN_DROP_ALLTOALL and row["moe_token_drop"] == "1")):
+        return True
+    return row["ep_dispatch"] == "0"
 
 
 def recompute_of(row, facts) -> tuple[str, list[str]]:
@@ -237,6 +270,11 @@ def row_facts(row, facts) -> list[str]:
     if ("moe_act" in facts and row["model"] == "gpt-oss-120b"
             and row["container"] in EAGER_CLAMP_BIAS_CONTAINERS):
         out.append("moe_eager_clamp_bias=1")
+    if ("quant_pad" in facts and float(row["moe_experts"] or 0) > 0
+            and row["container"] in QUANT_PAD_CONTAINERS
+            and row["precision"] in QUANT_PAD_PRECISIONS
+            and row["moe_token_drop"] != "1" and ran_alltoall(row, facts)):
+        out.append("moe_quant_pad=1")
     if "layout" in facts and row["model"] == "deepseek-v3":
         lay = (DSV3_H100_LAYOUT if row["system"] == "h100-sxm-80gb"
                else DSV3_LAYOUT.get((row["pp"], row["vp"])))
@@ -248,7 +286,8 @@ def row_facts(row, facts) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
-    p.add_argument("--facts", default="overlap,layout,dispatch,attn,moe_act,recompute")
+    p.add_argument("--facts",
+                   default="overlap,layout,dispatch,attn,moe_act,recompute,quant_pad")
     args = p.parse_args(argv)
     facts = set(args.facts.split(","))
     rows = list(csv.reader(CSV.open(newline="")))
@@ -264,9 +303,7 @@ def main(argv=None) -> int:
         if len(r) <= col:
             r.append("")
         r[col] = ";".join(f)
-        key = (row["model"], row["system"], row["precision"], row["num_gpus"])
-        if "dispatch" in facts and (key in ALLTOALL_BY_RELEASE.get(row["container"], ())
-                                    or (TOKEN_DROP_ALLTOALL and row["moe_token_drop"] == "1")):
+        if "dispatch" in facts and ran_alltoall(row, facts):
             r[rows[0].index("ep_dispatch")] = "0"
         r[rows[0].index("recompute")] = recompute_of(row, facts)[0]
         n += bool(f)

@@ -270,6 +270,13 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     # of them (workload.ep.moe_mlp_on_tp; the attention's pair stays).
     mlp_share = 0.5 * (1.0 + moe_mlp_on_tp(model, parallel))
     n_f, n_b = n_f * mlp_share, n_b * mlp_share
+    # Megatron's recompute_mlp re-runs the dense layers' checkpointed MLP with its TP pair
+    # (the SP all-gather in front of fc1 and fc2's reduce-scatter, or fc2's all-reduce): one
+    # all-reduce equivalent more in the backward of the 1 - phi dense layers
+    # (transformer_layer.py _forward_mlp: tensor_parallel.checkpoint / te_checkpoint of
+    # self.mlp, whose forward holds the collectives; workload.recompute).
+    modules = megatron_module_fracs(parallel)  # Megatron's selective recompute_modules
+    n_b = n_b + modules["mlp"] * (1.0 - moe_layer_fraction(model))
     # With SP each all-reduce equivalent is two calls of the same ring cost: one more t0.
     calls = tp_calls_per_all_reduce(parallel)
     tp_on = jnp.where(parallel.tp > 1, 1.0, 0.0)
@@ -299,7 +306,6 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         model, parallel, system, training, wgrad_rows, dense + attn, dense_b + attn_bwd,
         temperature) if "axonn" in features else _zeros(dense, 5))
     full = full_frac(parallel)
-    modules = megatron_module_fracs(parallel)  # Megatron's selective recompute_modules
     sac = op_sac_frac(parallel)
     skipped = stacked = 0.0
     if "xla" in features:

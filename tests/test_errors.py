@@ -1374,6 +1374,12 @@ def test_unknown_dataset_suggests():
                 "recompute_mlp, recompute_moe_act, recompute_layernorm, "
                 "recompute_mla_up_proj, recompute_shared_experts, pp_first_layers, "
                 "pp_last_layers)"),
+    # facts that would make every row of the table invalid: said before compiling
+    ({"recompute_mla_up_proj": 1}, "parallel: recompute_mla_up_proj=1 needs multi-latent "
+                                   "attention (model.kv_lora_rank > 0; got 0); allowed: 0"),
+    ({"recompute_moe_act": 1}, "parallel: recompute_moe_act=1 needs an MoE model "
+                               "(model.moe_experts > 0; got 0); allowed: 0"),
+    ({"recompute_mlp": 2}, "parallel: recompute_mlp=2 is not allowed (allowed: 0, 1)"),
 ])
 def test_search_framework_facts(facts, message):
     from diffperf.search import enumerate_layouts, search
@@ -1563,6 +1569,7 @@ def test_runs_row_model_config_must_agree(tmp_path):
     (dict(moe_eager_clamp_bias=2.0),
      "moe_eager_clamp_bias=2 is not allowed (allowed: 0, 1)"),
     (dict(rope_kv_pass=0.5), "rope_kv_pass=0.5 is not allowed (allowed: 0, 1)"),
+    (dict(moe_quant_pad=0.5), "moe_quant_pad=0.5 is not allowed (allowed: 0, 1)"),
 ])
 def test_eager_pointwise_training_facts(fields, message):
     from diffperf.specs.validate import check_training

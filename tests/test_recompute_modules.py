@@ -67,6 +67,12 @@ def test_mla_up_proj_one_layer_by_hand():
     kept_mla = float(layer_activation_parts(DSV3, MLA, BF16)[0])
     kept_none = float(layer_activation_parts(DSV3, NOTHING, BF16)[0])
     assert kept_none - kept_mla == pytest.approx(553_648_128, rel=1e-5)
+    # ... and holds it again while its backward runs (rebuilt before the attention's
+    # backward), as full recompute's rebuilt layer
+    rebuilt_mla = float(layer_activation_parts(DSV3, MLA, BF16)[1])
+    rebuilt_none = float(layer_activation_parts(DSV3, NOTHING, BF16)[1])
+    assert rebuilt_none == 0.0
+    assert rebuilt_mla == pytest.approx(553_648_128, rel=1e-6)
 
 
 def test_gpt_oss_moe_act_and_layernorm_by_hand():
@@ -83,6 +89,23 @@ def test_gpt_oss_moe_act_and_layernorm_by_hand():
         283_115_520 + 47_185_920, rel=1e-6)
     assert float(megatron_dropped_bytes(GPT_OSS, OSS, BF16)) == pytest.approx(
         94_371_840 + 23_592_960, rel=1e-6)
+
+
+def test_mlp_recompute_reruns_the_fused_pre_mlp_norm():
+    """DeepSeek-V3 ["mlp"] (3 of 61 layers dense: their pre-MLP norm is fused into fc1,
+    TELayerNormColumnParallelLinear, so the checkpointed MLP re-runs it), b 1, s 4096, bf16:
+    element-wise bytes re-run (3/61) x 2 x 4096 x (18432 x 3 + 2 x 7168) at t 1, and with
+    t 2 + SP (3/61) x 2 x 4096 x (18432 x 3 / 2 + 2 x 7168 / 2): the SiLU-product and the
+    norm (read, write), the norm's output being what the layer no longer keeps."""
+    mlp = Parallel(**SEL, recompute_core_attn=0.0, recompute_mlp=1.0)
+    want = 3.0 / 61.0 * 2 * 4096 * (18432 * 3 + 2 * 7168)
+    assert float(megatron_recompute_bytes(DSV3, mlp, BF16)) == pytest.approx(want, rel=1e-6)
+    tp2 = mlp.replace(tp=2.0, sequence_parallel=1.0)
+    want2 = 3.0 / 61.0 * 2 * 4096 * (18432 * 3 / 2 + 2 * 7168 / 2)
+    assert float(megatron_recompute_bytes(DSV3, tp2, BF16)) == pytest.approx(want2, rel=1e-6)
+    # dropped: fc1 output 2 f q_a, activation output f q_a, the fused norm's output h q_a
+    dropped = 3.0 / 61.0 * 4096 * (18432 * (2 * 2 + 2) + 2 * 7168)
+    assert float(megatron_dropped_bytes(DSV3, mlp, BF16)) == pytest.approx(dropped, rel=1e-6)
 
 
 def test_recompute_time_is_the_modules_forward():
@@ -104,6 +127,22 @@ def test_recompute_time_is_the_modules_forward():
     hw = float(_flops_per_step(DSV3, MLA.replace(global_batch=8.0), BF16)[1]
                - _flops_per_step(DSV3, NOTHING.replace(global_batch=8.0), BF16)[1])
     assert hw == pytest.approx(8 * 62 * (309_237_645_312 + 137_438_953_472), rel=1e-5)
+
+
+def test_mlp_recompute_reruns_the_dense_mlps_tp_pair():
+    """DeepSeek-V3 at t 2 with SP, experts TP-split (t_e = t: every layer's MLP on the TP
+    group), no TP overlap: a layer's exposed TP time is (2 forward + 2 backward) c_tp; with
+    ["mlp"] the 3 dense layers of 61 re-run their MLP's all-gather + reduce-scatter (one
+    all-reduce equivalent), so the mean layer's grows by 3/61 c_tp: a ratio 1 + 3 / (61 x 4)."""
+    from diffperf.predict import _layer_parts
+
+    h100 = _system("h100-sxm-80gb")
+    tp2 = dict(tp=2.0, sequence_parallel=1.0, tp_overlap=0.0)
+    none = _layer_parts(DSV3, NOTHING.replace(**tp2), h100, BF16, None)[0]["tp_exposed_s"]
+    mlp = _layer_parts(DSV3, NOTHING.replace(recompute_mlp=1.0, **tp2), h100, BF16,
+                       None)[0]["tp_exposed_s"]
+    assert float(none) > 0
+    assert float(mlp / none) == pytest.approx(1.0 + 3.0 / (61.0 * 4.0), rel=1e-5)
 
 
 def test_selective_modules_gradient_contract(x64):

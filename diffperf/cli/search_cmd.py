@@ -145,10 +145,10 @@ def layout_trust(args, system, train, layouts, parallel=None) -> dict:
     tset = getattr(args, "efficiency_set", None) or tr.resolve(system, "none")[1]
     cols = tr.layout_columns(layouts, COLUMNS, gpus=args.gpus)
     facts = parallel or {}  # --set Parallel facts, the same for every layout
+    modules = tr.recompute_modules_of(facts, lambda d, k, v: d.get(k, v))
     cols["recompute"] = tr.unnamed_recompute(cols["recompute"],
                                              facts.get("recompute_policy", 0.0),
-                                             facts.get("recompute_layer_frac", 1.0),
-                                             tr.recompute_modules_of(facts, lambda d, k, v: d.get(k, v)))
+                                             facts.get("recompute_layer_frac", 1.0), modules)
     return tr.trust(cols, tset, train.name, system.gpu) | {"set": tset}
 
 

@@ -17,11 +17,11 @@ import functools
 import jax.numpy as jnp
 
 from diffperf.workload.cp import cp_kv_bytes
-from diffperf.workload.flops import (head_shards, is_mla, layer_ops, quantized_elem_bytes,
-                                     score_elements, softmax_fallback, softmax_fallback_costs,
+from diffperf.workload.flops import (head_shards, is_mla, layer_ops, moe_layer_fraction,
+                                     quantized_elem_bytes, score_elements, shared_expert_width,
+                                     softmax_fallback, softmax_fallback_costs,
                                      tokens_per_device, v_dim, vocab_rows_per_rank)
 from diffperf.workload.params import active_ffn_width, residual_shards
-from diffperf.workload.flops import moe_layer_fraction, shared_expert_width
 from diffperf.workload.recompute import (full_frac, megatron_module_fracs,
                                          megatron_selective_frac, none_frac, op_sac_frac,
                                          sac_recompute_fracs, separate_norms)
@@ -29,7 +29,8 @@ from diffperf.workload.recompute import (full_frac, megatron_module_fracs,
 
 def layer_activation_parts(model, parallel, training):
     """(bytes one layer keeps for its backward, bytes it rebuilds while its backward runs
-    under full recompute), one micro-batch, on one device:
+    under full recompute, per-op SAC or Megatron's recompute_modules), one micro-batch, on
+    one device:
 
         A = s b h [ (2 q_r + 2 q_a + 2 m_d) / t_sp + q_a (2 + 2 a_kv/a + (2 + g) f/h) / t ]
             (Q, K, V, O in general: s b q_a ((a + a_kv) d_qk + (a_kv + a) d_v) / t; MLA adds
@@ -74,12 +75,18 @@ def layer_activation_parts(model, parallel, training):
     # Megatron's selective recompute keeps the scores unless core_attn re-runs them, less
     # what its other recompute_modules discard (megatron_dropped_bytes).
     sel = megatron_selective_frac(parallel)
+    dropped = megatron_dropped_bytes(model, parallel, training)
     kept = (full_frac(parallel) * full
             + sel * (whole + (1.0 - parallel.recompute_core_attn) * scores)
-            - megatron_dropped_bytes(model, parallel, training)
+            - dropped
             + op_sac_frac(parallel) * sac + none_frac(parallel) * (whole + scores))
+    # What the layer in its backward holds again: the whole layer under full recompute, the
+    # SAC-recomputed tensors, and the outputs Megatron's recompute_modules rebuild before
+    # their consumer's backward (megatron_dropped_bytes; Megatron-Core
+    # CheckpointWithoutOutput.discard_output_and_register_recompute refills them in place).
     rebuilt = (jnp.where(parallel.recompute == 2, whole + scores, 0.0)
-               + op_sac_frac(parallel) * jnp.maximum(whole - sac, 0.0))
+               + op_sac_frac(parallel) * jnp.maximum(whole - sac, 0.0)
+               + dropped)
     return kept, rebuilt
 
 

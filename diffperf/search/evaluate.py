@@ -22,7 +22,7 @@ from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel
 from diffperf.specs.training import Training
 from diffperf.specs.validate import (check_job, check_layout, check_model, check_precision,
-                                     check_system, check_training)
+                                     check_search_facts, check_system, check_training)
 
 
 def _evaluate(args, keys, per, temperature, devices, optimize, progress, store=None,
@@ -168,8 +168,11 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
 
     if optimize is None:
         optimize = store is not None or len(layouts) >= QUICK_BELOW
+    base = _base_parallel(parallel)
+    if base is not None:
+        check_search_facts(model, base)
     outs = _evaluate(args, keys, per, temperature, devices, optimize, progress and tick, store,
-                     fields, _base_parallel(parallel))
+                     fields, base)
     return _gather(cell, outs)
 
 

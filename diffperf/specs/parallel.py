@@ -38,10 +38,11 @@ DIMENSIONS = ("tp", "cp", "ep", "dp", "pp")
 PLACED = ("tp", "cp", "dp", "pp")  # the dimensions a rank order places (ep sits inside dp)
 # Every rank order of PLACED, innermost first; ORDERS[0] is Megatron-LM's (tp, cp, dp, pp).
 ORDERS = tuple(itertools.permutations(PLACED))
-GRID = ("gx", "gy", "gz")
+GRID = ("gx", "gy", "gz")  # AxoNN 3D tensor grid (Singh et al.; PAPERS.md section 4)
 # Megatron-Core's recompute_modules that diffperf models, each a Parallel field
 # recompute_<module> (workload.recompute); "moe" (the whole MoE layer) is not modelled.
-RECOMPUTE_MODULES = ("core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "shared_experts")  # AxoNN 3D tensor grid (Singh et al.; PAPERS.md section 4)
+RECOMPUTE_MODULES = ("core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj",
+                     "shared_experts")
 
 
 class Parallel(struct.PyTreeNode):

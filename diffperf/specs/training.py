@@ -72,6 +72,13 @@ class Training(struct.PyTreeNode):
                                  # Megatron-Core 0.15-0.17's TEGroupedMLP does for GPT-OSS
                                  # (workload.flops.moe_eager_clamp_bias_bytes); 0: fused or
                                  # absent (the default)
+    moe_quant_pad: Any = 0.0     # 1: the dropless MoE expert MLP copies its routed tokens into
+                                 # a buffer padded per local expert to the FP8 / MXFP8 GEMM
+                                 # alignment and copies the fc2 output back (Transformer Engine
+                                 # Fp8Padding / Fp8Unpadding in Megatron-Core 0.14-0.17's
+                                 # TEGroupedMLP; workload.flops.moe_quant_pad_bytes); 0: no
+                                 # copy (16-bit GEMMs, token counts already aligned: drop-and-pad
+                                 # at capacity, HybridEP, router padding; the default)
     checkpoint_interval_s: Any = 0.0  # run choice: training seconds between checkpoints
                                  # (tau); 0: the optimum of Daly (2006), schedule.goodput
     xla_compiled: Any = 0.0      # 1: the whole step is one XLA program (JAX jit): memory is

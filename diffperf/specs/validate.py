@@ -67,7 +67,7 @@ def _divides(a, b, xp=np):
     return xp.mod(b, xp.maximum(a, 1.0)) == 0.0
 
 
-def _check_recompute_modules(P, M, where, pick) -> None:
+def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
     """Megatron-Core's recompute_modules (Parallel.recompute_<module>, workload.recompute):
     each 0 or 1; other than the default (core_attn 1, the rest 0) only under Megatron's
     selective recompute (recompute 1, recompute_policy 0), where they are read, and
@@ -80,7 +80,7 @@ def _check_recompute_modules(P, M, where, pick) -> None:
     # inconsistent input. A layout table (mask mode: search) is not checked for it: search
     # applies its --set facts to every row, and each acts only on its own mode (trust.
     # unnamed_recompute marks the rows it changes).
-    one = not isinstance(where, _Collect)
+    one = not isinstance(where, _Collect) if per_layout is None else per_layout
     r = P["recompute_layer_frac"]
     if one:
         _fail((r < 1) & (P["recompute"] != 2), where, lambda i: (
@@ -104,6 +104,21 @@ def _check_recompute_modules(P, M, where, pick) -> None:
         "0); allowed: 0"))
     _fail((P["recompute_moe_act"] == 1) & (M["n_experts"] == 0), where, lambda i: (
         "recompute_moe_act=1 needs an MoE model (model.moe_experts > 0; got 0); allowed: 0"))
+
+
+def check_search_facts(model, parallel, where: str = "parallel") -> None:
+    """Raise SpecError where a framework fact that a search applies to every layout of its
+    table (search.search's `parallel`) breaks a rule of `check_layout` that no column of the
+    table takes part in: the recompute_<module> fields (0 or 1; mla_up_proj needs multi-latent
+    attention, moe_act an MoE model: `_check_recompute_modules`, without the rules tied to one
+    layout's recompute mode, which the table varies). Otherwise such a fact would only make
+    every row invalid (Result.valid False), the search finding no layout without saying why."""
+    P = {f: _arr(getattr(parallel, f), where) for f in (
+        "recompute", "recompute_policy", "recompute_layer_frac",
+        *(f"recompute_{m}" for m in RECOMPUTE_MODULES))}
+    M = {f: _arr(getattr(model, f), where) for f in ("n_experts", "kv_lora_rank")}
+    pick = lambda a, i: a[i] if a.size > 1 else a[0]  # noqa: E731
+    _check_recompute_modules(P, M, where, pick, per_layout=False)
 
 
 def check_layout(model, parallel, n_devices=None, where: str = "parallel",
@@ -417,7 +432,7 @@ TRAINING_SWITCHES = ("grad_buffers_persist", "matmul_fp32", "flash_attention", "
                      "xla_compiled", "lowp_fprop", "lowp_dgrad", "lowp_wgrad", "lowp_fp4",
                      "lowp_amax_pass", "lowp_weight_cache", "lowp_param_gather",
                      "llama_eager_pointwise", "attention_fa2",
-                     "moe_eager_clamp_bias", "rope_kv_pass")
+                     "moe_eager_clamp_bias", "rope_kv_pass", "moe_quant_pad")
 TRAINING_POSITIVE = ("weight_bytes", "grad_bytes", "activation_bytes", "residual_bytes")
 # Network tiers: static structure, each tier adds its collectives' terms to the compiled
 # program. Measured (gpt-small, 2-core CPU under load, 2026-11-26): first predict 22 s with

@@ -311,7 +311,8 @@ def layer_ops(model, parallel, training) -> LayerOps:
                    + (1.0 - training.flash_attention) * _UNFUSED_ATTENTION_EXTRA_KERNELS
                    + fallback * softmax_fallback_costs(training)[0]
                    + eager_pointwise_kernels(model, training)
-                   + moe_eager_clamp_bias_kernels(model, parallel, training)),
+                   + moe_eager_clamp_bias_kernels(model, parallel, training)
+                   + moe_quant_pad_kernels(model, training)),
         vector_flops=vector_flops(model, parallel, training),
     )
 
@@ -332,7 +333,8 @@ def elementwise_bytes(model, parallel, training, fallback=None):
     Source: PAPERS.md section 5.2 (elementwise ops, intensity <~ 1 FLOP/B) [D].
     Flash-attention's own Q, K, V, O traffic is in `attention_io_bytes`; the MoE token
     permutation in `moe_permute_bytes`; eager kernels a framework adds in
-    `eager_pointwise_bytes` and `moe_eager_clamp_bias_bytes` (both 0 by default).
+    `eager_pointwise_bytes`, `moe_eager_clamp_bias_bytes` and `moe_quant_pad_bytes` (all 0
+    by default).
     """
     t, h, q = head_shards(parallel), model.hidden, training.activation_bytes
     T = tokens_per_device(model, parallel)
@@ -352,7 +354,8 @@ def elementwise_bytes(model, parallel, training, fallback=None):
             + moe_permute_bytes(model, parallel, training)
             + eager_pointwise_bytes(model, parallel, training, T_sp, f_act)
             + rope_kv_pass_bytes(model, parallel, training)
-            + moe_eager_clamp_bias_bytes(model, parallel, training))
+            + moe_eager_clamp_bias_bytes(model, parallel, training)
+            + moe_quant_pad_bytes(model, parallel, training))
 
 
 def eager_pointwise_bytes(model, parallel, training, T_sp, f_act):
@@ -404,7 +407,7 @@ def elementwise_backward_once_bytes(model, parallel, training):
     """Forward bytes, inside `elementwise_bytes`, of the element-wise ops whose backward moves
     the same bytes once, where the element-wise convention (PAPERS.md 5.2) takes 2 x:
 
-        B_once = lambda (rotary + repeat_kv) + `rope_kv_pass_bytes`
+        B_once = lambda (rotary + repeat_kv) + `rope_kv_pass_bytes` + `moe_quant_pad_bytes`
     The rotary's autograd backward is its forward in reverse (grad cast to fp32 r q_a w 4,
     complex product with conj(freqs) r 4 w 4, cast back r 4 w q_a: 2 q_a + 16 per element,
     as the forward; freqs_cis is a buffer, no gradient); repeat_kv's backward sums the
@@ -413,13 +416,16 @@ def elementwise_backward_once_bytes(model, parallel, training):
     (~72 B per element back for 36 forward) and the SiLU apart from its product (two more
     writes and reads back) keep 2 x. Sources: torchtitan/models/llama/model.py at 9dec370
     (`apply_rotary_emb`, `repeat_kv`), PyTorch autograd formulas (derivatives.yaml:
-    `_to_copy`, `mul`, `expand` -> sum_to_size).
+    `_to_copy`, `mul`, `expand` -> sum_to_size). The quantization padding of a dropless MoE
+    layer copies once back too (Transformer Engine `_Fp8Unpadding.backward` pads the output
+    gradient, `_Fp8Padding.backward` strips the input gradient: `moe_quant_pad_bytes`).
     `predict._layer_parts` takes one pass of these bytes off the backward.
     Example (Llama 3 8B, b 2, s 8192, t 1, bf16, eager): 1.678e9 + 0.336e9 = 2.013e9 B.
     """
     rope, repeat = _eager_rope_repeat_bytes(model, parallel, training)
     return (training.llama_eager_pointwise * (rope + repeat)
-            + rope_kv_pass_bytes(model, parallel, training))
+            + rope_kv_pass_bytes(model, parallel, training)
+            + moe_quant_pad_bytes(model, parallel, training))
 
 
 def rope_kv_pass_bytes(model, parallel, training):
@@ -601,6 +607,59 @@ def moe_eager_clamp_bias_kernels(model, parallel, training):
     E_loc = jnp.maximum(model.n_experts, 1.0) / parallel.ep
     return (training.moe_eager_clamp_bias * moe_layer_fraction(model)
             * (3.0 + 2.0 * E_loc + 1.0))
+
+
+def moe_quant_pad_bytes(model, parallel, training):
+    """HBM traffic of the copies that pad a dropless MoE layer's routed tokens to the FP8 /
+    MXFP8 grouped-GEMM alignment and strip the padding from the expert output (forward, one
+    device, one micro-batch; 0 unless training.moe_quant_pad = 1):
+
+        E = phi 4 q_a h R,      R = k C_f T_e   (routed copies on the rank's local experts,
+                                                 T_e = T t_e / t as in `moe_permute_bytes`)
+    Megatron-Core's TEGroupedMLP.forward, whenever the run quantizes (config.fp8; fp8 or fp4
+    from core 0.16), passes the permuted tokens and their probabilities through Transformer
+    Engine's Fp8Padding with the host list of tokens per local expert, and the fc2 output
+    through Fp8Unpadding. Fp8Padding rounds every expert's row count up to the alignment
+    (16 rows; 32 for MXFP8) and returns its input untouched when every count is already a
+    multiple ("no padding needed"); otherwise `tex.fused_multi_row_padding` copies all R rows
+    into a new padded buffer (read R h q_a, write R h q_a plus the pad rows) and
+    `fused_multi_row_unpadding` copies the h-wide fc2 output back (the same again): 4 q_a h R.
+    Dropless routing leaves the counts unaligned (force-balanced random routing gives each of
+    the E / e local experts about R e / E rows, a multiple of 16 for all of them with
+    probability ~16^(-E/e)); drop-and-pad at capacity gives every expert capacity x e x t_e
+    rows (Megatron-Core `MoEAlltoAllTokenDispatcher.preprocess`, `drop_and_pad`), aligned for
+    these runs, and HybridEP (core 0.16+) pads inside its dispatch (`pad_multiple`), so
+    neither copies: the fact is set only where the run's own path copies.
+    Not counted: the pad rows themselves (at most E / e x (A - 1) rows per pass, A = 16 or 32:
+    under 1.5 % of R for Qwen3 30B-A3B at b 1) and the [R, 1] probabilities' pad (2 R x <= 4 B
+    against 4 q_a h R: < 0.1 % at h >= 2048).
+    The backward moves these bytes once (Fp8Unpadding.backward pads the output gradient,
+    Fp8Padding.backward strips the input gradient: 4 q_a h R), not the 2 x of the element-wise
+    convention (PAPERS.md 5.2): `elementwise_backward_once_bytes` counts them, and
+    `predict._layer_parts` takes one pass off the backward.
+    Sources: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py
+    `TEGroupedMLP.__init__` / `forward` (fp8_padding / fp8_unpadding at core_v0.14.0 and
+    core_v0.15.0, quantization_padding / quantization_unpadding at core_v0.16.0 and
+    core_v0.17.0, and at the commits Megatron-Bridge v0.2.0 / v0.3.0 / v0.4.0 / v0.4.2 pin in
+    3rdparty/Megatron-LM: 0d8e0714, b0cc2706, d7288711, 2edffadb) and its MoE README
+    (core_v0.16.0, "MoE-Specific FP8 Optimizations": router padding "avoiding per-tensor
+    padding overhead"); NVIDIA/TransformerEngine transformer_engine/pytorch/module/fp8_padding.py
+    and fp8_unpadding.py (`Fp8Padding.forward`'s aligned early return, the same at v2.7, v2.9,
+    v2.12, v2.14) and common/util/padding.cu (one multi-tensor kernel per call) [S].
+    Example (Qwen3 30B-A3B: h 2048, k 8, C_f 1; b 1, s 4096, t = t_e = 1, e 8, bf16 tokens):
+    R = 32768, E = 4 x 2 x 2048 x 32768 = 536,870,912 B per layer forward.
+    """
+    _, T_e = _expert_tokens(model, parallel)
+    R = model.moe_topk * model.capacity_factor * T_e
+    return (training.moe_quant_pad * moe_layer_fraction(model)
+            * 4.0 * training.activation_bytes * model.hidden * R)
+
+
+def moe_quant_pad_kernels(model, training):
+    """Kernels `moe_quant_pad_bytes` adds to a layer's forward: 3 (Fp8Padding of the tokens
+    and of their probabilities, Fp8Unpadding of the fc2 output; one multi-tensor kernel each),
+    x phi."""
+    return training.moe_quant_pad * moe_layer_fraction(model) * 3.0
 
 
 def attention_io_bytes(model, parallel, training):

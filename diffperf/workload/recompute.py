@@ -158,10 +158,12 @@ def megatron_recompute_bytes(model, parallel, training):
     layer, one micro-batch, on one device (the terms of `workload.flops.elementwise_bytes`
     that belong to each module, so that a module's recompute costs what its forward costs):
 
-        mlp:            (1 - phi) q_a T f (2 + g) / t               (activation of the dense MLP)
+        mlp:            (1 - phi) q_a [ T f (2 + g) / t + 2 T_sp h ]
+                        (activation of the dense MLP, and the pre-MLP norm fused into fc1:
+                         read, write)
         moe_act:        phi q_a T k C_f f_e (2 + g) / t             (routed experts' activation)
         shared_experts: phi q_a T E_s f_s (2 + g) / t               (shared experts' activation)
-        layernorm:      n_norm 2 q_a T_sp h                          (`separate_norms`: read, write)
+        layernorm:      n_norm 2 q_a T_sp h                         (`separate_norms`: read, write)
         mla_up_proj:    mla 4 q_a T (r_q + r_kv)                     (the latent norms fused into
                                                                       the up-projections)
     T = b s / c, T_sp = T / t with sequence parallelism, g = gated_mlp, phi = moe_layer_fraction.
@@ -169,6 +171,11 @@ def megatron_recompute_bytes(model, parallel, training):
     (`activation_recompute`: bias_act_func under CheckpointWithoutOutput, discarded after fc2
     and re-run before fc2's backward), transformer/transformer_layer.py (input /
     pre-MLP norm under CheckpointWithoutOutput); the rest as `megatron_recompute_rows`.
+    The dense layers' pre-MLP norm is part of the checkpointed MLP: the Transformer Engine
+    layer spec (models/gpt/gpt_layer_specs.py, get_gpt_layer_with_transformer_engine_spec)
+    sets pre_mlp_layernorm = IdentityOp when the layer has no experts and builds linear_fc1
+    as TELayerNormColumnParallelLinear, so `recompute_mlp` re-runs the norm with fc1 (the
+    norm output it rebuilds is what memory.activations.megatron_dropped_bytes drops).
     Example (GPT-OSS 120B, b 1, s 4096, t 1, bf16, moe_act + layernorm; k 4, f_e 2880, h 2880):
     moe_act 2 x 4096 x 4 x 2880 x 3 = 283.1e6 B, layernorm 1 x 2 x 2 x 4096 x 2880 = 47.2e6 B.
     """
@@ -180,7 +187,7 @@ def megatron_recompute_bytes(model, parallel, training):
     T_sp = T / residual_shards(parallel)
     phi = moe_layer_fraction(model)
     act = q * T * (2.0 + model.gated_mlp) / t
-    return (f["mlp"] * (1.0 - phi) * act * model.ffn_hidden
+    return (f["mlp"] * (1.0 - phi) * (act * model.ffn_hidden + 2.0 * q * T_sp * model.hidden)
             + f["moe_act"] * phi * act * model.moe_topk * model.capacity_factor
             * model.moe_ffn_hidden
             + f["shared_experts"] * phi * act * model.n_shared_experts * shared_expert_width(model)

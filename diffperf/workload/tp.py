@@ -25,7 +25,10 @@ def tp_collectives_per_layer(parallel):
     two all-gathers, one all-reduce equivalent; the reduce-scatters are in its save list;
     without SP the output all-reduce of the recomputed wo). With sequence parallelism each
     all-reduce is a reduce-scatter + all-gather pair of the same ring cost (PAPERS.md
-    section 5.3). Megatron's selective recompute adds none.
+    section 5.3). Megatron's selective recompute adds none with its default ["core_attn"];
+    with "mlp" in its recompute_modules the dense layers' MLP pair is re-run, one more
+    backward all-reduce equivalent per dense layer (added in predict._layer_parts, which
+    knows the model's share of dense layers).
     """
     return 2.0, 2.0 + 2.0 * full_frac(parallel) + op_sac_frac(parallel)
 
