@@ -156,6 +156,35 @@ def test_sustained_scale_by_hand_and_unmeasured_gpus_unchanged():
         assert float(lowp_rate(h100, t)) == float(lowp_peak(h100, t))
 
 
+def test_b300_and_gb200_fractions_carry_the_mamf_ratio_onto_b200s_shape_class():
+    """DGX B300 and GB200 take B200's vLLM-shape fraction (M 16384, N 6144, K 4096: BF16 0.672,
+    FP8 0.566) times the ratio of their Maximum Achievable Matmul FLOPS fractions to B200's, one
+    benchmark run on all three (stas00/ml-engineering MAMF table, torch.matmul best shape):
+    B200 BF16 1745.0 / 2250, FP8 3432.5 / 4500; B300 1769.0 / 2250, 3353.3 / 4500; GB200
+    1822.0 / 2500, 3615.6 / 5000. By hand: B300 0.672 x 0.78622 / 0.77556 = 0.6812, 0.566 x
+    0.74518 / 0.76278 = 0.5529; GB200 0.672 x 0.72880 / 0.77556 = 0.6315, 0.566 x 0.72312 /
+    0.76278 = 0.5366. GB300 (no measurement) and FP4 (none in the table) keep B200's."""
+    b16, b8 = 1745.0 / 2250, 3432.5 / 4500
+    hand = {"dgx-b300": (0.672 * (1769.0 / 2250) / b16, 0.566 * (3353.3 / 4500) / b8),
+            "gb200-nvl72": (0.672 * (1822.0 / 2500) / b16, 0.566 * (3615.6 / 5000) / b8),
+            "gb200-nvl72-superpod": (0.672 * (1822.0 / 2500) / b16, 0.566 * (3615.6 / 5000) / b8),
+            "gb300-nvl72": (0.672, 0.566), "dgx-b200": (0.672, 0.566)}
+    assert hand["dgx-b300"] == pytest.approx((0.6812, 0.5529), abs=1e-4)
+    assert hand["gb200-nvl72"] == pytest.approx((0.6315, 0.5366), abs=1e-4)
+    for name, (f16, f8) in hand.items():
+        s = _system(name)
+        assert float(s.matmul_sustained_frac) == pytest.approx(f16, abs=5e-4), name
+        assert float(s.matmul_fp8_sustained_frac) == pytest.approx(f8, abs=5e-4), name
+        assert float(s.matmul_fp4_sustained_frac) == pytest.approx(0.434, abs=1e-9), name
+    # the sustained FP8 rate of GB200 over B200 is the measured 3615.6 / 3432.5 = 1.0533 (to the
+    # 3-digit rounding of the fractions), not the datasheets' 5000 / 4500 = 1.111
+    t8 = training("fp8-current")
+    ratio = float(lowp_rate(_system("gb200-nvl72"), t8)) / float(lowp_rate(_system("dgx-b200"), t8))
+    assert ratio == pytest.approx(3615.6 / 3432.5, rel=1.5e-3)
+    assert float(lowp_rate(_system("gb200-nvl72"), t8)) == pytest.approx(
+        5000e12 * 0.537 / (797.5 / 989.4), rel=1e-6)
+
+
 def test_sustained_fraction_gradient_contract(x64):
     """d t / d f of a compute-bound FP8 GEMM on B200 (x64, log-parameter check_grads): finite,
     negative (a GPU that sustains more of its peak is faster), and -t / f (t ~ 1 / f); the
