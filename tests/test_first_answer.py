@@ -163,7 +163,7 @@ def _unregister(listener):
         drop(listener)
 
 
-def test_post_fit_programs_compile_once_beside_the_fit(request, no_program_store):
+def test_post_fit_programs_compile_once_beside_the_fit(request):
     """`_compile_after_fit` compiles the exact predictions and the Jacobian in a thread; the
     fitted efficiencies (same types and shapes as the start) then find them compiled: the
     calls after the fit trace and compile nothing. The runs need no optional feature."""
