@@ -27,6 +27,7 @@ from jax.test_util import check_grads
 
 from diffperf import Parallel, Training, predict
 from diffperf.errors import SpecError
+from diffperf.predict import FEATURES, features_of, predict_step
 from diffperf.search.kernel import _CPU_QUICK_OPTIONS
 from diffperf.specs.batch import anonymous
 from diffperf.specs.validate import check_layout
@@ -183,24 +184,44 @@ def test_smooth_gradient_finite_when_tp_group_is_idle():
 
 # ----------------------------------------------------------------- finite differences (x64)
 
-def _log_step_time(model, parallel, system, training, temperature):
+def _step_time_of(model, parallel, system, training, temperature, features):
+    return predict_step(model, parallel, system, training, temperature, features).step_time_s
+
+
+@functools.cache
+def _x64_value_and_grad(temperature, features):
+    """(step time, d step time / d System) of predict_step with the static `features`, jitted
+    once per (temperature, features) like _VALUE_AND_GRAD (same compiler options)."""
+    return jax.jit(jax.value_and_grad(functools.partial(
+        _step_time_of, temperature=temperature, features=features), argnums=2), **_JIT_OPTIONS)
+
+
+def _log_step_time(model, parallel, system, training, temperature, features):
     """f(log_scale) = ln T(every System leaf x exp(log_scale[i])): O(1) coordinates, so
     check_grads' absolute step of 1e-4 is a relative step of 1e-4 on each leaf, whatever its
     unit (3e14 FLOP/s or 2.5e-6 s). Its derivative is the elasticity d ln T / d ln theta.
 
-    The VJP given to check_grads is the chain rule on the jitted `jax.grad` of predict (the
-    gradient that sensitivity and calibration use): d f / d s_i = theta_i (d T / d theta_i) / T.
-    Letting JAX differentiate through the scaling instead means `jax.vjp` of a jitted function,
-    whose transposed program XLA takes minutes to compile on CPU in float64.
+    The VJP given to check_grads is the chain rule on the jitted `jax.grad` of predict_step
+    (the gradient that sensitivity and calibration use): d f / d s_i = theta_i (d T / d
+    theta_i) / T. Letting JAX differentiate through the scaling instead means `jax.vjp` of a
+    jitted function, whose transposed program XLA takes minutes to compile on CPU in float64.
+
+    `features` (static): the terms predict_step traces (a superset of the case's
+    `features_of`: the terms left out are exactly 0 for the case, test_properties.py::
+    test_leaving_out_zero_features_changes_no_result), as sensitivity and calibration trace
+    them; `_x64_features` gives each case the union over the float64 cases on a System of the
+    same tree, so that they share one compiled program per temperature. XLA compiles a float64
+    value-and-gradient program with every feature in 33 s of CPU (two tiers) and 78 s (Meta's
+    four tiers), with the union of the cases' features in 22 s and 20 s.
     """
     leaves, treedef = jax.tree.flatten(system)
     base = jnp.stack(leaves)
+    value_and_grad = _x64_value_and_grad(temperature, features)
 
     def evaluate(log_scale):
         theta = base * jnp.exp(log_scale)
-        step, grad = _VALUE_AND_GRAD[temperature](model, parallel,
-                                                  jax.tree.unflatten(treedef, list(theta)),
-                                                  training)
+        step, grad = value_and_grad(model, parallel, jax.tree.unflatten(treedef, list(theta)),
+                                    training)
         return jnp.log(step), jnp.stack(jax.tree.leaves(grad)) * theta / step
 
     @jax.custom_vjp
@@ -311,21 +332,26 @@ def test_op_sac_and_eager_kernels_obey_the_physical_signs():
     assert elasticity["eager"] < elasticity["fused"] < 0
 
 
-@pytest.mark.parametrize("temperature", [SMOOTH, None], ids=["smooth", "hard"])
-@pytest.mark.parametrize("case", sorted(CHECK_GRAD_CASES))
-def test_check_grads_in_log_coordinates(x64, case, temperature):
-    """Reverse-mode d ln T / d ln(every System leaf) matches central finite differences
-    (float64, check_grads' default tolerance 1e-5), for the smooth and the hard model."""
+def _check_grad_case(case):
+    """(model, parallel, system, training) of CHECK_GRAD_CASES[case]."""
     model_name, system_name, layout, eff = CHECK_GRAD_CASES[case]
     system = _system(system_name)
     system = system.replace(eff=system.eff.replace(**eff))
     base, _, extra = model_name.partition("+")  # "+mtp": with one MTP module
     model = _model(base).replace(mtp_layers=1.0) if extra == "mtp" else _model(base)
-    model, parallel = _floats(model), _floats(Parallel(**layout))
     fp32_reduce = dict(grad_bytes=4.0) if case.startswith("fsdp2") else {}
-    system = _floats(system)
-    training = _floats(Training(**fp32_reduce, **TRAINING_EXTRA.get(case, {})))
-    f = _log_step_time(model, parallel, system, training, temperature)
+    return model, Parallel(**layout), system, Training(**fp32_reduce,
+                                                       **TRAINING_EXTRA.get(case, {}))
+
+
+@pytest.mark.parametrize("temperature", [SMOOTH, None], ids=["smooth", "hard"])
+@pytest.mark.parametrize("case", sorted(CHECK_GRAD_CASES))
+def test_check_grads_in_log_coordinates(x64, case, temperature):
+    """Reverse-mode d ln T / d ln(every System leaf) matches central finite differences
+    (float64, check_grads' default tolerance 1e-5), for the smooth and the hard model."""
+    specs = _check_grad_case(case)
+    model, parallel, system, training = (_floats(x) for x in specs)
+    f = _log_step_time(model, parallel, system, training, temperature, _x64_features(*specs))
     log_scale = jnp.zeros(len(jax.tree.leaves(system)))
     assert log_scale.dtype == jnp.float64
     assert np.isfinite(f(log_scale))
@@ -357,12 +383,14 @@ def _lowp_case(case):
 def test_check_grads_low_precision(x64, case):
     """d ln T / d ln(every System leaf) of a low-precision step matches finite differences
     (float64), and the peak its GEMMs run at has a negative elasticity."""
-    model, parallel, system, training = (_floats(x) for x in _lowp_case(case))
-    f = _log_step_time(model, parallel, system, training, None)
+    specs = _lowp_case(case)
+    model, parallel, system, training = (_floats(x) for x in specs)
+    features = _x64_features(*specs)
+    f = _log_step_time(model, parallel, system, training, None, features)
     log_scale = jnp.zeros(len(jax.tree.leaves(system)))
     assert np.isfinite(f(log_scale))
     check_grads(f, (log_scale,), order=1, modes=["rev"])
-    grad = _system_grad(model, parallel, system, training, None)
+    grad = _x64_value_and_grad(None, features)(model, parallel, system, training)[1]
     peak = "matmul_fp4_flops_per_s" if training.lowp_fp4 > 0 else "matmul_fp8_flops_per_s"
     assert float(getattr(grad, peak)) < 0
 
@@ -401,19 +429,46 @@ XLA_CASES = {
 }
 
 
+def _xla_case(case):
+    from diffperf.load import training_from_name
+
+    model_name, system_name, layout = XLA_CASES[case]
+    return (_model(model_name), Parallel(**layout), _system(system_name),
+            training_from_name("xla-amp-bf16"))
+
+
+def _x64_cases():
+    """(model, parallel, system, training) of every float64 check_grads case."""
+    return ([_check_grad_case(c) for c in CHECK_GRAD_CASES] + [_lowp_case(c) for c in LOWP_CASES]
+            + [_xla_case(c) for c in XLA_CASES])
+
+
+@functools.cache
+def _x64_features_of_tree(treedef):
+    return frozenset().union(*(features_of(m, p, t) for m, p, s, t in _x64_cases()
+                               if jax.tree.structure(anonymous(s)) == treedef))
+
+
+def _x64_features(model, parallel, system, training):
+    """The features of the float64 program of a case: the union of `features_of` over the
+    float64 cases whose System has the same tree (number of tiers) as this one's, so every
+    case on it runs one compiled program per temperature; a superset of the case's own."""
+    features = _x64_features_of_tree(jax.tree.structure(anonymous(system)))
+    assert features_of(model, parallel, training) <= features <= FEATURES
+    return features
+
+
 @pytest.mark.parametrize("case", sorted(XLA_CASES))
 def test_check_grads_xla_program(x64, case):
     """d ln T / d ln(every System leaf) of an XLA step matches finite differences (float64),
     and the queued-kernel time has an elasticity (it is used)."""
-    from diffperf.load import training_from_name
-
-    model_name, system_name, layout = XLA_CASES[case]
-    model, parallel = _floats(_model(model_name)), _floats(Parallel(**layout))
-    system, training = _floats(_system(system_name)), _floats(training_from_name("xla-amp-bf16"))
-    f = _log_step_time(model, parallel, system, training, None)
+    specs = _xla_case(case)
+    model, parallel, system, training = (_floats(x) for x in specs)
+    features = _x64_features(*specs)
+    f = _log_step_time(model, parallel, system, training, None, features)
     log_scale = jnp.zeros(len(jax.tree.leaves(system)))
     check_grads(f, (log_scale,), order=1, modes=["rev"])
-    grad = _system_grad(model, parallel, system, training, None)
+    grad = _x64_value_and_grad(None, features)(model, parallel, system, training)[1]
     assert float(grad.eff.queued_kernel_s) > 0
 
 
