@@ -7,17 +7,14 @@ path"). Expected values are the docstring's arithmetic, worked by hand.
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import diffperf
 from diffperf import Parallel
-from diffperf.costs.compute import layer_times_s
-from diffperf.workload.flops import (attention_io_bytes, elementwise_backward_once_bytes,
+from diffperf.workload.flops import (elementwise_backward_once_bytes,
                                      elementwise_bytes, layer_ops, moe_quant_pad_bytes,
                                      moe_quant_pad_kernels)
+from memory_bound import check_fact_part
 from shipped import model as _model, system as _system
 
 MX = diffperf.training("mxfp8")
@@ -75,26 +72,7 @@ def test_quant_pad_gradient_contract(x64):
     memory-bound part with the fact set: matches finite differences (float64), finite, the
     physical sign (more bandwidth never slows it, a slower launch never speeds it); the fact
     makes the part slower."""
-    from jax.test_util import check_grads
-
-    b200 = _system("dgx-b200")
-    par = Parallel(micro_batch=1.0, ep=8.0, dp=8.0)
-    ops = layer_ops(QWEN, par, PAD)
-    io = attention_io_bytes(QWEN, par, PAD)
-
-    def t(logs):
-        e = b200.eff.replace(mem_eff=b200.eff.mem_eff * jnp.exp(logs[1]),
-                             kernel_s=b200.eff.kernel_s * jnp.exp(logs[2]))
-        s = b200.replace(hbm_bandwidth_Bps=b200.hbm_bandwidth_Bps * jnp.exp(logs[0]), eff=e)
-        return layer_times_s(ops, s, PAD, io)[2]
-
-    x = jnp.zeros(3)
-    check_grads(t, (x,), order=1, modes=("rev",), eps=1e-4)
-    g = np.asarray(jax.grad(t)(x))
-    assert np.all(np.isfinite(g))
-    assert g[0] < 0 and g[1] < 0 and g[2] > 0
-    base = float(layer_times_s(layer_ops(QWEN, par, MX), b200, MX, io)[2])
-    assert float(t(x)) > base
+    check_fact_part(QWEN, _system("dgx-b200"), PAD, MX)
 
 
 def test_fact_on_the_bridge_rows():

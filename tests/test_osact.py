@@ -7,16 +7,13 @@ values are the docstring's arithmetic, worked by hand.
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import diffperf
 from diffperf import Parallel
-from diffperf.costs.compute import layer_times_s
-from diffperf.workload.flops import (attention_io_bytes, elementwise_bytes, layer_ops,
+from diffperf.workload.flops import (elementwise_bytes, layer_ops,
                                      moe_eager_clamp_bias_bytes, moe_eager_clamp_bias_kernels)
+from memory_bound import check_fact_part
 from shipped import model as _model, system as _system
 
 BF16 = diffperf.training("bf16")
@@ -75,26 +72,7 @@ def test_eager_clamp_bias_gradient_contract(x64):
     memory-bound part with the fact set: matches finite differences (float64), finite, and
     the physical sign (more bandwidth never slows it, a slower kernel launch never speeds it);
     the fact makes the part slower."""
-    from jax.test_util import check_grads
-
-    h100 = _system("h100-sxm-80gb")
-    par = Parallel(micro_batch=1.0, ep=8.0, dp=8.0)
-    ops = layer_ops(GPT_OSS, par, EAGER)
-    io = attention_io_bytes(GPT_OSS, par, EAGER)
-
-    def t(logs):
-        e = h100.eff.replace(mem_eff=h100.eff.mem_eff * jnp.exp(logs[1]),
-                             kernel_s=h100.eff.kernel_s * jnp.exp(logs[2]))
-        s = h100.replace(hbm_bandwidth_Bps=h100.hbm_bandwidth_Bps * jnp.exp(logs[0]), eff=e)
-        return layer_times_s(ops, s, EAGER, io)[2]
-
-    x = jnp.zeros(3)
-    check_grads(t, (x,), order=1, modes=("rev",), eps=1e-4)
-    g = np.asarray(jax.grad(t)(x))
-    assert np.all(np.isfinite(g))
-    assert g[0] < 0 and g[1] < 0 and g[2] > 0
-    base = float(layer_times_s(layer_ops(GPT_OSS, par, BF16), h100, BF16, io)[2])
-    assert float(t(x)) > base
+    check_fact_part(GPT_OSS, _system("h100-sxm-80gb"), EAGER, BF16)
 
 
 def test_fact_on_the_bridge_rows():
