@@ -19,10 +19,10 @@ from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s
                                         hierarchical_all_to_all_s, ring_group,
                                         ring_phase_calls_s, ring_phase_s, ring_step_s,
                                         send_recv_s)
-from diffperf.costs.compute import (attention_by_kind_time_s, attention_time_s, gemms_time_s,
-                                    layer_dense_times_s, layer_pass_gemm_times_s,
-                                    layer_times_s, lowp_quantize_times_s, matmul_peak,
-                                    memory_time_s)
+from diffperf.costs.compute import (FLASH_BACKWARD_WORK, attention_by_kind_time_s,
+                                    attention_time_s, gemms_time_s, layer_dense_times_s,
+                                    layer_pass_gemm_times_s, layer_times_s,
+                                    lowp_quantize_times_s, matmul_peak, memory_time_s)
 from diffperf.costs.smooth import pnorm_max
 from diffperf.costs.xla import kernel_fixed_s
 from diffperf.memory.device import device_memory
@@ -286,7 +286,7 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     tp_b, tp_bh = split_exposed(n_b * c_tp, parallel.tp_overlap * dense_b, temperature)
     # Attention backward: 2 x forward, + the recomputed scores of flash attention (0.5 x),
     # at the backward kernel's rate (attn_b1 above).
-    attn_bwd = (2.0 + 0.5 * training.flash_attention) * attn_b1
+    attn_bwd = (2.0 + (FLASH_BACKWARD_WORK - 2.0) * training.flash_attention) * attn_b1
     cp_f, cp_fh, cp_b, cp_bh = (_cp_parts(model, parallel, system, training, attn, attn_bwd,
                                           temperature) if "cp" in features else _zeros(attn, 4))
     if "ep" in features:
@@ -458,10 +458,11 @@ def _dp_times(model, parallel, system, training, stages=None, features=FEATURES)
         t["own"] += params / jnp.where(parallel.zero_stage >= 1, n_s, 1.0)
     t["prefetch"] = zero3_prefetch_frac(parallel, groups[0][1])
     t["P"] = P
+    layer_params = sum(g[1] for g in groups)
     t["copy_out_s"] = memory_time_s(zero3_copy_out_bytes(
-        sum(g[1] for g in groups), training, parallel.zero3_copy_out), system)
+        layer_params, training, parallel.zero3_copy_out), system)
     t["rs_copy_in_s"] = memory_time_s(zero3_rs_copy_in_bytes(
-        sum(g[1] for g in groups), training, parallel.zero3_copy_out), system)
+        layer_params, training, parallel.zero3_copy_out), system)
     return t
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from diffperf.errors import SpecError
+from diffperf.specs.parallel import RECOMPUTE_MODULE_DEFAULTS, RECOMPUTE_MODULES
 
 GPU_GENERATIONS = ("a100", "h100", "h200", "b200", "b300", "mi300x", "tpu-v5p")
 NUMERIC_DIMS = ("tp", "pp", "dp", "cp", "ep", "gpus", "micro_batch")
@@ -132,14 +133,12 @@ def unnamed_recompute(recompute, recompute_policy=0.0, recompute_layer_frac=1.0,
     partial = (np.asarray(recompute_layer_frac, float) < 1) & (r == 2)
     other = np.zeros_like(r, dtype=bool)
     for m, v in (modules or {}).items():
-        other = other | (np.asarray(v, float) != (1.0 if m == "core_attn" else 0.0))
+        other = other | (np.asarray(v, float) != RECOMPUTE_MODULE_DEFAULTS[m])
     return np.where(op_sac | partial | (other & (r == 1)), NOT_A_MODE, r)
 
 
 def recompute_modules_of(source, default_of=getattr) -> dict:
     """{module: value} of the recompute_<module> fields a Parallel (or a --set mapping) has."""
-    from diffperf.specs.parallel import RECOMPUTE_MODULES
-
     out = {}
     for m in RECOMPUTE_MODULES:
         v = default_of(source, f"recompute_{m}", None)

@@ -139,6 +139,10 @@ class Parallel(struct.PyTreeNode):
         return self.global_batch / (self.dp * self.gz * self.micro_batch)
 
 
+# Megatron-Core's default recompute_modules (["core_attn"]) as Parallel's field defaults
+RECOMPUTE_MODULE_DEFAULTS = {m: getattr(Parallel, f"recompute_{m}") for m in RECOMPUTE_MODULES}
+
+
 def placement_index(order) -> int:
     """ORDERS.index of a rank order given as a tuple or a 'tp-cp-dp-pp' string."""
     names = tuple(order.split("-")) if isinstance(order, str) else tuple(order)

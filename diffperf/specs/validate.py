@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from diffperf.errors import SpecError
-from diffperf.specs.parallel import DIMENSIONS, GRID, ORDERS, RECOMPUTE_MODULES
+from diffperf.specs.parallel import (DIMENSIONS, GRID, ORDERS, RECOMPUTE_MODULE_DEFAULTS,
+                                     RECOMPUTE_MODULES)
 
 
 INT_MAX = 2**31 - 1  # every count (degrees, batch, layers, heads, sequence): an int32
@@ -92,7 +93,7 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
         v = P[f]
         _fail((v != 0) & (v != 1), where, lambda i, f=f: (
             f"{f}={pick(P[f], i):g} is not allowed (allowed: 0, 1)"))
-        default = 1 if m == "core_attn" else 0
+        default = RECOMPUTE_MODULE_DEFAULTS[m]
         if one:
             _fail((v != default) & ~megatron, where, lambda i, f=f, d=default: (
                 f"{f}={pick(P[f], i):g} needs Megatron's selective recompute (recompute=1, "
