@@ -185,6 +185,38 @@ def test_b300_and_gb200_fractions_carry_the_mamf_ratio_onto_b200s_shape_class():
         5000e12 * 0.537 / (797.5 / 989.4), rel=1e-6)
 
 
+def test_grand_teton_500w_cap_slows_the_sm_clocked_rates_not_hbm():
+    """The 500 W Grand Teton H100 (94 GiB HBM2e) sustains the 700 W reference fraction times
+    its SM clock at the cap over the uncapped clock, 1731 / 1969 MHz (arXiv:2604.11391v2
+    Fig. 6b; configs/systems/grand-teton-h100.yaml sources): f = 0.80604 x 0.87913 = 0.7086.
+    By hand: s = 0.7086 / 0.80604 = 0.879108; BF16 989.4 x s = 869.790 TFLOP/s, FP8 1978.9 x
+    s = 1739.667; vector 66.9 x 0.87913 = 58.81. The datasheet peak (MFU's denominator) and the
+    HBM bandwidth (its own clock) are unchanged; an 8192^3 GEMM takes 1 / s = 1.137516 x the
+    700 W SXM's time, a memory-bound op the same time at the same bandwidth."""
+    gt, sxm = _system("grand-teton-h100"), _system("h100-sxm-80gb")
+    ref = 797.5 / 989.4
+    clock = 1731.0 / 1969.0
+    assert ref * clock == pytest.approx(0.7086, abs=5e-5)
+    assert float(gt.matmul_sustained_frac) == 0.7086 == float(gt.matmul_fp8_sustained_frac)
+    s = 0.7086 / ref
+    assert s == pytest.approx(0.879108, abs=1e-6)
+    t16, t8 = training("bf16"), training("fp8-current")
+    assert float(matmul_peak(gt, t16)) == pytest.approx(989.4e12, rel=1e-6)
+    assert float(lowp_peak(gt, t8)) == pytest.approx(1978.9e12, rel=1e-6)
+    assert float(matmul_rate(gt, t16)) == pytest.approx(869.790e12, rel=2e-6)
+    assert float(lowp_rate(gt, t8)) == pytest.approx(1739.667e12, rel=2e-6)
+    assert float(gt.vector_flops_per_s) == pytest.approx(66.9e12 * clock, rel=1e-4)
+    assert float(gt.hbm_bandwidth_Bps) == pytest.approx(2.4e12, rel=1e-6)
+    g = _one_gemm(N, N, N)
+    sxm = sxm.replace(eff=gt.eff, hbm_bandwidth_Bps=gt.hbm_bandwidth_Bps)
+    e = gt.eff
+    slow = float(gemm_times_s(g, gt, t16, e.mm_max, e.mm_half_dim)[0])
+    fast = float(gemm_times_s(g, sxm, t16, e.mm_max, e.mm_half_dim)[0])
+    assert slow / fast == pytest.approx(1.137516, rel=2e-6)
+    from diffperf.costs.compute import memory_time_s
+    assert float(memory_time_s(1e9, gt)) == float(memory_time_s(1e9, sxm))
+
+
 def test_sustained_fraction_gradient_contract(x64):
     """d t / d f of a compute-bound FP8 GEMM on B200 (x64, log-parameter check_grads): finite,
     negative (a GPU that sustains more of its peak is faster), and -t / f (t ~ 1 / f); the
