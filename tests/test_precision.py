@@ -376,7 +376,8 @@ def test_gb300_fp8_fraction_carries_the_azure_ratio_onto_gb200s():
     peak: Azure AI-benchmarking-guide, cuBLASLt FP8 E4M3 at M = N = K = 16384 (each GPU's best
     shape), GB300 3308.5 TFLOP/s, GB200 2819.5. By hand: 3308.5 / 2819.5 = 1.17344, 0.537 x
     1.17344 = 0.63014. The model's sustained FP8 rate of GB300 over GB200 is then the measured
-    1.173 (to the 3-digit rounding), not the 1.055 of 0.566 / 0.537 before, nor the datasheets' 1."""
+    1.173 (to the 3-digit rounding), not the 1.055 of 0.566 / 0.537 before, nor the
+    datasheets' 1."""
     assert 3308.5 / 2819.5 == pytest.approx(1.17344, abs=1e-5)
     assert 0.537 * 3308.5 / 2819.5 == pytest.approx(0.63014, abs=1e-5)
     gb300, gb200 = _system("gb300-nvl72"), _system("gb200-nvl72")
