@@ -163,12 +163,13 @@ def test_b300_and_gb200_fractions_carry_the_mamf_ratio_onto_b200s_shape_class():
     B200 BF16 1745.0 / 2250, FP8 3432.5 / 4500; B300 1769.0 / 2250, 3353.3 / 4500; GB200
     1822.0 / 2500, 3615.6 / 5000. By hand: B300 0.672 x 0.78622 / 0.77556 = 0.6812, 0.566 x
     0.74518 / 0.76278 = 0.5529; GB200 0.672 x 0.72880 / 0.77556 = 0.6315, 0.566 x 0.72312 /
-    0.76278 = 0.5366. GB300 (no measurement) and FP4 (none in the table) keep B200's."""
+    0.76278 = 0.5366. GB300's BF16 (no measurement) and FP4 (none in the table) keep B200's;
+    its FP8 is test_gb300_fp8_fraction_carries_the_azure_ratio_onto_gb200s."""
     b16, b8 = 1745.0 / 2250, 3432.5 / 4500
     hand = {"dgx-b300": (0.672 * (1769.0 / 2250) / b16, 0.566 * (3353.3 / 4500) / b8),
             "gb200-nvl72": (0.672 * (1822.0 / 2500) / b16, 0.566 * (3615.6 / 5000) / b8),
             "gb200-nvl72-superpod": (0.672 * (1822.0 / 2500) / b16, 0.566 * (3615.6 / 5000) / b8),
-            "gb300-nvl72": (0.672, 0.566), "dgx-b200": (0.672, 0.566)}
+            "gb300-nvl72": (0.672, 0.537 * 3308.5 / 2819.5), "dgx-b200": (0.672, 0.566)}
     assert hand["dgx-b300"] == pytest.approx((0.6812, 0.5529), abs=1e-4)
     assert hand["gb200-nvl72"] == pytest.approx((0.6315, 0.5366), abs=1e-4)
     for name, (f16, f8) in hand.items():
@@ -399,6 +400,28 @@ def test_cli_refuses_fp8_on_a100_with_exit_2(capsys):
     assert code == 2
     assert "no FP8 tensor cores" in capsys.readouterr().err
 
+
+
+def test_gb300_fp8_fraction_carries_the_azure_ratio_onto_gb200s():
+    """GB300's FP8 fraction is GB200's (0.537, itself B200's vLLM-shape 0.566 carried by the MAMF
+    ratio) times the ratio of one benchmark run on both GPUs at the same 5000 TFLOP/s datasheet
+    peak: Azure AI-benchmarking-guide, cuBLASLt FP8 E4M3 at M = N = K = 16384 (each GPU's best
+    shape), GB300 3308.5 TFLOP/s, GB200 2819.5. By hand: 3308.5 / 2819.5 = 1.17344, 0.537 x
+    1.17344 = 0.63014. The model's sustained FP8 rate of GB300 over GB200 is then the measured
+    1.173 (to the 3-digit rounding), not the 1.055 of 0.566 / 0.537 before, nor the
+    datasheets' 1."""
+    assert 3308.5 / 2819.5 == pytest.approx(1.17344, abs=1e-5)
+    assert 0.537 * 3308.5 / 2819.5 == pytest.approx(0.63014, abs=1e-5)
+    gb300, gb200 = _system("gb300-nvl72"), _system("gb200-nvl72")
+    assert float(gb300.matmul_fp8_sustained_frac) == pytest.approx(0.630, abs=1e-9)
+    t8 = training("fp8-current")
+    ratio = float(lowp_rate(gb300, t8)) / float(lowp_rate(gb200, t8))
+    assert ratio == pytest.approx(3308.5 / 2819.5, rel=1e-3)
+    assert float(lowp_rate(gb300, t8)) == pytest.approx(5000e12 * 0.630 / (797.5 / 989.4), rel=1e-6)
+    # BF16 stays B200's fraction (no GB300 BF16 measurement): GB300 / GB200 = 0.672 / 0.631
+    t16 = training("bf16")
+    assert float(matmul_rate(gb300, t16)) / float(matmul_rate(gb200, t16)) == pytest.approx(
+        0.672 / 0.631, rel=1e-6)
 
 def test_cli_runs_every_precision_on_b300(capsys):
     for p in LOW + ("fp8",):
