@@ -77,6 +77,14 @@ EAGER = "llama_eager_pointwise=1"
 #     (workload.flops.rope_kv_pass_bytes). The eager rows hold them in llama_eager_pointwise.
 COMPILED = "rope_kv_pass=1"
 EAGER_NORM = EAGER + ";norm_extra_bytes=32"
+#   GEMMs beside NCCL on Hopper (Training.gemm_wave_split, schedule.overlap.overlap_sigma):
+#     PyTorch's matmuls (and Float8's torch._scaled_mm) call cuBLAS, whose Hopper kernels are
+#     persistent, one CTA per SM; beside an FSDP all-gather / reduce-scatter kernel a GEMM
+#     runs as two waves (pytorch issue 143988, FSDP on H100, 2024-12-30). The SM carve-out
+#     that avoids it (pytorch PR 147966, 2025) is opt-in and none of these runs set it. Every
+#     H100 row; A100's cuBLAS kernels are not persistent (no fact).
+WAVE_SPLIT = "gemm_wave_split=1"
+HOPPER = ("grand-teton-h100", "h100-80gb-800gbps-node")
 
 
 def fms_p(hfu, mfu):
@@ -109,7 +117,8 @@ def row(rid, source, system, model, n, tp, dp, seq, local_batch, recompute, tps,
                 zero_shard=zero_shard,
                 set=";".join([TITAN_FACTS if source.startswith("torchtitan") else FSDP_FACTS,
                               *facts, *((FA2,) if fa2 else ()),
-                              *((COMPILED,) if compile_ else ())]),
+                              *((COMPILED,) if compile_ else ()),
+                              *((WAVE_SPLIT,) if system in HOPPER else ())]),
                 recompute=recompute, global_batch=gb, micro_batch=local_batch,
                 precision=precision, step_time_s=f"{step:.6g}", tokens_per_s_per_gpu=tps,
                 torch_compile=int(compile_), fields_exact=int(exact), notes=notes)

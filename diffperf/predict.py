@@ -33,7 +33,7 @@ from diffperf.schedule.goodput import (checkpoint_bytes, checkpoint_write_s, dal
                                       job_mtbf_s, lost_fracs)
 from diffperf.schedule.overlap import (axonn_exposed_s, dp_hidden_slowdown_s,
                                        dp_step_exposed_s, ep_merged_1f1b_exposed_s,
-                                       ring_exposed_s, split_exposed,
+                                       overlap_sigma, ring_exposed_s, split_exposed,
                                        zero3_layer_exposed_s, zero3_microbatch_edge_s)
 from diffperf.schedule.pipeline import (critical_stage, p2p_exposed_s, pipeline_times_s,
                                         stage_times_s)
@@ -332,10 +332,18 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     other_f, other_b = other + stacked, 2.0 * other - once + stacked
     hidden_f = tp_fh + cp_fh + ep_fh + ax_fh
     hidden_b = tp_bh + cp_bh + ep_bh + ax_bh
+    # Compute lost per hidden communication second (schedule.overlap.overlap_sigma): sigma_0,
+    # or with gemm_wave_split the GEMMs beside NCCL at half speed; g = the GEMMs' share of
+    # the layer's compute seconds (forward, backward and their recomputed GEMMs).
+    gemm_s = dense + dense_b + full * (dense - skipped) + sel_gemm + sac * sac_gemm
+    work_s = (dense + dense_b + attn + attn_bwd + other_f + other_b + recompute
+              + quant_f + quant_b)
+    sigma = overlap_sigma(e.overlap_slowdown, gemm_s / jnp.maximum(work_s, 1e-30),
+                          training.gemm_wave_split)
     gpu_f = (dense + attn + other_f + tp_f + cp_f + ep_f + ax_f
-             + e.overlap_slowdown * hidden_f + quant_f)
+             + sigma * hidden_f + quant_f)
     gpu_b = (dense_b + attn_bwd + other_b + recompute + tp_b + cp_b + ep_b + ax_b
-             + e.overlap_slowdown * hidden_b + quant_b)
+             + sigma * hidden_b + quant_b)
     is_moe = moe_layer_fraction(model)  # the mean layer's share of MoE layers
     kernels = (ops.n_kernels + tp_on * calls * n_f
                + jnp.where(parallel.ep > 1, 2.0 * is_moe, 0.0)  # dispatch, combine
@@ -366,7 +374,7 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
                  tp_exposed_s=tp_f + tp_b, cp_exposed_s=cp_f + cp_b, ep_exposed_s=ep_f + ep_b,
                  axonn_exposed_s=ax_f + ax_b,
                  overhead_s=(t_f - gpu_f) + (t_b - gpu_b),
-                 overlap_slowdown_s=e.overlap_slowdown * (hidden_f + hidden_b),
+                 overlap_slowdown_s=sigma * (hidden_f + hidden_b), overlap_sigma=sigma,
                  tp_hidden_s=tp_fh + tp_bh, cp_hidden_s=cp_fh + cp_bh, ep_hidden_s=ep_fh + ep_bh,
                  axonn_hidden_s=ax_fh + ax_bh)
     return parts, jnp.maximum(t_f - hidden_f, 0.0), jnp.maximum(t_b - hidden_b, 0.0)
@@ -583,7 +591,7 @@ def predict_step(model, parallel, system, training, temperature=None,
     breakdown = breakdown.replace(
         overhead_s=breakdown.overhead_s + system.eff.step_s,
         overlap_slowdown_s=breakdown.overlap_slowdown_s
-        + dp_hidden_slowdown_s(dp_hidden, system.eff.overlap_slowdown))
+        + dp_hidden_slowdown_s(dp_hidden, layer["overlap_sigma"]))
     memory = device_memory(model, parallel, system, training, stages)
     if "xla" in features:
         # XLA's micro-batch scan adds each micro-batch's gradients to its carry; XLA's live

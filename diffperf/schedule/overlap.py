@@ -85,6 +85,37 @@ def dp_hidden_slowdown_s(dp_hidden_s, overlap_slowdown):
     return overlap_slowdown * dp_hidden_s
 
 
+def overlap_sigma(overlap_slowdown, gemm_share, wave_split):
+    """Fraction of compute progress lost per second of communication hidden behind it:
+
+        sigma = sigma_0                                                  (wave_split = 0)
+        sigma = 1 - (1 - sigma_0) / (2 g (1 - sigma_0) + 1 - g)          (wave_split = 1)
+    sigma_0 = Efficiency.overlap_slowdown (every kernel beside an NCCL kernel runs at 1 -
+    sigma_0 of its speed), g = the GEMMs' share of the compute seconds the communication
+    hides behind (predict._layer_parts), wave_split = Training.gemm_wave_split.
+    Why: on Hopper cuBLAS runs its GEMMs as statically scheduled persistent kernels, one CTA
+    per SM (132 on an H100 SXM), each CTA looping over its share of the output tiles. An NCCL
+    kernel beside it holds ~10 % of the SMs (24 CTAs in the forum measurement below), so only
+    N_SM - c CTAs fit and the c others wait for a second wave: ceil(N_SM / (N_SM - c)) = 2
+    waves for 1 <= c <= N_SM / 2, twice the GEMM's time ("the matmuls take 2x as long to
+    complete when they are overlapped with a NCCL kernel", FSDP on H100, pytorch issue
+    143988, 2024-12-30; pytorch PR 144974 / 147966, 2025: "This 'wave quantization' can
+    double the latency of the matmul kernels", which adds an opt-in SM carve-out the runs
+    here did not use; NVIDIA/cutlass issue 2471: Hopper's tile schedulers are static, dynamic
+    scheduling only on Blackwell; NVIDIA developer forum thread 337991, H100: a 132-block GEMM
+    beside a 24-block all-gather, 80 % -> 47 % MFU). The other kernels (FlashAttention-2,
+    element-wise) launch many waves of CTAs and keep sigma_0. In one second of overlap the
+    GPU then completes 1 / (2 g + (1 - g) / (1 - sigma_0)) seconds of nominal work, and the
+    loss is 1 minus that: the formula above, sigma_0 at g = 0. Ampere's cuBLAS kernels are
+    not persistent (no fact is set on A100 runs).
+    Example: g = 0.8, sigma_0 = 0.19: 1 - 0.81 / (1.296 + 0.2) = 1 - 0.541444 = 0.458556.
+    wave_split 0 gives sigma_0 exactly (sigma_0 + 0 x finite).
+    """
+    s0, g = overlap_slowdown, gemm_share
+    split = 1.0 - (1.0 - s0) / (2.0 * g * (1.0 - s0) + 1.0 - g)
+    return s0 + wave_split * (split - s0)
+
+
 def dp_step_exposed_s(reduce_s, gather_s, bwd_window_s, parallel, temperature=None):
     """(exposed, hidden) data-parallel communication of one step outside ZeRO-3's per-layer
     collectives (`zero3_layer_exposed_s`), by ZeRO stage:

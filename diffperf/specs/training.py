@@ -60,6 +60,12 @@ class Training(struct.PyTreeNode):
                                  # costs.compute.attention_kernel_factor); 0: the kernel the
                                  # efficiency set's attention curve describes (on Hopper
                                  # cuDNN / FA3-class, data/kernels/h100_attention.csv)
+    gemm_wave_split: Any = 0.0   # 1: the run's GEMMs are statically scheduled persistent
+                                 # kernels (one CTA per SM: cuBLAS on Hopper) launched with no
+                                 # SM carve-out, so a GEMM that runs beside an NCCL kernel
+                                 # runs as two waves, twice its time (pytorch issue 143988,
+                                 # PR 144974; schedule.overlap.overlap_sigma); 0: the hidden
+                                 # communication costs Efficiency.overlap_slowdown only
     attn_tile: Any = 0.0         # B > 0: the fused attention kernel computes the score matrix
                                  # in B x B tiles (every tile that one query of its row block
                                  # sees, whole), and a sliding-window layer and a full layer are
