@@ -161,8 +161,8 @@ def cp_torch_s(model, parallel, system, training, attn, attn_bwd, temperature=No
     S = `workload.cp.cp_kv_bytes` with the a query heads (`cp_kv_heads`), D = the fp32 dK, dV
     block (`cp_torch_dkv_block_bytes`), P = one ring step (`costs.collectives.ring_step_s`),
     AG = `all_gather_s`, B_f, B_b = `cp_torch_merge_bytes`.
-    Source: pytorch torch/distributed/tensor/experimental/_attention.py (the version of the
-    2024-12 nightlies, after PR 142093, and the same loops at 0123248a):
+    Source: pytorch torch/distributed/tensor/experimental/_attention.py (a version after PR
+    142093, 2024-12-05, as the rows' torch 1963fc8 is; the same loops at 0123248a, 2025):
     `_templated_ring_attention` issues the K/V exchange (`_AllGatherRotater`: one
     `all_gather_tensor` of the cat'ed K, V, issued at step 0 before its SDPA and waited at
     step 1; `_AllToAllRotater`: a `permute_tensor` per step, waited at the next) and runs c

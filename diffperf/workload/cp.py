@@ -72,8 +72,9 @@ def cp_torch_merge_bytes(model, parallel, training):
 
         forward   (c - 1) (8 + q_a) E_o
         backward  c (8 + q_a) (E_q + E_kv) + (4 + q_a) (E_q + E_kv)
-    Source: pytorch torch/distributed/tensor/experimental/_attention.py (the version of the
-    2024-12 nightlies, after PR 142093 `set_rotate_method`, and the same loop at 0123248a),
+    Source: pytorch torch/distributed/tensor/experimental/_attention.py (a version after PR
+    142093 `set_rotate_method`, 2024-12-05, as the rows' torch 1963fc8 of 2024-12-23 is; the
+    same loop at 0123248a, 2025),
     `_ContextParallelOptions.convert_to_f32 = True`. Forward (`_templated_ring_attention`,
     `_SDPAMerger.step` / `_merge_one`): every step i >= 1 casts the step's q_a-byte output to
     fp32 and merges it into the fp32 running output, out - sigmoid(lse_i - lse) (out - out_i);
