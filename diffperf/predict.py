@@ -40,7 +40,8 @@ from diffperf.schedule.pipeline import (critical_stage, p2p_exposed_s, pipeline_
 from diffperf.specs import Parallel
 from diffperf.specs.validate import valid_mask
 from diffperf.workload.axonn import axonn_layer_volumes
-from diffperf.workload.cp import cp_kv_bytes, cp_ring_block_bytes, cp_ring_steps
+from diffperf.workload.cp import (cp_kv_bytes, cp_ring_block_bytes, cp_ring_steps,
+                                  cp_torch_dkv_block_bytes, cp_torch_merge_bytes)
 from diffperf.workload.dp import (dp_volumes_bytes, product_group, zero3_copy_out_bytes,
                                   zero3_prefetch_frac, zero3_rs_copy_in_bytes, zero_groups)
 from diffperf.workload.ep import (ep_a2a_bytes, ep_a2a_per_layer, ep_stride, expert_dp_degree,
@@ -114,13 +115,16 @@ def _ep_parts(model, parallel, system, training, windows, temperature):
 
 
 def _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature):
-    """(fwd exposed, fwd hidden, bwd exposed, bwd hidden) of the K/V exchange of one layer,
-    one micro-batch (PAPERS.md section 5.7), by `cp_ring`:
+    """(fwd exposed, fwd hidden, bwd exposed, bwd hidden, fwd merge, bwd merge) seconds of
+    the context parallelism of one layer, one micro-batch (PAPERS.md section 5.7): the K/V
+    exchange by `cp_ring`,
 
         ring (1):       c - 1 steps of S_blk each behind one block's attention (attention / c);
                         backward: 2 S_blk per step (K, V and dK, dV) behind attention_bwd / c
         all-gather (0): AG(S) behind the forward attention; AG(S) + RS(S) behind the backward
-    Full recompute re-runs the forward exchange inside the backward."""
+    or, under `Training.cp_torch`, PyTorch's experimental context parallel (`cp_torch_s`),
+    whose fp32 merging is the two merge terms (memory-bound, on the compute stream; 0 without
+    the fact). Full recompute re-runs the forward exchange inside the backward."""
     c, s_cp = parallel.cp, stride(_placed(parallel), "cp")
     blk = cp_ring_block_bytes(model, parallel, training)
     steps = cp_ring_steps(parallel)
@@ -132,10 +136,65 @@ def _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature):
     ab, abh = split_exposed(2.0 * c_ag, attn_bwd, temperature)
     ring = parallel.cp_ring
     f, fh = ring * rf + (1.0 - ring) * af, ring * rfh + (1.0 - ring) * afh
+    b, bh = ring * rb + (1.0 - ring) * ab, ring * rbh + (1.0 - ring) * abh
+    tf, tfh, tb, tbh, m_f, m_b = cp_torch_s(model, parallel, system, training, attn, attn_bwd,
+                                            temperature)
+    pt = jnp.where(training.cp_torch > 0, 1.0, 0.0)
+    f, fh = pt * tf + (1.0 - pt) * f, pt * tfh + (1.0 - pt) * fh
+    b, bh = pt * tb + (1.0 - pt) * b, pt * tbh + (1.0 - pt) * bh
     full = full_frac(parallel)
-    b = ring * rb + (1.0 - ring) * ab + full * f
-    bh = ring * rbh + (1.0 - ring) * abh + full * fh
-    return f, fh, b, bh
+    return f, fh, b + full * f, bh + full * fh, m_f, m_b
+
+
+def cp_torch_s(model, parallel, system, training, attn, attn_bwd, temperature=None):
+    """(fwd exposed, fwd hidden, bwd exposed, bwd hidden, fwd merge, bwd merge) seconds of one
+    layer, one micro-batch, in PyTorch's experimental context parallel (`Training.cp_torch`;
+    what the caller uses only where the fact is set):
+
+        K_f = attention / c,  K_b = attention_bwd / c      (one step's SDPA: with the
+              round-robin load balance every step of every rank does s^2 / (2 c^2) scores)
+        forward   all-gather (cp_ring 0):  max(0, AG(S) - K_f)
+                  ring (cp_ring 1):        (c - 1) max(0, P(S/c) - K_f)
+        backward  all-gather:  max(0, AG(S) - K_b) + (c - 1) max(0, P(D) - K_b) + P(D)
+                  ring:        (c - 1) max(0, P(S/c) + P(D) - K_b) + P(D)
+        merges    M_f = B_f / (BW_hbm eta_mem),  M_b = B_b / (BW_hbm eta_mem)
+    S = `workload.cp.cp_kv_bytes` with the a query heads (`cp_kv_heads`), D = the fp32 dK, dV
+    block (`cp_torch_dkv_block_bytes`), P = one ring step (`costs.collectives.ring_step_s`),
+    AG = `all_gather_s`, B_f, B_b = `cp_torch_merge_bytes`.
+    Source: pytorch torch/distributed/tensor/experimental/_attention.py (a version after PR
+    142093, 2024-12-05, as the rows' torch 1963fc8 is; the same loops at 0123248a, 2025):
+    `_templated_ring_attention` issues the K/V exchange (`_AllGatherRotater`: one
+    `all_gather_tensor` of the cat'ed K, V, issued at step 0 before its SDPA and waited at
+    step 1; `_AllToAllRotater`: a `permute_tensor` per step, waited at the next) and runs c
+    SDPA calls (step 0 causal over both local chunks, then non-causal on half of q or half of
+    k); `_templated_ring_attention_backward` gathers K, V again with the same rotater and sends
+    the fp32 dK, dV accumulator to the next rank after every step (always all-to-all: the one
+    of step i hides behind step i + 1's SDPA backward, the last one is waited after the loop).
+    The two-sided ring step is counted once per window (the first and last backward windows
+    hold only one of the two in the ring form: a slight over-count).
+    Example (Llama 3 8B, s 262144, c 8 in one Grand Teton H100 node, all-gather, the shipped
+    H100 set): the forward all-gather of 4.3 GB (10.5 ms) and each backward's 1.07 GB fp32
+    send (3.0 ms) hide behind one step's SDPA (30 / 78 ms); the last send is exposed, 3.0 ms
+    per layer.
+    """
+    c, s_cp = parallel.cp, stride(_placed(parallel), "cp")
+    steps = cp_ring_steps(parallel)
+    k_f, k_b = attn / c, attn_bwd / c
+    S = cp_kv_bytes(model, parallel, training)
+    p_kv = ring_step_s(S / c, c, s_cp, system)
+    p_d = ring_step_s(cp_torch_dkv_block_bytes(model, parallel, training), c, s_cp, system)
+    ag = all_gather_s(S, c, s_cp, system)
+    agf, agfh = split_exposed(ag, k_f, temperature)
+    rf, rfh = ring_exposed_s(p_kv, steps, k_f, temperature)
+    agb, agbh = split_exposed(ag, k_b, temperature)
+    db, dbh = ring_exposed_s(p_d, steps, k_b, temperature)
+    rb, rbh = ring_exposed_s(p_kv + p_d, steps, k_b, temperature)
+    ring = parallel.cp_ring
+    f, fh = ring * rf + (1.0 - ring) * agf, ring * rfh + (1.0 - ring) * agfh
+    b = ring * rb + (1.0 - ring) * (agb + db) + p_d
+    bh = ring * rbh + (1.0 - ring) * (agbh + dbh)
+    b_f, b_b = cp_torch_merge_bytes(model, parallel, training)
+    return f, fh, b, bh, memory_time_s(b_f, system), memory_time_s(b_b, system)
 
 
 def _axonn_parts(model, parallel, system, training, dense_rows, fwd_window, bwd_window,
@@ -287,8 +346,9 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     # Attention backward: 2 x forward, + the recomputed scores of flash attention (0.5 x),
     # at the backward kernel's rate (attn_b1 above).
     attn_bwd = (2.0 + (FLASH_BACKWARD_WORK - 2.0) * training.flash_attention) * attn_b1
-    cp_f, cp_fh, cp_b, cp_bh = (_cp_parts(model, parallel, system, training, attn, attn_bwd,
-                                          temperature) if "cp" in features else _zeros(attn, 4))
+    cp_f, cp_fh, cp_b, cp_bh, cpm_f, cpm_b = (
+        _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature)
+        if "cp" in features else _zeros(attn, 6))
     if "ep" in features:
         # the merged EP schedule's compute chunks (A_f, M_f, M_b, A_b), less hidden TP
         mlp = jnp.asarray(_MLP_ROWS)
@@ -324,7 +384,7 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     sel_share = sel_gemm / jnp.maximum(jnp.sum(dense_rows), 1e-30)
     selective = (modules["core_attn"] * attn + sel_gemm + sel_share * quant_f
                  + memory_time_s(megatron_recompute_bytes(model, parallel, training), system))
-    recompute = (full * (dense - skipped + attn + other + quant_f) + selective
+    recompute = (full * (dense - skipped + attn + other + quant_f + cpm_f) + selective
                  + sac * (sac_gemm + other + sac_share * quant_f))
     # Element-wise backward = 2 x forward, less one pass of the ops whose backward moves
     # their bytes once (workload.flops.elementwise_backward_once_bytes; 0 by default).
@@ -337,17 +397,20 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     # the layer's compute seconds (forward, backward and their recomputed GEMMs).
     gemm_s = dense + dense_b + full * (dense - skipped) + sel_gemm + sac * sac_gemm
     work_s = (dense + dense_b + attn + attn_bwd + other_f + other_b + recompute
-              + quant_f + quant_b)
+              + quant_f + quant_b + cpm_f + cpm_b)
     sigma = overlap_sigma(e.overlap_slowdown, gemm_s / jnp.maximum(work_s, 1e-30),
                           training.gemm_wave_split)
     gpu_f = (dense + attn + other_f + tp_f + cp_f + ep_f + ax_f
-             + sigma * hidden_f + quant_f)
+             + sigma * hidden_f + quant_f + cpm_f)
     gpu_b = (dense_b + attn_bwd + other_b + recompute + tp_b + cp_b + ep_b + ax_b
-             + sigma * hidden_b + quant_b)
+             + sigma * hidden_b + quant_b + cpm_b)
     is_moe = moe_layer_fraction(model)  # the mean layer's share of MoE layers
     kernels = (ops.n_kernels + tp_on * calls * n_f
                + jnp.where(parallel.ep > 1, 2.0 * is_moe, 0.0)  # dispatch, combine
                + 2.0 * parallel.cp_ring * cp_ring_steps(parallel)  # block attention + p2p
+               # PyTorch's experimental CP: c SDPA calls and c - 1 merges in either form
+               + 2.0 * (1.0 - parallel.cp_ring) * cp_ring_steps(parallel) * jnp.where(
+                   training.cp_torch > 0, 1.0, 0.0)
                + ax_calls)
     sync_f, sync_b = _tp_host_sync_s(parallel, n_f, n_b, e)
     # Quantization kernels (0 for 16-bit presets): the weights' casts once per step if cached.
@@ -369,7 +432,7 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     t_b = pnorm_max(gpu_b, host_b, e.floor_pnorm)
     parts = dict(compute_s=(dense + dense_b + attn + attn_bwd + 3.0 * other - once
                             + 2.0 * stacked
-                            + quant_f + quant_b),
+                            + quant_f + quant_b + cpm_f + cpm_b),
                  recompute_s=recompute,
                  tp_exposed_s=tp_f + tp_b, cp_exposed_s=cp_f + cp_b, ep_exposed_s=ep_f + ep_b,
                  axonn_exposed_s=ax_f + ax_b,

@@ -85,6 +85,15 @@ class Training(struct.PyTreeNode):
                                  # TEGroupedMLP; workload.flops.moe_quant_pad_bytes); 0: no
                                  # copy (16-bit GEMMs, token counts already aligned: drop-and-pad
                                  # at capacity, HybridEP, router padding; the default)
+    cp_torch: Any = 0.0          # 1: context parallelism as PyTorch's experimental
+                                 # context_parallel() runs it (torch.distributed.tensor.
+                                 # experimental._attention, TorchTitan 2024-12): K and V
+                                 # exchanged with the a query heads (SDPA after repeat_kv),
+                                 # the all-gather hidden behind the first block's SDPA only,
+                                 # the fp32 dK / dV passed rank to rank every backward step,
+                                 # partial outputs and gradients merged in fp32
+                                 # (workload.cp.cp_torch_merge_bytes, predict._cp_parts); 0:
+                                 # the forms of Parallel.cp_ring alone (the default)
     checkpoint_interval_s: Any = 0.0  # run choice: training seconds between checkpoints
                                  # (tau); 0: the optimum of Daly (2006), schedule.goodput
     xla_compiled: Any = 0.0      # 1: the whole step is one XLA program (JAX jit): memory is
