@@ -46,6 +46,7 @@ from diffperf.workload.dp import (dp_volumes_bytes, product_group, zero3_copy_ou
 from diffperf.workload.ep import (ep_a2a_bytes, ep_a2a_per_layer, ep_stride, expert_dp_degree,
                                   expert_tp, moe_mlp_on_tp)
 from diffperf.workload.flops import (DENSE_ROW_BLOCKS, attention_by_kind, attention_io_bytes,
+                                     ep_chunk_elementwise_bytes,
                                      elementwise_backward_once_bytes,
                                      head_ops, layer_ops, lowp_quantize_kernels,
                                      moe_layer_fraction)
@@ -295,6 +296,17 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         mlp_f = jnp.sum(mlp * dense_rows)
         mlp_b = jnp.sum(mlp * (dgrad_rows + wgrad_rows))
         attn_f, attn_b = dense - mlp_f + attn, dense_b - mlp_b + attn_bwd
+        # ... and the chunks' memory-bound kernels and quantization casts, which run on the
+        # same compute stream (workload.flops.ep_chunk_elementwise_bytes; the combine node's
+        # unpermute and residual add run on the communication stream: in no window). The
+        # element-wise backward is 2 x forward less the bytes moved once, as below.
+        e_a, e_m, once_a, once_m = ep_chunk_elementwise_bytes(model, parallel, training)
+        q_mf, q_mb = lowp_quantize_times_s(ops.dense.replace(count=ops.dense.count * mlp),
+                                           system, training, parallel.n_microbatches)
+        mlp_f = mlp_f + memory_time_s(e_m, system) + q_mf
+        mlp_b = mlp_b + memory_time_s(2.0 * e_m - once_m, system) + q_mb
+        attn_f = attn_f + memory_time_s(e_a, system) + (quant_f - q_mf)
+        attn_b = attn_b + memory_time_s(2.0 * e_a - once_a, system) + (quant_b - q_mb)
         free_f = 1.0 - tp_fh / jnp.maximum(attn_f + mlp_f, 1e-30)
         free_b = 1.0 - tp_bh / jnp.maximum(attn_b + mlp_b, 1e-30)
         windows = (free_f * attn_f, free_f * mlp_f, free_b * mlp_b, free_b * attn_b)
