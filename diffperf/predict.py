@@ -33,6 +33,7 @@ from diffperf.schedule.goodput import (checkpoint_bytes, checkpoint_write_s, dal
                                       job_mtbf_s, lost_fracs)
 from diffperf.schedule.overlap import (axonn_exposed_s, dp_hidden_slowdown_s,
                                        dp_step_exposed_s, ep_merged_1f1b_exposed_s,
+                                       ep_merged_unpaired_frac,
                                        ring_exposed_s, split_exposed,
                                        zero3_layer_exposed_s, zero3_microbatch_edge_s)
 from diffperf.schedule.pipeline import (critical_stage, p2p_exposed_s, pipeline_times_s,
@@ -99,8 +100,10 @@ def _ep_parts(model, parallel, system, training, windows, temperature):
     micro-batch's compute (`schedule.overlap.ep_merged_1f1b_exposed_s`), a fraction
     ep_overlap of each phase's compute usable:
 
-        windows = (A_f, M_f, M_b, A_b): pre-dispatch (attention, router) and MLP compute of
-                  the forward and the backward, less the TP communication already hidden
+        windows = (A_f, M_f, M_b, A_b): pre-dispatch (attention, router, permute) and MLP
+                  compute of the forward and the backward (GEMMs, attention core, memory-bound
+                  kernels and quantization casts of each chunk: workload.flops.
+                  ep_chunk_elementwise_bytes), less the TP communication already hidden
                   behind them (one GEMM cannot hide two collectives at once)."""
     n_f, n_b = ep_a2a_per_layer(parallel)
     S = ep_a2a_bytes(model, parallel, training)
@@ -110,8 +113,15 @@ def _ep_parts(model, parallel, system, training, windows, temperature):
                                             model.n_experts, system),
                   all_to_all_s(S, parallel.ep, s_ep, system))
     attn_f, mlp_f, mlp_b, attn_b = windows
-    return ep_merged_1f1b_exposed_s(c, (n_b - 2.0) * c, attn_f, mlp_f, mlp_b, attn_b,
-                                    parallel.ep_overlap, temperature)
+    c_x = (n_b - 2.0) * c
+    f, _, b, _ = ep_merged_1f1b_exposed_s(c, c_x, attn_f, mlp_f, mlp_b, attn_b,
+                                          parallel.ep_overlap, temperature)
+    # The warm-up forwards and cool-down backwards of the schedule have no partner pass:
+    # their all-to-alls are all exposed (schedule.overlap.ep_merged_unpaired_frac).
+    u = ep_merged_unpaired_frac(parallel)
+    f = (1.0 - u) * f + u * 2.0 * c
+    b = (1.0 - u) * b + u * (2.0 * c + c_x)
+    return f, 2.0 * c - f, b, 2.0 * c + c_x - b
 
 
 def _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature):

@@ -407,6 +407,34 @@ def test_merged_ep_schedule_windows_hold_each_chunks_memory_bound_kernels_by_han
                                float(elementwise_bytes(qwen, flex, tr)), rtol=1e-6)
 
 
+def test_merged_ep_schedule_unpaired_warmup_and_cooldown_passes_by_hand():
+    """Megatron-Core's combined 1F1B runs the first stage's warm-up forwards (interleaved:
+    2 (p - 1) + (v - 1) p, + 1 under EP overlap) and as many cool-down backwards without a
+    partner pass. p 8, v 4: W = 14 + 24 + 1 = 39; GBS 8192 over dp 16 at b 1 (m 512):
+    u = 39 / 2048; GBS 2048 (m 128): 39 / 512; no pipeline: the first forward and the last
+    backward, 1 / m; W beyond the m v passes: every pass alone (u = 1). In predict: an
+    unpaired pass exposes its all-to-alls whole, so with ep_overlap the exposed time is
+    (1 - u) x the merged schedule's + u x all of it."""
+    from diffperf.schedule.overlap import ep_merged_unpaired_frac as unpaired
+    par = Parallel(tp=2, pp=8, vp=4, dp=16, ep=32, etp=1, micro_batch=1, global_batch=8192,
+                   sequence_parallel=1)
+    np.testing.assert_allclose(float(unpaired(par)), 39 / 2048, rtol=1e-6)
+    np.testing.assert_allclose(float(unpaired(par.replace(global_batch=2048))), 39 / 512,
+                               rtol=1e-6)
+    np.testing.assert_allclose(float(unpaired(Parallel(dp=8, ep=8, global_batch=512,
+                                                       micro_batch=1))), 1 / 64, rtol=1e-6)
+    assert float(unpaired(par.replace(global_batch=64))) == 1.0
+    # predict: ep_overlap = 0 exposes the same as before (every pass alone already)
+    ds = _model("deepseek-moe-16b")
+    h100 = _system("h100-sxm-80gb")
+    base = Parallel(dp=16, ep=16, micro_batch=1, global_batch=64, zero_stage=1)
+    off, on = (predict(ds, base.replace(ep_overlap=o), h100).breakdown for o in (0.0, 1.0))
+    assert float(off.ep_hidden_s) == 0.0
+    total = float(off.ep_exposed_s)
+    # m = 4 micro-batches: at most 3/4 of the all-to-all time can hide
+    assert 0.0 < float(on.ep_hidden_s) <= 0.75 * total * (1 + 1e-6)
+
+
 def test_merged_ep_schedule_gradient_contract(x64):
     """Smooth (temperature > 0): check_grads on log-inputs; more all-to-all time exposes more,
     more compute in any phase exposes less, a larger overlap fraction exposes less."""
