@@ -673,7 +673,7 @@ def ep_chunk_elementwise_bytes(model, parallel, training, fallback=None):
     combine, both in M) and at e = 1; the other symbols as `elementwise_bytes`, of whose terms
     A + M + C is a partition (the 10 T_sp h of two norms and two residual adds: the input norm,
     the pre-MLP norm and the attention's residual add in A, the MLP's residual add in C).
-    Megatron-Core builds each MoE layer of the merged schedule from nodes on two streams
+    Source: Megatron-Core builds each MoE layer of the merged schedule from nodes on two streams
     (`models/common/model_chunk_schedule_plan.py`, `TransformerLayerSchedulePlan`: attn and mlp
     on the compute stream, moe_dispatch and moe_combine on the communication stream;
     `models/gpt/fine_grained_callables.py`, `build_transformer_layer_callables`):
