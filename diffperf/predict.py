@@ -114,14 +114,15 @@ def _ep_parts(model, parallel, system, training, windows, temperature):
                   all_to_all_s(S, parallel.ep, s_ep, system))
     attn_f, mlp_f, mlp_b, attn_b = windows
     c_x = (n_b - 2.0) * c
-    f, _, b, _ = ep_merged_1f1b_exposed_s(c, c_x, attn_f, mlp_f, mlp_b, attn_b,
-                                          parallel.ep_overlap, temperature)
+    _, fh, _, bh = ep_merged_1f1b_exposed_s(c, c_x, attn_f, mlp_f, mlp_b, attn_b,
+                                            parallel.ep_overlap, temperature)
     # The warm-up forwards and cool-down backwards of the schedule have no partner pass:
-    # their all-to-alls are all exposed (schedule.overlap.ep_merged_unpaired_frac).
-    u = ep_merged_unpaired_frac(parallel)
-    f = (1.0 - u) * f + u * 2.0 * c
-    b = (1.0 - u) * b + u * (2.0 * c + c_x)
-    return f, 2.0 * c - f, b, 2.0 * c + c_x - b
+    # their all-to-alls are all exposed (schedule.overlap.ep_merged_unpaired_frac), so a
+    # share 1 - u of the merged schedule's hidden time stays hidden (exactly 0 hidden, all
+    # exposed, at ep_overlap = 0 as before).
+    keep = 1.0 - ep_merged_unpaired_frac(parallel)
+    fh, bh = keep * fh, keep * bh
+    return 2.0 * c - fh, fh, 2.0 * c + c_x - bh, bh
 
 
 def _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature):
