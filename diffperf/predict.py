@@ -33,7 +33,8 @@ from diffperf.schedule.goodput import (checkpoint_bytes, checkpoint_write_s, dal
                                       job_mtbf_s, lost_fracs)
 from diffperf.schedule.overlap import (axonn_exposed_s, dp_hidden_slowdown_s,
                                        dp_step_exposed_s, ep_merged_1f1b_exposed_s,
-                                       overlap_sigma, ring_exposed_s, split_exposed,
+                                       ep_merged_unpaired_frac, overlap_sigma,
+                                       ring_exposed_s, split_exposed,
                                        zero3_layer_exposed_s, zero3_microbatch_edge_s)
 from diffperf.schedule.pipeline import (critical_stage, p2p_exposed_s, pipeline_times_s,
                                         stage_times_s)
@@ -47,6 +48,7 @@ from diffperf.workload.dp import (dp_volumes_bytes, product_group, zero3_copy_ou
 from diffperf.workload.ep import (ep_a2a_bytes, ep_a2a_per_layer, ep_stride, expert_dp_degree,
                                   expert_tp, moe_mlp_on_tp)
 from diffperf.workload.flops import (DENSE_ROW_BLOCKS, attention_by_kind, attention_io_bytes,
+                                     ep_chunk_elementwise_bytes,
                                      elementwise_backward_once_bytes,
                                      head_ops, layer_ops, lowp_quantize_kernels,
                                      moe_layer_fraction)
@@ -99,8 +101,10 @@ def _ep_parts(model, parallel, system, training, windows, temperature):
     micro-batch's compute (`schedule.overlap.ep_merged_1f1b_exposed_s`), a fraction
     ep_overlap of each phase's compute usable:
 
-        windows = (A_f, M_f, M_b, A_b): pre-dispatch (attention, router) and MLP compute of
-                  the forward and the backward, less the TP communication already hidden
+        windows = (A_f, M_f, M_b, A_b): pre-dispatch (attention, router, permute) and MLP
+                  compute of the forward and the backward (GEMMs, attention core, memory-bound
+                  kernels and quantization casts of each chunk: workload.flops.
+                  ep_chunk_elementwise_bytes), less the TP communication already hidden
                   behind them (one GEMM cannot hide two collectives at once)."""
     n_f, n_b = ep_a2a_per_layer(parallel)
     S = ep_a2a_bytes(model, parallel, training)
@@ -110,8 +114,16 @@ def _ep_parts(model, parallel, system, training, windows, temperature):
                                             model.n_experts, system),
                   all_to_all_s(S, parallel.ep, s_ep, system))
     attn_f, mlp_f, mlp_b, attn_b = windows
-    return ep_merged_1f1b_exposed_s(c, (n_b - 2.0) * c, attn_f, mlp_f, mlp_b, attn_b,
-                                    parallel.ep_overlap, temperature)
+    c_x = (n_b - 2.0) * c
+    _, fh, _, bh = ep_merged_1f1b_exposed_s(c, c_x, attn_f, mlp_f, mlp_b, attn_b,
+                                            parallel.ep_overlap, temperature)
+    # The warm-up forwards and cool-down backwards of the schedule have no partner pass:
+    # their all-to-alls are all exposed (schedule.overlap.ep_merged_unpaired_frac), so a
+    # share 1 - u of the merged schedule's hidden time stays hidden (exactly 0 hidden, all
+    # exposed, at ep_overlap = 0 as before).
+    keep = 1.0 - ep_merged_unpaired_frac(parallel)
+    fh, bh = keep * fh, keep * bh
+    return 2.0 * c - fh, fh, 2.0 * c + c_x - bh, bh
 
 
 def _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature):
@@ -355,6 +367,17 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         mlp_f = jnp.sum(mlp * dense_rows)
         mlp_b = jnp.sum(mlp * (dgrad_rows + wgrad_rows))
         attn_f, attn_b = dense - mlp_f + attn, dense_b - mlp_b + attn_bwd
+        # ... and the chunks' memory-bound kernels and quantization casts, which run on the
+        # same compute stream (workload.flops.ep_chunk_elementwise_bytes; the combine node's
+        # unpermute and residual add run on the communication stream: in no window). The
+        # element-wise backward is 2 x forward less the bytes moved once, as below.
+        e_a, e_m, once_a, once_m = ep_chunk_elementwise_bytes(model, parallel, training)
+        q_mf, q_mb = lowp_quantize_times_s(ops.dense.replace(count=ops.dense.count * mlp),
+                                           system, training, parallel.n_microbatches)
+        mlp_f = mlp_f + memory_time_s(e_m, system) + q_mf
+        mlp_b = mlp_b + memory_time_s(2.0 * e_m - once_m, system) + q_mb
+        attn_f = attn_f + memory_time_s(e_a, system) + (quant_f - q_mf)
+        attn_b = attn_b + memory_time_s(2.0 * e_a - once_a, system) + (quant_b - q_mb)
         free_f = 1.0 - tp_fh / jnp.maximum(attn_f + mlp_f, 1e-30)
         free_b = 1.0 - tp_bh / jnp.maximum(attn_b + mlp_b, 1e-30)
         windows = (free_f * attn_f, free_f * mlp_f, free_b * mlp_b, free_b * attn_b)

@@ -370,6 +370,71 @@ def test_merged_ep_schedule_exposes_each_phase_by_hand():
     np.testing.assert_allclose(b + bh, 4 * ms, rtol=1e-6)
 
 
+def test_merged_ep_schedule_windows_hold_each_chunks_memory_bound_kernels_by_hand():
+    """Megatron-Core's merged EP schedule runs each MoE layer as attn (norms, attention, its
+    residual add, router, alltoall's permute) and mlp (chunk sorts, experts, activation,
+    quantization padding) on the compute stream, dispatch and combine (the all-to-alls, the
+    unpermute, the MLP's residual add) on the communication stream. Qwen3 235B-A22B on DGX-H100
+    (h 4096, k 8, f_e 1536, SwiGLU; b 1, s 4096, t 2 with SP, etp 1, e 32, alltoall, bf16
+    tokens, moe_quant_pad): T = 4096, T_sp = T_e = 2048, by hand
+    A = 2 (7 T_sp h) + 2 h T_e (1 + 8) = 117.4e6 + 151.0e6 B,
+    M = 2 T 8 f_e 3 / 2 + 2 h T_e 32 + 4 x 2 h 8 T_e = 151.0e6 + 536.9e6 + 536.9e6 B,
+    C = 2 (3 T_sp h) + 2 h T_e 9 = 201.3e6 B, and A + M + C = elementwise_bytes."""
+    from diffperf.workload.flops import ep_chunk_elementwise_bytes, elementwise_bytes
+
+    qwen = _model("qwen3-235b-a22b")
+    par = Parallel(tp=2, pp=8, dp=16, ep=32, etp=1, micro_batch=1, sequence_parallel=1,
+                   global_batch=8192)
+    tr = Training(moe_quant_pad=1.0)
+    h, f_e, T, T_sp = 4096, 1536, 4096, 2048
+    A = 2 * 7 * T_sp * h + 2 * h * T_sp * 9
+    M = 2 * T * 8 * f_e * 3 / 2 + 2 * h * T_sp * 32 + 4 * 2 * h * 8 * T_sp
+    C = 2 * 3 * T_sp * h + 2 * h * T_sp * 9
+    a, m, a_once, m_once = (float(x) for x in ep_chunk_elementwise_bytes(qwen, par, tr))
+    np.testing.assert_allclose([a, m, a_once, m_once], [A, M, 0.0, 4 * 2 * h * 8 * T_sp],
+                               rtol=1e-6)
+    np.testing.assert_allclose(a + m + C, float(elementwise_bytes(qwen, par, tr)), rtol=1e-6)
+    # flex (HybridEP / DeepEP): the permute follows the dispatch and the unpermute precedes
+    # the combine, both in the expert chunk: 2 (r + k) copies in M, none in A or C.
+    from diffperf.workload.flops import flex_rank_copies
+    flex = par.replace(ep_dispatch=1)
+    r = float(flex_rank_copies(qwen, flex))
+    a, m, _, _ = (float(x) for x in ep_chunk_elementwise_bytes(qwen, flex, tr))
+    np.testing.assert_allclose(a, 2 * 7 * T_sp * h, rtol=1e-6)
+    np.testing.assert_allclose(m, M - 2 * h * T_sp * 32 + 2 * h * T_sp * 2 * (r + 8),
+                               rtol=1e-6)
+    np.testing.assert_allclose(a + m + 2 * 3 * T_sp * h,
+                               float(elementwise_bytes(qwen, flex, tr)), rtol=1e-6)
+
+
+def test_merged_ep_schedule_unpaired_warmup_and_cooldown_passes_by_hand():
+    """Megatron-Core's combined 1F1B runs the first stage's warm-up forwards (interleaved:
+    2 (p - 1) + (v - 1) p, + 1 under EP overlap) and as many cool-down backwards without a
+    partner pass. p 8, v 4: W = 14 + 24 + 1 = 39; GBS 8192 over dp 16 at b 1 (m 512):
+    u = 39 / 2048; GBS 2048 (m 128): 39 / 512; no pipeline: the first forward and the last
+    backward, 1 / m; W beyond the m v passes: every pass alone (u = 1). In predict: an
+    unpaired pass exposes its all-to-alls whole, so with ep_overlap the exposed time is
+    (1 - u) x the merged schedule's + u x all of it."""
+    from diffperf.schedule.overlap import ep_merged_unpaired_frac as unpaired
+    par = Parallel(tp=2, pp=8, vp=4, dp=16, ep=32, etp=1, micro_batch=1, global_batch=8192,
+                   sequence_parallel=1)
+    np.testing.assert_allclose(float(unpaired(par)), 39 / 2048, rtol=1e-6)
+    np.testing.assert_allclose(float(unpaired(par.replace(global_batch=2048))), 39 / 512,
+                               rtol=1e-6)
+    np.testing.assert_allclose(float(unpaired(Parallel(dp=8, ep=8, global_batch=512,
+                                                       micro_batch=1))), 1 / 64, rtol=1e-6)
+    assert float(unpaired(par.replace(global_batch=64))) == 1.0
+    # predict: ep_overlap = 0 exposes the same as before (every pass alone already)
+    ds = _model("deepseek-moe-16b")
+    h100 = _system("h100-sxm-80gb")
+    base = Parallel(dp=16, ep=16, micro_batch=1, global_batch=64, zero_stage=1)
+    off, on = (predict(ds, base.replace(ep_overlap=o), h100).breakdown for o in (0.0, 1.0))
+    assert float(off.ep_hidden_s) == 0.0
+    total = float(off.ep_exposed_s)
+    # m = 4 micro-batches: at most 3/4 of the all-to-all time can hide
+    assert 0.0 < float(on.ep_hidden_s) <= 0.75 * total * (1 + 1e-6)
+
+
 def test_merged_ep_schedule_gradient_contract(x64):
     """Smooth (temperature > 0): check_grads on log-inputs; more all-to-all time exposes more,
     more compute in any phase exposes less, a larger overlap fraction exposes less."""

@@ -130,11 +130,16 @@ def test_ep_overlap_hides_part_of_the_all_to_all_and_is_never_slower():
 
 def test_tp_and_ep_do_not_hide_behind_the_same_gemm_time():
     """With both overlaps on, the hidden TP and EP communication of a layer together never
-    exceed its compute time (forward + backward = 3 x forward GEMMs, and the attention core's
-    forward + backward, 3.5 x forward with flash attention: the merged EP schedule pairs the
-    all-to-alls with the pre-dispatch chunk, attention included): what hides TP is gone for
-    EP. A slow scale-out tier makes the EP all-to-all (16 GPUs, two nodes) longer than the
-    GEMM time that the TP all-reduces (inside a node) leave free."""
+    exceed its compute-stream time (forward + backward = 3 x forward GEMMs, the attention
+    core's forward + backward, 3.5 x forward with flash attention, and the memory-bound
+    kernels of the merged EP schedule's compute chunks, 3 x forward: the schedule pairs the
+    all-to-alls with the pre-dispatch and expert chunks, attention and element-wise kernels
+    included, `workload.flops.ep_chunk_elementwise_bytes`): what hides TP is gone for EP. A
+    slow scale-out tier makes the EP all-to-all (16 GPUs, two nodes) longer than the compute
+    that the TP all-reduces (inside a node) leave free; with EP overlap alone every phase is
+    then communication-bound and the whole compute stream hides all-to-all, in all but the
+    first micro-batch's forward and the last one's backward, which run without a partner
+    (Megatron-Core combined_1f1b_schedule_for_no_pipelining: 1 - 1/m of the passes)."""
     h100 = _system("h100-sxm-80gb")
     tiers = list(h100.tiers)
     tiers[-1] = tiers[-1].replace(bandwidth_Bps=tiers[-1].bandwidth_Bps / 50.0)
@@ -153,11 +158,20 @@ def test_tp_and_ep_do_not_hide_behind_the_same_gemm_time():
     from diffperf.costs.compute import layer_times_s
     from diffperf.workload.flops import attention_io_bytes, layer_ops
     from diffperf.api import _as_float
+    from diffperf.costs.compute import memory_time_s
+    from diffperf.workload.flops import ep_chunk_elementwise_bytes
     M, P, S, T = _as_float((ds, par, slow, BF16))
     dense, attn, _ = layer_times_s(layer_ops(M, P, T), S, T, attention_io_bytes(M, P, T))
-    compute = 3.0 * float(dense.sum()) + 3.5 * float(attn)
+    e_a, e_m, _, _ = ep_chunk_elementwise_bytes(M, P, T)
+    compute = (3.0 * float(dense.sum()) + 3.5 * float(attn)
+               + 3.0 * float(memory_time_s(e_a + e_m, S)))
     hidden = float(b.tp_hidden_s + b.ep_hidden_s) / (m * layers)
     assert hidden <= compute * (1 + 1e-5), (hidden, compute)
+    # EP overlap alone, every phase communication-bound: all of the compute stream hides,
+    # but for the unpaired first forward and last backward (m = 8 micro-batches, p = 1).
+    assert m == 8.0
+    np.testing.assert_allclose(float(ep_only.ep_hidden_s) / (m * layers),
+                               (1.0 - 1.0 / m) * compute, rtol=1e-4)
 
 
 # --------------------------------------------------------------------------------------------

@@ -186,6 +186,8 @@ def ep_merged_1f1b_exposed_s(a2a_s, extra_bwd_s, attn_f_s, mlp_f_s, mlp_b_s, att
         exposed = sum over phases of max(0, C_i - o K_i)
           phase 1: C = c,              K = A_f   (pre-dispatch forward: attention, router)
           phase 2: C = 2 c + c_x,      K = M_b + M_f   (expert MLP backward, its wgrad, forward)
+    (each K is the chunk's whole compute stream: GEMMs, attention core and its memory-bound
+    kernels, `workload.flops.ep_chunk_elementwise_bytes`)
           phase 3: C = c,              K = A_b   (pre-dispatch backward: attention backward)
     c = one dispatch or combine all-to-all (`a2a_s`), c_x = `extra_bwd_s` (the all-to-alls
     a full recompute adds, which the schedule does not pair), o = ep_overlap. Phase 1's
@@ -211,3 +213,29 @@ def ep_merged_1f1b_exposed_s(a2a_s, extra_bwd_s, attn_f_s, mlp_f_s, mlp_b_s, att
     f = e3 + share_f * e2
     b = e1 + (1.0 - share_f) * e2
     return f, 2.0 * a2a_s - f, b, a2a_s + a2a_s + extra_bwd_s - b
+
+
+def ep_merged_unpaired_frac(parallel):
+    """u: the share of a device's layer passes that Megatron-Core's merged EP schedule runs
+    without a partner pass of another micro-batch, so their all-to-alls are not overlapped:
+
+        W = 2 (p - 1) + (v - 1) p + 1     forward passes of the first stage's warm-up
+                                          (and as many backward passes in its cool-down)
+        u = min(W / (m v), 1)             of its m v forward (and m v backward) chunk passes
+    p = pp, v = vp, m = micro-batches per step. Source: Megatron-Core core_v0.16.0
+    `pipeline_parallel/schedules.py`, `get_pp_rank_microbatches`: with interleaving the
+    warm-up is (p - r - 1) 2 + (v - 1) g forward chunk passes, g =
+    `microbatch_group_size_per_vp_stage` (default p), "+ 1" under
+    `overlap_moe_expert_parallel_comm` ("one extra micro-batch forward step before the 1f1b
+    stages"); rank r = 0, the longest, is taken. `combined_1f1b.py`: the 1F1B steps merge one
+    forward with one backward; warm-up forwards and cool-down backwards run alone; without
+    pipelining (`combined_1f1b_schedule_for_no_pipelining`) the first micro-batch's forward
+    and the last one's backward run alone: W = 1, which the formula gives at p = v = 1.
+    EP overlap with p > 1 requires v (transformer_config.py: "virtual_pipeline_model_parallel_
+    size must be specified when pipeline_model_parallel_size > 1") [S].
+    Example: p 8, v 4, m 512 (Qwen3 235B-A22B on DGX-H100, GBS 8192): W = 14 + 24 + 1 = 39,
+    u = 39 / 2048 = 0.019; m 128 (GBS 2048): u = 39 / 512 = 0.076; p = v = 1, m 64: 1/64.
+    """
+    p, v = parallel.pp, parallel.vp
+    warm = 2.0 * (p - 1.0) + (v - 1.0) * p + 1.0
+    return jnp.minimum(warm / (parallel.n_microbatches * v), 1.0)
