@@ -418,7 +418,8 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
                + jnp.where(parallel.ep > 1, 2.0 * is_moe, 0.0)  # dispatch, combine
                + 2.0 * parallel.cp_ring * cp_ring_steps(parallel)  # block attention + p2p
                # PyTorch's experimental CP: c SDPA calls and c - 1 merges in either form
-               + 2.0 * (1.0 - parallel.cp_ring) * cp_ring_steps(parallel) * jnp.where(
+               # (the ring form's c - 1 block attentions are the line above: + the merges)
+               + (2.0 - parallel.cp_ring) * cp_ring_steps(parallel) * jnp.where(
                    training.cp_torch > 0, 1.0, 0.0)
                + ax_calls)
     sync_f, sync_b = _tp_host_sync_s(parallel, n_f, n_b, e)

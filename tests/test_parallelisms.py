@@ -375,6 +375,24 @@ def test_wave_split_prices_each_hidden_collective_at_its_own_window():
     assert tp_h > 0  # the second layout hides TP
 
 
+def test_cp_torch_host_kernels_by_form():
+    """PyTorch's experimental CP launches c SDPA calls and c - 1 merges per layer forward in
+    either rotate form (predict._layer_parts `kernels`): c 8 adds 7 + 7 kernels to the
+    all-gather form and, beside the ring form's own 7 block attentions + 7 sends, its 7
+    merges. Host-bound on purpose (10 ms per kernel: the host floor is the step), selective
+    recompute (no re-run forward), one micro-batch: the fact adds 32 layers x 3 passes
+    (forward + 2 x backward) x k x 10 ms, k = 14 (all-gather) or 7 (ring). The compiled
+    program of test_cp_ring_and_all_gather_forms (values only change)."""
+    llama = _model("llama3-8b").replace(seq_len=65536.0)
+    h100 = _system("h100-sxm-80gb")
+    slow_host = h100.replace(eff=h100.eff.replace(host_kernel_s=1e-2))
+    for ring, k in ((0.0, 14), (1.0, 7)):
+        par = Parallel(cp=8, dp=1, micro_batch=1, global_batch=1, recompute=1, cp_ring=ring)
+        off = float(predict(llama, par, slow_host, BF16).step_time_s)
+        on = float(predict(llama, par, slow_host, TORCH_CP).step_time_s)
+        assert on - off == pytest.approx(32 * 3 * k * 1e-2, rel=2e-3), ring
+
+
 # --------------------------------------------------------------------------------------------
 # FSDP cross-over (Fernandez et al.; PAPERS.md sections 2.1 and 6)
 # --------------------------------------------------------------------------------------------
