@@ -396,7 +396,9 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     # or with gemm_wave_split the GEMMs beside NCCL at half speed, g = the GEMMs' share of the
     # compute each collective hides behind: the layer's compute seconds (forward, backward
     # and their recomputed GEMMs) for the DP / ZeRO (predict_step), EP and AxoNN collectives;
-    # the GEMMs alone (g = 1) for TP's (its window is tp_overlap x the GEMMs); the attention
+    # the GEMMs alone (g = 1) for TP's (its window is tp_overlap x the GEMMs, with an NCCL
+    # kernel beside them as the fact states; TE's userbuffers overlap launches its GEMMs on
+    # the SMs its comm kernels leave, CommOverlapBase _math_sms, and splits no wave); the attention
     # alone (g = 0: FlashAttention-class kernels, not persistent) for CP's exchange (its
     # window is the block attention, `_cp_parts`).
     gemm_s = dense + dense_b + full * (dense - skipped) + sel_gemm + sac * sac_gemm
