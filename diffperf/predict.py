@@ -416,23 +416,35 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     hidden_f = tp_fh + cp_fh + ep_fh + ax_fh
     hidden_b = tp_bh + cp_bh + ep_bh + ax_bh
     # Compute lost per hidden communication second (schedule.overlap.overlap_sigma): sigma_0,
-    # or with gemm_wave_split the GEMMs beside NCCL at half speed; g = the GEMMs' share of
-    # the layer's compute seconds (forward, backward and their recomputed GEMMs).
+    # or with gemm_wave_split the GEMMs beside NCCL at half speed, g = the GEMMs' share of the
+    # compute each collective hides behind: the layer's compute seconds (forward, backward
+    # and their recomputed GEMMs) for the DP / ZeRO (predict_step), EP and AxoNN collectives;
+    # the GEMMs alone (g = 1) for TP's (its window is tp_overlap x the GEMMs, with an NCCL
+    # kernel beside them as the fact states; TE's userbuffers overlap launches its GEMMs on
+    # the SMs its comm kernels leave, CommOverlapBase _math_sms, and splits no wave); the attention
+    # alone (g = 0: FlashAttention-class kernels, not persistent) for CP's exchange (its
+    # window is the block attention, `_cp_parts`).
     gemm_s = dense + dense_b + full * (dense - skipped) + sel_gemm + sac * sac_gemm
     work_s = (dense + dense_b + attn + attn_bwd + other_f + other_b + recompute
               + quant_f + quant_b + cpm_f + cpm_b)
-    sigma = overlap_sigma(e.overlap_slowdown, gemm_s / jnp.maximum(work_s, 1e-30),
-                          training.gemm_wave_split)
+    split = training.gemm_wave_split
+    sigma = overlap_sigma(e.overlap_slowdown, gemm_s / jnp.maximum(work_s, 1e-30), split)
+    sigma_tp = overlap_sigma(e.overlap_slowdown, 1.0, split)
+    sigma_cp = overlap_sigma(e.overlap_slowdown, 0.0, split)  # = sigma_0
+    # (without the fact every sigma is sigma_0 and the differences are exactly 0)
+    slow_f = sigma * hidden_f + (sigma_tp - sigma) * tp_fh + (sigma_cp - sigma) * cp_fh
+    slow_b = sigma * hidden_b + (sigma_tp - sigma) * tp_bh + (sigma_cp - sigma) * cp_bh
     gpu_f = (dense + attn + other_f + tp_f + cp_f + ep_f + ax_f
-             + sigma * hidden_f + quant_f + cpm_f)
+             + slow_f + quant_f + cpm_f)
     gpu_b = (dense_b + attn_bwd + other_b + recompute + tp_b + cp_b + ep_b + ax_b
-             + sigma * hidden_b + quant_b + cpm_b)
+             + slow_b + quant_b + cpm_b)
     is_moe = moe_layer_fraction(model)  # the mean layer's share of MoE layers
     kernels = (ops.n_kernels + tp_on * calls * n_f
                + jnp.where(parallel.ep > 1, 2.0 * is_moe, 0.0)  # dispatch, combine
                + 2.0 * parallel.cp_ring * cp_ring_steps(parallel)  # block attention + p2p
                # PyTorch's experimental CP: c SDPA calls and c - 1 merges in either form
-               + 2.0 * (1.0 - parallel.cp_ring) * cp_ring_steps(parallel) * jnp.where(
+               # (the ring form's c - 1 block attentions are the line above: + the merges)
+               + (2.0 - parallel.cp_ring) * cp_ring_steps(parallel) * jnp.where(
                    training.cp_torch > 0, 1.0, 0.0)
                + ax_calls)
     sync_f, sync_b = _tp_host_sync_s(parallel, n_f, n_b, e)
@@ -460,7 +472,7 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
                  tp_exposed_s=tp_f + tp_b, cp_exposed_s=cp_f + cp_b, ep_exposed_s=ep_f + ep_b,
                  axonn_exposed_s=ax_f + ax_b,
                  overhead_s=(t_f - gpu_f) + (t_b - gpu_b),
-                 overlap_slowdown_s=sigma * (hidden_f + hidden_b), overlap_sigma=sigma,
+                 overlap_slowdown_s=slow_f + slow_b, overlap_sigma=sigma,
                  tp_hidden_s=tp_fh + tp_bh, cp_hidden_s=cp_fh + cp_bh, ep_hidden_s=ep_fh + ep_bh,
                  axonn_hidden_s=ax_fh + ax_bh)
     return parts, jnp.maximum(t_f - hidden_f, 0.0), jnp.maximum(t_b - hidden_b, 0.0)

@@ -362,6 +362,51 @@ def test_cp_torch_in_predict_adds_its_merges_and_exchange():
     assert float(predict(llama, par, h100).step_time_s) == float(off.step_time_s)
 
 
+def test_wave_split_prices_each_hidden_collective_at_its_own_window():
+    """Training.gemm_wave_split (schedule.overlap.overlap_sigma, g = the GEMM share of the
+    compute a collective hides behind): CP's exchange hides behind the block attention
+    (FlashAttention-class, g = 0: sigma_0 with or without the fact), TP's collectives behind
+    the GEMMs (tp_overlap x dense, g = 1: sigma = 1/2). No DP overlap (dp_overlap 0), so the
+    slowdown is exactly sigma_0 x cp_hidden_s + sigma_TP x tp_hidden_s; by hand, sigma_0 =
+    0.19 and g = 1: 1 - 0.81 / (2 x 0.81) = 0.5. The compiled program of
+    test_cp_ring_and_all_gather_forms (values only change)."""
+    h100 = _system("h100-sxm-80gb")
+    llama = _model("llama3-8b").replace(seq_len=65536.0)
+    s0 = float(h100.eff.overlap_slowdown)
+    waves = TORCH_CP.replace(gemm_wave_split=1.0)
+    for par in (Parallel(cp=8, dp=1, micro_batch=1, global_batch=1, recompute=1, cp_ring=0,
+                         dp_overlap=0),
+                Parallel(tp=2, cp=4, dp=1, micro_batch=1, global_batch=1, recompute=1,
+                         cp_ring=0, dp_overlap=0, tp_overlap=1, sequence_parallel=1)):
+        off = predict(llama, par, h100, TORCH_CP).breakdown
+        on = predict(llama, par, h100, waves).breakdown
+        cp_h, tp_h = float(on.cp_hidden_s), float(on.tp_hidden_s)
+        assert cp_h > 0 and float(on.dp_hidden_s) == 0 == float(on.ep_hidden_s)
+        assert (cp_h, tp_h) == (float(off.cp_hidden_s), float(off.tp_hidden_s))
+        np.testing.assert_allclose(float(off.overlap_slowdown_s), s0 * (cp_h + tp_h), rtol=1e-6)
+        np.testing.assert_allclose(float(on.overlap_slowdown_s), s0 * cp_h + 0.5 * tp_h,
+                                   rtol=1e-6)
+    assert tp_h > 0  # the second layout hides TP
+
+
+def test_cp_torch_host_kernels_by_form():
+    """PyTorch's experimental CP launches c SDPA calls and c - 1 merges per layer forward in
+    either rotate form (predict._layer_parts `kernels`): c 8 adds 7 + 7 kernels to the
+    all-gather form and, beside the ring form's own 7 block attentions + 7 sends, its 7
+    merges. Host-bound on purpose (10 ms per kernel: the host floor is the step), selective
+    recompute (no re-run forward), one micro-batch: the fact adds 32 layers x 3 passes
+    (forward + 2 x backward) x k x 10 ms, k = 14 (all-gather) or 7 (ring). The compiled
+    program of test_cp_ring_and_all_gather_forms (values only change)."""
+    llama = _model("llama3-8b").replace(seq_len=65536.0)
+    h100 = _system("h100-sxm-80gb")
+    slow_host = h100.replace(eff=h100.eff.replace(host_kernel_s=1e-2))
+    for ring, k in ((0.0, 14), (1.0, 7)):
+        par = Parallel(cp=8, dp=1, micro_batch=1, global_batch=1, recompute=1, cp_ring=ring)
+        off = float(predict(llama, par, slow_host, BF16).step_time_s)
+        on = float(predict(llama, par, slow_host, TORCH_CP).step_time_s)
+        assert on - off == pytest.approx(32 * 3 * k * 1e-2, rel=2e-3), ring
+
+
 # --------------------------------------------------------------------------------------------
 # FSDP cross-over (Fernandez et al.; PAPERS.md sections 2.1 and 6)
 # --------------------------------------------------------------------------------------------

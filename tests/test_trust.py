@@ -260,6 +260,21 @@ def test_overlap_sigma_by_hand():
     assert np.all(np.isfinite(np.asarray(g))) and np.all(np.asarray(g) > 0)
 
 
+def test_overlap_sigma_never_cheapens_the_hidden_seconds():
+    """The fact only adds loss: a persistent GEMM beside NCCL takes w = max(2, 1 / (1 -
+    sigma_0)) x its time, never less than a many-wave kernel there. At sigma_0 = 0.6 (a fit
+    may give it: overlap_slowdown is any fraction) w = 2.5 = 1 / 0.4, so sigma = 1 - 0.4 /
+    (g 2.5 x 0.4 + 1 - g) = 0.6 at every g (two waves alone would give 0.5 at g = 1, below
+    sigma_0); at sigma_0 = 0.5 both are 2 (continuous); below, the formula is unchanged."""
+    for g in (0.0, 0.3, 0.8, 1.0):
+        assert float(overlap_sigma(0.6, g, 1.0)) == pytest.approx(0.6, rel=1e-6)
+        assert float(overlap_sigma(0.5, g, 1.0)) == pytest.approx(0.5, rel=1e-6)
+        for s0 in (0.05, 0.19, 0.45, 0.6, 0.9):
+            assert float(overlap_sigma(s0, g, 1.0)) >= s0 - 1e-7
+    assert float(overlap_sigma(0.3, 0.5, 1.0)) == pytest.approx(1 - 0.7 / (0.7 + 0.5),
+                                                                rel=1e-6)
+
+
 def test_gemm_wave_split_slows_the_hidden_dp_seconds_by_hand():
     """The fact changes only the price of the hidden seconds: the step grows by exactly
     (sigma - sigma_0) x dp_hidden_s (tp 1: no TP hides), sigma = overlap_sigma(sigma_0, g, 1)

@@ -71,8 +71,9 @@ def dp_hidden_slowdown_s(dp_hidden_s, overlap_slowdown):
 
         T_slow = sigma H_dp
     H_dp = the step's hidden DP seconds (gradient reduction behind the backward, ZeRO-3
-    gathers and reduce-scatters behind the layers), sigma = Efficiency.overlap_slowdown, the
-    same fraction the hidden TP / CP / EP communication costs (predict._layer_parts): an
+    gathers and reduce-scatters behind the layers), sigma = Efficiency.overlap_slowdown, or
+    under Training.gemm_wave_split `overlap_sigma` at the layer's GEMM share (predict.
+    _layer_parts; the hidden TP / CP / EP / AxoNN communication costs the same way): an
     NCCL kernel that runs beside a GEMM takes SMs and HBM bandwidth from it, whichever
     parallel dimension issued it. Measured: compute overlapped with collectives runs 18.9 %
     slower on average (max 40 %) on 4 A100 / H100 / MI250 / MI210 for GPT and Llama layers
@@ -89,10 +90,13 @@ def overlap_sigma(overlap_slowdown, gemm_share, wave_split):
     """Fraction of compute progress lost per second of communication hidden behind it:
 
         sigma = sigma_0                                                  (wave_split = 0)
-        sigma = 1 - (1 - sigma_0) / (2 g (1 - sigma_0) + 1 - g)          (wave_split = 1)
+        sigma = 1 - (1 - sigma_0) / (g w (1 - sigma_0) + 1 - g)          (wave_split = 1)
+        w = max(2, 1 / (1 - sigma_0))
     sigma_0 = Efficiency.overlap_slowdown (every kernel beside an NCCL kernel runs at 1 -
     sigma_0 of its speed), g = the GEMMs' share of the compute seconds the communication
-    hides behind (predict._layer_parts), wave_split = Training.gemm_wave_split.
+    hides behind (predict._layer_parts: the layer's GEMM share for the DP / ZeRO, EP and AxoNN
+    collectives, 1 for the TP collectives hidden behind the GEMMs, 0 for the CP exchange
+    hidden behind the attention), wave_split = Training.gemm_wave_split.
     Why: on Hopper cuBLAS runs its GEMMs as statically scheduled persistent kernels, one CTA
     per SM (132 on an H100 SXM), each CTA looping over its share of the output tiles. An NCCL
     kernel beside it holds ~10 % of the SMs (24 CTAs in the forum measurement below), so only
@@ -105,14 +109,19 @@ def overlap_sigma(overlap_slowdown, gemm_share, wave_split):
     scheduling only on Blackwell; NVIDIA developer forum thread 337991, H100: a 132-block GEMM
     beside a 24-block all-gather, 80 % -> 47 % MFU). The other kernels (FlashAttention-2,
     element-wise) launch many waves of CTAs and keep sigma_0. In one second of overlap the
-    GPU then completes 1 / (2 g + (1 - g) / (1 - sigma_0)) seconds of nominal work, and the
-    loss is 1 minus that: the formula above, sigma_0 at g = 0. Ampere's cuBLAS kernels are
-    not persistent (no fact is set on A100 runs).
+    GPU then completes 1 / (w g + (1 - g) / (1 - sigma_0)) seconds of nominal work, and the
+    loss is 1 minus that: the formula above, sigma_0 at g = 0. w is the GEMM's time factor:
+    the two waves, and never less than what a many-wave kernel loses beside NCCL (a sigma_0
+    above one half, as a fit may give, would otherwise make the fact cheapen the hidden
+    seconds); w = 2 for sigma_0 <= 1/2, the shipped 0.19 included. Ampere's cuBLAS kernels
+    are not persistent (no fact is set on A100 runs).
     Example: g = 0.8, sigma_0 = 0.19: 1 - 0.81 / (1.296 + 0.2) = 1 - 0.541444 = 0.458556.
     wave_split 0 gives sigma_0 exactly (sigma_0 + 0 x finite).
     """
     s0, g = overlap_slowdown, gemm_share
-    split = 1.0 - (1.0 - s0) / (2.0 * g * (1.0 - s0) + 1.0 - g)
+    r = 1.0 / (1.0 - s0)
+    w = 0.5 * (2.0 + r + abs(r - 2.0))  # max(2, r), Python floats stay Python floats
+    split = 1.0 - (1.0 - s0) / (w * g * (1.0 - s0) + 1.0 - g)
     return s0 + wave_split * (split - s0)
 
 
