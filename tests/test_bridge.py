@@ -408,6 +408,39 @@ def test_merged_ep_schedule_steps_follow_each_micro_batchs_event_chain_by_hand()
     np.testing.assert_allclose([f, b], [0.5 * ms, 0.8 * ms], atol=1e-9)
 
 
+def test_predict_defers_each_chunks_weight_gradient_in_the_merged_ep_schedule(monkeypatch):
+    """predict hands the merged schedule each chunk's weight-gradient GEMMs as deferred
+    (Megatron-Bridge sets delay_wgrad_compute with the overlap): M_b,w = the wgrad rows of the
+    MLP chunk, A_b,w the rest, both x the TP-free share of the backward, inside M_b and A_b."""
+    import importlib
+    from diffperf.api import _as_float
+    from diffperf.costs.compute import layer_pass_gemm_times_s
+
+    pr = importlib.import_module("diffperf.predict")  # the module, not diffperf.predict()
+    seen = {}
+    real = pr.ep_merged_1f1b_exposed_s
+
+    def spy(*args, **kw):
+        seen["args"], seen["kw"] = args, kw
+        return real(*args, **kw)
+
+    monkeypatch.setattr(pr, "ep_merged_1f1b_exposed_s", spy)
+    qwen = _model("qwen3-235b-a22b")
+    par = Parallel(tp=2, pp=8, vp=4, dp=16, ep=32, etp=1, micro_batch=1, sequence_parallel=1,
+                   global_batch=8192, ep_overlap=1.0)
+    M, P, S, T = _as_float((qwen, par, _system("h100-sxm-80gb"), BF16))
+    pr._layer_parts(M, P, S, T, None, features=pr.features_of(M, P, T))
+    mlp_b, attn_b = seen["args"][4:6]
+    mbw, abw = float(seen["kw"]["mlp_bw_s"]), float(seen["kw"]["attn_bw_s"])
+    _, _, wgrad = layer_pass_gemm_times_s(layer_ops(M, P, T), S, T, None, False, None)
+    mlp = np.asarray(pr._MLP_ROWS)
+    free = mbw / float(np.sum(mlp * np.asarray(wgrad)))
+    assert 0.0 < free <= 1.0
+    np.testing.assert_allclose(abw, free * float(np.sum((1 - mlp) * np.asarray(wgrad))),
+                               rtol=1e-5)
+    assert 0.0 < mbw < float(mlp_b) and 0.0 < abw < float(attn_b)
+
+
 def test_merged_ep_schedule_windows_hold_each_chunks_memory_bound_kernels_by_hand():
     """Megatron-Core's merged EP schedule runs each MoE layer as attn (norms, attention, its
     residual add, router, alltoall's permute) and mlp (chunk sorts, experts, activation,
