@@ -226,8 +226,9 @@ def ep_merged_1f1b_exposed_s(a2a_s, extra_bwd_s, attn_f_s, mlp_f_s, mlp_b_s, att
     `delay_wgrad_compute = False`, where each is part of its node's backward), c = one
     dispatch or combine all-to-all (`a2a_s`), c_x = `extra_bwd_s` (the all-to-alls a full
     recompute adds, which the schedule does not pair: exposed whole, on the backward;
-    Megatron-Core rejects full recompute under this overlap), o = ep_overlap. The forward exposes each step's e2 (its own
-    all-to-all outlasting the compute before k2), the backward the rest.
+    Megatron-Core rejects full recompute under this overlap), o = ep_overlap. The forward
+    exposes each step's e2 (its own all-to-all outlasting the compute before k2), the
+    backward the rest.
     Source: Megatron-Core `megatron/core/models/common/model_chunk_schedule_plan.py`,
     `TransformerLayerSchedulePlan.run` (the stream diagram above and its issue order: at
     d98e8a64 and core_v0.14.0-core_v0.16.0), `pipeline_parallel/utils.py` `ScheduleNode`
