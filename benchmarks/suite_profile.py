@@ -141,7 +141,10 @@ def main(argv=None) -> int:
                     "its compilations took this many seconds in all (default 1)")
     ap.add_argument("--json", help="write every figure to this file")
     args = ap.parse_args(argv)
-    print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores")
+    import jax
+
+    print(f"JAX {jax.__version__}, {jax.default_backend()} backend, {os.cpu_count()} cores, "
+          f"load average {os.getloadavg()[0]:.2f}")
     runs = [[f] for f in args.files] + ([args.files] if args.together and
                                         len(args.files) > 1 else [])
     figures = {}
