@@ -77,6 +77,14 @@ EAGER = "llama_eager_pointwise=1"
 #     (workload.flops.rope_kv_pass_bytes). The eager rows hold them in llama_eager_pointwise.
 COMPILED = "rope_kv_pass=1"
 EAGER_NORM = EAGER + ";norm_extra_bytes=32"
+#   GEMMs beside NCCL on Hopper (Training.gemm_wave_split, schedule.overlap.overlap_sigma):
+#     PyTorch's matmuls (and Float8's torch._scaled_mm) call cuBLAS, whose Hopper kernels are
+#     persistent, one CTA per SM; beside an FSDP all-gather / reduce-scatter kernel a GEMM
+#     runs as two waves (pytorch issue 143988, FSDP on H100, 2024-12-30). The SM carve-out
+#     that avoids it (pytorch PR 147966, 2025) is opt-in and none of these runs set it. Every
+#     H100 row; A100's cuBLAS kernels are not persistent (no fact).
+WAVE_SPLIT = "gemm_wave_split=1"
+HOPPER = ("grand-teton-h100", "h100-80gb-800gbps-node")
 
 
 def fms_p(hfu, mfu):
@@ -109,7 +117,8 @@ def row(rid, source, system, model, n, tp, dp, seq, local_batch, recompute, tps,
                 zero_shard=zero_shard,
                 set=";".join([TITAN_FACTS if source.startswith("torchtitan") else FSDP_FACTS,
                               *facts, *((FA2,) if fa2 else ()),
-                              *((COMPILED,) if compile_ else ())]),
+                              *((COMPILED,) if compile_ else ()),
+                              *((WAVE_SPLIT,) if system in HOPPER else ())]),
                 recompute=recompute, global_batch=gb, micro_batch=local_batch,
                 precision=precision, step_time_s=f"{step:.6g}", tokens_per_s_per_gpu=tps,
                 torch_compile=int(compile_), fields_exact=int(exact), notes=notes)
@@ -232,8 +241,11 @@ fp8 = [
           "sequence once (train.py at 9dec370 adds labels.numel() before the CP context "
           "shards the buffers and divides by non_data_parallel_size = cp tp pp); K/V "
           "exchange: --experimental.context_parallel_rotate_method not stated, its default "
-          "'allgather' (config_manager.py at 9dec370): cp_ring=0", cp=c, precision=FP8,
-          facts=("cp_ring=0",))
+          "'allgather' (config_manager.py at 9dec370): cp_ring=0"
+          + ("; CP is PyTorch's experimental context_parallel() (utils.py "
+             "create_context_parallel_ctx at 9dec370; torch _attention.py: a-head K/V after "
+             "repeat_kv, fp32 dK/dV ring and merges): cp_torch=1" if c > 1 else ""),
+          cp=c, precision=FP8, facts=("cp_ring=0", *(("cp_torch=1",) if c > 1 else ())))
       for c, s, t in ((1, 32768, 3890), (2, 65536, 2540), (4, 131072, 1071),
                       (8, 262144, 548))],
     row("tt-h100-l3-70b-n256-tp8-fp8", "torchtitan-h100", "grand-teton-h100", "llama3-70b", 256,

@@ -33,6 +33,7 @@ from diffperf.schedule.goodput import (checkpoint_bytes, checkpoint_write_s, dal
                                       job_mtbf_s, lost_fracs)
 from diffperf.schedule.overlap import (axonn_exposed_s, dp_hidden_slowdown_s,
                                        dp_step_exposed_s, ep_merged_1f1b_exposed_s,
+                                       ep_merged_unpaired_frac, overlap_sigma,
                                        ring_exposed_s, split_exposed,
                                        zero3_layer_exposed_s, zero3_microbatch_edge_s)
 from diffperf.schedule.pipeline import (critical_stage, p2p_exposed_s, pipeline_times_s,
@@ -40,12 +41,14 @@ from diffperf.schedule.pipeline import (critical_stage, p2p_exposed_s, pipeline_
 from diffperf.specs import Parallel
 from diffperf.specs.validate import valid_mask
 from diffperf.workload.axonn import axonn_layer_volumes
-from diffperf.workload.cp import cp_kv_bytes, cp_ring_block_bytes, cp_ring_steps
+from diffperf.workload.cp import (cp_kv_bytes, cp_ring_block_bytes, cp_ring_steps,
+                                  cp_torch_dkv_block_bytes, cp_torch_merge_bytes)
 from diffperf.workload.dp import (dp_volumes_bytes, product_group, zero3_copy_out_bytes,
                                   zero3_prefetch_frac, zero3_rs_copy_in_bytes, zero_groups)
 from diffperf.workload.ep import (ep_a2a_bytes, ep_a2a_per_layer, ep_stride, expert_dp_degree,
                                   expert_tp, moe_mlp_on_tp)
 from diffperf.workload.flops import (DENSE_ROW_BLOCKS, attention_by_kind, attention_io_bytes,
+                                     ep_chunk_elementwise_bytes,
                                      elementwise_backward_once_bytes,
                                      head_ops, layer_ops, lowp_quantize_kernels,
                                      moe_layer_fraction)
@@ -98,9 +101,16 @@ def _ep_parts(model, parallel, system, training, windows, temperature):
     micro-batch's compute (`schedule.overlap.ep_merged_1f1b_exposed_s`), a fraction
     ep_overlap of each phase's compute usable:
 
-        windows = (A_f, M_f, M_b, A_b): pre-dispatch (attention, router) and MLP compute of
-                  the forward and the backward, less the TP communication already hidden
-                  behind them (one GEMM cannot hide two collectives at once)."""
+        windows = (A_f, M_f, M_b, A_b, M_b,w, A_b,w): pre-dispatch (attention, router,
+                  permute) and MLP compute of the forward and the backward (GEMMs, attention
+                  core, memory-bound kernels and quantization casts of each chunk:
+                  workload.flops.ep_chunk_elementwise_bytes), and the weight-gradient GEMMs
+                  of M_b and A_b, which run deferred: every Megatron-Bridge recipe that sets
+                  `overlap_moe_expert_parallel_comm` sets `delay_wgrad_compute` with it
+                  (v0.1.0rc3 scripts/performance/run_script.py, v0.2.0 utils/helpers.py
+                  `set_moe_a2a_overlap_overrides`, v0.3.0-v0.6.0 utils/overrides.py
+                  `_set_moe_a2a_overlap_overrides`); each less the TP communication already
+                  hidden behind it (one GEMM cannot hide two collectives at once)."""
     n_f, n_b = ep_a2a_per_layer(parallel)
     S = ep_a2a_bytes(model, parallel, training)
     s_ep = ep_stride(parallel, stride(_placed(parallel), "ep"))
@@ -108,19 +118,31 @@ def _ep_parts(model, parallel, system, training, windows, temperature):
                   hierarchical_all_to_all_s(S, parallel.ep, s_ep, model.moe_topk,
                                             model.n_experts, system),
                   all_to_all_s(S, parallel.ep, s_ep, system))
-    attn_f, mlp_f, mlp_b, attn_b = windows
-    return ep_merged_1f1b_exposed_s(c, (n_b - 2.0) * c, attn_f, mlp_f, mlp_b, attn_b,
-                                    parallel.ep_overlap, temperature)
+    attn_f, mlp_f, mlp_b, attn_b, mlp_bw, attn_bw = windows
+    c_x = (n_b - 2.0) * c
+    _, fh, _, bh = ep_merged_1f1b_exposed_s(c, c_x, attn_f, mlp_f, mlp_b, attn_b,
+                                            parallel.ep_overlap, temperature,
+                                            mlp_bw_s=mlp_bw, attn_bw_s=attn_bw)
+    # The warm-up forwards and cool-down backwards of the schedule have no partner pass:
+    # their all-to-alls are all exposed (schedule.overlap.ep_merged_unpaired_frac), so a
+    # share 1 - u of the merged schedule's hidden time stays hidden (exactly 0 hidden, all
+    # exposed, at ep_overlap = 0 as before).
+    keep = 1.0 - ep_merged_unpaired_frac(parallel)
+    fh, bh = keep * fh, keep * bh
+    return 2.0 * c - fh, fh, 2.0 * c + c_x - bh, bh
 
 
 def _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature):
-    """(fwd exposed, fwd hidden, bwd exposed, bwd hidden) of the K/V exchange of one layer,
-    one micro-batch (PAPERS.md section 5.7), by `cp_ring`:
+    """(fwd exposed, fwd hidden, bwd exposed, bwd hidden, fwd merge, bwd merge) seconds of
+    the context parallelism of one layer, one micro-batch (PAPERS.md section 5.7): the K/V
+    exchange by `cp_ring`,
 
         ring (1):       c - 1 steps of S_blk each behind one block's attention (attention / c);
                         backward: 2 S_blk per step (K, V and dK, dV) behind attention_bwd / c
         all-gather (0): AG(S) behind the forward attention; AG(S) + RS(S) behind the backward
-    Full recompute re-runs the forward exchange inside the backward."""
+    or, under `Training.cp_torch`, PyTorch's experimental context parallel (`cp_torch_s`),
+    whose fp32 merging is the two merge terms (memory-bound, on the compute stream; 0 without
+    the fact). Full recompute re-runs the forward exchange inside the backward."""
     c, s_cp = parallel.cp, stride(_placed(parallel), "cp")
     blk = cp_ring_block_bytes(model, parallel, training)
     steps = cp_ring_steps(parallel)
@@ -132,10 +154,65 @@ def _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature):
     ab, abh = split_exposed(2.0 * c_ag, attn_bwd, temperature)
     ring = parallel.cp_ring
     f, fh = ring * rf + (1.0 - ring) * af, ring * rfh + (1.0 - ring) * afh
+    b, bh = ring * rb + (1.0 - ring) * ab, ring * rbh + (1.0 - ring) * abh
+    tf, tfh, tb, tbh, m_f, m_b = cp_torch_s(model, parallel, system, training, attn, attn_bwd,
+                                            temperature)
+    pt = jnp.where(training.cp_torch > 0, 1.0, 0.0)
+    f, fh = pt * tf + (1.0 - pt) * f, pt * tfh + (1.0 - pt) * fh
+    b, bh = pt * tb + (1.0 - pt) * b, pt * tbh + (1.0 - pt) * bh
     full = full_frac(parallel)
-    b = ring * rb + (1.0 - ring) * ab + full * f
-    bh = ring * rbh + (1.0 - ring) * abh + full * fh
-    return f, fh, b, bh
+    return f, fh, b + full * f, bh + full * fh, m_f, m_b
+
+
+def cp_torch_s(model, parallel, system, training, attn, attn_bwd, temperature=None):
+    """(fwd exposed, fwd hidden, bwd exposed, bwd hidden, fwd merge, bwd merge) seconds of one
+    layer, one micro-batch, in PyTorch's experimental context parallel (`Training.cp_torch`;
+    what the caller uses only where the fact is set):
+
+        K_f = attention / c,  K_b = attention_bwd / c      (one step's SDPA: with the
+              round-robin load balance every step of every rank does s^2 / (2 c^2) scores)
+        forward   all-gather (cp_ring 0):  max(0, AG(S) - K_f)
+                  ring (cp_ring 1):        (c - 1) max(0, P(S/c) - K_f)
+        backward  all-gather:  max(0, AG(S) - K_b) + (c - 1) max(0, P(D) - K_b) + P(D)
+                  ring:        (c - 1) max(0, P(S/c) + P(D) - K_b) + P(D)
+        merges    M_f = B_f / (BW_hbm eta_mem),  M_b = B_b / (BW_hbm eta_mem)
+    S = `workload.cp.cp_kv_bytes` with the a query heads (`cp_kv_heads`), D = the fp32 dK, dV
+    block (`cp_torch_dkv_block_bytes`), P = one ring step (`costs.collectives.ring_step_s`),
+    AG = `all_gather_s`, B_f, B_b = `cp_torch_merge_bytes`.
+    Source: pytorch torch/distributed/tensor/experimental/_attention.py (a version after PR
+    142093, 2024-12-05, as the rows' torch 1963fc8 is; the same loops at 0123248a, 2025):
+    `_templated_ring_attention` issues the K/V exchange (`_AllGatherRotater`: one
+    `all_gather_tensor` of the cat'ed K, V, issued at step 0 before its SDPA and waited at
+    step 1; `_AllToAllRotater`: a `permute_tensor` per step, waited at the next) and runs c
+    SDPA calls (step 0 causal over both local chunks, then non-causal on half of q or half of
+    k); `_templated_ring_attention_backward` gathers K, V again with the same rotater and sends
+    the fp32 dK, dV accumulator to the next rank after every step (always all-to-all: the one
+    of step i hides behind step i + 1's SDPA backward, the last one is waited after the loop).
+    The two-sided ring step is counted once per window (the first and last backward windows
+    hold only one of the two in the ring form: a slight over-count).
+    Example (Llama 3 8B, s 262144, c 8 in one Grand Teton H100 node, all-gather, the shipped
+    H100 set): the forward all-gather of 4.3 GB (10.5 ms) and each backward's 1.07 GB fp32
+    send (3.0 ms) hide behind one step's SDPA (30 / 78 ms); the last send is exposed, 3.0 ms
+    per layer.
+    """
+    c, s_cp = parallel.cp, stride(_placed(parallel), "cp")
+    steps = cp_ring_steps(parallel)
+    k_f, k_b = attn / c, attn_bwd / c
+    S = cp_kv_bytes(model, parallel, training)
+    p_kv = ring_step_s(S / c, c, s_cp, system)
+    p_d = ring_step_s(cp_torch_dkv_block_bytes(model, parallel, training), c, s_cp, system)
+    ag = all_gather_s(S, c, s_cp, system)
+    agf, agfh = split_exposed(ag, k_f, temperature)
+    rf, rfh = ring_exposed_s(p_kv, steps, k_f, temperature)
+    agb, agbh = split_exposed(ag, k_b, temperature)
+    db, dbh = ring_exposed_s(p_d, steps, k_b, temperature)
+    rb, rbh = ring_exposed_s(p_kv + p_d, steps, k_b, temperature)
+    ring = parallel.cp_ring
+    f, fh = ring * rf + (1.0 - ring) * agf, ring * rfh + (1.0 - ring) * agfh
+    b = ring * rb + (1.0 - ring) * (agb + db) + p_d
+    bh = ring * rbh + (1.0 - ring) * (agbh + dbh)
+    b_f, b_b = cp_torch_merge_bytes(model, parallel, training)
+    return f, fh, b, bh, memory_time_s(b_f, system), memory_time_s(b_b, system)
 
 
 def _axonn_parts(model, parallel, system, training, dense_rows, fwd_window, bwd_window,
@@ -287,17 +364,34 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     # Attention backward: 2 x forward, + the recomputed scores of flash attention (0.5 x),
     # at the backward kernel's rate (attn_b1 above).
     attn_bwd = (2.0 + (FLASH_BACKWARD_WORK - 2.0) * training.flash_attention) * attn_b1
-    cp_f, cp_fh, cp_b, cp_bh = (_cp_parts(model, parallel, system, training, attn, attn_bwd,
-                                          temperature) if "cp" in features else _zeros(attn, 4))
+    cp_f, cp_fh, cp_b, cp_bh, cpm_f, cpm_b = (
+        _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature)
+        if "cp" in features else _zeros(attn, 6))
     if "ep" in features:
         # the merged EP schedule's compute chunks (A_f, M_f, M_b, A_b), less hidden TP
         mlp = jnp.asarray(_MLP_ROWS)
         mlp_f = jnp.sum(mlp * dense_rows)
         mlp_b = jnp.sum(mlp * (dgrad_rows + wgrad_rows))
         attn_f, attn_b = dense - mlp_f + attn, dense_b - mlp_b + attn_bwd
+        # ... and the chunks' memory-bound kernels and quantization casts, which run on the
+        # same compute stream (workload.flops.ep_chunk_elementwise_bytes; the combine node's
+        # unpermute and residual add run on the communication stream: in no window). The
+        # element-wise backward is 2 x forward less the bytes moved once, as below.
+        e_a, e_m, once_a, once_m = ep_chunk_elementwise_bytes(model, parallel, training)
+        q_mf, q_mb = lowp_quantize_times_s(ops.dense.replace(count=ops.dense.count * mlp),
+                                           system, training, parallel.n_microbatches)
+        mlp_f = mlp_f + memory_time_s(e_m, system) + q_mf
+        mlp_b = mlp_b + memory_time_s(2.0 * e_m - once_m, system) + q_mb
+        attn_f = attn_f + memory_time_s(e_a, system) + (quant_f - q_mf)
+        attn_b = attn_b + memory_time_s(2.0 * e_a - once_a, system) + (quant_b - q_mb)
         free_f = 1.0 - tp_fh / jnp.maximum(attn_f + mlp_f, 1e-30)
         free_b = 1.0 - tp_bh / jnp.maximum(attn_b + mlp_b, 1e-30)
-        windows = (free_f * attn_f, free_f * mlp_f, free_b * mlp_b, free_b * attn_b)
+        # Megatron-Bridge turns the overlap on with delay_wgrad_compute: the weight-gradient
+        # GEMMs of each chunk run after its dgrad, waited for by no all-to-all.
+        mlp_bw = jnp.sum(mlp * wgrad_rows)
+        attn_bw = jnp.sum((1.0 - mlp) * wgrad_rows)
+        windows = (free_f * attn_f, free_f * mlp_f, free_b * mlp_b, free_b * attn_b,
+                   free_b * mlp_bw, free_b * attn_bw)
         ep_f, ep_fh, ep_b, ep_bh = _ep_parts(model, parallel, system, training, windows,
                                              temperature)
     else:
@@ -324,7 +418,7 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     sel_share = sel_gemm / jnp.maximum(jnp.sum(dense_rows), 1e-30)
     selective = (modules["core_attn"] * attn + sel_gemm + sel_share * quant_f
                  + memory_time_s(megatron_recompute_bytes(model, parallel, training), system))
-    recompute = (full * (dense - skipped + attn + other + quant_f) + selective
+    recompute = (full * (dense - skipped + attn + other + quant_f + cpm_f) + selective
                  + sac * (sac_gemm + other + sac_share * quant_f))
     # Element-wise backward = 2 x forward, less one pass of the ops whose backward moves
     # their bytes once (workload.flops.elementwise_backward_once_bytes; 0 by default).
@@ -332,14 +426,37 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     other_f, other_b = other + stacked, 2.0 * other - once + stacked
     hidden_f = tp_fh + cp_fh + ep_fh + ax_fh
     hidden_b = tp_bh + cp_bh + ep_bh + ax_bh
+    # Compute lost per hidden communication second (schedule.overlap.overlap_sigma): sigma_0,
+    # or with gemm_wave_split the GEMMs beside NCCL at half speed, g = the GEMMs' share of the
+    # compute each collective hides behind: the layer's compute seconds (forward, backward
+    # and their recomputed GEMMs) for the DP / ZeRO (predict_step), EP and AxoNN collectives;
+    # the GEMMs alone (g = 1) for TP's (its window is tp_overlap x the GEMMs, with an NCCL
+    # kernel beside them as the fact states; TE's userbuffers overlap launches its GEMMs on
+    # the SMs its comm kernels leave, CommOverlapBase _math_sms, and splits no wave); the attention
+    # alone (g = 0: FlashAttention-class kernels, not persistent) for CP's exchange (its
+    # window is the block attention, `_cp_parts`).
+    gemm_s = dense + dense_b + full * (dense - skipped) + sel_gemm + sac * sac_gemm
+    work_s = (dense + dense_b + attn + attn_bwd + other_f + other_b + recompute
+              + quant_f + quant_b + cpm_f + cpm_b)
+    split = training.gemm_wave_split
+    sigma = overlap_sigma(e.overlap_slowdown, gemm_s / jnp.maximum(work_s, 1e-30), split)
+    sigma_tp = overlap_sigma(e.overlap_slowdown, 1.0, split)
+    sigma_cp = overlap_sigma(e.overlap_slowdown, 0.0, split)  # = sigma_0
+    # (without the fact every sigma is sigma_0 and the differences are exactly 0)
+    slow_f = sigma * hidden_f + (sigma_tp - sigma) * tp_fh + (sigma_cp - sigma) * cp_fh
+    slow_b = sigma * hidden_b + (sigma_tp - sigma) * tp_bh + (sigma_cp - sigma) * cp_bh
     gpu_f = (dense + attn + other_f + tp_f + cp_f + ep_f + ax_f
-             + e.overlap_slowdown * hidden_f + quant_f)
+             + slow_f + quant_f + cpm_f)
     gpu_b = (dense_b + attn_bwd + other_b + recompute + tp_b + cp_b + ep_b + ax_b
-             + e.overlap_slowdown * hidden_b + quant_b)
+             + slow_b + quant_b + cpm_b)
     is_moe = moe_layer_fraction(model)  # the mean layer's share of MoE layers
     kernels = (ops.n_kernels + tp_on * calls * n_f
                + jnp.where(parallel.ep > 1, 2.0 * is_moe, 0.0)  # dispatch, combine
                + 2.0 * parallel.cp_ring * cp_ring_steps(parallel)  # block attention + p2p
+               # PyTorch's experimental CP: c SDPA calls and c - 1 merges in either form
+               # (the ring form's c - 1 block attentions are the line above: + the merges)
+               + (2.0 - parallel.cp_ring) * cp_ring_steps(parallel) * jnp.where(
+                   training.cp_torch > 0, 1.0, 0.0)
                + ax_calls)
     sync_f, sync_b = _tp_host_sync_s(parallel, n_f, n_b, e)
     # Quantization kernels (0 for 16-bit presets): the weights' casts once per step if cached.
@@ -361,12 +478,12 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     t_b = pnorm_max(gpu_b, host_b, e.floor_pnorm)
     parts = dict(compute_s=(dense + dense_b + attn + attn_bwd + 3.0 * other - once
                             + 2.0 * stacked
-                            + quant_f + quant_b),
+                            + quant_f + quant_b + cpm_f + cpm_b),
                  recompute_s=recompute,
                  tp_exposed_s=tp_f + tp_b, cp_exposed_s=cp_f + cp_b, ep_exposed_s=ep_f + ep_b,
                  axonn_exposed_s=ax_f + ax_b,
                  overhead_s=(t_f - gpu_f) + (t_b - gpu_b),
-                 overlap_slowdown_s=e.overlap_slowdown * (hidden_f + hidden_b),
+                 overlap_slowdown_s=slow_f + slow_b, overlap_sigma=sigma,
                  tp_hidden_s=tp_fh + tp_bh, cp_hidden_s=cp_fh + cp_bh, ep_hidden_s=ep_fh + ep_bh,
                  axonn_hidden_s=ax_fh + ax_bh)
     return parts, jnp.maximum(t_f - hidden_f, 0.0), jnp.maximum(t_b - hidden_b, 0.0)
@@ -583,7 +700,7 @@ def predict_step(model, parallel, system, training, temperature=None,
     breakdown = breakdown.replace(
         overhead_s=breakdown.overhead_s + system.eff.step_s,
         overlap_slowdown_s=breakdown.overlap_slowdown_s
-        + dp_hidden_slowdown_s(dp_hidden, system.eff.overlap_slowdown))
+        + dp_hidden_slowdown_s(dp_hidden, layer["overlap_sigma"]))
     memory = device_memory(model, parallel, system, training, stages)
     if "xla" in features:
         # XLA's micro-batch scan adds each micro-batch's gradients to its carry; XLA's live

@@ -1570,6 +1570,8 @@ def test_runs_row_model_config_must_agree(tmp_path):
      "moe_eager_clamp_bias=2 is not allowed (allowed: 0, 1)"),
     (dict(rope_kv_pass=0.5), "rope_kv_pass=0.5 is not allowed (allowed: 0, 1)"),
     (dict(moe_quant_pad=0.5), "moe_quant_pad=0.5 is not allowed (allowed: 0, 1)"),
+    (dict(gemm_wave_split=0.5), "gemm_wave_split=0.5 is not allowed (allowed: 0, 1)"),
+    (dict(cp_torch=2.0), "cp_torch=2 is not allowed (allowed: 0, 1)"),
 ])
 def test_eager_pointwise_training_facts(fields, message):
     from diffperf.specs.validate import check_training

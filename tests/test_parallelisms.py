@@ -130,11 +130,16 @@ def test_ep_overlap_hides_part_of_the_all_to_all_and_is_never_slower():
 
 def test_tp_and_ep_do_not_hide_behind_the_same_gemm_time():
     """With both overlaps on, the hidden TP and EP communication of a layer together never
-    exceed its compute time (forward + backward = 3 x forward GEMMs, and the attention core's
-    forward + backward, 3.5 x forward with flash attention: the merged EP schedule pairs the
-    all-to-alls with the pre-dispatch chunk, attention included): what hides TP is gone for
-    EP. A slow scale-out tier makes the EP all-to-all (16 GPUs, two nodes) longer than the
-    GEMM time that the TP all-reduces (inside a node) leave free."""
+    exceed its compute-stream time (forward + backward = 3 x forward GEMMs, the attention
+    core's forward + backward, 3.5 x forward with flash attention, and the memory-bound
+    kernels of the merged EP schedule's compute chunks, 3 x forward: the schedule pairs the
+    all-to-alls with the pre-dispatch and expert chunks, attention and element-wise kernels
+    included, `workload.flops.ep_chunk_elementwise_bytes`): what hides TP is gone for EP. A
+    slow scale-out tier makes the EP all-to-all (16 GPUs, two nodes) longer than the compute
+    that the TP all-reduces (inside a node) leave free; with EP overlap alone every phase is
+    then communication-bound and the whole compute stream hides all-to-all, in all but the
+    first micro-batch's forward and the last one's backward, which run without a partner
+    (Megatron-Core combined_1f1b_schedule_for_no_pipelining: 1 - 1/m of the passes)."""
     h100 = _system("h100-sxm-80gb")
     tiers = list(h100.tiers)
     tiers[-1] = tiers[-1].replace(bandwidth_Bps=tiers[-1].bandwidth_Bps / 50.0)
@@ -153,11 +158,20 @@ def test_tp_and_ep_do_not_hide_behind_the_same_gemm_time():
     from diffperf.costs.compute import layer_times_s
     from diffperf.workload.flops import attention_io_bytes, layer_ops
     from diffperf.api import _as_float
+    from diffperf.costs.compute import memory_time_s
+    from diffperf.workload.flops import ep_chunk_elementwise_bytes
     M, P, S, T = _as_float((ds, par, slow, BF16))
     dense, attn, _ = layer_times_s(layer_ops(M, P, T), S, T, attention_io_bytes(M, P, T))
-    compute = 3.0 * float(dense.sum()) + 3.5 * float(attn)
+    e_a, e_m, _, _ = ep_chunk_elementwise_bytes(M, P, T)
+    compute = (3.0 * float(dense.sum()) + 3.5 * float(attn)
+               + 3.0 * float(memory_time_s(e_a + e_m, S)))
     hidden = float(b.tp_hidden_s + b.ep_hidden_s) / (m * layers)
     assert hidden <= compute * (1 + 1e-5), (hidden, compute)
+    # EP overlap alone, every phase communication-bound: all of the compute stream hides,
+    # but for the unpaired first forward and last backward (m = 8 micro-batches, p = 1).
+    assert m == 8.0
+    np.testing.assert_allclose(float(ep_only.ep_hidden_s) / (m * layers),
+                               (1.0 - 1.0 / m) * compute, rtol=1e-4)
 
 
 # --------------------------------------------------------------------------------------------
@@ -241,6 +255,156 @@ def test_cp_ring_and_all_gather_forms():
     gather = predict(llama, base.replace(cp_ring=0), h100).breakdown
     assert float(ring.cp_hidden_s) > 10 * float(ring.cp_exposed_s)
     assert float(gather.cp_exposed_s + gather.cp_hidden_s) > 0
+
+
+TORCH_CP = BF16.replace(cp_torch=1.0)
+
+
+def test_cp_torch_bytes_by_hand():
+    """PyTorch's experimental CP (Training.cp_torch), Llama 3 8B (a 32, a_kv 8, d 128), b 1,
+    s 262144, c 8, t 1, bf16: E = 32768 x 4096 = 134,217,728 elements of Q and of the output,
+    E_kv = 2 E (K and V with the 32 query heads after repeat_kv). Forward merges: 7 steps x
+    (4 + 2 + 4) B x E = 9,395,240,960 B; backward: (8 x 10 + 4 + 2) B x (E + 2 E) =
+    34,628,173,824 B; the fp32 dK, dV block sent per backward step 4 x 2 E = 1,073,741,824 B;
+    the gathered K and V 2 x 262144 x 32 x 128 x 2 B = 4 x the a_kv-head bytes. None of it
+    without the fact or at c = 1."""
+    from diffperf.memory.activations import cp_kv_buffer_bytes
+    from diffperf.workload.cp import (cp_kv_heads, cp_torch_dkv_block_bytes,
+                                      cp_torch_merge_bytes)
+
+    llama = _model("llama3-8b").replace(seq_len=262144.0)
+    par = Parallel(cp=8, cp_ring=0, micro_batch=1)
+    E = 32768 * 4096
+    f, b = cp_torch_merge_bytes(llama, par, TORCH_CP)
+    assert (float(f), float(b)) == (7 * 10 * E, 86 * 3 * E) == (9_395_240_960, 34_628_173_824)
+    assert float(cp_torch_dkv_block_bytes(llama, par, TORCH_CP)) == 8 * E == 1_073_741_824
+    assert float(cp_kv_heads(llama, TORCH_CP)) == 32 and float(cp_kv_heads(llama, BF16)) == 8
+    assert float(cp_kv_bytes(llama, par, TORCH_CP)) == 2 * 262144 * 32 * 128 * 2
+    assert float(cp_kv_bytes(llama, par, TORCH_CP)) == 4 * float(cp_kv_bytes(llama, par, BF16))
+    for p_, t_ in ((par, BF16), (par.replace(cp=1), TORCH_CP)):
+        assert tuple(map(float, cp_torch_merge_bytes(llama, p_, t_))) == (0.0, 0.0)
+    # backward working memory: + fp32 dQ, dK, dV and the dK, dV blocks sent and received
+    extra = float(cp_kv_buffer_bytes(llama, par, TORCH_CP)) - 7 / 8 * 2 * 262144 * 32 * 128 * 2
+    assert extra == pytest.approx(4 * (E + 3 * 2 * E), rel=1e-6)
+
+
+def test_cp_torch_exchange_and_merges_by_hand():
+    """SYS (NVLink 400 GB/s x 0.5, alpha 2 us, t0 5 us), Llama 3 8B at s 65536, c 8 in the
+    node, the fact: S = 65536 x 32 x 256 x 2 B = 1 GiB, block S / 8, dK/dV block D =
+    4 x 8192 x 32 x 256 B. One step's SDPA: K_f = 8 ms / 8, K_b = 20 ms / 8.
+    All-gather form: forward AG = t0 + 7 alpha + 7/8 S / (BW eta) behind K_f; backward AG
+    behind K_b, 7 sends P(D) = t0 + alpha + D / (BW eta) each behind K_b, the last exposed.
+    Ring form: 7 steps P(S/8) behind K_f; backward 7 x (P(S/8) + P(D)) behind K_b + P(D).
+    Merges: bytes / (HBM x mem_eff)."""
+    from diffperf.predict import cp_torch_s
+    from diffperf.workload.cp import cp_torch_merge_bytes
+
+    llama = _model("llama3-8b").replace(seq_len=65536.0)
+    S, D = 65536 * 32 * 256 * 2, 4 * 8192 * 32 * 256
+    ag = T0 + 7 * NVL_A + 7 / 8 * S / (NVL * EFF)
+    p_blk, p_d = T0 + NVL_A + S / 8 / (NVL * EFF), T0 + NVL_A + D / (NVL * EFF)
+    k_f, k_b = 8e-3 / 8, 20e-3 / 8
+    assert ag > k_b > p_blk + p_d and p_blk < k_f  # the cases the formulas below take
+    bw = SYS.hbm_bandwidth_Bps * SYS.eff.mem_eff
+    for ring, want in (
+            (0.0, (ag - k_f, k_f, ag - k_b + p_d, k_b + 7 * p_d)),
+            (1.0, (0.0, 7 * p_blk, p_d, 7 * (p_blk + p_d)))):
+        par = Parallel(cp=8, cp_ring=ring, micro_batch=1)
+        got = cp_torch_s(llama, par, SYS, TORCH_CP, jnp.asarray(8e-3), jnp.asarray(20e-3))
+        m_f, m_b = (float(x) / bw for x in cp_torch_merge_bytes(llama, par, TORCH_CP))
+        np.testing.assert_allclose([float(x) for x in got], [*want, m_f, m_b], rtol=1e-5)
+
+
+def test_cp_torch_gradient_contract(x64):
+    """The seconds of PyTorch's experimental CP (exposed + hidden exchange + merges of one
+    layer, all-gather form, c 8) against log(HBM bandwidth, mem_eff, NVLink bandwidth,
+    coll_eff_intra): finite differences (float64), finite, and the physical sign (more of
+    each never slows it)."""
+    from jax.test_util import check_grads
+
+    from diffperf.predict import cp_torch_s
+
+    llama = _model("llama3-8b").replace(seq_len=16384.0)
+    par = Parallel(cp=8, cp_ring=0, micro_batch=1)
+
+    def t(logs):
+        e = SYS.eff.replace(mem_eff=SYS.eff.mem_eff * jnp.exp(logs[1]),
+                            coll_eff_intra=SYS.eff.coll_eff_intra * jnp.exp(logs[3]))
+        nvl = SYS.tiers[0].replace(bandwidth_Bps=NVL * jnp.exp(logs[2]))
+        s = SYS.replace(hbm_bandwidth_Bps=SYS.hbm_bandwidth_Bps * jnp.exp(logs[0]), eff=e,
+                        tiers=(nvl, SYS.tiers[1]))
+        return sum(cp_torch_s(llama, par, s, TORCH_CP, jnp.asarray(1e-4), jnp.asarray(2.5e-4)))
+
+    x = jnp.zeros(4)
+    check_grads(t, (x,), order=1, modes=("rev",), eps=1e-4)
+    g = np.asarray(jax.grad(t)(x))
+    assert np.all(np.isfinite(g)) and np.all(g < 0)
+
+
+def test_cp_torch_in_predict_adds_its_merges_and_exchange():
+    """The config of test_cp_ring_and_all_gather_forms (one compiled program), all-gather form:
+    the fact adds exactly L x (M_f + M_b) of merges to compute_s (selective recompute: the
+    forward is not re-run), exposes at least the last dK/dV send per layer, and is slower;
+    without the fact nothing moves (cp_torch = 0 is the default)."""
+    from diffperf.workload.cp import cp_torch_merge_bytes
+
+    h100 = _system("h100-sxm-80gb")
+    llama = _model("llama3-8b").replace(seq_len=65536.0)
+    par = Parallel(cp=8, dp=1, micro_batch=1, global_batch=1, recompute=1, cp_ring=0)
+    off = predict(llama, par, h100, BF16)
+    on = predict(llama, par, h100, TORCH_CP)
+    f, b = cp_torch_merge_bytes(llama, par, TORCH_CP)
+    merges = 32 * float(f + b) / float(h100.hbm_bandwidth_Bps * h100.eff.mem_eff)
+    np.testing.assert_allclose(float(on.breakdown.compute_s - off.breakdown.compute_s), merges,
+                               rtol=1e-4)
+    assert float(on.breakdown.cp_exposed_s) > float(off.breakdown.cp_exposed_s)
+    assert float(on.step_time_s) > float(off.step_time_s) + merges
+    assert float(predict(llama, par, h100).step_time_s) == float(off.step_time_s)
+
+
+def test_wave_split_prices_each_hidden_collective_at_its_own_window():
+    """Training.gemm_wave_split (schedule.overlap.overlap_sigma, g = the GEMM share of the
+    compute a collective hides behind): CP's exchange hides behind the block attention
+    (FlashAttention-class, g = 0: sigma_0 with or without the fact), TP's collectives behind
+    the GEMMs (tp_overlap x dense, g = 1: sigma = 1/2). No DP overlap (dp_overlap 0), so the
+    slowdown is exactly sigma_0 x cp_hidden_s + sigma_TP x tp_hidden_s; by hand, sigma_0 =
+    0.19 and g = 1: 1 - 0.81 / (2 x 0.81) = 0.5. The compiled program of
+    test_cp_ring_and_all_gather_forms (values only change)."""
+    h100 = _system("h100-sxm-80gb")
+    llama = _model("llama3-8b").replace(seq_len=65536.0)
+    s0 = float(h100.eff.overlap_slowdown)
+    waves = TORCH_CP.replace(gemm_wave_split=1.0)
+    for par in (Parallel(cp=8, dp=1, micro_batch=1, global_batch=1, recompute=1, cp_ring=0,
+                         dp_overlap=0),
+                Parallel(tp=2, cp=4, dp=1, micro_batch=1, global_batch=1, recompute=1,
+                         cp_ring=0, dp_overlap=0, tp_overlap=1, sequence_parallel=1)):
+        off = predict(llama, par, h100, TORCH_CP).breakdown
+        on = predict(llama, par, h100, waves).breakdown
+        cp_h, tp_h = float(on.cp_hidden_s), float(on.tp_hidden_s)
+        assert cp_h > 0 and float(on.dp_hidden_s) == 0 == float(on.ep_hidden_s)
+        assert (cp_h, tp_h) == (float(off.cp_hidden_s), float(off.tp_hidden_s))
+        np.testing.assert_allclose(float(off.overlap_slowdown_s), s0 * (cp_h + tp_h), rtol=1e-6)
+        np.testing.assert_allclose(float(on.overlap_slowdown_s), s0 * cp_h + 0.5 * tp_h,
+                                   rtol=1e-6)
+    assert tp_h > 0  # the second layout hides TP
+
+
+def test_cp_torch_host_kernels_by_form():
+    """PyTorch's experimental CP launches c SDPA calls and c - 1 merges per layer forward in
+    either rotate form (predict._layer_parts `kernels`): c 8 adds 7 + 7 kernels to the
+    all-gather form and, beside the ring form's own 7 block attentions + 7 sends, its 7
+    merges. Host-bound on purpose (10 ms per kernel: the host floor is the step), selective
+    recompute (no re-run forward), one micro-batch: the fact adds 32 layers x 3 passes
+    (forward + 2 x backward) x k x 10 ms, k = 14 (all-gather) or 7 (ring). The compiled
+    program of test_cp_ring_and_all_gather_forms (values only change)."""
+    llama = _model("llama3-8b").replace(seq_len=65536.0)
+    h100 = _system("h100-sxm-80gb")
+    slow_host = h100.replace(eff=h100.eff.replace(host_kernel_s=1e-2))
+    for ring, k in ((0.0, 14), (1.0, 7)):
+        par = Parallel(cp=8, dp=1, micro_batch=1, global_batch=1, recompute=1, cp_ring=ring)
+        off = float(predict(llama, par, slow_host, BF16).step_time_s)
+        on = float(predict(llama, par, slow_host, TORCH_CP).step_time_s)
+        assert on - off == pytest.approx(32 * 3 * k * 1e-2, rel=2e-3), ring
 
 
 # --------------------------------------------------------------------------------------------

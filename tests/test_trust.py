@@ -12,7 +12,7 @@ from diffperf import trust as tr
 from diffperf.cli.main import main
 from diffperf.errors import SpecError
 from diffperf.predict import _dp_times
-from diffperf.schedule.overlap import dp_hidden_slowdown_s
+from diffperf.schedule.overlap import dp_hidden_slowdown_s, overlap_sigma
 from diffperf.workload.dp import zero3_copy_out_bytes, zero3_rs_copy_in_bytes
 from diffperf.workload.params import layer_params_per_device
 
@@ -117,7 +117,8 @@ def test_system_gpu_key_is_checked(tmp_path):
 
 def test_published_fp8_rows_carry_the_kernel_and_cp_facts():
     """Float8 rows: FlashAttention-2 (TorchTitan 2024-12), and the CP rows all-gather K/V
-    (TorchTitan's default rotate method, cp_ring=0); step = seq / (TPS x 8) with one sequence
+    (TorchTitan's default rotate method, cp_ring=0), with PyTorch's experimental CP on the
+    cp > 1 rows (cp_torch=1); step = seq / (TPS x 8) with one sequence
     per FSDP rank (TPS counts each sequence once): CP 8, 262144 / (548 x 8) = 59.796 s."""
     runs = load_runs(PUBLISHED.parent / "published_fsdp_fp8.csv")
     by = dict(zip(runs.ids, range(len(runs))))
@@ -125,8 +126,12 @@ def test_published_fp8_rows_carry_the_kernel_and_cp_facts():
     assert all(float(t.attention_fa2) == 1 for t in runs.trainings)
     for rid, i in by.items():
         assert float(runs.parallels[i].cp_ring) == (0 if "-cp" in rid else 1), rid
+        # PyTorch's experimental context_parallel() runs only where CP is on (cp > 1)
+        assert float(runs.trainings[i].cp_torch) == (float(runs.parallels[i].cp) > 1), rid
     assert runs.step_time_s[by["tt-h100-l3-8b-n8-cp8-fp8"]] == pytest.approx(
         262144 / (548 * 8), rel=1e-5)
+    # torch._scaled_mm runs cuBLAS's persistent Hopper kernels beside FSDP's collectives
+    assert all(float(t.gemm_wave_split) == 1 for t in runs.trainings)
 
 
 def test_published_fsdp_csv_loads_with_its_row_facts():
@@ -157,6 +162,9 @@ def test_published_fsdp_csv_loads_with_its_row_facts():
     fa2 = {rid: float(runs.trainings[i].attention_fa2) for rid, i in by.items()}
     assert fa2.pop("tt-h100-l31-405b-n128-tp8") == 0
     assert set(fa2.values()) == {1.0}
+    # cuBLAS's persistent GEMMs beside NCCL (two waves): every H100 row, no A100 row
+    waves = {rid: float(runs.trainings[i].gemm_wave_split) for rid, i in by.items()}
+    assert all(w == (1.0 if "-h100-" in rid else 0.0) for rid, w in waves.items())
     # fms-fsdp README: A100 13B HFU 0.69, MFU 0.61 -> p = 3 (0.69 / 0.61 - 1) = 0.39
     fms13 = runs.parallels[by["fms-a100-l2-13b"]]
     assert float(fms13.recompute) == 2
@@ -228,6 +236,73 @@ def test_hidden_dp_communication_slows_compute():
     assert float(r1.step_time_s - r0.step_time_s) == pytest.approx(sigma * hidden, rel=1e-4)
     exposed = predict(model, par.replace(dp_overlap=0, zero_stage=1), system, tb)
     assert float(exposed.breakdown.dp_hidden_s) == 0.0
+
+
+def test_overlap_sigma_by_hand():
+    """Compute lost per hidden communication second: sigma_0 without the fact; with it the
+    GEMMs (share g) run two waves beside NCCL: 1 - (1 - s0) / (2 g (1 - s0) + 1 - g).
+    g = 0.8, s0 = 0.19: 1 - 0.81 / (1.296 + 0.2) = 0.458556; g = 1: exactly one half (every
+    kernel at half speed); g = 0: s0. Gradient contract in log coordinates under x64: finite,
+    matches finite differences, more GEMM share or a larger s0 loses more."""
+    import jax
+    from jax.test_util import check_grads
+
+    assert float(overlap_sigma(0.19, 0.8, 0.0)) == pytest.approx(0.19, abs=0)
+    assert float(overlap_sigma(0.19, 0.8, 1.0)) == pytest.approx(1 - 0.81 / 1.496, rel=1e-6)
+    assert float(overlap_sigma(0.19, 0.8, 1.0)) == pytest.approx(0.458556, abs=1e-6)
+    assert float(overlap_sigma(0.19, 1.0, 1.0)) == pytest.approx(0.5, rel=1e-6)
+    assert float(overlap_sigma(0.19, 0.0, 1.0)) == pytest.approx(0.19, rel=1e-6)
+    with jax.enable_x64(True):
+        f = lambda x: overlap_sigma(jax.numpy.exp(x[0]), jax.numpy.exp(x[1]), 1.0)  # noqa: E731
+        x = jax.numpy.log(jax.numpy.array([0.19, 0.8]))
+        check_grads(f, (x,), order=1, modes=("rev",))
+        g = jax.grad(f)(x)
+    assert np.all(np.isfinite(np.asarray(g))) and np.all(np.asarray(g) > 0)
+
+
+def test_overlap_sigma_never_cheapens_the_hidden_seconds():
+    """The fact only adds loss: a persistent GEMM beside NCCL takes w = max(2, 1 / (1 -
+    sigma_0)) x its time, never less than a many-wave kernel there. At sigma_0 = 0.6 (a fit
+    may give it: overlap_slowdown is any fraction) w = 2.5 = 1 / 0.4, so sigma = 1 - 0.4 /
+    (g 2.5 x 0.4 + 1 - g) = 0.6 at every g (two waves alone would give 0.5 at g = 1, below
+    sigma_0); at sigma_0 = 0.5 both are 2 (continuous); below, the formula is unchanged."""
+    for g in (0.0, 0.3, 0.8, 1.0):
+        assert float(overlap_sigma(0.6, g, 1.0)) == pytest.approx(0.6, rel=1e-6)
+        assert float(overlap_sigma(0.5, g, 1.0)) == pytest.approx(0.5, rel=1e-6)
+        for s0 in (0.05, 0.19, 0.45, 0.6, 0.9):
+            assert float(overlap_sigma(s0, g, 1.0)) >= s0 - 1e-7
+    assert float(overlap_sigma(0.3, 0.5, 1.0)) == pytest.approx(1 - 0.7 / (0.7 + 0.5),
+                                                                rel=1e-6)
+
+
+def test_gemm_wave_split_slows_the_hidden_dp_seconds_by_hand():
+    """The fact changes only the price of the hidden seconds: the step grows by exactly
+    (sigma - sigma_0) x dp_hidden_s (tp 1: no TP hides), sigma = overlap_sigma(sigma_0, g, 1)
+    with g = the GEMMs' share of a layer's compute: 4 x its forward GEMMs under full
+    recompute (forward, 2 x backward, the recomputed forward) over its compute + recompute
+    (the step's, less the embedding and output layer, per micro-batch and layer)."""
+    from diffperf.costs.compute import layer_dense_times_s
+    from diffperf.predict import _head_parts
+    from diffperf.workload.flops import layer_ops
+
+    model, system = load_model("llama3-8b"), load_system("h100-sxm-80gb")
+    par = Parallel(dp=64, micro_batch=2, global_batch=128, zero_stage=3, recompute=2)
+    tb = training("bf16")
+    on = tb.replace(gemm_wave_split=1.0)
+    r0, r1 = predict(model, par, system, tb), predict(model, par, system, on)
+    first, last = _head_parts(model, par, system, on, None)
+    m, L = float(par.n_microbatches), 32.0
+    layer_work = (float(r1.breakdown.compute_s + r1.breakdown.recompute_s) / m
+                  - float(first["compute_s"] + last["compute_s"])) / L
+    dense, _ = layer_dense_times_s(layer_ops(model, par, on), system, on)
+    g = 4.0 * float(dense) / layer_work
+    s0 = float(system.eff.overlap_slowdown)
+    sigma = float(overlap_sigma(s0, g, 1.0))
+    hidden = float(r0.breakdown.dp_hidden_s)
+    assert 0.6 < g < 1.0 and float(r1.breakdown.dp_hidden_s) == hidden > 0
+    assert float(r1.breakdown.overlap_slowdown_s) == pytest.approx(sigma * hidden, rel=1e-4)
+    assert float(r1.step_time_s - r0.step_time_s) == pytest.approx((sigma - s0) * hidden,
+                                                                   rel=1e-4)
 
 
 # --------------------------------------------------------------------------------- CLI

@@ -16,7 +16,7 @@ import functools
 
 import jax.numpy as jnp
 
-from diffperf.workload.cp import cp_kv_bytes
+from diffperf.workload.cp import cp_kv_bytes, cp_torch_elements
 from diffperf.workload.flops import (head_shards, is_mla, layer_ops, moe_layer_fraction,
                                      quantized_elem_bytes, score_elements, shared_expert_width,
                                      softmax_fallback, softmax_fallback_costs,
@@ -236,11 +236,17 @@ def cp_kv_buffer_bytes(model, parallel, training):
                                                      being sent (double buffering)
     S = `workload.cp.cp_kv_bytes` (2 b s a_kv d_h q_a / t). Source: PAPERS.md section 5.7
     (ring attention passes K/V blocks; NERSC 2D-seqp gathers K/V) [D].
+    Under `Training.cp_torch` (PyTorch's experimental context parallel) S carries the a query
+    heads, and the backward holds fp32 dQ, dK, dV accumulators plus the fp32 dK, dV block
+    being sent and the one received: + 4 (E_q + 3 E_kv) (`workload.cp.cp_torch_elements`;
+    pytorch _attention.py `_templated_ring_attention_backward`, convert_to_f32).
     """
     c, ring = parallel.cp, parallel.cp_ring
     S = cp_kv_bytes(model, parallel, training)
     on = jnp.where(c > 1, 1.0, 0.0)
-    return on * (ring * 2.0 * S / c + (1.0 - ring) * (c - 1.0) / c * S)
+    E_q, _, E_kv = cp_torch_elements(model, parallel, training)
+    fp32 = jnp.where(training.cp_torch > 0, 4.0 * (E_q + 3.0 * E_kv), 0.0)
+    return on * (ring * 2.0 * S / c + (1.0 - ring) * (c - 1.0) / c * S + fp32)
 
 
 def logits_bytes(model, parallel, training):

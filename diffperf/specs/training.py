@@ -60,6 +60,12 @@ class Training(struct.PyTreeNode):
                                  # costs.compute.attention_kernel_factor); 0: the kernel the
                                  # efficiency set's attention curve describes (on Hopper
                                  # cuDNN / FA3-class, data/kernels/h100_attention.csv)
+    gemm_wave_split: Any = 0.0   # 1: the run's GEMMs are statically scheduled persistent
+                                 # kernels (one CTA per SM: cuBLAS on Hopper) launched with no
+                                 # SM carve-out, so a GEMM that runs beside an NCCL kernel
+                                 # runs as two waves, twice its time (pytorch issue 143988,
+                                 # PR 144974; schedule.overlap.overlap_sigma); 0: the hidden
+                                 # communication costs Efficiency.overlap_slowdown only
     attn_tile: Any = 0.0         # B > 0: the fused attention kernel computes the score matrix
                                  # in B x B tiles (every tile that one query of its row block
                                  # sees, whole), and a sliding-window layer and a full layer are
@@ -79,6 +85,15 @@ class Training(struct.PyTreeNode):
                                  # TEGroupedMLP; workload.flops.moe_quant_pad_bytes); 0: no
                                  # copy (16-bit GEMMs, token counts already aligned: drop-and-pad
                                  # at capacity, HybridEP, router padding; the default)
+    cp_torch: Any = 0.0          # 1: context parallelism as PyTorch's experimental
+                                 # context_parallel() runs it (torch.distributed.tensor.
+                                 # experimental._attention, TorchTitan 2024-12): K and V
+                                 # exchanged with the a query heads (SDPA after repeat_kv),
+                                 # the all-gather hidden behind the first block's SDPA only,
+                                 # the fp32 dK / dV passed rank to rank every backward step,
+                                 # partial outputs and gradients merged in fp32
+                                 # (workload.cp.cp_torch_merge_bytes, predict._cp_parts); 0:
+                                 # the forms of Parallel.cp_ring alone (the default)
     checkpoint_interval_s: Any = 0.0  # run choice: training seconds between checkpoints
                                  # (tau); 0: the optimum of Daly (2006), schedule.goodput
     xla_compiled: Any = 0.0      # 1: the whole step is one XLA program (JAX jit): memory is

@@ -655,6 +655,78 @@ def moe_quant_pad_bytes(model, parallel, training):
             * 4.0 * training.activation_bytes * model.hidden * R)
 
 
+def ep_chunk_elementwise_bytes(model, parallel, training, fallback=None):
+    """(A, M, A_once, M_once): the forward HBM bytes of a layer's memory-bound kernels that
+    Megatron-Core's merged EP schedule (`overlap_moe_expert_parallel_comm`) runs on its
+    compute stream in the pre-dispatch chunk (A) and in the expert chunk (M), and of those the
+    bytes whose backward moves them once (`elementwise_backward_once_bytes`' share of each):
+
+        A = q_a [7 T_sp h + 4 T (r_q + r_kv)] + scores + P_A + 2 n_x T_sp h
+            + lambda (rotary + repeat_kv) + `rope_kv_pass_bytes`
+        M = q_a T f' (2 + gated) / t + (P - 2 P_A) + lambda glu
+            + `moe_eager_clamp_bias_bytes` + `moe_quant_pad_bytes`
+        C = 3 q_a T_sp h + P_A          (the combine node, on the communication stream)
+        A_once = lambda (rotary + repeat_kv) + `rope_kv_pass_bytes`,  M_once = `moe_quant_pad_bytes`
+    with P = `moe_permute_bytes` and P_A = phi q_a h T_e (1 + k C_f) for the alltoall
+    dispatcher at e > 1 (its permute before the dispatch; its unpermute after the combine is
+    C's), 0 for flex (DeepEP / HybridEP permute after the dispatch and unpermute before the
+    combine, both in M) and at e = 1; the other symbols as `elementwise_bytes`, of whose terms
+    A + M + C is a partition (the 10 T_sp h of two norms and two residual adds: the input norm,
+    the pre-MLP norm and the attention's residual add in A, the MLP's residual add in C).
+    Source: Megatron-Core builds each MoE layer of the merged schedule from nodes on two streams
+    (`models/common/model_chunk_schedule_plan.py`, `TransformerLayerSchedulePlan`: attn and mlp
+    on the compute stream, moe_dispatch and moe_combine on the communication stream;
+    `models/gpt/fine_grained_callables.py`, `build_transformer_layer_callables`):
+    attn = input norm, attention, its residual add, pre-MLP norm, router and the dispatcher's
+    `dispatch_preprocess` (alltoall: `permute`); mlp = `routed_experts_compute`
+    (`dispatch_postprocess`: the chunk sort, flex: the permute; the experts with their
+    activation and quantization padding; `combine_preprocess`: the chunk sort back, flex: the
+    unpermute); moe_combine = the combine all-to-all, `combine_postprocess` (alltoall:
+    `unpermute`) and the MLP's residual add (`mlp_bda`, "placed after mlp.combine"). Read at
+    core_v0.14.0, core_v0.15.0 and core_v0.16.0 (the containers 25.09-26.04.01); the shared
+    experts run in the mlp node at core_v0.15.0 and in the attn node from core_v0.16.0: they
+    are counted in M here, as `predict._MLP_ROWS` counts their GEMMs [S].
+    The windows of `schedule.overlap.ep_merged_1f1b_exposed_s` are these chunks' whole compute
+    stream: GEMMs, attention core and these memory-bound kernels (`predict._layer_parts`).
+    Example (Qwen3 235B-A22B on DGX-H100: h 4096, k 8, f_e 1536, SwiGLU; b 1, s 4096, t 2 with
+    SP, etp 1, e 32, alltoall, bf16 tokens, moe_quant_pad 1): T = 4096, T_sp = T_e = 2048;
+    A = 2 (7 x 2048 x 4096) + 2 x 4096 x 2048 x 9 = 117.4e6 + 151.0e6 = 268.4e6 B;
+    M = 2 x 4096 x 12288 x 3 / 2 + 2 x 4096 x 2048 x 32 + 4 x 2 x 4096 x 16384
+      = 151.0e6 + 536.9e6 + 536.9e6 = 1224.7e6 B; C = 50.3e6 + 151.0e6 = 201.3e6 B;
+    A_once = 0, M_once = 536.9e6 B.
+    """
+    t, h, q = head_shards(parallel), model.hidden, training.activation_bytes
+    T = tokens_per_device(model, parallel)
+    T_sp = T / jnp.where(parallel.sequence_parallel > 0, parallel.tp, 1.0) / hidden_shards(
+        parallel)
+    if fallback is None:
+        fallback = softmax_fallback(model, parallel, training)
+    dense_w, moe_w = _moe_weights(model)
+    f_act = dense_w * model.ffn_hidden + moe_w * (
+        model.moe_topk * model.capacity_factor * model.moe_ffn_hidden
+        + model.n_shared_experts * shared_expert_width(model))
+    scores = score_elements(model, parallel) * (
+        (1.0 - training.flash_attention) * 4.0 * q
+        + fallback * softmax_fallback_costs(training)[1])
+    latents = is_mla(model) * 4.0 * T * (model.q_lora_rank + model.kv_lora_rank)
+    _, T_e = _expert_tokens(model, parallel)
+    kc = model.moe_topk * model.capacity_factor
+    flex = (parallel.ep_dispatch > 0) & (parallel.ep > 1)
+    perm_a = jnp.where(flex | (parallel.ep <= 1), 0.0,
+                       moe_layer_fraction(model) * q * h * T_e * (1.0 + kc))
+    perm = moe_permute_bytes(model, parallel, training)
+    rope, repeat = _eager_rope_repeat_bytes(model, parallel, training)
+    lam = training.llama_eager_pointwise
+    a_once = lam * (rope + repeat) + rope_kv_pass_bytes(model, parallel, training)
+    m_once = moe_quant_pad_bytes(model, parallel, training)
+    a = (q * (7.0 * T_sp * h + latents) + scores + perm_a
+         + 2.0 * training.norm_extra_bytes * T_sp * h + a_once)
+    m = (q * T * f_act * (2.0 + model.gated_mlp) / t + (perm - 2.0 * perm_a)
+         + lam * model.gated_mlp * 2.0 * q * T * f_act / t
+         + moe_eager_clamp_bias_bytes(model, parallel, training) + m_once)
+    return a, m, a_once, m_once
+
+
 def moe_quant_pad_kernels(model, training):
     """Kernels `moe_quant_pad_bytes` adds to a layer's forward: 3 (Fp8Padding of the tokens
     and of their probabilities, Fp8Unpadding of the fc2 output; one multi-tensor kernel each),
