@@ -102,19 +102,24 @@ def _eta(m, n, k, eff):
 
 
 def test_fp8_gemm_on_h100_from_the_datasheet_peak():
-    """8192^3 GEMM on an H100 SXM: 2 N^3 / (1978.9 TFLOP/s x eta), eta = 0.8 / (1 +
-    (64 / (3^-1/4 8192))^1.5) = 0.79917 -> 0.6952 ms; compute-bound (its 268 MB of FP8 inputs
-    and BF16 output take 0.094 ms at 3350 GB/s x 0.85). BF16: the same eta at 989.4: 2x."""
+    """8192^3 GEMM on an H100 SXM: 2 N^3 / (1978.9 TFLOP/s x s x eta), s = 0.711 / 0.80604 =
+    0.88209 (the measured FP8 fraction over the BF16 reference, configs/systems/h100-sxm-80gb.
+    yaml), eta = 0.8 / (1 + (64 / (3^-1/4 8192))^1.5) = 0.79917 -> 0.7881 ms; compute-bound
+    (its 268 MB of FP8 inputs and BF16 output take 0.094 ms at 3350 GB/s x 0.85). BF16: the
+    same eta at 989.4 (s = 1, the reference): 2 x 0.88209 = 1.7642x the FP8 time, not 2x."""
     h100 = _system("h100-sxm-80gb")
     t8 = training("fp8-current")
     g = _one_gemm(N, N, N)
     eta = _eta(N, N, N, h100.eff)
-    hand = 2 * N ** 3 / (1978.9e12 * eta)
-    assert hand == pytest.approx(6.952e-4, rel=1e-3)
+    s = 0.711 / (797.5 / 989.4)
+    assert s == pytest.approx(0.88209, abs=1e-5)
+    hand = 2 * N ** 3 / (1978.9e12 * s * eta)
+    assert hand == pytest.approx(7.881e-4, rel=1e-3)
     got = float(lowp_gemm_times_s(g, h100, t8, h100.eff.mm_max, h100.eff.mm_half_dim)[0])
     assert got == pytest.approx(hand, rel=1e-5)
     bf16 = float(gemm_times_s(g, h100, t8, h100.eff.mm_max, h100.eff.mm_half_dim)[0])
-    assert bf16 / got == pytest.approx(1978.9 / 989.4, rel=1e-5)
+    assert bf16 / got == pytest.approx(1978.9 / 989.4 * s, rel=1e-5)
+    assert bf16 / got == pytest.approx(1.7642, abs=1e-4)
 
 
 def test_nvfp4_gemm_on_b200_runs_at_the_fp4_peak_it_sustains():
@@ -149,11 +154,16 @@ def test_sustained_scale_by_hand_and_unmeasured_gpus_unchanged():
     assert 0.566 / ref == pytest.approx(0.70220, rel=1e-4)
     assert float(sustained_scale(0.0)) == 1.0
     assert float(sustained_scale(ref)) == pytest.approx(1.0, rel=1e-6)
+    # H100's 16-bit rate is the reference (no matmul_sustained_frac): the peak, bit for bit;
+    # its FP8 rate has a measured fraction since branch h100fp8 (test_h100_fp8_fraction_...)
     h100 = _system("h100-sxm-80gb")
     for name in ("bf16", "fp8-current"):
         t = training(name)
         assert float(matmul_rate(h100, t)) == float(matmul_peak(h100, t))
-        assert float(lowp_rate(h100, t)) == float(lowp_peak(h100, t))
+    # a GPU with FP8 tensor cores and no FP8 measurement keeps its datasheet FP8 peak
+    unmeasured = h100.replace(matmul_fp8_sustained_frac=0.0)
+    t8 = training("fp8-current")
+    assert float(lowp_rate(unmeasured, t8)) == float(lowp_peak(unmeasured, t8))
 
 
 def test_b300_and_gb200_fractions_carry_the_mamf_ratio_onto_b200s_shape_class():
@@ -190,22 +200,27 @@ def test_grand_teton_500w_cap_slows_the_sm_clocked_rates_not_hbm():
     """The 500 W Grand Teton H100 (94 GiB HBM2e) sustains the 700 W reference fraction times
     its SM clock at the cap over the uncapped clock, 1731 / 1969 MHz (arXiv:2604.11391v2
     Fig. 6b; configs/systems/grand-teton-h100.yaml sources): f = 0.80604 x 0.87913 = 0.7086.
-    By hand: s = 0.7086 / 0.80604 = 0.879108; BF16 989.4 x s = 869.790 TFLOP/s, FP8 1978.9 x
-    s = 1739.667; vector 66.9 x 0.87913 = 58.81. The datasheet peak (MFU's denominator) and the
+    By hand: s = 0.7086 / 0.80604 = 0.879108; BF16 989.4 x s = 869.790 TFLOP/s; FP8: the 700 W
+    H100 SXM's FP8 fraction x the same clock ratio, 0.711 x 0.87913 = 0.6251, 1978.9 x 0.6251 /
+    0.80604 = 1534.668; vector 66.9 x 0.87913 = 58.81. The datasheet peak (MFU's denominator) and the
     HBM bandwidth (its own clock) are unchanged; an 8192^3 GEMM takes 1 / s = 1.137516 x the
     700 W SXM's time, a memory-bound op the same time at the same bandwidth."""
     gt, sxm = _system("grand-teton-h100"), _system("h100-sxm-80gb")
     ref = 797.5 / 989.4
     clock = 1731.0 / 1969.0
     assert ref * clock == pytest.approx(0.7086, abs=5e-5)
-    assert float(gt.matmul_sustained_frac) == 0.7086 == float(gt.matmul_fp8_sustained_frac)
+    assert float(gt.matmul_sustained_frac) == 0.7086
+    # FP8: the 700 W H100 SXM's FP8 fraction (0.711, branch h100fp8) x the same clock ratio
+    assert float(gt.matmul_fp8_sustained_frac) == 0.6251
+    assert 0.711 * clock == pytest.approx(0.6251, abs=5e-5)
     s = 0.7086 / ref
     assert s == pytest.approx(0.879108, abs=1e-6)
     t16, t8 = training("bf16"), training("fp8-current")
     assert float(matmul_peak(gt, t16)) == pytest.approx(989.4e12, rel=1e-6)
     assert float(lowp_peak(gt, t8)) == pytest.approx(1978.9e12, rel=1e-6)
     assert float(matmul_rate(gt, t16)) == pytest.approx(869.790e12, rel=2e-6)
-    assert float(lowp_rate(gt, t8)) == pytest.approx(1739.667e12, rel=2e-6)
+    assert float(lowp_rate(gt, t8)) == pytest.approx(1978.9e12 * 0.6251 / ref, rel=1e-6)
+    assert 1978.9 * 0.6251 / ref == pytest.approx(1534.668, abs=1e-3)
     assert float(gt.vector_flops_per_s) == pytest.approx(66.9e12 * clock, rel=1e-4)
     assert float(gt.hbm_bandwidth_Bps) == pytest.approx(2.4e12, rel=1e-6)
     g = _one_gemm(N, N, N)
@@ -422,6 +437,38 @@ def test_gb300_fp8_fraction_carries_the_azure_ratio_onto_gb200s():
     t16 = training("bf16")
     assert float(matmul_rate(gb300, t16)) / float(matmul_rate(gb200, t16)) == pytest.approx(
         0.672 / 0.631, rel=1e-6)
+
+def test_h100_fp8_fraction_is_the_reference_times_the_mamf_fp8_to_bf16_ratio():
+    """H100 SXM (700 W) FP8 fraction = the BF16 reference fraction x the FP8 / BF16 fraction
+    ratio of one benchmark run of both dtypes on a 700 W H100 SXM (stas00/ml-engineering MAMF
+    table, torch 2.7.0+cu126: BF16 794.5, FP8 1402.6 TFLOP/s; configs/systems/h100-sxm-80gb.
+    yaml). By hand: 794.5 / 989.4 = 0.80301, 1402.6 / 1978.9 = 0.70878, ratio 0.88265;
+    797.5 / 989.4 = 0.80604 x 0.88265 = 0.71145 -> 0.711. H200, Meta's 24K H100 and the
+    fms-fsdp H100 nodes (same 700 W part) take it; Grand Teton (500 W) x 1731 / 1969 = 0.6251.
+    The model's FP8 / BF16 sustained rate on H100 is then 2 x 0.711 / 0.80604 = 1.7642 (was
+    2), and GB200 / H100 in FP8 5000 x 0.537 / (1978.9 x 0.711) = 1.9083 (was 1.6834; Azure's
+    cuBLASLt 16384^3 pair 2819.5 / 1377.3 = 2.047, docs/accuracy-bridge.md Session 11)."""
+    bf16_mamf, fp8_mamf = 794.5 / 989.4, 1402.6 / 1978.9
+    assert bf16_mamf == pytest.approx(0.80301, abs=1e-5)
+    assert fp8_mamf == pytest.approx(0.70878, abs=1e-5)
+    ratio = fp8_mamf / bf16_mamf
+    assert ratio == pytest.approx(0.88265, abs=1e-5)
+    ref = 797.5 / 989.4
+    assert ref * ratio == pytest.approx(0.71145, abs=1e-5)
+    for name in ("h100-sxm-80gb", "h200-sxm-141gb", "meta-h100-24k", "h100-80gb-800gbps-node"):
+        s = _system(name)
+        assert float(s.matmul_fp8_sustained_frac) == pytest.approx(0.711, abs=1e-9), name
+        assert float(s.matmul_sustained_frac) == 0.0, name   # BF16 stays the reference
+    assert float(_system("grand-teton-h100").matmul_fp8_sustained_frac) == pytest.approx(
+        0.711 * 1731 / 1969, abs=5e-5)
+    h100, t8, t16 = _system("h100-sxm-80gb"), training("fp8-current"), training("bf16")
+    assert float(lowp_rate(h100, t8)) == pytest.approx(1978.9e12 * 0.711 / ref, rel=1e-6)
+    assert float(lowp_rate(h100, t8)) / float(matmul_rate(h100, t16)) == pytest.approx(
+        1.7642, abs=1e-4)
+    gb200 = _system("gb200-nvl72")
+    assert float(lowp_rate(gb200, t8)) / float(lowp_rate(h100, t8)) == pytest.approx(
+        1.9083, abs=1e-4)
+
 
 def test_cli_runs_every_precision_on_b300(capsys):
     for p in LOW + ("fp8",):
