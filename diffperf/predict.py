@@ -101,11 +101,16 @@ def _ep_parts(model, parallel, system, training, windows, temperature):
     micro-batch's compute (`schedule.overlap.ep_merged_1f1b_exposed_s`), a fraction
     ep_overlap of each phase's compute usable:
 
-        windows = (A_f, M_f, M_b, A_b): pre-dispatch (attention, router, permute) and MLP
-                  compute of the forward and the backward (GEMMs, attention core, memory-bound
-                  kernels and quantization casts of each chunk: workload.flops.
-                  ep_chunk_elementwise_bytes), less the TP communication already hidden
-                  behind them (one GEMM cannot hide two collectives at once)."""
+        windows = (A_f, M_f, M_b, A_b, M_b,w, A_b,w): pre-dispatch (attention, router,
+                  permute) and MLP compute of the forward and the backward (GEMMs, attention
+                  core, memory-bound kernels and quantization casts of each chunk:
+                  workload.flops.ep_chunk_elementwise_bytes), and the weight-gradient GEMMs
+                  of M_b and A_b, which run deferred: every Megatron-Bridge recipe that sets
+                  `overlap_moe_expert_parallel_comm` sets `delay_wgrad_compute` with it
+                  (v0.1.0rc3 scripts/performance/run_script.py, v0.2.0 utils/helpers.py
+                  `set_moe_a2a_overlap_overrides`, v0.3.0-v0.6.0 utils/overrides.py
+                  `_set_moe_a2a_overlap_overrides`); each less the TP communication already
+                  hidden behind it (one GEMM cannot hide two collectives at once)."""
     n_f, n_b = ep_a2a_per_layer(parallel)
     S = ep_a2a_bytes(model, parallel, training)
     s_ep = ep_stride(parallel, stride(_placed(parallel), "ep"))
@@ -113,10 +118,11 @@ def _ep_parts(model, parallel, system, training, windows, temperature):
                   hierarchical_all_to_all_s(S, parallel.ep, s_ep, model.moe_topk,
                                             model.n_experts, system),
                   all_to_all_s(S, parallel.ep, s_ep, system))
-    attn_f, mlp_f, mlp_b, attn_b = windows
+    attn_f, mlp_f, mlp_b, attn_b, mlp_bw, attn_bw = windows
     c_x = (n_b - 2.0) * c
     _, fh, _, bh = ep_merged_1f1b_exposed_s(c, c_x, attn_f, mlp_f, mlp_b, attn_b,
-                                            parallel.ep_overlap, temperature)
+                                            parallel.ep_overlap, temperature,
+                                            mlp_bw_s=mlp_bw, attn_bw_s=attn_bw)
     # The warm-up forwards and cool-down backwards of the schedule have no partner pass:
     # their all-to-alls are all exposed (schedule.overlap.ep_merged_unpaired_frac), so a
     # share 1 - u of the merged schedule's hidden time stays hidden (exactly 0 hidden, all
@@ -380,7 +386,12 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         attn_b = attn_b + memory_time_s(2.0 * e_a - once_a, system) + (quant_b - q_mb)
         free_f = 1.0 - tp_fh / jnp.maximum(attn_f + mlp_f, 1e-30)
         free_b = 1.0 - tp_bh / jnp.maximum(attn_b + mlp_b, 1e-30)
-        windows = (free_f * attn_f, free_f * mlp_f, free_b * mlp_b, free_b * attn_b)
+        # Megatron-Bridge turns the overlap on with delay_wgrad_compute: the weight-gradient
+        # GEMMs of each chunk run after its dgrad, waited for by no all-to-all.
+        mlp_bw = jnp.sum(mlp * wgrad_rows)
+        attn_bw = jnp.sum((1.0 - mlp) * wgrad_rows)
+        windows = (free_f * attn_f, free_f * mlp_f, free_b * mlp_b, free_b * attn_b,
+                   free_b * mlp_bw, free_b * attn_bw)
         ep_f, ep_fh, ep_b, ep_bh = _ep_parts(model, parallel, system, training, windows,
                                              temperature)
     else:

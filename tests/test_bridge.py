@@ -350,24 +350,95 @@ def test_ep_overlap_facts_follow_each_rows_container_release():
 
 def test_merged_ep_schedule_exposes_each_phase_by_hand():
     """Megatron-Core's EP all-to-all overlap (model_chunk_schedule_plan.py: comm combine_bwd |
-    dispatch_fwd, dispatch_bwd | combine_fwd against compute A_f | M_b, M_f | A_b), by hand:
-    c = 1 ms, A_f = 0.6, M_f = 1, M_b = 2, A_b = 1.2, o = 1: phase 1 exposes 1 - 0.6 = 0.4 ms
-    (the backward's combine), phases 2 and 3 none; o = 0.5: phase 1 1 - 0.3 = 0.7, phase 2
-    2 - 1.5 = 0.5 (half each pass), phase 3 1 - 0.6 = 0.4 (the forward's combine);
-    o = 0: all 4 ms exposed, 2 per pass. A full recompute's two extra all-to-alls (c_x = 2 ms)
-    join phase 2 on the backward's side: 4 - 3 = 1 ms, of which c / 4 = 0.25 forward."""
+    dispatch_fwd, dispatch_bwd | combine_fwd against compute A_f | M_b, M_f | A_b), by hand,
+    no deferred wgrad: c = 1 ms, A_f = 0.6, M_f = 1, M_b = 2, A_b = 1.2, o = 1: step 1
+    max(1, 2) + max(1, 1) - 3 = 0, step 2 (combine_fwd behind A_b, the next layer's combine_bwd
+    behind A_f) max(1, 1.2) + max(1, 0.6) - 1.8 = 0.4 ms, the combine_bwd's; o = 0.5: step 1
+    max(1, 1) + max(1, 0.5) - 1.5 = 0.5 (dispatch_bwd's), step 2 max(1, 0.6) + max(1, 0.3) - 0.9
+    = 1.1, of which the combine_fwd's 1 - 0.6 = 0.4; o = 0: all 4 ms exposed, 2 per pass. A
+    full recompute's two extra all-to-alls (c_x = 2 ms) are not paired: the backward's whole."""
     from diffperf.schedule.overlap import ep_merged_1f1b_exposed_s as merged
     ms = 1e-3
     f, fh, b, bh = (float(x) for x in merged(ms, 0.0, 0.6 * ms, ms, 2 * ms, 1.2 * ms, 1.0))
     np.testing.assert_allclose([f, fh, b, bh], [0, 2 * ms, 0.4 * ms, 1.6 * ms], atol=1e-9)
     f, fh, b, bh = (float(x) for x in merged(ms, 0.0, 0.6 * ms, ms, 2 * ms, 1.2 * ms, 0.5))
-    np.testing.assert_allclose([f, b], [0.4 * ms + 0.25 * ms, 0.7 * ms + 0.25 * ms], rtol=1e-6)
+    np.testing.assert_allclose([f, b], [0.4 * ms, 0.5 * ms + 0.7 * ms], rtol=1e-6)
     np.testing.assert_allclose([f + fh, b + bh], [2 * ms, 2 * ms], rtol=1e-6)
     f, fh, b, bh = (float(x) for x in merged(ms, 0.0, 0.6 * ms, ms, 2 * ms, 1.2 * ms, 0.0))
     np.testing.assert_allclose([f, fh, b, bh], [2 * ms, 0, 2 * ms, 0], atol=1e-9)
     f, fh, b, bh = (float(x) for x in merged(ms, 2 * ms, 0.6 * ms, ms, 2 * ms, 1.2 * ms, 1.0))
-    np.testing.assert_allclose([f, b], [0.25 * ms, 0.4 * ms + 0.75 * ms], rtol=1e-6)
+    np.testing.assert_allclose([f, b], [0.0, 0.4 * ms + 2 * ms], atol=1e-9)
     np.testing.assert_allclose(b + bh, 4 * ms, rtol=1e-6)
+
+
+def test_merged_ep_schedule_steps_follow_each_micro_batchs_event_chain_by_hand():
+    """Each node of the merged schedule waits only for its own micro-batch's previous node
+    (ScheduleNode's per-chunk CUDA event), a deferred weight gradient (delay_wgrad_compute,
+    which Megatron-Bridge sets with the overlap) for none. c = 1 ms, o = 1:
+    - M_b = 2, M_f = 0.5, no deferred wgrad: dispatch_bwd waits for all of M_b, M_f for
+      dispatch_fwd: max(1, 2) + max(1, 0.5) - 2.5 = 0.5 ms exposed (the dispatch_bwd's), where
+      one window max(2 c, M_b + M_f) would hide both all-to-alls;
+    - the same with M_b,w = 1 ms deferred: dispatch_bwd waits for the 1 ms dgrad only:
+      max(max(1, 1) + 1, max(1, 2) + 0.5) - 2.5 = 0;
+    - A_b = 2 of which A_b,w = 1 deferred, A_f = 0.5: the next layer's combine_bwd hides behind
+      A_b,w + A_f: max(max(1, 1) + 1, max(1, 2) + 0.5) - 2.5 = 0, where the phase form
+      (combine_bwd behind A_f alone) exposed 0.5;
+    - M_b = 1.5 of which 0.5 deferred, M_f = 0.2, A's large: dispatch_fwd ends with the 1 ms
+      dgrad, dispatch_bwd then runs behind M_b,w + M_f = 0.7 ms only: max(max(1, 1) + 1,
+      max(1, 1.5) + 0.2) - 1.7 = 0.3 ms, the backward's;
+    - M_b = 0.5 of which 0.25 deferred, M_f = 0.2: dispatch_fwd outlasts all 0.5 ms of M_b
+      (0.5 ms, the forward's), dispatch_bwd waits for it and runs behind M_f only:
+      max(max(1, 0.25) + 1, max(1, 0.5) + 0.2) - 0.7 = 1.3 ms, 0.8 the backward's."""
+    from diffperf.schedule.overlap import ep_merged_1f1b_exposed_s as merged
+    ms = 1e-3
+    big = 10 * ms
+    run = lambda af, mf, mb, ab, mbw=0.0, abw=0.0: [float(x) for x in merged(  # noqa: E731
+        ms, 0.0, af, mf, mb, ab, 1.0, mlp_bw_s=mbw, attn_bw_s=abw)]
+    f, _, b, _ = run(big, 0.5 * ms, 2 * ms, big)
+    np.testing.assert_allclose([f, b], [0.0, 0.5 * ms], atol=1e-9)
+    f, _, b, _ = run(big, 0.5 * ms, 2 * ms, big, mbw=ms)
+    np.testing.assert_allclose([f, b], [0.0, 0.0], atol=1e-9)
+    f, _, b, _ = run(0.5 * ms, big, big, 2 * ms, abw=ms)
+    np.testing.assert_allclose([f, b], [0.0, 0.0], atol=1e-9)
+    f, _, b, _ = run(0.5 * ms, big, big, 2 * ms)
+    np.testing.assert_allclose([f, b], [0.0, 0.5 * ms], atol=1e-9)
+    f, _, b, _ = run(big, 0.2 * ms, 1.5 * ms, big, mbw=0.5 * ms)
+    np.testing.assert_allclose([f, b], [0.0, 0.3 * ms], atol=1e-9)
+    f, _, b, _ = run(big, 0.2 * ms, 0.5 * ms, big, mbw=0.25 * ms)
+    np.testing.assert_allclose([f, b], [0.5 * ms, 0.8 * ms], atol=1e-9)
+
+
+def test_predict_defers_each_chunks_weight_gradient_in_the_merged_ep_schedule(monkeypatch):
+    """predict hands the merged schedule each chunk's weight-gradient GEMMs as deferred
+    (Megatron-Bridge sets delay_wgrad_compute with the overlap): M_b,w = the wgrad rows of the
+    MLP chunk, A_b,w the rest, both x the TP-free share of the backward, inside M_b and A_b."""
+    import importlib
+    from diffperf.api import _as_float
+    from diffperf.costs.compute import layer_pass_gemm_times_s
+
+    pr = importlib.import_module("diffperf.predict")  # the module, not diffperf.predict()
+    seen = {}
+    real = pr.ep_merged_1f1b_exposed_s
+
+    def spy(*args, **kw):
+        seen["args"], seen["kw"] = args, kw
+        return real(*args, **kw)
+
+    monkeypatch.setattr(pr, "ep_merged_1f1b_exposed_s", spy)
+    qwen = _model("qwen3-235b-a22b")
+    par = Parallel(tp=2, pp=8, vp=4, dp=16, ep=32, etp=1, micro_batch=1, sequence_parallel=1,
+                   global_batch=8192, ep_overlap=1.0)
+    M, P, S, T = _as_float((qwen, par, _system("h100-sxm-80gb"), BF16))
+    pr._layer_parts(M, P, S, T, None, features=pr.features_of(M, P, T))
+    mlp_b, attn_b = seen["args"][4:6]
+    mbw, abw = float(seen["kw"]["mlp_bw_s"]), float(seen["kw"]["attn_bw_s"])
+    _, _, wgrad = layer_pass_gemm_times_s(layer_ops(M, P, T), S, T, None, False, None)
+    mlp = np.asarray(pr._MLP_ROWS)
+    free = mbw / float(np.sum(mlp * np.asarray(wgrad)))
+    assert 0.0 < free <= 1.0
+    np.testing.assert_allclose(abw, free * float(np.sum((1 - mlp) * np.asarray(wgrad))),
+                               rtol=1e-5)
+    assert 0.0 < mbw < float(mlp_b) and 0.0 < abw < float(attn_b)
 
 
 def test_merged_ep_schedule_windows_hold_each_chunks_memory_bound_kernels_by_hand():
@@ -442,12 +513,13 @@ def test_merged_ep_schedule_gradient_contract(x64):
     from diffperf.schedule.overlap import ep_merged_1f1b_exposed_s as merged
 
     def total(logs):
-        c, af, mf, mb, ab, o = (v * jnp.exp(x) for v, x in zip(
-            (1e-3, 0.6e-3, 1e-3, 2e-3, 1.2e-3, 0.8), logs))
-        f, _, b, _ = merged(c, 0.0, af, mf, mb, ab, o, temperature=0.05)
+        c, af, mf, mb, ab, o, mbw, abw = (v * jnp.exp(x) for v, x in zip(
+            (1e-3, 0.6e-3, 1e-3, 2e-3, 1.2e-3, 0.8, 0.6e-3, 0.3e-3), logs))
+        f, _, b, _ = merged(c, 0.0, af, mf, mb + mbw, ab + abw, o, temperature=0.05,
+                            mlp_bw_s=mbw, attn_bw_s=abw)
         return f + b
 
-    x = jnp.zeros(6)
+    x = jnp.zeros(8)
     check_grads(total, (x,), order=1, modes=("rev",), eps=1e-4)
     g = np.asarray(jax.grad(total)(x))
     assert np.all(np.isfinite(g)) and g[0] > 0 and np.all(g[1:] < 0), g

@@ -230,45 +230,84 @@ def axonn_exposed_s(fwd_ar_s, z_gather_s, bwd_ar_s, z_scatter_s, dw_windows_s, f
     return (jnp.sum(fwd_ar_s) + e_ag, h_ag, jnp.sum(e_ar) + e_z, jnp.sum(h_ar) + h_z)
 
 
+def ep_two_step_exposed_s(c1_s, c2_s, k1_s, k1w_s, k2_s, temperature=None):
+    """(exposed by the first all-to-all, exposed by the second) seconds of one step of
+    Megatron-Core's merged EP schedule: the communication stream runs c1 then c2, the compute
+    stream k1, then k1w, then k2; c2 waits for k1 (its input is k1's output), k2 waits for c1,
+    k1w (a deferred weight gradient) waits for nothing on the other stream:
+
+        end     = max(max(c1, k1) + c2, max(c1, k1 + k1w) + k2)
+        exposed = end - (k1 + k1w + k2) = e2 + max(0, e1 + c2 - e2 - (k1w + k2))
+        e1 = max(0, c1 - k1),  e2 = max(0, c1 - k1 - k1w)
+    e2 (c1 outlasting all the compute before k2) is c1's; the rest, min(., c2), c2's.
+    Source: Megatron-Core `pipeline_parallel/utils.py` `ScheduleNode` (each node waits for the
+    event its micro-batch's previous node recorded and records it when done, on its own
+    stream; `stream_acquire_context`), `models/gpt/fine_grained_callables.py`
+    `TransformerLayerNode.backward_dw` (the weight gradient runs on the current, compute,
+    stream outside any event: nothing on the communication stream waits for it),
+    core_v0.14.0-core_v0.16.0 [S].
+    Example: c1 = c2 = 1, k1 = 0.5, k1w = 0.5, k2 = 1 (ms): end = max(1 + 1, 1 + 1) = 2,
+    exposed 0 (the form max(2 c, K) gives 0 too); k1 = 1.5, k1w = 0, k2 = 0.5: end =
+    max(2.5, 1.5 + 0.5) = 2.5, exposed 0.5, all c2's (max(2 c, K) would give 0).
+    """
+    e1 = exposed(c1_s, k1_s, temperature)
+    e2 = exposed(c1_s, k1_s + k1w_s, temperature)
+    rest = exposed(e1 + c2_s - e2, k1w_s + k2_s, temperature)
+    return e2, jnp.minimum(rest, c2_s)
+
+
 def ep_merged_1f1b_exposed_s(a2a_s, extra_bwd_s, attn_f_s, mlp_f_s, mlp_b_s, attn_b_s,
-                             overlap, temperature=None):
+                             overlap, temperature=None, mlp_bw_s=0.0, attn_bw_s=0.0):
     """(forward exposed, forward hidden, backward exposed, backward hidden) of one MoE
     layer's token all-to-alls under Megatron-Core's EP all-to-all overlap, which merges the
     forward of one micro-batch with the backward of the previous one, layer by layer, on two
-    streams (`overlap_moe_expert_parallel_comm`), in three phases:
+    streams (`overlap_moe_expert_parallel_comm`):
 
         comm stream:     combine_bwd  | dispatch_fwd -> dispatch_bwd  | combine_fwd
-        compute stream:  A_f          | M_b -> M_f                    | A_b
-        exposed = sum over phases of max(0, C_i - o K_i)
-          phase 1: C = c,              K = A_f   (pre-dispatch forward: attention, router)
-          phase 2: C = 2 c + c_x,      K = M_b + M_f   (expert MLP backward, its wgrad, forward)
-    (each K is the chunk's whole compute stream: GEMMs, attention core and its memory-bound
-    kernels, `workload.flops.ep_chunk_elementwise_bytes`)
-          phase 3: C = c,              K = A_b   (pre-dispatch backward: attention backward)
-    c = one dispatch or combine all-to-all (`a2a_s`), c_x = `extra_bwd_s` (the all-to-alls
-    a full recompute adds, which the schedule does not pair), o = ep_overlap. Phase 1's
-    all-to-all is the backward's (combine_bwd), phase 3's the forward's (combine_fwd), and
-    phase 2's are one of each (split half and half, c_x to the backward).
+        compute stream:  A_f          | M_b -> M_b,w -> M_f           | A_b -> A_b,w
+    Each node waits for its own micro-batch's previous node (dispatch_bwd for M_b's input
+    gradient, M_f for dispatch_fwd, A_b for dispatch_bwd, the next layer's A_f for combine_fwd,
+    its combine_bwd for A_b), not for the other micro-batch's, and a deferred weight gradient
+    (M_b,w, A_b,w: `delay_wgrad_compute`) for none. So a layer is two steps of
+    `ep_two_step_exposed_s` (two all-to-alls, the first hidden behind the compute before the
+    second one's input is ready, the second behind what follows):
+          step 1: c1 = c (dispatch_fwd), c2 = c (dispatch_bwd),
+                  k1 = M_b - M_b,w, k1w = M_b,w, k2 = M_f
+          step 2: c1 = c (combine_fwd), c2 = c (the next layer's combine_bwd),
+                  k1 = A_b - A_b,w, k1w = A_b,w, k2 = A_f (the next layer's, the same)
+    each K times o. A_f, M_f, M_b, A_b = the pre-dispatch (attention, router) and expert
+    (MLP) chunks' whole compute stream (GEMMs, attention core and its memory-bound kernels,
+    `workload.flops.ep_chunk_elementwise_bytes`), M_b,w and A_b,w (`mlp_bw_s`, `attn_bw_s`) the
+    weight-gradient GEMMs in M_b and A_b that run deferred (0: Megatron-Core's default
+    `delay_wgrad_compute = False`, where each is part of its node's backward), c = one
+    dispatch or combine all-to-all (`a2a_s`), c_x = `extra_bwd_s` (the all-to-alls a full
+    recompute adds, which the schedule does not pair: exposed whole, on the backward;
+    Megatron-Core rejects full recompute under this overlap), o = ep_overlap. The forward
+    exposes each step's e2 (its own all-to-all outlasting the compute before k2), the
+    backward the rest.
     Source: Megatron-Core `megatron/core/models/common/model_chunk_schedule_plan.py`,
-    `TransformerLayerSchedulePlan.run` docstring (the stream diagram above, at d98e8a64);
+    `TransformerLayerSchedulePlan.run` (the stream diagram above and its issue order: at
+    d98e8a64 and core_v0.14.0-core_v0.16.0), `pipeline_parallel/utils.py` `ScheduleNode`
+    (one CUDA event per micro-batch's model chunk, waited for and recorded around every
+    node), `models/gpt/fine_grained_callables.py` `TransformerLayerNode.backward_dw`;
     `megatron/core/transformer/moe/README.md`, "EP A2A Overlap: overlaps All-to-All with
-    computation by merging FWD-BWD passes of adjacent microbatches" [S]. The first and last
-    micro-batch of a pipeline phase have no partner (not modelled: counted as overlapped).
-    Example: c = 1 ms, A_f = 0.6, M_f = 1, M_b = 2, A_b = 1.2 ms, o = 1: phase 1 exposes
-    0.4 ms, phase 2 none (2 ms behind 3 ms), phase 3 none: 0.4 ms of 4 ms exposed (the
-    window-per-pass form, forward 2 c behind M_f + A_f = 1.6 ms, exposed 0.4 ms, backward 2 c
-    behind 3.2 ms, none, gives the same here; it differs when the forward's all-to-alls
-    exceed its own compute but not the paired backward's).
+    computation by merging FWD-BWD passes of adjacent microbatches" [S]. The warm-up and
+    cool-down passes have no partner: `ep_merged_unpaired_frac`, applied by `predict._ep_parts`.
+    Example: c = 1 ms, A_f = 0.6, M_f = 1, M_b = 2, A_b = 1.2 ms, no deferred wgrad, o = 1:
+    step 1 max(1, 2) + max(1, 1) = 3 ms against 3 ms of compute, none exposed; step 2
+    max(1, 1.2) + max(1, 0.6) = 2.2 against 1.8 ms: 0.4 ms exposed, the combine_bwd's (the
+    backward's): 0.4 ms of 4 ms. With M_f = 0.5 and M_b,w = 0 step 1 exposes
+    max(1, 2) + max(1, 0.5) - 2.5 = 0.5 ms (a single window max(2 c, M_b + M_f) would hide all
+    of it); with M_b,w = 1 of the 2 ms, the dispatch_bwd waits only for the 1 ms dgrad:
+    max(max(1, 1) + 1, max(1, 2) + 0.5) - 2.5 = 0.
     """
-    e1 = exposed(a2a_s, overlap * attn_f_s, temperature)
-    e2 = exposed(2.0 * a2a_s + extra_bwd_s, overlap * (mlp_b_s + mlp_f_s), temperature)
-    e3 = exposed(a2a_s, overlap * attn_b_s, temperature)
-    total2 = 2.0 * a2a_s + extra_bwd_s
-    # phase 2's exposed share, by the all-to-all time each pass put into it
-    share_f = a2a_s / jnp.where(total2 > 0, total2, 1.0)
-    f = e3 + share_f * e2
-    b = e1 + (1.0 - share_f) * e2
-    return f, 2.0 * a2a_s - f, b, a2a_s + a2a_s + extra_bwd_s - b
+    c, c_x, o = a2a_s, extra_bwd_s, overlap
+    f1, b1 = ep_two_step_exposed_s(c, c, o * (mlp_b_s - mlp_bw_s), o * mlp_bw_s,
+                                   o * mlp_f_s, temperature)
+    f2, b2 = ep_two_step_exposed_s(c, c, o * (attn_b_s - attn_bw_s), o * attn_bw_s,
+                                   o * attn_f_s, temperature)
+    f, b = f1 + f2, b1 + b2 + c_x
+    return f, 2.0 * c - f, b, 2.0 * c + c_x - b
 
 
 def ep_merged_unpaired_frac(parallel):
