@@ -95,8 +95,8 @@ def overlap_sigma(overlap_slowdown, gemm_share, wave_split):
     sigma_0 = Efficiency.overlap_slowdown (every kernel beside an NCCL kernel runs at 1 -
     sigma_0 of its speed), g = the GEMMs' share of the compute seconds the communication
     hides behind (predict._layer_parts: the layer's GEMM share for the DP / ZeRO, EP and AxoNN
-    collectives, 1 for the TP collectives hidden behind the GEMMs, 0 for the CP exchange
-    hidden behind the attention), wave_split = Training.gemm_wave_split.
+    collectives, 0 for the CP exchange hidden behind the attention; the TP collectives as TE
+    userbuffers runs them, `tp_userbuffers_sigmas`), wave_split = Training.gemm_wave_split.
     Why: on Hopper cuBLAS runs its GEMMs as statically scheduled persistent kernels, one CTA
     per SM (132 on an H100 SXM), each CTA looping over its share of the output tiles. An NCCL
     kernel beside it holds ~10 % of the SMs (24 CTAs in the forum measurement below), so only
