@@ -4,7 +4,7 @@ row's own container release (docs/accuracy-bridge.md, sections "MoE physics" and
 per container").
 
     python calibration/bridge_recipe_facts.py OUT.csv \
-        [--facts overlap,layout,dispatch,attn,moe_act,recompute,quant_pad]
+        [--facts overlap,layout,dispatch,attn,moe_act,recompute,quant_pad,waves]
     python calibration/bridge_recipe_facts.py data/megatron_bridge.csv   # the shipped CSV
     python calibration/bridge_moe_rows.py --csv OUT.csv          # per-row effect
 
@@ -123,6 +123,24 @@ per container").
    (`pad_multiple`), and the CSV does not carry which backend a flex row ran.
    `Training.moe_quant_pad`, `workload.flops.moe_quant_pad_bytes`; docs/accuracy-bridge.md
    "Session 10: the dropless alltoall path".
+8. `gemm_wave_split=1` (session 11, branch bridgewave) on every DGX-H100 row (system
+   h100-sxm-80gb, every container): the GEMMs are cuBLAS(Lt)'s persistent Hopper kernels, one
+   CTA per SM, and nothing in these runs reserves SMs for the communication beside them, so a
+   GEMM beside an NCCL kernel (the distributed optimizer's overlapped gradient reduce-scatter
+   and parameter all-gather, the EP all-to-all, DeepEP's kernels) runs a second wave
+   (`Training.gemm_wave_split`, `schedule.overlap.overlap_sigma`). Transformer Engine (v2.7 in
+   25.09, 2.9 in 25.11, 2.12 in 26.02, 2.14 in 26.04: Megatron-Bridge docs/releases/
+   software-versions.md) gives cuBLASLt an SM target only when asked: `num_math_sms = sm_count
+   - getenv("NVTE_EXT_MARGIN_SM", sm_count)` = 0 by default (pytorch/csrc/extensions/gemm.cpp
+   `gemm`; cpp_extensions/gemm.py `general_grouped_gemm` for the MoE experts, the same), and
+   common/gemm/cublaslt_gemm.cu sets CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET only when
+   math_sm_count != 0 (read at TE v2.7, v2.9, v2.12, v2.14, v2.16). No Megatron-Bridge release
+   (v0.1.0rc3 ... v0.5.0, snapshot 4ab94dfad) sets NVTE_EXT_MARGIN_SM: its performance scripts
+   set only NVTE_{FWD,BWD}_LAYERNORM_SM_MARGIN (the norm kernels) and NCCL_CTA_POLICY /
+   NCCL_NVLS_ENABLE. TE's userbuffers TP overlap sizes its own GEMMs (`tp_userbuffers_sigmas`).
+   Hopper only: the wave split rests on Hopper's static tile schedule (NVIDIA/cutlass issue
+   2471); Blackwell's CUTLASS GEMMs schedule tiles dynamically (cluster launch control), and
+   no source read here says what Blackwell's cuBLAS kernels do beside NCCL: not set there.
 """
 
 from __future__ import annotations
@@ -214,7 +232,7 @@ DEFAULT_MODULES = ("core_attn",)
 MODULES = ("core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "shared_experts")
 # the set-column fields this file writes (the others a row carries are kept)
 OWNED = ("ep_overlap", "pp_first_layers", "pp_last_layers", "attn_tile",
-         "moe_eager_clamp_bias", "moe_quant_pad", "recompute_layer_frac",
+         "moe_eager_clamp_bias", "moe_quant_pad", "recompute_layer_frac", "gemm_wave_split",
          *(f"recompute_{m}" for m in MODULES))
 # Models of the CSV with sliding-window layers, and the fused kernel's score tile (fact 4)
 SLIDING_WINDOW_MODELS = ("gpt-oss-120b",)
@@ -226,6 +244,8 @@ EAGER_CLAMP_BIAS_CONTAINERS = ("25.11", "26.02", "26.02.01", "26.04", "26.04.01"
 # counts in TEGroupedMLP (fact 7), and the precisions that quantize the expert GEMMs
 QUANT_PAD_CONTAINERS = ("25.09", "25.11", "26.02", "26.02.01", "26.04", "26.04.01")
 QUANT_PAD_PRECISIONS = ("fp8-current", "fp8-delayed", "fp8-blockwise", "mxfp8", "nvfp4")
+# Systems whose GEMMs are Hopper cuBLAS persistent kernels with no SM carve-out (fact 8)
+WAVE_SPLIT_SYSTEMS = ("h100-sxm-80gb",)
 # DeepSeek-V3 (pp, vp) -> (decoder layers on the first device, on the last device)
 DSV3_LAYOUT = {("16", "1"): (4, 1), ("8", "2"): (8, 5), ("8", "1"): (8, 5),
                ("4", "4"): (16, 13), ("4", "2"): (16, 13)}
@@ -275,6 +295,8 @@ def row_facts(row, facts) -> list[str]:
             and row["precision"] in QUANT_PAD_PRECISIONS
             and row["moe_token_drop"] != "1" and ran_alltoall(row, facts)):
         out.append("moe_quant_pad=1")
+    if "waves" in facts and row["system"] in WAVE_SPLIT_SYSTEMS:
+        out.append("gemm_wave_split=1")
     if "layout" in facts and row["model"] == "deepseek-v3":
         lay = (DSV3_H100_LAYOUT if row["system"] == "h100-sxm-80gb"
                else DSV3_LAYOUT.get((row["pp"], row["vp"])))
@@ -287,7 +309,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
     p.add_argument("--facts",
-                   default="overlap,layout,dispatch,attn,moe_act,recompute,quant_pad")
+                   default="overlap,layout,dispatch,attn,moe_act,recompute,quant_pad,waves")
     args = p.parse_args(argv)
     facts = set(args.facts.split(","))
     rows = list(csv.reader(CSV.open(newline="")))

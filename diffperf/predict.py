@@ -34,7 +34,7 @@ from diffperf.schedule.goodput import (checkpoint_bytes, checkpoint_write_s, dal
 from diffperf.schedule.overlap import (axonn_exposed_s, dp_hidden_slowdown_s,
                                        dp_step_exposed_s, ep_merged_1f1b_exposed_s,
                                        ep_merged_unpaired_frac, overlap_sigma,
-                                       ring_exposed_s, split_exposed,
+                                       ring_exposed_s, split_exposed, tp_userbuffers_sigmas,
                                        zero3_layer_exposed_s, zero3_microbatch_edge_s)
 from diffperf.schedule.pipeline import (critical_stage, p2p_exposed_s, pipeline_times_s,
                                         stage_times_s)
@@ -430,21 +430,23 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     # or with gemm_wave_split the GEMMs beside NCCL at half speed, g = the GEMMs' share of the
     # compute each collective hides behind: the layer's compute seconds (forward, backward
     # and their recomputed GEMMs) for the DP / ZeRO (predict_step), EP and AxoNN collectives;
-    # the GEMMs alone (g = 1) for TP's (its window is tp_overlap x the GEMMs, with an NCCL
-    # kernel beside them as the fact states; TE's userbuffers overlap launches its GEMMs on
-    # the SMs its comm kernels leave, CommOverlapBase _math_sms, and splits no wave); the attention
-    # alone (g = 0: FlashAttention-class kernels, not persistent) for CP's exchange (its
-    # window is the block attention, `_cp_parts`).
+    # the attention alone (g = 0: FlashAttention-class kernels, not persistent) for CP's
+    # exchange (its window is the block attention, `_cp_parts`). TP's hidden seconds (its
+    # window is tp_overlap x the GEMMs) as TE's userbuffers overlap runs them
+    # (tp_userbuffers_sigmas): its GEMMs are sized to the SMs the comm kernels leave, or the
+    # chunks move by copy engine, so no wave splits (sigma_0), except the backward's bulk
+    # reduce-scatter beside the wgrad GEMM that Megatron-Bridge's H100 configurations run
+    # without an SM margin (half the backward TP seconds at g = 1).
     gemm_s = dense + dense_b + full * (dense - skipped) + sel_gemm + sac * sac_gemm
     work_s = (dense + dense_b + attn + attn_bwd + other_f + other_b + recompute
               + quant_f + quant_b + cpm_f + cpm_b)
     split = training.gemm_wave_split
     sigma = overlap_sigma(e.overlap_slowdown, gemm_s / jnp.maximum(work_s, 1e-30), split)
-    sigma_tp = overlap_sigma(e.overlap_slowdown, 1.0, split)
+    sigma_tp_f, sigma_tp_b = tp_userbuffers_sigmas(e.overlap_slowdown, split)
     sigma_cp = overlap_sigma(e.overlap_slowdown, 0.0, split)  # = sigma_0
     # (without the fact every sigma is sigma_0 and the differences are exactly 0)
-    slow_f = sigma * hidden_f + (sigma_tp - sigma) * tp_fh + (sigma_cp - sigma) * cp_fh
-    slow_b = sigma * hidden_b + (sigma_tp - sigma) * tp_bh + (sigma_cp - sigma) * cp_bh
+    slow_f = sigma * hidden_f + (sigma_tp_f - sigma) * tp_fh + (sigma_cp - sigma) * cp_fh
+    slow_b = sigma * hidden_b + (sigma_tp_b - sigma) * tp_bh + (sigma_cp - sigma) * cp_bh
     gpu_f = (dense + attn + other_f + tp_f + cp_f + ep_f + ax_f
              + slow_f + quant_f + cpm_f)
     gpu_b = (dense_b + attn_bwd + other_b + recompute + tp_b + cp_b + ep_b + ax_b

@@ -12,7 +12,8 @@ from diffperf import trust as tr
 from diffperf.cli.main import main
 from diffperf.errors import SpecError
 from diffperf.predict import _dp_times
-from diffperf.schedule.overlap import dp_hidden_slowdown_s, overlap_sigma
+from diffperf.schedule.overlap import (dp_hidden_slowdown_s, overlap_sigma,
+                                       tp_userbuffers_sigmas)
 from diffperf.workload.dp import zero3_copy_out_bytes, zero3_rs_copy_in_bytes
 from diffperf.workload.params import layer_params_per_device
 
@@ -273,6 +274,26 @@ def test_overlap_sigma_never_cheapens_the_hidden_seconds():
             assert float(overlap_sigma(s0, g, 1.0)) >= s0 - 1e-7
     assert float(overlap_sigma(0.3, 0.5, 1.0)) == pytest.approx(1 - 0.7 / (0.7 + 0.5),
                                                                 rel=1e-6)
+
+
+def test_tp_userbuffers_sigmas_by_hand():
+    """TP hidden behind the GEMMs as TE userbuffers runs it: forward sigma_0 (SM margin or
+    copy engine: no wave split), backward half at overlap_sigma(s0, 1, split) (bulk
+    reduce-scatter beside the full-SM wgrad GEMM), half at sigma_0. s0 = 0.19, split 1:
+    (0.19, (0.19 + 0.5) / 2 = 0.345); split 0: (0.19, 0.19) exactly. Gradient contract in log
+    sigma_0 under x64: finite, matches finite differences, a larger sigma_0 loses more."""
+    import jax
+    from jax.test_util import check_grads
+
+    f, b = tp_userbuffers_sigmas(0.19, 1.0)
+    assert float(f) == 0.19 and float(b) == pytest.approx(0.345, rel=1e-6)
+    assert tuple(float(x) for x in tp_userbuffers_sigmas(0.19, 0.0)) == (0.19, 0.19)
+    with jax.enable_x64(True):
+        loss = lambda x: sum(tp_userbuffers_sigmas(jax.numpy.exp(x), 1.0))  # noqa: E731
+        x = jax.numpy.log(jax.numpy.array(0.19))
+        check_grads(loss, (x,), order=1, modes=("rev",))
+        g = float(jax.grad(loss)(x))
+    assert np.isfinite(g) and g > 0
 
 
 def test_gemm_wave_split_slows_the_hidden_dp_seconds_by_hand():

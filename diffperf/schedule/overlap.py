@@ -95,8 +95,8 @@ def overlap_sigma(overlap_slowdown, gemm_share, wave_split):
     sigma_0 = Efficiency.overlap_slowdown (every kernel beside an NCCL kernel runs at 1 -
     sigma_0 of its speed), g = the GEMMs' share of the compute seconds the communication
     hides behind (predict._layer_parts: the layer's GEMM share for the DP / ZeRO, EP and AxoNN
-    collectives, 1 for the TP collectives hidden behind the GEMMs, 0 for the CP exchange
-    hidden behind the attention), wave_split = Training.gemm_wave_split.
+    collectives, 0 for the CP exchange hidden behind the attention; the TP collectives as TE
+    userbuffers runs them, `tp_userbuffers_sigmas`), wave_split = Training.gemm_wave_split.
     Why: on Hopper cuBLAS runs its GEMMs as statically scheduled persistent kernels, one CTA
     per SM (132 on an H100 SXM), each CTA looping over its share of the output tiles. An NCCL
     kernel beside it holds ~10 % of the SMs (24 CTAs in the forum measurement below), so only
@@ -123,6 +123,53 @@ def overlap_sigma(overlap_slowdown, gemm_share, wave_split):
     w = 0.5 * (2.0 + r + abs(r - 2.0))  # max(2, r), Python floats stay Python floats
     split = 1.0 - (1.0 - s0) / (w * g * (1.0 - s0) + 1.0 - g)
     return s0 + wave_split * (split - s0)
+
+
+# Share of the counted backward TP collectives that Megatron-Bridge's H100 userbuffers
+# configurations run in TE's bulk mode without an SM margin (tp_userbuffers_sigmas)
+UB_BULK_BACKWARD_SHARE = 0.5
+
+
+def tp_userbuffers_sigmas(overlap_slowdown, wave_split):
+    """(forward, backward) compute lost per second of TP communication hidden behind the
+    GEMMs (Parallel.tp_overlap), as Transformer Engine's userbuffers TP overlap runs it:
+
+        sigma_TP,f = sigma_0
+        sigma_TP,b = (1 - u) sigma_0 + u overlap_sigma(sigma_0, 1, wave_split),   u = 1/2
+    sigma_0 = Efficiency.overlap_slowdown, wave_split = Training.gemm_wave_split
+    (`overlap_sigma`: at g = 1 the GEMM beside a comm kernel that holds SMs runs two waves).
+    Why: userbuffers (TE `CommOverlapBase` / `CommOverlapP2PBase`, common/comm_gemm_overlap/
+    comm_gemm_overlap.cpp, v2.7 to v2.16) launches each overlapped GEMM with `_math_sms =
+    set_sm_margin ? sm_count - num_comm_sm : sm_count` CTAs (passed to cuBLASLt as
+    CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, common/gemm/cublaslt_gemm.cu), so with an SM margin
+    the persistent GEMM fits beside the comm kernel in one wave; the ring-exchange mode moves
+    its chunks with the copy engine (`use_ce`, default True; userbuffers.cu
+    `userbuffers_send`: cudaMemcpyAsync, a one-thread flag kernel) and holds no SMs.
+    Megatron-Bridge's H100 configurations (`src/megatron/bridge/training/comm_overlap.py`,
+    userbuffers_{bf16,fp8}_h100_h8192_tp4_mbs1_seqlen8192 / _h16384_tp8_cp2_mbs1_seqlen8192,
+    identical at v0.1.0rc3 ... v0.5.0 and 4ab94dfad) run: forward, the all-gathers in ring
+    exchange (qkv_fprop, fc1_fprop) and the reduce-scatters in pipeline or ring exchange with
+    set_sm_margin=True (proj_fprop, fc2_fprop): no wave split, sigma_0; backward, the
+    all-gather of the output gradient in ring exchange (proj_dgrad, fc2_dgrad: no split) and
+    the reduce-scatter of the input gradient in bulk mode beside the weight-gradient GEMM
+    (qkv_wgrad, fc1_wgrad: BulkOverlapCfg(num_sm=24 / 4 / 2, set_sm_margin=False)), whose
+    GEMM takes all sm_count SMs while the comm kernel holds num_sm of them: two waves. Of the
+    two equal-size backward collectives per block that diffperf counts (workload.tp: the
+    all-reduce equivalent = all-gather + reduce-scatter under SP) one is bulk: u = 1/2. (The
+    re-gather of the input for the weight gradient, bulk qkv_dgrad / fc1_dgrad with
+    set_sm_margin=False, is not a counted collective: `tp_calls_per_all_reduce`.) TE's own
+    defaults (`initialize_ub` without a configuration, pytorch/module/base.py) set the margin
+    for bulk and pipeline and use the copy engine for ring exchange: u = 0 there. Megatron-
+    Core runs the bulk overlaps by default (ModelParallelConfig tp_comm_bulk_wgrad /
+    tp_comm_bulk_dgrad True, tp_comm_overlap_rs_dgrad False; TE layernorm_linear.py: "Overlap
+    dgrad reduce-scatter with wgrad compute"). u follows Megatron-Bridge's configurations:
+    the wave-split fact is set on Hopper Megatron-Bridge rows, the ones that run them.
+    Example: sigma_0 = 0.19, wave_split 1: (0.19, 0.5 x 0.19 + 0.5 x 0.5 = 0.345); wave_split
+    0: (0.19, 0.19).
+    """
+    s0 = overlap_slowdown
+    u = UB_BULK_BACKWARD_SHARE
+    return s0, (1.0 - u) * s0 + u * overlap_sigma(s0, 1.0, wave_split)
 
 
 def dp_step_exposed_s(reduce_s, gather_s, bwd_window_s, parallel, temperature=None):
