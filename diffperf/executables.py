@@ -40,7 +40,9 @@ _LOCK = threading.RLock()
 def _leaf_key(x) -> str:
     sharding = getattr(x, "sharding", None)
     spec = getattr(sharding, "spec", None)
-    return f"{np.shape(x)}:{np.result_type(x)}:{spec}"
+    # x.dtype where x has one: NumPy deprecates reading an array-like as a dtype
+    dtype = x.dtype if hasattr(x, "dtype") else np.result_type(x)
+    return f"{np.shape(x)}:{dtype}:{spec}"
 
 
 def _devices_of(args) -> list:
