@@ -69,3 +69,18 @@ def pytest_terminal_summary(terminalreporter):
         f"total: {sum(t['tried'] for t in totals)} inputs, "
         f"{sum(t['crashes'] for t in totals)} crashes (tracebacks, hangs, non-finite "
         f"outputs, bad values accepted)")
+
+
+# The heaviest files first (CPU seconds per file, benchmarks/README.md "Session 11: suite
+# time"): with `--dist loadfile` each xdist worker takes the next whole file when it is free,
+# so a heavy file collected last leaves one worker running alone at the end (longest
+# processing time first). Only the order changes: every test still runs.
+_HEAVY_FIRST = ("test_gradients.py", "test_search.py", "test_properties.py", "test_sweep.py",
+                "test_sensitivity.py", "test_cli.py", "test_first_answer.py", "test_studies.py",
+                "test_reliability.py", "test_steer.py", "test_compile.py", "test_goodput.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(_HEAVY_FIRST)}
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda it: (rank.get(it.path.name, len(rank)), order[id(it)]))
