@@ -317,6 +317,29 @@ def layer_ops(model, parallel, training) -> LayerOps:
     )
 
 
+def _elementwise_shapes(model, parallel, training, fallback=None):
+    """The sizes `elementwise_bytes` and `ep_chunk_elementwise_bytes` share: head shards t,
+    hidden h, activation bytes q, tokens per device T, sequence-parallel tokens T_sp, the
+    activated FFN width f_act (dense and routed + shared expert widths), the unfused score
+    bytes per element (`scores`, 0 with flash attention unless the softmax falls back) and
+    MLA's latent bytes."""
+    t, h, q = head_shards(parallel), model.hidden, training.activation_bytes
+    T = tokens_per_device(model, parallel)
+    T_sp = T / jnp.where(parallel.sequence_parallel > 0, parallel.tp, 1.0) / hidden_shards(
+        parallel)
+    if fallback is None:
+        fallback = softmax_fallback(model, parallel, training)
+    dense_w, moe_w = _moe_weights(model)
+    f_act = dense_w * model.ffn_hidden + moe_w * (
+        model.moe_topk * model.capacity_factor * model.moe_ffn_hidden
+        + model.n_shared_experts * shared_expert_width(model))
+    scores = score_elements(model, parallel) * (
+        (1.0 - training.flash_attention) * 4.0 * q
+        + fallback * softmax_fallback_costs(training)[1])
+    latents = is_mla(model) * 4.0 * T * (model.q_lora_rank + model.kv_lora_rank)
+    return t, h, q, T, T_sp, f_act, scores, latents
+
+
 def elementwise_bytes(model, parallel, training, fallback=None):
     """HBM traffic (bytes) of a layer's forward memory-bound ops on one device:
 
@@ -336,20 +359,8 @@ def elementwise_bytes(model, parallel, training, fallback=None):
     `eager_pointwise_bytes`, `moe_eager_clamp_bias_bytes` and `moe_quant_pad_bytes` (all 0
     by default).
     """
-    t, h, q = head_shards(parallel), model.hidden, training.activation_bytes
-    T = tokens_per_device(model, parallel)
-    T_sp = T / jnp.where(parallel.sequence_parallel > 0, parallel.tp, 1.0) / hidden_shards(
-        parallel)
-    if fallback is None:
-        fallback = softmax_fallback(model, parallel, training)
-    dense_w, moe_w = _moe_weights(model)
-    f_act = dense_w * model.ffn_hidden + moe_w * (
-        model.moe_topk * model.capacity_factor * model.moe_ffn_hidden
-        + model.n_shared_experts * shared_expert_width(model))
-    scores = score_elements(model, parallel) * (
-        (1.0 - training.flash_attention) * 4.0 * q
-        + fallback * softmax_fallback_costs(training)[1])
-    latents = is_mla(model) * 4.0 * T * (model.q_lora_rank + model.kv_lora_rank)
+    t, h, q, T, T_sp, f_act, scores, latents = _elementwise_shapes(
+        model, parallel, training, fallback)
     return (q * (T_sp * h * 10.0 + T * f_act * (2.0 + model.gated_mlp) / t + latents) + scores
             + moe_permute_bytes(model, parallel, training)
             + eager_pointwise_bytes(model, parallel, training, T_sp, f_act)
@@ -695,20 +706,8 @@ def ep_chunk_elementwise_bytes(model, parallel, training, fallback=None):
       = 151.0e6 + 536.9e6 + 536.9e6 = 1224.7e6 B; C = 50.3e6 + 151.0e6 = 201.3e6 B;
     A_once = 0, M_once = 536.9e6 B.
     """
-    t, h, q = head_shards(parallel), model.hidden, training.activation_bytes
-    T = tokens_per_device(model, parallel)
-    T_sp = T / jnp.where(parallel.sequence_parallel > 0, parallel.tp, 1.0) / hidden_shards(
-        parallel)
-    if fallback is None:
-        fallback = softmax_fallback(model, parallel, training)
-    dense_w, moe_w = _moe_weights(model)
-    f_act = dense_w * model.ffn_hidden + moe_w * (
-        model.moe_topk * model.capacity_factor * model.moe_ffn_hidden
-        + model.n_shared_experts * shared_expert_width(model))
-    scores = score_elements(model, parallel) * (
-        (1.0 - training.flash_attention) * 4.0 * q
-        + fallback * softmax_fallback_costs(training)[1])
-    latents = is_mla(model) * 4.0 * T * (model.q_lora_rank + model.kv_lora_rank)
+    t, h, q, T, T_sp, f_act, scores, latents = _elementwise_shapes(
+        model, parallel, training, fallback)
     _, T_e = _expert_tokens(model, parallel)
     kc = model.moe_topk * model.capacity_factor
     flex = (parallel.ep_dispatch > 0) & (parallel.ep > 1)
