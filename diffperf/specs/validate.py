@@ -347,7 +347,7 @@ def _check_stages(P, M, where, pick) -> None:
 def _check_zero(P, where, pick) -> None:
     """ZeRO implementation facts: zero_shard a whole number >= 0 dividing dp x cp (the ranks
     that hold the same weights), > 0 only with zero_stage >= 1; zero3_prefetch_params >= 0;
-    zero3_calls_per_layer a whole number >= 1; zero3_copy_out 0 or 1."""
+    zero3_calls_per_layer a whole number in 1..INT_MAX; zero3_copy_out 0 or 1."""
     xp = _xp(where)
     g, n = P["zero_shard"], P["dp"] * P["cp"]
     _fail((g < 0) | (g != xp.round(g)), where, lambda i: (
@@ -364,8 +364,9 @@ def _check_zero(P, where, pick) -> None:
         f"zero3_prefetch_params={pick(w, i):g} must be >= 0 (0: the next layer whole, as "
         f"PyTorch FSDP; DeepSpeed's stage3_prefetch_bucket_size is 5e7)"))
     k = P["zero3_calls_per_layer"]
-    _fail((k < 1) | (k != xp.round(k)), where, lambda i: (
-        f"zero3_calls_per_layer={pick(k, i):g} must be a whole number >= 1"))
+    _fail(~((k >= 1) & (k <= INT_MAX)) | (k != xp.round(k)), where, lambda i: (
+        f"zero3_calls_per_layer={pick(k, i):g} must be a whole number >= 1 (at most "
+        f"{INT_MAX})"))
     c = P["zero3_copy_out"]
     _fail((c != 0) & (c != 1), where, lambda i: (
         f"zero3_copy_out={pick(c, i):g} is not allowed (allowed: 0 FSDP1 / DeepSpeed flat "
@@ -561,7 +562,8 @@ def check_system(system, where: str = "system") -> None:
 def check_training(training, where: str = "training") -> None:
     """0/1 switches (TRAINING_SWITCHES) are 0 or 1; bytes of weights, gradients,
     activations and the residual > 0; every other leaf finite and >= 0; vocab_pad_to a
-    whole number."""
+    whole number; on concrete values also lowp_layer_frac <= 1 and lowp_block, attn_tile
+    0 or whole numbers >= 1."""
     import dataclasses
 
     xp = _xp(where)
@@ -581,6 +583,18 @@ def check_training(training, where: str = "training") -> None:
     v = _arr(training.vocab_pad_to, where)
     _fail(v != xp.round(v), where, lambda i: (
         f"vocab_pad_to={pick(v, i):g} must be a whole number >= 0"))
+    if isinstance(where, _Collect):  # concrete values only, as the switches above
+        return
+    v = _arr(training.lowp_layer_frac, where)
+    _fail(v > 1, where, lambda i: (
+        f"lowp_layer_frac={pick(v, i):g} is not allowed (allowed: 0 to 1, the fraction of "
+        f"the transformer layers whose linears run in low precision)"))
+    for f, what in (("lowp_block", "elements per scale factor; 0: one scale per tensor"),
+                    ("attn_tile", "the B of the attention kernel's B x B score tiles; 0: "
+                                  "no tiling")):
+        v = _arr(getattr(training, f), where)
+        _fail(((v > 0) & (v < 1)) | (v != xp.round(v)), where, lambda i, f=f, v=v, w=what: (
+            f"{f}={pick(v, i):g} is not allowed (allowed: 0 or a whole number >= 1: {w})"))
 
 
 def check_job(parallel, system, where: str = "layout") -> None:
