@@ -1395,6 +1395,12 @@ def test_unknown_dataset_suggests():
     ({"recompute_moe_act": 1}, "parallel: recompute_moe_act=1 needs an MoE model "
                                "(model.moe_experts > 0; got 0); allowed: 0"),
     ({"recompute_mlp": 2}, "parallel: recompute_mlp=2 is not allowed (allowed: 0, 1)"),
+    # each fact's own range (these gave "0 fit", exit 0, before)
+    ({"zero3_copy_out": 2}, "parallel: zero3_copy_out=2 is not allowed (allowed: 0 FSDP1 / "
+                            "DeepSpeed flat buffers, 1 FSDP2 copy-out)"),
+    ({"tp_overlap": 2}, "parallel: tp_overlap=2 must be in [0, 1]"),
+    ({"zero_shard": 0.5}, "parallel: zero_shard=0.5 must be a whole number >= 0"),
+    ({"cp_ring": 3}, "parallel: cp_ring=3 is not allowed (allowed: 0, 1)"),
 ])
 def test_search_framework_facts(facts, message):
     from diffperf.search import enumerate_layouts, search
