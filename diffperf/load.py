@@ -895,6 +895,9 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
     precision_override = precision
     if precision is not None:
         training_from_name(precision, where="--precision")
+    # the command's own --set facts, said as such (not as the first row's)
+    check_training(training_from_name(precision or "bf16", where="--precision", **tr_over),
+                   "--set")
     header, rows = _read_csv(path, RUN_REQUIRED)
     known = (*RUN_REQUIRED, *RUN_OPTIONAL_DEFAULTS, *RUN_INFORMATIONAL, RUN_FACTS)
     for col in header:

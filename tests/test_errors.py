@@ -1292,6 +1292,10 @@ def test_runs_row_fact_out_of_range_names_its_row(tmp_path):
         p = _write_csv(tmp_path, [GOOD_ROW | {"set": fact}], RUN_COLUMNS + ["set"])
         with _raises(f"{p}: row 2 (id r1): {message}"):
             load_runs(p)
+    # the command's own --set: named as such, not as the first row's fact
+    p = _write_csv(tmp_path, [GOOD_ROW], RUN_COLUMNS)
+    with _raises("--set: lowp_layer_frac=3 is not allowed"):
+        load_runs(p, overrides=["lowp_layer_frac=3"])
 
 
 def test_runs_row_facts_unknown_field(tmp_path):
