@@ -336,7 +336,8 @@ def test_ep_overlap_facts_follow_each_rows_container_release():
     rows = {r["id"]: r for r in csv.DictReader(open(CSV))}
     for r in rows.values():
         written = facts.row_facts(
-            r, {"overlap", "layout", "attn", "moe_act", "recompute", "quant_pad", "waves"})
+            r, {"overlap", "layout", "attn", "moe_act", "recompute", "quant_pad", "waves",
+                "tp_ub"})
         mine = [f for f in r["set"].split(";") if f and f.split("=")[0] in facts.OWNED]
         assert mine == written, (r["id"], r["set"], written)
     has = lambda i: "ep_overlap=1" in rows["mb-" + i]["set"].split(";")  # noqa: E731
