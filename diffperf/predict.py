@@ -16,7 +16,6 @@ import numpy as np
 
 from diffperf.costs.axonn import axonn_times_s
 from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s,
-                                        reduce_scatter_s,
                                         hierarchical_all_to_all_s, ring_group,
                                         ring_phase_calls_s, ring_phase_s, ring_step_s,
                                         send_recv_s)
@@ -328,10 +327,10 @@ def _tp_userbuffers_parts(model, parallel, system, training, ops, fprop_rows, dg
     counted with the exposed seconds (forward: the fprops, backward: the row dgrads)."""
     t = parallel.tp
     s_f, s_b, s_rs = tp_ub_message_bytes(model, parallel, training)
-    st = stride(_placed(parallel), "tp")
-    ag_f = all_gather_s(s_f, t, st, system)
-    ag_b = all_gather_s(s_b, t, st, system)
-    rs = reduce_scatter_s(s_rs, t, st, system)
+    # ring all-gathers and the reduce-scatter on the one TP group (costs.collectives.
+    # all_gather_s / reduce_scatter_s: one ring phase each)
+    group = ring_group(t, stride(_placed(parallel), "tp"), system)
+    ag_f, ag_b, rs = (ring_phase_s(group, x, 1.0, 1.0) for x in (s_f, s_b, s_rs))
     block = jnp.where((training.lowp_block > 0) & (training.lowp_dgrad > 0), 1.0, 0.0)
     red = jnp.where(t > 1, memory_time_s(tp_ub_reduce_bytes(model, parallel, training),
                                          system), 0.0)
@@ -343,10 +342,11 @@ def _tp_userbuffers_parts(model, parallel, system, training, ops, fprop_rows, dg
     f_c, d_c, _ = layer_pass_gemm_times_s(ops.replace(dense=chunked), system, training,
                                           temperature, lowp, ((0, 4),))
     f_c, d_c = t * f_c, t * d_c
-    parts = [tp_userbuffers_block_s(ag_f, ag_b, rs, block * ag_b, red, f_c[c], f_c[c + 1],
-                                    dgrad_rows[c], wgrad_rows[c], d_c[c + 1], t, temperature)
-             for c in (0, 2)]
-    f, fh, b, bh, bulk = (a + z for a, z in zip(*parts))
+    # the two blocks at once: column rows 0, 2 and row-parallel rows 1, 3 on axis 0
+    col, row = slice(0, 4, 2), slice(1, 4, 2)
+    f, fh, b, bh, bulk = (jnp.sum(x, axis=0) for x in tp_userbuffers_block_s(
+        ag_f, ag_b, rs, block * ag_b, red, f_c[col], f_c[row], dgrad_rows[col],
+        wgrad_rows[col], d_c[row], t, temperature))
     # the chunked GEMMs' time beyond the whole GEMMs'
     more_f = jnp.sum(f_c[:4] - fprop_rows[:4], axis=0)
     more_b = (d_c[1] - dgrad_rows[1]) + (d_c[3] - dgrad_rows[3])

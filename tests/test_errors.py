@@ -1368,8 +1368,9 @@ def test_unknown_dataset_suggests():
                 "(enumerate_layouts' fixed)"),
     ({"dp_overlapp": 0}, "parallel: 'dp_overlapp' is not a Parallel field; did you mean "
                          "'dp_overlap'? (allowed: etp, dp_overlap, tp_overlap, "
-                         "tp_userbuffers, ep_overlap, ep_dispatch, cp_ring, axonn_overlap, zero_shard, "
-                         "zero3_prefetch_params, zero3_regather, zero3_calls_per_layer, "
+                         "tp_userbuffers, ep_overlap, ep_dispatch, cp_ring, axonn_overlap, "
+                         "zero_shard, zero3_prefetch_params, zero3_regather, "
+                         "zero3_calls_per_layer, "
                          "zero3_copy_out, recompute_layer_frac, recompute_policy, "
                          "recompute_core_attn, recompute_mlp, recompute_moe_act, "
                          "recompute_layernorm, recompute_mla_up_proj, "

@@ -149,3 +149,13 @@ def test_fact_on_the_bridge_rows():
                and r["sequence_parallel"] == "1" and r["precision"] != "nvfp4" for r in on)
     assert not any(r["precision"] == "nvfp4" and "tp_userbuffers=1" in r["set"] for r in rows)
     assert all(("tp_userbuffers=1" in r["set"]) == (r in on) for r in rows)
+
+
+def test_search_traces_the_term_when_the_fact_is_given():
+    """A search given tp_userbuffers = 1 as a framework fact (`search(..., parallel=...)`, its
+    base Parallel) must trace the term: the table's features take the base's facts."""
+    from diffperf.search.kernel import KEYS, _table_features
+
+    keys = np.ones((2, len(KEYS)))
+    assert "tpub" not in _table_features(L405, keys, FP8)
+    assert "tpub" in _table_features(L405, keys, FP8, Parallel(tp_userbuffers=1.0))

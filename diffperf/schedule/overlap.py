@@ -181,10 +181,13 @@ def tp_userbuffers_block_s(ag_f_s, ag_b_s, rs_s, ag_wgrad_s, reduce_s, col_fprop
     micro-batch, as Transformer Engine's userbuffers overlap runs Megatron-Bridge's FP8
     configurations (Parallel.tp_userbuffers):
 
-        forward   AG_f ring exchange beside the column GEMM:   e1 = (t-1) max(0, AG_f/(t-1) - G_c/t)
-                  RS ring exchange beside the row GEMM:         e2 = (t-1) max(0, RS/(t-1) - G_r/t)
+        forward   AG_f ring exchange beside the column GEMM:
+                                                  e1 = (t-1) max(0, AG_f/(t-1) - G_c/t)
+                  RS ring exchange beside the row GEMM:
+                                                  e2 = (t-1) max(0, RS/(t-1) - G_r/t)
                   + the reduction kernel R after the exchange (exposed whole)
-        backward  AG_b ring exchange beside the row dgrad GEMM: e3 = (t-1) max(0, AG_b/(t-1) - D_r/t)
+        backward  AG_b ring exchange beside the row dgrad GEMM:
+                                                  e3 = (t-1) max(0, AG_b/(t-1) - D_r/t)
                   AG_w (MXFP8: the column-wise output gradient for the row wgrad GEMM) after
                   the ring, beside the last dgrad chunk:        e4 = max(0, AG_w - D_r/t)
                   bulk AG_f (input re-gathered for the column wgrad) beside the column dgrad
