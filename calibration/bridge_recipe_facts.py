@@ -4,7 +4,7 @@ row's own container release (docs/accuracy-bridge.md, sections "MoE physics" and
 per container").
 
     python calibration/bridge_recipe_facts.py OUT.csv \
-        [--facts overlap,layout,dispatch,attn,moe_act,recompute,quant_pad,waves,tp_ub]
+        [--facts overlap,layout,dispatch,attn,moe_act,recompute,quant_pad,waves,expert_loop,tp_ub]
     python calibration/bridge_recipe_facts.py data/megatron_bridge.csv   # the shipped CSV
     python calibration/bridge_moe_rows.py --csv OUT.csv          # per-row effect
 
@@ -141,26 +141,42 @@ per container").
    Hopper only: the wave split rests on Hopper's static tile schedule (NVIDIA/cutlass issue
    2471); Blackwell's CUTLASS GEMMs schedule tiles dynamically (cluster launch control), and
    no source read here says what Blackwell's cuBLAS kernels do beside NCCL: not set there.
-9. `tp_userbuffers=1` (session 12, branch tpub) on the Llama rows whose release's performance
-   recipe turns Transformer Engine's userbuffers TP overlap on: every Llama 3 70B / 3.1 405B
-   recipe sets `tp_comm_overlap` with a userbuffers configuration on every GPU, False for
-   NVFP4 (`cfg.comm_overlap.tp_comm_overlap = False if precision == "nvfp4" else ...`), and
-   the FP8 configuration for every precision other than BF16 (`if precision == "bf16": ...
-   else: userbuffers_fp8_...`): v0.2.0 `scripts/performance/configs/llama3{,1}/llama3{,1}_llm_
-   pretrain.py`, v0.3.0-v0.5.0 `scripts/performance/configs/llama/llama3{,1}_llm_pretrain.py`
-   (the base recipes' `CommOverlapConfig(tp_comm_overlap=True, ...)`); v0.1.0rc3 (25.09)
-   `scripts/performance/run_script.py` builds the Llama recipes with their own
-   `CommOverlapConfig(tp_comm_overlap=True, ...)` and sets `tp_comm_overlap_cfg` from
-   `utils/helpers.py` COMM_OVERLAP_CONFIG_MAP (h100 / b200 / gb200, the FP8 entry for every FP8
-   recipe). Megatron-Bridge keeps the overlap only with TP >= 2 and sequence parallelism
-   (`training/comm_overlap.py` `_get_model_comm_overlap_cfgs`: "Disabling tensor parallel
-   communication overlap due to TP size < 2 / sequence_parallel=False"). The four FP8
-   configurations the recipes name (userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192,
-   _h100_h16384_tp8_cp2_mbs1_seqlen8192, _b200_h8192_tp2_mbs1_seqlen8192,
-   _b200_h16384_tp4_cp2_mbs1_seqlen8192; GB200 / GB300 / B300 use the b200 ones) run the same
-   methods, identical at v0.1.0rc3, v0.2.0, v0.5.0: ring exchange forward and for the output
-   gradients, bulk for the backward's input re-gather and input-gradient reduce-scatter
-   (`schedule.overlap.tp_userbuffers_block_s`). Llama 3 8B rows run TP 1 (nothing to set).
+9. `moe_expert_loop=1` (session 12, branch moelocal) on every MoE row of containers
+   25.09-26.04.01 (BF16, FP8-CS, MXFP8): Megatron-Core's TEGroupedMLP (the providers set
+   `moe_grouped_gemm = True`: Megatron-Bridge v0.1.0rc3 `deepseek_provider.py`,
+   `qwen3_moe_bridge.py`; v0.2.0-v0.4.0 `qwen_provider.py`, `deepseek_v3_bridge.py`) builds
+   Transformer Engine GroupedLinear layers, and TE 2.7 / 2.9 / 2.12 / 2.14 (25.09 / 25.11 /
+   26.02 / 26.04) runs a GroupedLinear as one cuBLASLt GEMM per local expert round-robin over
+   4 streams (`multi_stream_cublas_gemm`; the single-launch CUTLASS path only on Hopper under
+   NVTE_USE_CUTLASS_GROUPED_GEMM, which no release sets) and quantizes each expert's slice
+   with its own kernel (`split_quantize`, MXFP8 and FP8 current scaling: "Quantize kernels
+   individually"). The performance scripts of these releases turn TE's op fuser off
+   (v0.1.0rc3 run_script.py "Disabling model.use_transformer_engine_op_fuser";
+   v0.2.0 utils/helpers.py, v0.3.0 / v0.4.0 utils/overrides.py). Not set on 26.06+ rows
+   (Megatron Core 0.18, TE 2.16: the GPT-OSS and DeepSeek-V3 MXFP8 full-iteration recipes run
+   TE's fused grouped MLP, cudnn-frontend issue 256's grouped-GEMM kernels; not read per row).
+   `Training.moe_expert_loop`, `workload.flops.moe_expert_loop_kernels`;
+   docs/accuracy-bridge.md "Session 12: MoE on 8-GPU nodes".
+10. `tp_userbuffers=1` (session 12, branch tpub) on the Llama rows whose release's performance
+    recipe turns Transformer Engine's userbuffers TP overlap on: every Llama 3 70B / 3.1 405B
+    recipe sets `tp_comm_overlap` with a userbuffers configuration on every GPU, False for
+    NVFP4 (`cfg.comm_overlap.tp_comm_overlap = False if precision == "nvfp4" else ...`), and
+    the FP8 configuration for every precision other than BF16 (`if precision == "bf16": ...
+    else: userbuffers_fp8_...`): v0.2.0 `scripts/performance/configs/llama3{,1}/llama3{,1}_llm_
+    pretrain.py`, v0.3.0-v0.5.0 `scripts/performance/configs/llama/llama3{,1}_llm_pretrain.py`
+    (the base recipes' `CommOverlapConfig(tp_comm_overlap=True, ...)`); v0.1.0rc3 (25.09)
+    `scripts/performance/run_script.py` builds the Llama recipes with their own
+    `CommOverlapConfig(tp_comm_overlap=True, ...)` and sets `tp_comm_overlap_cfg` from
+    `utils/helpers.py` COMM_OVERLAP_CONFIG_MAP (h100 / b200 / gb200, the FP8 entry for every FP8
+    recipe). Megatron-Bridge keeps the overlap only with TP >= 2 and sequence parallelism
+    (`training/comm_overlap.py` `_get_model_comm_overlap_cfgs`: "Disabling tensor parallel
+    communication overlap due to TP size < 2 / sequence_parallel=False"). The four FP8
+    configurations the recipes name (userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192,
+    _h100_h16384_tp8_cp2_mbs1_seqlen8192, _b200_h8192_tp2_mbs1_seqlen8192,
+    _b200_h16384_tp4_cp2_mbs1_seqlen8192; GB200 / GB300 / B300 use the b200 ones) run the same
+    methods, identical at v0.1.0rc3, v0.2.0, v0.5.0: ring exchange forward and for the output
+    gradients, bulk for the backward's input re-gather and input-gradient reduce-scatter
+    (`schedule.overlap.tp_userbuffers_block_s`). Llama 3 8B rows run TP 1 (nothing to set).
 """
 
 from __future__ import annotations
@@ -253,6 +269,7 @@ MODULES = ("core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "shared_ex
 # the set-column fields this file writes (the others a row carries are kept)
 OWNED = ("ep_overlap", "pp_first_layers", "pp_last_layers", "attn_tile",
          "moe_eager_clamp_bias", "moe_quant_pad", "recompute_layer_frac", "gemm_wave_split",
+         "moe_expert_loop",
          "tp_userbuffers",
          *(f"recompute_{m}" for m in MODULES))
 # Models of the CSV with sliding-window layers, and the fused kernel's score tile (fact 4)
@@ -265,9 +282,14 @@ EAGER_CLAMP_BIAS_CONTAINERS = ("25.11", "26.02", "26.02.01", "26.04", "26.04.01"
 # counts in TEGroupedMLP (fact 7), and the precisions that quantize the expert GEMMs
 QUANT_PAD_CONTAINERS = ("25.09", "25.11", "26.02", "26.02.01", "26.04", "26.04.01")
 QUANT_PAD_PRECISIONS = ("fp8-current", "fp8-delayed", "fp8-blockwise", "mxfp8", "nvfp4")
+# Containers whose Transformer Engine (2.7-2.14) GroupedLinear runs one cuBLASLt GEMM and one
+# quantize kernel per local expert, with Megatron-Bridge's performance scripts turning TE's op
+# fuser off (fact 9), and the precisions whose quantizers split_quantize runs one by one
+EXPERT_LOOP_CONTAINERS = ("25.09", "25.11", "26.02", "26.02.01", "26.04", "26.04.01")
+EXPERT_LOOP_PRECISIONS = ("bf16", "fp8-current", "fp8-blockwise", "mxfp8")
 # Systems whose GEMMs are Hopper cuBLAS persistent kernels with no SM carve-out (fact 8)
 WAVE_SPLIT_SYSTEMS = ("h100-sxm-80gb",)
-# Models whose performance recipes turn TE userbuffers TP overlap on (fact 9), and the
+# Models whose performance recipes turn TE userbuffers TP overlap on (fact 10), and the
 # precisions whose recipes turn it off
 TP_UB_MODELS = ("llama3-70b", "llama3.1-405b", "llama3-8b")
 TP_UB_OFF_PRECISIONS = ("nvfp4",)
@@ -320,6 +342,10 @@ def row_facts(row, facts) -> list[str]:
             and row["precision"] in QUANT_PAD_PRECISIONS
             and row["moe_token_drop"] != "1" and ran_alltoall(row, facts)):
         out.append("moe_quant_pad=1")
+    if ("expert_loop" in facts and float(row["moe_experts"] or 0) > 0
+            and row["container"] in EXPERT_LOOP_CONTAINERS
+            and row["precision"] in EXPERT_LOOP_PRECISIONS):
+        out.append("moe_expert_loop=1")
     if "waves" in facts and row["system"] in WAVE_SPLIT_SYSTEMS:
         out.append("gemm_wave_split=1")
     if ("tp_ub" in facts and row["model"] in TP_UB_MODELS
@@ -339,7 +365,7 @@ def main(argv=None) -> int:
     p.add_argument("out")
     p.add_argument("--facts",
                    default="overlap,layout,dispatch,attn,moe_act,recompute,quant_pad,waves,"
-                           "tp_ub")
+                           "expert_loop,tp_ub")
     args = p.parse_args(argv)
     facts = set(args.facts.split(","))
     rows = list(csv.reader(CSV.open(newline="")))

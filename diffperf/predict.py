@@ -52,7 +52,7 @@ from diffperf.workload.flops import (DENSE_ROW_BLOCKS, attention_by_kind, attent
                                      ep_chunk_elementwise_bytes,
                                      elementwise_backward_once_bytes,
                                      head_ops, layer_ops, lowp_quantize_kernels,
-                                     moe_layer_fraction)
+                                     moe_expert_loop_kernels, moe_layer_fraction)
 from diffperf.workload.groups import stride
 from diffperf.workload.params import (grid_shards, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device,
@@ -533,14 +533,19 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
                                    1.0 / parallel.n_microbatches, 1.0)
     sync_f = sync_f + qk_f * e.host_kernel_s
     sync_b = sync_b + (qk_b + (full + sac * sac_share + sel_share) * qk_f) * e.host_kernel_s
+    # Transformer Engine's per-expert GEMM loop (Training.moe_expert_loop): the host launches
+    # every local expert's GEMM, the GPU's serial chain (in ops.n_kernels) is shorter
+    # (workload.flops.moe_expert_loop_kernels; 0 without the fact).
+    loop_serial, loop_launches = moe_expert_loop_kernels(model, parallel, training)
+    launches = kernels + (loop_launches - loop_serial)
     # One XLA program has no host work per layer or kernel (the step is enqueued as a whole).
     eager = 1.0 - training.xla_compiled
-    host_f = eager * (kernels * e.host_kernel_s + e.host_layer_s + sync_f)
+    host_f = eager * (launches * e.host_kernel_s + e.host_layer_s + sync_f)
     # Full recompute re-runs the layer's forward inside the backward: one more layer pass on
     # the host, plus the checkpoint's own bookkeeping (RNG state, rebuilding the graph). Per-op
     # SAC re-runs the forward through its policy too (saved ops return their cached output).
     again = full + sac
-    host_b = eager * ((2.0 + again) * kernels * e.host_kernel_s + (1.0 + again) * e.host_layer_s
+    host_b = eager * ((2.0 + again) * launches * e.host_kernel_s + (1.0 + again) * e.host_layer_s
                       + again * e.host_recompute_s + sync_b)
     t_f = pnorm_max(gpu_f, host_f, e.floor_pnorm)
     t_b = pnorm_max(gpu_b, host_b, e.floor_pnorm)

@@ -135,7 +135,7 @@ def test_layer_parts_conserve_the_collectives_and_gate_exactly():
 
 
 def test_fact_on_the_bridge_rows():
-    """calibration/bridge_recipe_facts.py fact 9 sets tp_userbuffers = 1 on exactly the Llama
+    """calibration/bridge_recipe_facts.py fact 10 sets tp_userbuffers = 1 on exactly the Llama
     rows with TP > 1 and sequence parallelism that are not NVFP4 (44 rows: the recipes turn
     the overlap on with an FP8 userbuffers configuration, off for NVFP4), and the shipped CSV
     carries it."""

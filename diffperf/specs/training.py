@@ -85,6 +85,14 @@ class Training(struct.PyTreeNode):
                                  # TEGroupedMLP; workload.flops.moe_quant_pad_bytes); 0: no
                                  # copy (16-bit GEMMs, token counts already aligned: drop-and-pad
                                  # at capacity, HybridEP, router padding; the default)
+    moe_expert_loop: Any = 0.0   # 1: the MoE layer's grouped GEMMs and their quantization run
+                                 # one kernel per local expert, as Transformer Engine 2.7-2.16's
+                                 # GroupedLinear does (multi_stream_cublas_gemm: one cuBLASLt
+                                 # GEMM per expert, round-robin over 4 streams; split_quantize:
+                                 # one MXFP8 / FP8-current quantize per expert): E/ep - 1 more
+                                 # launches per grouped GEMM and per quantized tensor
+                                 # (workload.flops.moe_expert_loop_kernels); 0: one kernel each
+                                 # (a single-launch grouped GEMM; the default)
     cp_torch: Any = 0.0          # 1: context parallelism as PyTorch's experimental
                                  # context_parallel() runs it (torch.distributed.tensor.
                                  # experimental._attention, TorchTitan 2024-12): K and V

@@ -312,7 +312,8 @@ def layer_ops(model, parallel, training) -> LayerOps:
                    + fallback * softmax_fallback_costs(training)[0]
                    + eager_pointwise_kernels(model, training)
                    + moe_eager_clamp_bias_kernels(model, parallel, training)
-                   + moe_quant_pad_kernels(model, training)),
+                   + moe_quant_pad_kernels(model, training)
+                   + moe_expert_loop_kernels(model, parallel, training)[0]),
         vector_flops=vector_flops(model, parallel, training),
     )
 
@@ -726,6 +727,47 @@ def ep_chunk_elementwise_bytes(model, parallel, training, fallback=None):
     return a, m, a_once, m_once
 
 
+# Transformer Engine's GroupedLinear spreads its per-expert cuBLASLt GEMMs round-robin over
+# this many CUDA streams (transformer_engine/common/util/multi_stream.cpp,
+# `num_compute_streams = 4`, the same constant in v2.7, v2.12, v2.14, v2.16).
+TE_GEMM_STREAMS = 4.0
+# The routed-expert rows of layer_ops(...).dense (5: fc1, 6: fc2).
+EXPERT_ROWS = (0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def moe_expert_loop_kernels(model, parallel, training):
+    """(serial, launches): kernels Transformer Engine's per-expert loop adds to a layer's
+    forward, one micro-batch (0 unless training.moe_expert_loop = 1):
+
+        E_l = E / e                      local experts of an EP rank
+        g   = max(E_l / n_s, 1)          GEMMs each of the n_s streams runs one after another
+        serial   = 2 phi (g - 1)         GPU-side: the grouped GEMM's chain is g kernels long
+        launches = 2 phi (E_l - 1)       host-side: one cuBLASLt launch per expert
+    for the two grouped GEMMs (fc1, fc2) of the MoE layer (phi = `moe_layer_fraction`), against
+    the one kernel per grouped GEMM `layer_ops` counts; the backward's dgrad and wgrad double
+    both (predict: 2 x the forward's kernels). The kernels the 4 streams run side by side
+    overlap each other's fixed time (launch, tail), so the GPU pays the fixed time of one
+    stream's chain (`costs.xla.kernel_fixed_s` each); the host launches every GEMM
+    (`Efficiency.host_kernel_s` each). Per-expert quantization is counted in
+    `lowp_quantize_kernels` (E_l kernels per quantized tensor of the expert rows).
+    n_s = `TE_GEMM_STREAMS`. The stream events (1 + n_s records, 2 n_s waits per grouped
+    GEMM) are not counted.
+    Source: Transformer Engine `pytorch/module/grouped_linear.py` (forward: `general_grouped_gemm`
+    of the m_splits; backward: dgrad and wgrad `general_grouped_gemm`) -> `nvte_multi_tensor_gemm`
+    -> `multi_stream_cublas_gemm` (`common/gemm/cublaslt_gemm.cu`: one `nvte_cublas_gemm_v2`
+    per GEMM on stream i % 4; the CUTLASS grouped GEMM only on Hopper under
+    NVTE_USE_CUTLASS_GROUPED_GEMM), read at v2.7, v2.9, v2.12, v2.14 and v2.16; Megatron-Core's
+    TEGroupedMLP (moe_grouped_gemm = True) builds one GroupedLinear of E_l GEMMs per projection.
+    Example: DeepSeek-V3 (E 256, 58 of 61 layers MoE) at e 8: E_l = 32, g = 8,
+    serial = 2 x 0.9508 x 7 = 13.31, launches = 2 x 0.9508 x 31 = 58.95 per layer forward;
+    at e 64: E_l = 4, g = 1, serial 0, launches 5.70.
+    """
+    E_l = jnp.maximum(model.n_experts, 1.0) / parallel.ep
+    g = jnp.maximum(E_l / TE_GEMM_STREAMS, 1.0)
+    f = 2.0 * training.moe_expert_loop * moe_layer_fraction(model)
+    return f * (g - 1.0), f * jnp.maximum(E_l - 1.0, 0.0)
+
+
 def moe_quant_pad_kernels(model, training):
     """Kernels `moe_quant_pad_bytes` adds to a layer's forward: 3 (Fp8Padding of the tokens
     and of their probabilities, Fp8Unpadding of the fc2 output; one multi-tensor kernel each),
@@ -900,10 +942,18 @@ def lowp_quantize_bytes(dense, training):
 def lowp_quantize_kernels(dense, training):
     """(forward, backward, weight) kernels of the quantization, one layer, one micro-batch:
     one fused cast(-transpose) kernel per quantized tensor, + one amax reduction kernel each
-    under current scaling; tensors = the active linear rows (c_r > 0) x lowp_layer_frac."""
+    under current scaling; tensors = the active linear rows (c_r > 0) x lowp_layer_frac.
+    Under training.moe_expert_loop the routed-expert rows (`EXPERT_ROWS`) quantize each local
+    expert's slice on its own: c_r = phi E / e tensors instead of 1 (Transformer Engine
+    `split_quantize` -> `multi_tensor_quantize_impl`, "Quantize kernels individually" for every
+    quantizer but FP8 delayed scaling, v2.7-v2.16 `pytorch/csrc/extensions/cast.cpp`; NVFP4 has
+    a fused split kernel from v2.12: not a row of the fact). DeepSeek-V3 MXFP8 at e 8: 2 x
+    0.9508 x 32 = 60.85 quantize kernels for the two expert inputs in the forward, not 2."""
     f, d, w = training.lowp_fprop, training.lowp_dgrad, training.lowp_wgrad
-    rows = jnp.asarray(LOWP_LINEAR_ROWS) * training.lowp_layer_frac * jnp.where(
-        dense.count > 0, 1.0, 0.0)
+    on = jnp.where(dense.count > 0, 1.0, 0.0)
+    each = jnp.asarray(EXPERT_ROWS) * training.moe_expert_loop
+    rows = jnp.asarray(LOWP_LINEAR_ROWS) * training.lowp_layer_frac * (
+        each * dense.count + (1.0 - each) * on)
     per = jnp.sum(rows) * (1.0 + training.lowp_amax_pass)
     return per * jnp.maximum(f, w), per * jnp.maximum(d, w), per * jnp.maximum(f, d)
 

@@ -1,0 +1,142 @@
+"""Transformer Engine's per-expert loop of a grouped GEMM: one cuBLASLt GEMM per local expert
+round-robin over 4 streams (multi_stream_cublas_gemm) and one quantize kernel per expert
+(split_quantize), TE 2.7-2.16 (Training.moe_expert_loop, workload.flops.moe_expert_loop_kernels;
+docs/accuracy-bridge.md "Session 12: MoE on 8-GPU nodes"). Expected values worked by hand.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import jax
+import numpy as np
+import pytest
+
+import diffperf
+from diffperf import Parallel
+from diffperf.costs.compute import layer_times_s
+from diffperf.workload.flops import (attention_io_bytes, layer_ops, lowp_quantize_kernels,
+                                     moe_expert_loop_kernels)
+from shipped import model as _model, system as _system
+
+MX = diffperf.training("mxfp8")
+LOOP = MX.replace(moe_expert_loop=1.0)
+DSV3 = _model("deepseek-v3")
+PHI = 58.0 / 61.0  # DeepSeek-V3: 3 dense layers of 61
+
+
+def test_deepseek_v3_kernels_by_hand():
+    """E 256 at e 8: E_l = 32 local experts, g = 32 / 4 = 8 GEMMs per stream:
+    serial = 2 phi (8 - 1) = 13.311, launches = 2 phi 31 = 58.951 per layer forward
+    (phi = 58/61 = 0.95082); at e 64, E_l = 4 = one GEMM per stream: serial 0, launches
+    2 phi 3 = 5.705. layer_ops' forward kernels grow by the serial count only."""
+    par = Parallel(micro_batch=1.0, pp=16.0, ep=8.0, dp=16.0)
+    serial, launches = (float(x) for x in moe_expert_loop_kernels(DSV3, par, LOOP))
+    assert serial == pytest.approx(2 * PHI * 7, rel=1e-6)
+    assert launches == pytest.approx(2 * PHI * 31, rel=1e-6)
+    dk = float(layer_ops(DSV3, par, LOOP).n_kernels) - float(layer_ops(DSV3, par, MX).n_kernels)
+    assert dk == pytest.approx(2 * PHI * 7, rel=1e-5)
+    par64 = Parallel(micro_batch=1.0, pp=4.0, vp=4.0, ep=64.0, dp=64.0)
+    serial, launches = (float(x) for x in moe_expert_loop_kernels(DSV3, par64, LOOP))
+    assert serial == 0.0
+    assert launches == pytest.approx(2 * PHI * 3, rel=1e-6)
+
+
+def test_quantize_kernels_one_per_local_expert_by_hand():
+    """MXFP8 (one kernel per quantized tensor): the two expert rows quantize phi E_l = 30.43
+    slices each instead of 1: forward + 2 (30.43 - 1) = 58.85 kernels, backward (the output
+    gradients) the same, weights the same. FP8 current scaling (+ one amax kernel each):
+    twice that."""
+    par = Parallel(micro_batch=1.0, pp=16.0, ep=8.0, dp=16.0)
+    dense = layer_ops(DSV3, par, MX).dense
+    d = np.asarray(lowp_quantize_kernels(dense, LOOP)) - np.asarray(
+        lowp_quantize_kernels(dense, MX))
+    np.testing.assert_allclose(d, [2 * (PHI * 32 - 1)] * 3, rtol=1e-5)
+    cs = diffperf.training("fp8-current")
+    d_cs = np.asarray(lowp_quantize_kernels(dense, cs.replace(moe_expert_loop=1.0))) - np.asarray(
+        lowp_quantize_kernels(dense, cs))
+    np.testing.assert_allclose(d_cs, [4 * (PHI * 32 - 1)] * 3, rtol=1e-5)
+    # BF16: nothing is quantized, only the GEMM launches remain
+    bf = diffperf.training("bf16")
+    assert np.all(np.asarray(lowp_quantize_kernels(dense, bf.replace(moe_expert_loop=1.0))) == 0)
+
+
+def test_off_by_default_and_nothing_for_a_dense_model():
+    """The default Training adds nothing; a dense model (no experts) adds nothing with it."""
+    par = Parallel(micro_batch=1.0, ep=8.0, dp=8.0)
+    assert [float(x) for x in moe_expert_loop_kernels(DSV3, par, MX)] == [0.0, 0.0]
+    llama = _model("llama3-8b")
+    lpar = Parallel(micro_batch=1.0, dp=8.0)
+    assert [float(x) for x in moe_expert_loop_kernels(llama, lpar, LOOP)] == [0.0, 0.0]
+    assert float(layer_ops(llama, lpar, LOOP).n_kernels) == float(layer_ops(llama, lpar, MX).n_kernels)
+    dense = layer_ops(llama, lpar, MX).dense
+    np.testing.assert_array_equal(np.asarray(lowp_quantize_kernels(dense, LOOP)),
+                                  np.asarray(lowp_quantize_kernels(dense, MX)))
+
+
+def test_fixed_time_gradient_is_the_kernel_count():
+    """The memory-bound part of the layer (layer_times_s[2]) is linear in the fixed time per
+    kernel: d/d kernel_s = the forward kernels (finite, > 0: a slower launch never speeds
+    it), and the fact adds 13.311 of them at e 8 (float32, no float64 program)."""
+    par = Parallel(micro_batch=1.0, pp=16.0, ep=8.0, dp=16.0)
+    s = _system("dgx-b200")
+
+    def other(k, tr):
+        ops = layer_ops(DSV3, par, tr)
+        sys_ = s.replace(eff=s.eff.replace(kernel_s=k))
+        return layer_times_s(ops, sys_, tr, attention_io_bytes(DSV3, par, tr))[2]
+
+    g_on = float(jax.grad(other)(4e-6, LOOP))
+    g_off = float(jax.grad(other)(4e-6, MX))
+    assert np.isfinite(g_on) and g_on > g_off > 0
+    assert g_on - g_off == pytest.approx(2 * PHI * 7, rel=1e-4)
+
+
+def test_predict_launches_every_expert_gemm_on_the_host(monkeypatch):
+    """predict's layer: the host side (the second argument of the smooth max with the GPU time)
+    gains every launch, forward (launches + the forward's extra quantize kernels, weights once
+    a step) x host_kernel_s and the backward 2 x the launches + the backward quantize kernels;
+    the GPU side gains the serial chain and the quantize kernels x kernel_s."""
+    from diffperf.api import _as_float
+
+    pr = importlib.import_module("diffperf.predict")  # the module, not diffperf.predict()
+    seen = []
+    real = pr.pnorm_max
+    monkeypatch.setattr(pr, "pnorm_max", lambda a, b, p: seen.append((a, b)) or real(a, b, p))
+    par = Parallel(micro_batch=1.0, pp=16.0, ep=8.0, dp=16.0, global_batch=4096)
+    sys_ = _system("dgx-b200")
+    out = []
+    for tr in (MX, LOOP):
+        seen.clear()
+        M, P, S, T = _as_float((DSV3, par, sys_, tr))
+        pr._layer_parts(M, P, S, T, None, features=pr.features_of(M, P, T))
+        out.append([(float(a), float(b)) for a, b in seen[:2]])
+    (gf0, hf0), (gb0, hb0) = out[0]
+    (gf1, hf1), (gb1, hb1) = out[1]
+    serial, launches = 2 * PHI * 7, 2 * PHI * 31
+    q = 2 * (PHI * 32 - 1)  # extra quantize kernels per pass (test above)
+    m = 4096 / 16  # micro-batches: the cached weights' casts once a step
+    hk, ks = float(sys_.eff.host_kernel_s), float(sys_.eff.kernel_s)
+    assert hf1 - hf0 == pytest.approx((launches + q + q / m) * hk, rel=1e-3)
+    assert hb1 - hb0 == pytest.approx((2 * launches + q) * hk, rel=1e-3)
+    assert gf1 - gf0 == pytest.approx((serial + q + q / m) * ks, rel=1e-3)
+    assert gb1 - gb0 == pytest.approx((2 * serial + q) * ks, rel=1e-3)
+
+
+def test_fact_on_the_bridge_rows():
+    """calibration/bridge_recipe_facts.py fact 9 sets moe_expert_loop on every MoE row of
+    containers 25.09-26.04.01 (104 of the 133 MoE rows: TE 2.7-2.14, op fuser off in the
+    performance scripts) and on no 26.06+ row and no dense row; the shipped CSV carries it."""
+    import csv
+    from pathlib import Path
+
+    from calibration.bridge_recipe_facts import EXPERT_LOOP_CONTAINERS
+
+    rows = list(csv.DictReader((Path(__file__).resolve().parent.parent / "data"
+                                / "megatron_bridge.csv").open(newline="")))
+    on = [r for r in rows if "moe_expert_loop=1" in r["set"].split(";")]
+    assert len(on) == 104
+    assert all(float(r["moe_experts"]) > 0 and r["container"] in EXPERT_LOOP_CONTAINERS
+               for r in on)
+    moe = [r for r in rows if float(r["moe_experts"] or 0) > 0]
+    assert {r["container"] for r in moe if r not in on} == {"26.06", "26.06.01", "26.08"}
