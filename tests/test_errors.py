@@ -498,6 +498,13 @@ LAYOUT_RULES = [
     (dict(zero3_regather=2), None, "zero3_regather=2 is not allowed (allowed: 0, 1)"),
     (dict(zero3_copy_out=2), None, "zero3_copy_out=2 is not allowed (allowed: 0 FSDP1 / "
      "DeepSpeed flat buffers, 1 FSDP2 copy-out)"),
+    (dict(tp_userbuffers=2), None, "tp_userbuffers=2 is not allowed (allowed: 0 the "
+     "tp_overlap form, 1 Transformer Engine userbuffers as Megatron-Bridge's FP8 "
+     "configurations run it)"),
+    (dict(tp=2, tp_userbuffers=1), None, "tp_userbuffers=1 with sequence_parallel=0 and tp=2: "
+     "userbuffers overlaps the sequence-parallel all-gathers / reduce-scatters (Megatron-Bridge "
+     "turns it off without sequence parallelism); allowed: sequence_parallel 1, or "
+     "tp_userbuffers 0"),
     (dict(recompute=1, recompute_policy=3), None,
      "recompute_policy=3 is not allowed (allowed: 0, 1, 2)"),
     (dict(recompute=2, recompute_layer_frac=0), None,
@@ -1360,15 +1367,16 @@ def test_unknown_dataset_suggests():
     ({"tp": 2}, "parallel: 'tp' is a column of the layout table; fix it in the table "
                 "(enumerate_layouts' fixed)"),
     ({"dp_overlapp": 0}, "parallel: 'dp_overlapp' is not a Parallel field; did you mean "
-                         "'dp_overlap'? (allowed: etp, dp_overlap, tp_overlap, ep_overlap, "
-                         "ep_dispatch, cp_ring, axonn_overlap, zero_shard, "
-                         "zero3_prefetch_params, zero3_regather, zero3_calls_per_layer, "
+                         "'dp_overlap'? (allowed: etp, dp_overlap, tp_overlap, "
+                         "tp_userbuffers, ep_overlap, ep_dispatch, cp_ring, axonn_overlap, "
+                         "zero_shard, zero3_prefetch_params, zero3_regather, "
+                         "zero3_calls_per_layer, "
                          "zero3_copy_out, recompute_layer_frac, recompute_policy, "
                          "recompute_core_attn, recompute_mlp, recompute_moe_act, "
                          "recompute_layernorm, recompute_mla_up_proj, "
                          "recompute_shared_experts, pp_first_layers, pp_last_layers)"),
     ({"zz": 0}, "parallel: 'zz' is not a Parallel field (allowed: etp, dp_overlap, tp_overlap, "
-                "ep_overlap, ep_dispatch, cp_ring, axonn_overlap, zero_shard, "
+                "tp_userbuffers, ep_overlap, ep_dispatch, cp_ring, axonn_overlap, zero_shard, "
                 "zero3_prefetch_params, zero3_regather, zero3_calls_per_layer, "
                 "zero3_copy_out, recompute_layer_frac, recompute_policy, recompute_core_attn, "
                 "recompute_mlp, recompute_moe_act, recompute_layernorm, "

@@ -29,7 +29,7 @@ def _evaluate(args, keys, per, temperature, devices, optimize, progress, store=N
               fields=None, base=None) -> list:
     """Results (device arrays [per, 24]) of the calls over the chunks of the outer keys."""
     model, system, training = args
-    features = _table_features(model, keys, training)
+    features = _table_features(model, keys, training, base)
     dtype = jnp.result_type(float)
     fn = _kernel(devices, optimize, store)
     outs = []

@@ -135,7 +135,8 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     zero_stage in 0..3; recompute in 0..2; recompute_policy in 0..2; recompute_layer_frac in
     (0, 1] (< 1 only with full recompute); the recompute_<module> fields
     (`_check_recompute_modules`); cp_ring and axonn_overlap in {0, 1}; placement
-    indexes ORDERS; tp_overlap and ep_overlap in [0, 1]; the AxoNN grid rules (`_check_grid`);
+    indexes ORDERS; tp_overlap and ep_overlap in [0, 1]; tp_userbuffers 0 or 1 (1 only for
+    dense models with sequence parallelism where tp > 1); the AxoNN grid rules (`_check_grid`);
     tp x cp x dp x pp x gx x gy x gz = n_devices when given; every degree, batch and
     count at most INT_MAX (and finite).
     """
@@ -146,7 +147,7 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         "axonn_overlap", "placement", "pp_first_layers", "pp_last_layers", "zero_shard",
         "zero3_prefetch_params", "zero3_regather", "zero3_calls_per_layer",
         "zero3_copy_out", "etp", "ep_dispatch", "recompute_layer_frac", "recompute_policy",
-        *(f"recompute_{m}" for m in RECOMPUTE_MODULES))}
+        "tp_userbuffers", *(f"recompute_{m}" for m in RECOMPUTE_MODULES))}
     M = {f: _arr(getattr(model, f), where) for f in (
         "n_heads", "n_kv_heads", "ffn_hidden", "n_layers", "seq_len", "n_experts", "hidden",
         "head_dim", "kv_lora_rank")}
@@ -170,6 +171,19 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     for f in ("tp_overlap", "ep_overlap"):
         _fail(~((P[f] >= 0) & (P[f] <= 1)), where,
               lambda i, f=f: f"{f}={pick(P[f], i):g} must be in [0, 1]")
+    u = P["tp_userbuffers"]
+    _fail(~((u == 0) | (u == 1)), where, lambda i: (
+        f"tp_userbuffers={pick(u, i):g} is not allowed (allowed: 0 the tp_overlap form, 1 "
+        f"Transformer Engine userbuffers as Megatron-Bridge's FP8 configurations run it)"))
+    _fail((u == 1) & (M["n_experts"] > 0), where, lambda i: (
+        f"tp_userbuffers=1 with model.moe_experts={pick(M['n_experts'], i):g}: the userbuffers "
+        f"TP overlap is modelled for dense models only (allowed: tp_userbuffers 0 for MoE "
+        f"models)"))
+    _fail((u == 1) & (P["tp"] > 1) & (P["sequence_parallel"] == 0), where, lambda i: (
+        f"tp_userbuffers=1 with sequence_parallel=0 and tp={pick(P['tp'], i):g}: userbuffers "
+        f"overlaps the sequence-parallel all-gathers / reduce-scatters (Megatron-Bridge turns "
+        f"it off without sequence parallelism); allowed: sequence_parallel 1, or "
+        f"tp_userbuffers 0"))
     r = P["recompute_layer_frac"]
     _fail(~((r > 0) & (r <= 1)), where, lambda i: (
         f"recompute_layer_frac={pick(r, i):g} must be in (0, 1] (the fraction of the layers "
