@@ -1388,6 +1388,9 @@ def test_unknown_dataset_suggests():
     ({"recompute_moe_act": 1}, "parallel: recompute_moe_act=1 needs an MoE model "
                                "(model.moe_experts > 0; got 0); allowed: 0"),
     ({"recompute_mlp": 2}, "parallel: recompute_mlp=2 is not allowed (allowed: 0, 1)"),
+    ({"tp_userbuffers": 2}, "parallel: tp_userbuffers=2 is not allowed (allowed: 0 the "
+                            "tp_overlap form, 1 Transformer Engine userbuffers as "
+                            "Megatron-Bridge's FP8 configurations run it)"),
 ])
 def test_search_framework_facts(facts, message):
     from diffperf.search import enumerate_layouts, search

@@ -107,19 +107,35 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
         "recompute_moe_act=1 needs an MoE model (model.moe_experts > 0; got 0); allowed: 0"))
 
 
+def _check_tp_userbuffers(P, M, where, pick) -> None:
+    """Parallel.tp_userbuffers 0 or 1, and 1 only for dense models (the rules that hold for
+    every layout; check_layout adds the one tied to a layout's tp and sequence_parallel)."""
+    u = P["tp_userbuffers"]
+    _fail(~((u == 0) | (u == 1)), where, lambda i: (
+        f"tp_userbuffers={pick(u, i):g} is not allowed (allowed: 0 the tp_overlap form, 1 "
+        f"Transformer Engine userbuffers as Megatron-Bridge's FP8 configurations run it)"))
+    _fail((u == 1) & (M["n_experts"] > 0), where, lambda i: (
+        f"tp_userbuffers=1 with model.moe_experts={pick(M['n_experts'], i):g}: the userbuffers "
+        f"TP overlap is modelled for dense models only (allowed: tp_userbuffers 0 for MoE "
+        f"models)"))
+
+
 def check_search_facts(model, parallel, where: str = "parallel") -> None:
     """Raise SpecError where a framework fact that a search applies to every layout of its
     table (search.search's `parallel`) breaks a rule of `check_layout` that no column of the
     table takes part in: the recompute_<module> fields (0 or 1; mla_up_proj needs multi-latent
     attention, moe_act an MoE model: `_check_recompute_modules`, without the rules tied to one
-    layout's recompute mode, which the table varies). Otherwise such a fact would only make
-    every row invalid (Result.valid False), the search finding no layout without saying why."""
+    layout's recompute mode, which the table varies); tp_userbuffers 0 or 1, 1 only for dense
+    models (`_check_tp_userbuffers`; its sequence-parallelism rule is the table's, per row).
+    Otherwise such a fact would only make every row invalid (Result.valid False), the search
+    finding no layout without saying why."""
     P = {f: _arr(getattr(parallel, f), where) for f in (
-        "recompute", "recompute_policy", "recompute_layer_frac",
+        "recompute", "recompute_policy", "recompute_layer_frac", "tp_userbuffers",
         *(f"recompute_{m}" for m in RECOMPUTE_MODULES))}
     M = {f: _arr(getattr(model, f), where) for f in ("n_experts", "kv_lora_rank")}
     pick = lambda a, i: a[i] if a.size > 1 else a[0]  # noqa: E731
     _check_recompute_modules(P, M, where, pick, per_layout=False)
+    _check_tp_userbuffers(P, M, where, pick)
 
 
 def check_layout(model, parallel, n_devices=None, where: str = "parallel",
@@ -171,14 +187,8 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     for f in ("tp_overlap", "ep_overlap"):
         _fail(~((P[f] >= 0) & (P[f] <= 1)), where,
               lambda i, f=f: f"{f}={pick(P[f], i):g} must be in [0, 1]")
+    _check_tp_userbuffers(P, M, where, pick)
     u = P["tp_userbuffers"]
-    _fail(~((u == 0) | (u == 1)), where, lambda i: (
-        f"tp_userbuffers={pick(u, i):g} is not allowed (allowed: 0 the tp_overlap form, 1 "
-        f"Transformer Engine userbuffers as Megatron-Bridge's FP8 configurations run it)"))
-    _fail((u == 1) & (M["n_experts"] > 0), where, lambda i: (
-        f"tp_userbuffers=1 with model.moe_experts={pick(M['n_experts'], i):g}: the userbuffers "
-        f"TP overlap is modelled for dense models only (allowed: tp_userbuffers 0 for MoE "
-        f"models)"))
     _fail((u == 1) & (P["tp"] > 1) & (P["sequence_parallel"] == 0), where, lambda i: (
         f"tp_userbuffers=1 with sequence_parallel=0 and tp={pick(P['tp'], i):g}: userbuffers "
         f"overlaps the sequence-parallel all-gathers / reduce-scatters (Megatron-Bridge turns "
