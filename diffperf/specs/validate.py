@@ -441,6 +441,38 @@ def check_precision(system, training, where: str = "precision") -> None:
                         f"fp8-current or fp8-blockwise")
 
 
+def check_tp_userbuffers_precision(parallel, training, where: str = "precision") -> None:
+    """Refuse Parallel.tp_userbuffers = 1 with a low-precision recipe whose tensors Transformer
+    Engine's userbuffers cannot all-gather:
+
+        allowed: 16-bit (no lowp pass), per-tensor FP8 (lowp_block 0), MXFP8 (lowp_block 32)
+    Why: `fill_userbuffers_buffer_for_all_gather` (TE pytorch/module/base.py, v2.7 to v2.16)
+    takes unquantized tensors, Float8Quantizer / Float8CurrentScalingQuantizer and
+    MXFP8Quantizer ones, and raises "Unsupported quantizer for Userbuffers" for any other
+    (fp8-blockwise's 128-element blocks, NVFP4's 1 x 16 FP4); Megatron-Bridge's NVFP4 Llama
+    recipes turn the overlap off (`tp_comm_overlap = False if precision == "nvfp4"`).
+    Batched leaves are checked element-wise; traced ones are skipped.
+    """
+    leaves = (parallel.tp_userbuffers, training.lowp_fprop, training.lowp_dgrad,
+              training.lowp_wgrad, training.lowp_fp4, training.lowp_block)
+    try:
+        u, f, d, w, fp4, block = (np.asarray(x, dtype=float) for x in leaves)
+    except Exception:  # tracers: values unknown
+        return
+    lowp = np.maximum(np.maximum(f, d), w) > 0
+    bad = (u == 1) & lowp & ((fp4 > 0) | ((block > 0) & (block != 32)))
+    if np.any(bad):
+        bad_b, block_b, fp4_b = (np.ravel(x) for x in np.broadcast_arrays(bad, block, fp4))
+        i = int(np.flatnonzero(bad_b)[0])
+        raise SpecError(
+            f"{_recipe(where, getattr(training, 'name', None), bad)} (lowp_block="
+            f"{block_b[i]:g}, lowp_fp4={fp4_b[i]:g}) with parallel.tp_userbuffers=1: "
+            f"Transformer Engine's userbuffers all-gathers only 16-bit, per-tensor FP8 and "
+            f"MXFP8 tensors (\"Unsupported quantizer for Userbuffers\" otherwise); allowed: "
+            f"tp_userbuffers 0 with this precision, or bf16, fp16, fp8-delayed, fp8-current, "
+            f"mxfp8")
+
+
 # ------------------------------------------------------------------- model, system, training
 
 _MODEL_COUNTS = ("n_layers", "hidden", "ffn_hidden", "n_heads", "n_kv_heads", "head_dim",
@@ -630,6 +662,7 @@ def check_inputs(model, parallel, system, training, n_devices=None, where: str =
     check_layout(model, parallel, n_devices, where, devices_field)
     check_job(parallel, system, where)
     check_precision(system, training)
+    check_tp_userbuffers_precision(parallel, training)
 
 
 def valid_mask(model, parallel, system, training):
