@@ -63,7 +63,8 @@ from diffperf.workload.recompute import (full_frac, megatron_module_fracs,
                                          op_sac_frac, sac_recompute_fracs)
 from diffperf.workload.stages import at_largest, pipeline_stages
 from diffperf.workload.tp import (tp_calls_per_all_reduce, tp_collectives_per_layer,
-                                  tp_message_bytes, tp_ub_message_bytes, tp_ub_reduce_bytes)
+                                  tp_message_bytes, tp_ub_message_bytes, tp_ub_reduce_bytes,
+                                  tp_ub_scale_bytes)
 from diffperf.workload.xla import (grad_accumulation_traffic_bytes, optimizer_bytes_per_param,
                                    remat_skipped_gemms, stacked_pass_traffic_bytes)
 
@@ -311,16 +312,24 @@ def _tp_host_sync_s(parallel, n_f, n_b, e):
 
 
 def _tp_userbuffers_parts(model, parallel, system, training, ops, fprop_rows, dgrad_rows,
-                          wgrad_rows, n_b, lowp, temperature):
+                          wgrad_rows, n_b, mlp_again, lowp, temperature):
     """(fwd exposed, fwd hidden, bwd exposed, bwd hidden, bwd hidden in bulk overlaps) TP
     seconds of one layer, one micro-batch, under Parallel.tp_userbuffers: the attention block
     (QKV = GEMM row 0, output projection = row 1) and the MLP block (up = row 2, down = row
     3) each as `schedule.overlap.tp_userbuffers_block_s` prices it, at the sizes of
     `workload.tp.tp_ub_message_bytes`; the MXFP8 column-wise re-gather of the output gradient
     (AG_w) where the backward's quantization is block-scaled (lowp_block > 0 with lowp_dgrad:
-    a row-scaled gradient cannot serve the wgrad GEMM); the forward's collectives again
-    for every all-reduce equivalent that recompute adds to the backward (n_b - 2: full
-    recompute, Megatron's recompute "mlp"), at the forward's exposed and hidden shares.
+    a row-scaled gradient cannot serve the wgrad GEMM); the blocking NCCL all-gather of the
+    block scales before each userbuffers all-gather of a block-scaled tensor
+    (`workload.tp.tp_ub_scale_bytes`; a ring collective on the TP group, in the lowp_layer_frac
+    of the layers whose pass is quantized): exposed before the forward ring (1 per block) and
+    before the backward's ring and bulk re-gather (2 per block); AG_w's waits on the dgrad
+    send stream and runs before AG_w, beside the last dgrad chunk (TE linear.py
+    `bulk_overlap_ag_with_external_gemm` path); the forward's collectives again for every
+    recomputed forward: both blocks for each all-reduce-equivalent pair that full recompute
+    (or per-op SAC) adds to the backward ((n_b - 2 - mlp_again) / 2), the MLP block for
+    Megatron's recompute "mlp" (mlp_again: the dense layers' share), at the blocks' forward
+    exposed and hidden seconds.
     The ring-exchange GEMMs (the four fprops, the row dgrads) run as t GEMMs of m / t token
     rows each: each chunk is timed at its own shape (`costs.compute.layer_pass_gemm_times_s`,
     the efficiency curve at m / t), and what the t chunks take beyond the whole GEMM is
@@ -334,6 +343,12 @@ def _tp_userbuffers_parts(model, parallel, system, training, ops, fprop_rows, dg
     block = jnp.where((training.lowp_block > 0) & (training.lowp_dgrad > 0), 1.0, 0.0)
     red = jnp.where(t > 1, memory_time_s(tp_ub_reduce_bytes(model, parallel, training),
                                          system), 0.0)
+    # block scales: one NCCL all-gather per userbuffers all-gather of a block-scaled tensor
+    s_sc = tp_ub_scale_bytes(model, parallel, training)
+    sc = jnp.where(s_sc > 0, ring_phase_s(group, s_sc, 1.0, 1.0), 0.0) * \
+        training.lowp_layer_frac
+    sc_f = jnp.where(training.lowp_fprop > 0, sc, 0.0)
+    sc_b = jnp.where(training.lowp_dgrad > 0, sc, 0.0)
     # the first four rows (QKV, proj, MLP up, MLP down) at m / t tokens: one chunk each
     n_rows = ops.dense.m.shape[0]
     split = jnp.asarray([1.0] * 4 + [0.0] * (n_rows - 4)).reshape(
@@ -344,14 +359,18 @@ def _tp_userbuffers_parts(model, parallel, system, training, ops, fprop_rows, dg
     f_c, d_c = t * f_c, t * d_c
     # the two blocks at once: column rows 0, 2 and row-parallel rows 1, 3 on axis 0
     col, row = slice(0, 4, 2), slice(1, 4, 2)
-    f, fh, b, bh, bulk = (jnp.sum(x, axis=0) for x in tp_userbuffers_block_s(
-        ag_f, ag_b, rs, block * ag_b, red, f_c[col], f_c[row], dgrad_rows[col],
-        wgrad_rows[col], d_c[row], t, temperature))
-    # the chunked GEMMs' time beyond the whole GEMMs'
-    more_f = jnp.sum(f_c[:4] - fprop_rows[:4], axis=0)
-    more_b = (d_c[1] - dgrad_rows[1]) + (d_c[3] - dgrad_rows[3])
-    again = jnp.maximum(n_b - 2.0, 0.0) / 2.0
-    return f + more_f, fh, b + more_b + again * (f + more_f), bh + again * fh, bulk
+    f, fh, b, bh, bulk = tp_userbuffers_block_s(
+        ag_f, ag_b, rs, block * (sc_b + ag_b), red, f_c[col], f_c[row], dgrad_rows[col],
+        wgrad_rows[col], d_c[row], t, temperature)
+    # per block: the chunked GEMMs' time beyond the whole GEMMs', the exposed scale gathers
+    f = f + (f_c[col] - fprop_rows[col]) + (f_c[row] - fprop_rows[row]) + sc_f
+    b = b + (d_c[row] - dgrad_rows[row]) + sc_b + sc_f
+    # recomputed forwards: both blocks per full-recompute pair, the MLP block (index 1) for
+    # Megatron's recompute "mlp"
+    both = jnp.maximum(n_b - 2.0 - mlp_again, 0.0) / 2.0
+    f_s, fh_s, b_s, bh_s, bulk_s = (jnp.sum(x, axis=0) for x in (f, fh, b, bh, bulk))
+    return (f_s, fh_s, b_s + both * f_s + mlp_again * f[1],
+            bh_s + both * fh_s + mlp_again * fh[1], bulk_s)
 
 
 def _layer_parts(model, parallel, system, training, temperature, features=FEATURES):
@@ -403,7 +422,8 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     # (transformer_layer.py _forward_mlp: tensor_parallel.checkpoint / te_checkpoint of
     # self.mlp, whose forward holds the collectives; workload.recompute).
     modules = megatron_module_fracs(parallel)  # Megatron's selective recompute_modules
-    n_b = n_b + modules["mlp"] * (1.0 - moe_layer_fraction(model))
+    mlp_again = modules["mlp"] * (1.0 - moe_layer_fraction(model))
+    n_b = n_b + mlp_again
     # With SP each all-reduce equivalent is two calls of the same ring cost: one more t0.
     calls = tp_calls_per_all_reduce(parallel)
     tp_on = jnp.where(parallel.tp > 1, 1.0, 0.0)
@@ -417,7 +437,7 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         # ring exchanges and bulk overlaps beside its own GEMMs (_tp_userbuffers_parts)
         ub_on = jnp.where(parallel.tp_userbuffers > 0, 1.0, 0.0)
         ub = _tp_userbuffers_parts(model, parallel, system, training, ops, dense_rows,
-                                   dgrad_rows, wgrad_rows, n_b, lowp, temperature)
+                                   dgrad_rows, wgrad_rows, n_b, mlp_again, lowp, temperature)
         tp_f, tp_fh, tp_b, tp_bh = (jnp.where(ub_on > 0, u, o) for u, o in
                                     zip(ub[:4], (tp_f, tp_fh, tp_b, tp_bh)))
         ub_bulk = ub_on * ub[4]

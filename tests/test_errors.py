@@ -19,7 +19,7 @@ import diffperf
 from diffperf import Parallel, SpecError, load_model, load_runs, load_system
 from diffperf.specs.batch import stack
 from diffperf.load import apply_overlay
-from diffperf.specs.validate import check_layout
+from diffperf.specs.validate import check_inputs, check_layout
 
 
 def _raises(fragment):
@@ -1388,6 +1388,9 @@ def test_unknown_dataset_suggests():
     ({"recompute_moe_act": 1}, "parallel: recompute_moe_act=1 needs an MoE model "
                                "(model.moe_experts > 0; got 0); allowed: 0"),
     ({"recompute_mlp": 2}, "parallel: recompute_mlp=2 is not allowed (allowed: 0, 1)"),
+    ({"tp_userbuffers": 2}, "parallel: tp_userbuffers=2 is not allowed (allowed: 0 the "
+                            "tp_overlap form, 1 Transformer Engine userbuffers as "
+                            "Megatron-Bridge's FP8 configurations run it)"),
 ])
 def test_search_framework_facts(facts, message):
     from diffperf.search import enumerate_layouts, search
@@ -1486,6 +1489,32 @@ def test_low_precision_needs_its_tensor_cores(precision, system, message):
         diffperf.predict(_small(), Parallel(), diffperf.load_system(system),
                          diffperf.training(precision))
 
+
+
+@pytest.mark.parametrize("precision", ["nvfp4", "fp8-blockwise"])
+def test_tp_userbuffers_needs_a_precision_userbuffers_gathers(precision):
+    """TE's userbuffers all-gathers 16-bit, per-tensor FP8 and MXFP8 tensors only
+    (fill_userbuffers_buffer_for_all_gather: "Unsupported quantizer for Userbuffers"):
+    predict (check_inputs) and search (its framework facts) refuse the others before tracing;
+    fp8-current and mxfp8 pass."""
+    from diffperf.search import enumerate_layouts, search
+
+    m = _small()
+    gb200 = diffperf.load_system("gb200-nvl72")
+    ub = Parallel(tp=2, dp=1, sequence_parallel=1, tp_userbuffers=1)
+    block = {"nvfp4": "16, lowp_fp4=1", "fp8-blockwise": "128, lowp_fp4=0"}[precision]
+    message = (f"precision={precision!r} (lowp_block={block}) with parallel.tp_userbuffers=1: "
+               f"Transformer Engine's userbuffers all-gathers only 16-bit, per-tensor FP8 and "
+               f"MXFP8 tensors (\"Unsupported quantizer for Userbuffers\" otherwise); allowed: "
+               f"tp_userbuffers 0 with this precision, or bf16, fp16, fp8-delayed, "
+               f"fp8-current, mxfp8")
+    with _raises(message):
+        diffperf.predict(m, ub, gb200, diffperf.training(precision))
+    with _raises(message):
+        search(m, gb200, diffperf.training(precision), enumerate_layouts(m, 2, 4)[:1],
+               parallel={"tp_userbuffers": 1})
+    for ok in ("fp8-current", "mxfp8"):
+        check_inputs(m, ub, gb200, diffperf.training(ok))
 
 # --------------------------------------------------------------------------------------------
 # Audit: predict's and search's layout options on the command line

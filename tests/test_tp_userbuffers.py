@@ -23,7 +23,7 @@ from diffperf.costs.compute import layer_pass_gemm_times_s, memory_time_s
 from diffperf.schedule.overlap import tp_userbuffers_block_s
 from diffperf.workload.flops import layer_ops
 from diffperf.workload.groups import stride
-from diffperf.workload.tp import tp_ub_message_bytes, tp_ub_reduce_bytes
+from diffperf.workload.tp import tp_ub_message_bytes, tp_ub_reduce_bytes, tp_ub_scale_bytes
 from shipped import model as _model, system as _system
 
 pr = importlib.import_module("diffperf.predict")  # the module, not diffperf.predict()
@@ -79,13 +79,18 @@ def test_block_gradient_contract():
 def test_message_and_reduce_bytes_by_hand():
     """Llama 3.1 405B, s 8192, cp 2, b 1: T = 4096, h = 16384. FP8 current scaling (q_l = 1,
     activations BF16): S_ag,f = S_ag,b = 4096 x 16384 = 67,108,864 B, S_rs = 134,217,728 B;
-    MXFP8 (1 + 1/32 B): 69,206,016 B; reduction at t = 8: 9/8 x 134,217,728 = 150,994,944 B.
-    BF16: every size 134,217,728 B."""
+    MXFP8: the buffers carry the 1-byte data only (67,108,864 B), the 1x32 scales go by NCCL:
+    4096 x 16384 / 32 = 2,097,152 B (FP8, BF16: none); reduction at t = 8: 9/8 x 134,217,728 =
+    150,994,944 B. BF16: every size 134,217,728 B."""
     f, b, r = (float(x) for x in tp_ub_message_bytes(L405, H100_405, FP8))
     assert (f, b, r) == (67_108_864.0, 67_108_864.0, 134_217_728.0)
     f, b, _ = (float(x) for x in tp_ub_message_bytes(L405, H100_405, MX))
-    assert f == b == pytest.approx(69_206_016.0, rel=1e-7)
-    bf = [float(x) for x in tp_ub_message_bytes(L405, H100_405, diffperf.training("bf16"))]
+    assert f == b == 67_108_864.0
+    assert float(tp_ub_scale_bytes(L405, H100_405, MX)) == 2_097_152.0
+    assert float(tp_ub_scale_bytes(L405, H100_405, FP8)) == 0.0
+    bf16 = diffperf.training("bf16")
+    assert float(tp_ub_scale_bytes(L405, H100_405, bf16)) == 0.0
+    bf = [float(x) for x in tp_ub_message_bytes(L405, H100_405, bf16)]
     assert bf == [134_217_728.0] * 3
     assert float(tp_ub_reduce_bytes(L405, H100_405, FP8)) == pytest.approx(150_994_944.0)
     assert float(tp_ub_reduce_bytes(L405, H100_405.replace(tp=1.0), FP8)) == 0.0
@@ -95,13 +100,35 @@ def _parts(parallel, training, system, features):
     return pr._layer_parts(L405, parallel, system, training, None, features=features)[0]
 
 
+def _by_hand(ub, tr, system):
+    """The userbuffers layer's pieces from the cost functions: (AG_f, AG_b, RS, R, the NCCL
+    scale all-gather, whole GEMM times f, d, w, chunk GEMM times fc, dc of one chunk)."""
+    t = float(ub.tp)
+    s_f, s_b, s_rs = tp_ub_message_bytes(L405, ub, tr)
+    st = stride(pr._placed(ub), "tp")
+    ag_f, ag_b = all_gather_s(s_f, t, st, system), all_gather_s(s_b, t, st, system)
+    rs = reduce_scatter_s(s_rs, t, st, system)
+    red = memory_time_s(tp_ub_reduce_bytes(L405, ub, tr), system)
+    s_sc = float(tp_ub_scale_bytes(L405, ub, tr))
+    sc = float(all_gather_s(s_sc, t, st, system)) if s_sc > 0 else 0.0
+    ops = layer_ops(L405, ub, tr)
+    f, d, w = (np.asarray(x) for x in layer_pass_gemm_times_s(ops, system, tr, None, True))
+    m = np.asarray(ops.dense.m, dtype=float).copy()
+    m[:4] /= t
+    fc, dc, _ = (np.asarray(x) for x in layer_pass_gemm_times_s(
+        ops.replace(dense=ops.dense.replace(m=jnp.asarray(m))), system, tr, None, True))
+    return (float(ag_f), float(ag_b), float(rs), float(red), sc, f, d, w, fc, dc)
+
+
 def test_layer_parts_conserve_the_collectives_and_gate_exactly():
     """DGX-H100 405B layer, FP8 (wave split on): the feature with tp_userbuffers = 0 changes
     nothing (bit for bit); with 1, exposed + hidden TP seconds = every collective of the two
     blocks (forward AG_f + RS, backward AG_b + AG_f + RS each) + the two reductions + the
     ring-exchange GEMMs' time as t chunks of m / t tokens beyond the whole GEMMs', each
     recomputed here from the cost functions; the exposed TP seconds fall well below the
-    tp_overlap = 0 exchange."""
+    tp_overlap = 0 exchange. Megatron's recompute "mlp" re-runs the MLP block's forward
+    only: exposed and hidden grow by that block's (`tp_userbuffers_block_s` on rows 2, 3,
+    + its chunks' extra time), not by half of both blocks'."""
     system = _system("h100-sxm-80gb")
     tr = FP8.replace(gemm_wave_split=1.0)
     feats = pr.features_of(L405, H100_405, tr)
@@ -114,24 +141,44 @@ def test_layer_parts_conserve_the_collectives_and_gate_exactly():
     assert pr.features_of(L405, ub, tr) == {"cp", "lowp", "tpub"}
     got = _parts(ub, tr, system, feats | {"tpub"})
     t = 8.0
-    s_f, s_b, s_rs = tp_ub_message_bytes(L405, ub, tr)
-    st = stride(pr._placed(ub), "tp")
-    ag_f, ag_b = all_gather_s(s_f, t, st, system), all_gather_s(s_b, t, st, system)
-    rs = reduce_scatter_s(s_rs, t, st, system)
-    red = memory_time_s(tp_ub_reduce_bytes(L405, ub, tr), system)
-    ops = layer_ops(L405, ub, tr)
-    f, d, _ = (np.asarray(x) for x in layer_pass_gemm_times_s(ops, system, tr, None, True))
-    m = np.asarray(ops.dense.m, dtype=float).copy()
-    m[:4] /= t
-    fc, dc, _ = (np.asarray(x) for x in layer_pass_gemm_times_s(
-        ops.replace(dense=ops.dense.replace(m=jnp.asarray(m))), system, tr, None, True))
+    ag_f, ag_b, rs, red, sc, f, d, w, fc, dc = _by_hand(ub, tr, system)
+    assert sc == 0.0  # per-tensor FP8: no scales gathered
     chunks = t * (fc[:4].sum() + dc[1] + dc[3]) - (f[:4].sum() + d[1] + d[3])
     assert chunks > 0  # smaller GEMMs run at a lower efficiency
-    total = 2 * (2 * float(ag_f) + float(ag_b) + 2 * float(rs)) + 2 * float(red) + chunks
+    total = 2 * (2 * ag_f + ag_b + 2 * rs) + 2 * red + chunks
     np.testing.assert_allclose(float(got["tp_exposed_s"] + got["tp_hidden_s"]), total,
                                rtol=1e-5)
     assert float(got["tp_exposed_s"]) < 0.3 * float(base["tp_exposed_s"])
     assert float(got["tp_hidden_s"]) > 0.5 * float(base["tp_exposed_s"])
+    rec = _parts(ub.replace(recompute=1.0, recompute_mlp=1.0), tr, system, feats | {"tpub"})
+    e_mlp, h_mlp, *_ = (float(x) for x in tp_userbuffers_block_s(
+        ag_f, ag_b, rs, 0.0, red, t * fc[2], t * fc[3], d[2], w[2], t * dc[3], t))
+    e_mlp += t * (fc[2] + fc[3]) - (f[2] + f[3])
+    np.testing.assert_allclose(float(rec["tp_exposed_s"] - got["tp_exposed_s"]), e_mlp,
+                               rtol=1e-4, atol=1e-9)
+    np.testing.assert_allclose(float(rec["tp_hidden_s"] - got["tp_hidden_s"]), h_mlp,
+                               rtol=1e-4)
+
+
+def test_mxfp8_scales_gathered_by_nccl_before_each_userbuffers_gather():
+    """GB200 405B layer (TP 4, CP 2), MXFP8: the buffers carry the data only; each
+    userbuffers all-gather of a block-scaled tensor waits for an NCCL all-gather of its scales
+    (TE fill_userbuffers_buffer_for_all_gather): per block 1 before the forward ring, 2 before
+    the backward ring and the bulk re-gather (all exposed), 1 before the column-wise re-gather
+    of the output gradient (AG_w, after the ring). Exposed + hidden = the FP8 sum with AG_w
+    (= AG_b) once per block, + 8 scale gathers; at least the 6 that wait on the main stream
+    are exposed."""
+    system = _system("gb200-nvl72")
+    ub = H100_405.replace(tp=4.0, dp=16.0, tp_userbuffers=1.0)
+    got = _parts(ub, MX, system, pr.features_of(L405, ub, MX))
+    t = 4.0
+    ag_f, ag_b, rs, red, sc, f, d, w, fc, dc = _by_hand(ub, MX, system)
+    assert sc > 0
+    chunks = t * (fc[:4].sum() + dc[1] + dc[3]) - (f[:4].sum() + d[1] + d[3])
+    total = 2 * (2 * ag_f + 2 * ag_b + 2 * rs) + 2 * red + chunks + 8 * sc
+    np.testing.assert_allclose(float(got["tp_exposed_s"] + got["tp_hidden_s"]), total,
+                               rtol=1e-5)
+    assert float(got["tp_exposed_s"]) >= 6 * sc + 2 * red
 
 
 def test_fact_on_the_bridge_rows():

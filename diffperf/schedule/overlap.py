@@ -225,9 +225,10 @@ def tp_userbuffers_block_s(ag_f_s, ag_b_s, rs_s, ag_wgrad_s, reduce_s, col_fprop
     (src/megatron/bridge/training/comm_overlap.py, identical at v0.1.0rc3, v0.2.0 and v0.5.0):
     qkv_fprop / fc1_fprop / proj_dgrad / fc2_dgrad RingExchangeOverlapCfg(aggregate=False),
     proj_fprop / fc2_fprop RingExchangeOverlapCfg(num_sm=1, set_sm_margin=True), the four
-    bulk cfgs BulkOverlapCfg(set_sm_margin=False) [S]. Not modelled: a chunk GEMM's own
-    efficiency at m / t rows (timed as 1/t of the whole GEMM), the bulk kernels' rate at few
-    SMs (timed at the collective's rate), atomic GEMM and aggregate (not used there).
+    bulk cfgs BulkOverlapCfg(set_sm_margin=False) [S]. A ring-exchange chunk GEMM is taken
+    as 1/t of the G_c, G_r, D_r given (predict._tp_userbuffers_parts passes t x one chunk
+    GEMM timed at m / t rows). Not modelled: the bulk kernels' rate at few SMs (timed at the
+    collective's rate), atomic GEMM and aggregate (not used there).
     Example (ms): t = 4, AG_f = 0.6, AG_b = 0.6, RS = 1.2, AG_w = 0, R = 0.05, G_c = 1.6,
     G_r = 1.2, D_c = 1.6, W_c = 1.6, D_r = 1.2: e1 = 3 max(0, 0.2 - 0.4) = 0, e2 = 3 max(0,
     0.4 - 0.3) = 0.3, forward exposed 0.35, hidden 1.5; e3 = 0, e5 = 0, e6 = 0, backward

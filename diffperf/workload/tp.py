@@ -56,23 +56,23 @@ def tp_ub_message_bytes(model, parallel, training):
         S_rs   = T h q_a     (the row-parallel GEMM's partial output, the column-parallel
                               dgrad GEMM's partial input gradient)
         q_f = f q_l + (1 - f) q_a   where the forward GEMMs run in low precision (lowp_fprop),
-        q_b = the same with lowp_dgrad, q_a otherwise;  q_l = lowp_bytes + lowp_scale_bytes /
-        lowp_block (block > 0; one scale per tensor otherwise), f = lowp_layer_frac
+        q_b = the same with lowp_dgrad, q_a otherwise;  q_l = lowp_bytes (the quantized data
+        only), f = lowp_layer_frac
     T = b s / c tokens (`workload.flops.tokens_per_device`). Why: TE registers the all-gather
     userbuffers (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad, qkv_dgrad, fc1_dgrad) as uint8
     when the run quantizes (`initialize_ub`, pytorch/module/base.py: `fp8_buf = name in
     layers_all_gather_overlap`, buffer dtype uint8 under UserBufferQuantizationMode.FP8) and
-    quantizes the tensor into the buffer before the exchange (`fill_userbuffers_buffer_for_
-    all_gather`: FP8 data, MXFP8 data and its 1x32 scales); the reduce-scatter buffers
-    (proj_fprop, fc2_fprop, qkv_wgrad, fc1_wgrad) stay in the activation dtype (BF16),
+    copies the quantized data into them before the exchange (`fill_userbuffers_buffer_for_
+    all_gather`: `comm.copy_into_buffer(local_data)`, FP8 data or one MXFP8 data tensor;
+    block scales do not go through the buffer, `tp_ub_scale_bytes`); the reduce-scatter
+    buffers (proj_fprop, fc2_fprop, qkv_wgrad, fc1_wgrad) stay in the activation dtype (BF16),
     Megatron-Bridge's FP8 configurations leaving fp8_buf False (comm_overlap.py). TE v2.7 to
     v2.16 [S].
-    Example: T = 4096, h = 16384, FP8 (q_l = 1), q_a = 2: S_ag = 67.1 MB, S_rs = 134.2 MB.
+    Example: T = 4096, h = 16384, FP8 or MXFP8 (q_l = 1), q_a = 2: S_ag = 67.1 MB, S_rs =
+    134.2 MB.
     """
     T = tokens_per_device(model, parallel)
-    ql = training.lowp_bytes + jnp.where(
-        training.lowp_block > 0,
-        training.lowp_scale_bytes / jnp.maximum(training.lowp_block, 1.0), 0.0)
+    ql = training.lowp_bytes
     f = training.lowp_layer_frac
     qa = training.activation_bytes
 
@@ -81,6 +81,25 @@ def tp_ub_message_bytes(model, parallel, training):
 
     th = T * model.hidden
     return th * q(training.lowp_fprop), th * q(training.lowp_dgrad), th * qa
+
+
+def tp_ub_scale_bytes(model, parallel, training):
+    """Gathered bytes of the block scales of one block-scaled tensor that TE's userbuffers
+    all-gathers (one quantized layer):
+
+        S_sc = T h s / B      (B = lowp_block > 0);   0 for per-tensor scaling (B = 0)
+    s = lowp_scale_bytes, T = b s / c tokens. Why: userbuffers carries only the quantized data;
+    `fill_userbuffers_buffer_for_all_gather` (pytorch/module/base.py, TE v2.7 to v2.16) gathers
+    an MXFP8 tensor's scale-inverses with a separate, blocking NCCL all-gather
+    (`torch.distributed.all_gather_into_tensor(global_scale_inv, local_scale_inv,
+    group=process_group)`) before the userbuffers exchange starts; an FP8 tensor's one
+    scale-inverse is not gathered [S].
+    Example: T = 4096, h = 16384, MXFP8 (s = 1, B = 32): 2,097,152 B.
+    """
+    T = tokens_per_device(model, parallel)
+    block = training.lowp_block
+    return jnp.where(block > 0, T * model.hidden * training.lowp_scale_bytes
+                     / jnp.maximum(block, 1.0), 0.0)
 
 
 def tp_ub_reduce_bytes(model, parallel, training):
