@@ -4,7 +4,7 @@ row's own container release (docs/accuracy-bridge.md, sections "MoE physics" and
 per container").
 
     python calibration/bridge_recipe_facts.py OUT.csv \
-        [--facts overlap,layout,dispatch,attn,moe_act,recompute,quant_pad,waves,expert_loop]
+        [--facts overlap,layout,dispatch,attn,moe_act,recompute,quant_pad,waves,expert_loop,tp_ub]
     python calibration/bridge_recipe_facts.py data/megatron_bridge.csv   # the shipped CSV
     python calibration/bridge_moe_rows.py --csv OUT.csv          # per-row effect
 
@@ -157,6 +157,26 @@ per container").
    TE's fused grouped MLP, cudnn-frontend issue 256's grouped-GEMM kernels; not read per row).
    `Training.moe_expert_loop`, `workload.flops.moe_expert_loop_kernels`;
    docs/accuracy-bridge.md "Session 12: MoE on 8-GPU nodes".
+10. `tp_userbuffers=1` (session 12, branch tpub) on the Llama rows whose release's performance
+    recipe turns Transformer Engine's userbuffers TP overlap on: every Llama 3 70B / 3.1 405B
+    recipe sets `tp_comm_overlap` with a userbuffers configuration on every GPU, False for
+    NVFP4 (`cfg.comm_overlap.tp_comm_overlap = False if precision == "nvfp4" else ...`), and
+    the FP8 configuration for every precision other than BF16 (`if precision == "bf16": ...
+    else: userbuffers_fp8_...`): v0.2.0 `scripts/performance/configs/llama3{,1}/llama3{,1}_llm_
+    pretrain.py`, v0.3.0-v0.5.0 `scripts/performance/configs/llama/llama3{,1}_llm_pretrain.py`
+    (the base recipes' `CommOverlapConfig(tp_comm_overlap=True, ...)`); v0.1.0rc3 (25.09)
+    `scripts/performance/run_script.py` builds the Llama recipes with their own
+    `CommOverlapConfig(tp_comm_overlap=True, ...)` and sets `tp_comm_overlap_cfg` from
+    `utils/helpers.py` COMM_OVERLAP_CONFIG_MAP (h100 / b200 / gb200, the FP8 entry for every FP8
+    recipe). Megatron-Bridge keeps the overlap only with TP >= 2 and sequence parallelism
+    (`training/comm_overlap.py` `_get_model_comm_overlap_cfgs`: "Disabling tensor parallel
+    communication overlap due to TP size < 2 / sequence_parallel=False"). The four FP8
+    configurations the recipes name (userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192,
+    _h100_h16384_tp8_cp2_mbs1_seqlen8192, _b200_h8192_tp2_mbs1_seqlen8192,
+    _b200_h16384_tp4_cp2_mbs1_seqlen8192; GB200 / GB300 / B300 use the b200 ones) run the same
+    methods, identical at v0.1.0rc3, v0.2.0, v0.5.0: ring exchange forward and for the output
+    gradients, bulk for the backward's input re-gather and input-gradient reduce-scatter
+    (`schedule.overlap.tp_userbuffers_block_s`). Llama 3 8B rows run TP 1 (nothing to set).
 """
 
 from __future__ import annotations
@@ -250,6 +270,7 @@ MODULES = ("core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "shared_ex
 OWNED = ("ep_overlap", "pp_first_layers", "pp_last_layers", "attn_tile",
          "moe_eager_clamp_bias", "moe_quant_pad", "recompute_layer_frac", "gemm_wave_split",
          "moe_expert_loop",
+         "tp_userbuffers",
          *(f"recompute_{m}" for m in MODULES))
 # Models of the CSV with sliding-window layers, and the fused kernel's score tile (fact 4)
 SLIDING_WINDOW_MODELS = ("gpt-oss-120b",)
@@ -268,6 +289,10 @@ EXPERT_LOOP_CONTAINERS = ("25.09", "25.11", "26.02", "26.02.01", "26.04", "26.04
 EXPERT_LOOP_PRECISIONS = ("bf16", "fp8-current", "fp8-blockwise", "mxfp8")
 # Systems whose GEMMs are Hopper cuBLAS persistent kernels with no SM carve-out (fact 8)
 WAVE_SPLIT_SYSTEMS = ("h100-sxm-80gb",)
+# Models whose performance recipes turn TE userbuffers TP overlap on (fact 10), and the
+# precisions whose recipes turn it off
+TP_UB_MODELS = ("llama3-70b", "llama3.1-405b", "llama3-8b")
+TP_UB_OFF_PRECISIONS = ("nvfp4",)
 # DeepSeek-V3 (pp, vp) -> (decoder layers on the first device, on the last device)
 DSV3_LAYOUT = {("16", "1"): (4, 1), ("8", "2"): (8, 5), ("8", "1"): (8, 5),
                ("4", "4"): (16, 13), ("4", "2"): (16, 13)}
@@ -323,6 +348,10 @@ def row_facts(row, facts) -> list[str]:
         out.append("moe_expert_loop=1")
     if "waves" in facts and row["system"] in WAVE_SPLIT_SYSTEMS:
         out.append("gemm_wave_split=1")
+    if ("tp_ub" in facts and row["model"] in TP_UB_MODELS
+            and row["precision"] not in TP_UB_OFF_PRECISIONS
+            and int(row["tp"]) > 1 and row["sequence_parallel"] == "1"):
+        out.append("tp_userbuffers=1")
     if "layout" in facts and row["model"] == "deepseek-v3":
         lay = (DSV3_H100_LAYOUT if row["system"] == "h100-sxm-80gb"
                else DSV3_LAYOUT.get((row["pp"], row["vp"])))
@@ -336,7 +365,7 @@ def main(argv=None) -> int:
     p.add_argument("out")
     p.add_argument("--facts",
                    default="overlap,layout,dispatch,attn,moe_act,recompute,quant_pad,waves,"
-                           "expert_loop")
+                           "expert_loop,tp_ub")
     args = p.parse_args(argv)
     facts = set(args.facts.split(","))
     rows = list(csv.reader(CSV.open(newline="")))

@@ -34,8 +34,9 @@ from diffperf.schedule.goodput import (checkpoint_bytes, checkpoint_write_s, dal
 from diffperf.schedule.overlap import (axonn_exposed_s, dp_hidden_slowdown_s,
                                        dp_step_exposed_s, ep_merged_1f1b_exposed_s,
                                        ep_merged_unpaired_frac, overlap_sigma,
-                                       ring_exposed_s, split_exposed, tp_userbuffers_sigmas,
-                                       zero3_layer_exposed_s, zero3_microbatch_edge_s)
+                                       ring_exposed_s, split_exposed, tp_userbuffers_block_s,
+                                       tp_userbuffers_sigmas, zero3_layer_exposed_s,
+                                       zero3_microbatch_edge_s)
 from diffperf.schedule.pipeline import (critical_stage, p2p_exposed_s, pipeline_times_s,
                                         stage_times_s)
 from diffperf.specs import Parallel
@@ -62,13 +63,15 @@ from diffperf.workload.recompute import (full_frac, megatron_module_fracs,
                                          op_sac_frac, sac_recompute_fracs)
 from diffperf.workload.stages import at_largest, pipeline_stages
 from diffperf.workload.tp import (tp_calls_per_all_reduce, tp_collectives_per_layer,
-                                  tp_message_bytes)
+                                  tp_message_bytes, tp_ub_message_bytes, tp_ub_reduce_bytes,
+                                  tp_ub_scale_bytes)
 from diffperf.workload.xla import (grad_accumulation_traffic_bytes, optimizer_bytes_per_param,
                                    remat_skipped_gemms, stacked_pass_traffic_bytes)
 
 # Terms that are exactly 0 for most layouts, and that a caller who knows so can leave out of
 # the traced program (`features` of predict_step; `features_of` finds them from concrete specs).
-FEATURES = frozenset({"ep", "cp", "axonn", "experts", "hsdp", "xla", "tiles", "lowp", "mla"})
+FEATURES = frozenset({"ep", "cp", "axonn", "experts", "hsdp", "xla", "tiles", "lowp", "mla",
+                      "tpub"})
 _PARTS = ("compute_s", "recompute_s", "tp_exposed_s", "cp_exposed_s", "ep_exposed_s",
           "axonn_exposed_s", "overhead_s", "overlap_slowdown_s", "tp_hidden_s", "cp_hidden_s",
           "ep_hidden_s", "axonn_hidden_s")
@@ -251,6 +254,8 @@ def features_of(model, parallel, training=None) -> frozenset:
         mla: some kv_lora_rank > 0 (multi-head latent attention: the MLA GEMM rows; without
              it, and without experts, those rows of workload.flops.DENSE_ROW_BLOCKS are not
              timed)
+        tpub: some parallel.tp_userbuffers > 0 (TE userbuffers TP overlap:
+              `_tp_userbuffers_parts`)
     training None: the default Training() (xla_compiled = 0, attn_tile = 0, every lowp pass
     0).
     Every feature when a leaf is traced (values unknown). Leaving a feature out when its
@@ -262,7 +267,8 @@ def features_of(model, parallel, training=None) -> frozenset:
     passes = (0.0, 0.0, 0.0, 0.0) if training is None else (
         training.lowp_fprop, training.lowp_dgrad, training.lowp_wgrad, training.lowp_layer_frac)
     leaves = (parallel.ep, parallel.cp, parallel.gx, parallel.gy, parallel.gz, model.n_experts,
-              parallel.zero_shard, model.kv_lora_rank, xla, tile, *passes)
+              parallel.zero_shard, model.kv_lora_rank, parallel.tp_userbuffers, xla, tile,
+              *passes)
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
         return FEATURES
     f, d, w, frac = (np.abs(np.asarray(x, float)) for x in passes)
@@ -273,7 +279,8 @@ def features_of(model, parallel, training=None) -> frozenset:
           "axonn": big(parallel.gx) or big(parallel.gy) or big(parallel.gz), "experts": experts,
           "hsdp": bool(np.any(np.asarray(parallel.zero_shard) > 0)),
           "xla": bool(np.any(np.asarray(xla) > 0)), "tiles": bool(np.any(np.asarray(tile) > 0)),
-          "lowp": lowp, "mla": bool(np.any(np.asarray(model.kv_lora_rank) > 0))}
+          "lowp": lowp, "mla": bool(np.any(np.asarray(model.kv_lora_rank) > 0)),
+          "tpub": bool(np.any(np.asarray(parallel.tp_userbuffers) > 0))}
     return frozenset(k for k, v in on.items() if v)
 
 
@@ -302,6 +309,68 @@ def _tp_host_sync_s(parallel, n_f, n_b, e):
     """
     peers = jnp.maximum(parallel.tp - 1.0, 0.0) * tp_calls_per_all_reduce(parallel)
     return n_f * peers * e.host_coll_peer_s, n_b * peers * e.host_coll_peer_s
+
+
+def _tp_userbuffers_parts(model, parallel, system, training, ops, fprop_rows, dgrad_rows,
+                          wgrad_rows, n_b, mlp_again, lowp, temperature):
+    """(fwd exposed, fwd hidden, bwd exposed, bwd hidden, bwd hidden in bulk overlaps) TP
+    seconds of one layer, one micro-batch, under Parallel.tp_userbuffers: the attention block
+    (QKV = GEMM row 0, output projection = row 1) and the MLP block (up = row 2, down = row
+    3) each as `schedule.overlap.tp_userbuffers_block_s` prices it, at the sizes of
+    `workload.tp.tp_ub_message_bytes`; the MXFP8 column-wise re-gather of the output gradient
+    (AG_w) where the backward's quantization is block-scaled (lowp_block > 0 with lowp_dgrad:
+    a row-scaled gradient cannot serve the wgrad GEMM); the blocking NCCL all-gather of the
+    block scales before each userbuffers all-gather of a block-scaled tensor
+    (`workload.tp.tp_ub_scale_bytes`; a ring collective on the TP group, in the lowp_layer_frac
+    of the layers whose pass is quantized): exposed before the forward ring (1 per block) and
+    before the backward's ring and bulk re-gather (2 per block); AG_w's waits on the dgrad
+    send stream and runs before AG_w, beside the last dgrad chunk (TE linear.py
+    `bulk_overlap_ag_with_external_gemm` path); the forward's collectives again for every
+    recomputed forward: both blocks for each all-reduce-equivalent pair that full recompute
+    (or per-op SAC) adds to the backward ((n_b - 2 - mlp_again) / 2), the MLP block for
+    Megatron's recompute "mlp" (mlp_again: the dense layers' share), at the blocks' forward
+    exposed and hidden seconds.
+    The ring-exchange GEMMs (the four fprops, the row dgrads) run as t GEMMs of m / t token
+    rows each: each chunk is timed at its own shape (`costs.compute.layer_pass_gemm_times_s`,
+    the efficiency curve at m / t), and what the t chunks take beyond the whole GEMM is
+    counted with the exposed seconds (forward: the fprops, backward: the row dgrads)."""
+    t = parallel.tp
+    s_f, s_b, s_rs = tp_ub_message_bytes(model, parallel, training)
+    # ring all-gathers and the reduce-scatter on the one TP group (costs.collectives.
+    # all_gather_s / reduce_scatter_s: one ring phase each)
+    group = ring_group(t, stride(_placed(parallel), "tp"), system)
+    ag_f, ag_b, rs = (ring_phase_s(group, x, 1.0, 1.0) for x in (s_f, s_b, s_rs))
+    block = jnp.where((training.lowp_block > 0) & (training.lowp_dgrad > 0), 1.0, 0.0)
+    red = jnp.where(t > 1, memory_time_s(tp_ub_reduce_bytes(model, parallel, training),
+                                         system), 0.0)
+    # block scales: one NCCL all-gather per userbuffers all-gather of a block-scaled tensor
+    s_sc = tp_ub_scale_bytes(model, parallel, training)
+    sc = jnp.where(s_sc > 0, ring_phase_s(group, s_sc, 1.0, 1.0), 0.0) * \
+        training.lowp_layer_frac
+    sc_f = jnp.where(training.lowp_fprop > 0, sc, 0.0)
+    sc_b = jnp.where(training.lowp_dgrad > 0, sc, 0.0)
+    # the first four rows (QKV, proj, MLP up, MLP down) at m / t tokens: one chunk each
+    n_rows = ops.dense.m.shape[0]
+    split = jnp.asarray([1.0] * 4 + [0.0] * (n_rows - 4)).reshape(
+        (n_rows,) + (1,) * (ops.dense.m.ndim - 1))
+    chunked = ops.dense.replace(m=ops.dense.m / (1.0 + split * (t - 1.0)))
+    f_c, d_c, _ = layer_pass_gemm_times_s(ops.replace(dense=chunked), system, training,
+                                          temperature, lowp, ((0, 4),))
+    f_c, d_c = t * f_c, t * d_c
+    # the two blocks at once: column rows 0, 2 and row-parallel rows 1, 3 on axis 0
+    col, row = slice(0, 4, 2), slice(1, 4, 2)
+    f, fh, b, bh, bulk = tp_userbuffers_block_s(
+        ag_f, ag_b, rs, block * (sc_b + ag_b), red, f_c[col], f_c[row], dgrad_rows[col],
+        wgrad_rows[col], d_c[row], t, temperature)
+    # per block: the chunked GEMMs' time beyond the whole GEMMs', the exposed scale gathers
+    f = f + (f_c[col] - fprop_rows[col]) + (f_c[row] - fprop_rows[row]) + sc_f
+    b = b + (d_c[row] - dgrad_rows[row]) + sc_b + sc_f
+    # recomputed forwards: both blocks per full-recompute pair, the MLP block (index 1) for
+    # Megatron's recompute "mlp"
+    both = jnp.maximum(n_b - 2.0 - mlp_again, 0.0) / 2.0
+    f_s, fh_s, b_s, bh_s, bulk_s = (jnp.sum(x, axis=0) for x in (f, fh, b, bh, bulk))
+    return (f_s, fh_s, b_s + both * f_s + mlp_again * f[1],
+            bh_s + both * fh_s + mlp_again * fh[1], bulk_s)
 
 
 def _layer_parts(model, parallel, system, training, temperature, features=FEATURES):
@@ -353,7 +422,8 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     # (transformer_layer.py _forward_mlp: tensor_parallel.checkpoint / te_checkpoint of
     # self.mlp, whose forward holds the collectives; workload.recompute).
     modules = megatron_module_fracs(parallel)  # Megatron's selective recompute_modules
-    n_b = n_b + modules["mlp"] * (1.0 - moe_layer_fraction(model))
+    mlp_again = modules["mlp"] * (1.0 - moe_layer_fraction(model))
+    n_b = n_b + mlp_again
     # With SP each all-reduce equivalent is two calls of the same ring cost: one more t0.
     calls = tp_calls_per_all_reduce(parallel)
     tp_on = jnp.where(parallel.tp > 1, 1.0, 0.0)
@@ -361,6 +431,16 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         (calls - 1.0) * tp_on * e.coll_base_s)
     tp_f, tp_fh = split_exposed(n_f * c_tp, parallel.tp_overlap * dense, temperature)
     tp_b, tp_bh = split_exposed(n_b * c_tp, parallel.tp_overlap * dense_b, temperature)
+    ub_on, ub_bulk = 0.0, 0.0
+    if "tpub" in features:
+        # Transformer Engine's userbuffers overlap (Parallel.tp_userbuffers): each TP block's
+        # ring exchanges and bulk overlaps beside its own GEMMs (_tp_userbuffers_parts)
+        ub_on = jnp.where(parallel.tp_userbuffers > 0, 1.0, 0.0)
+        ub = _tp_userbuffers_parts(model, parallel, system, training, ops, dense_rows,
+                                   dgrad_rows, wgrad_rows, n_b, mlp_again, lowp, temperature)
+        tp_f, tp_fh, tp_b, tp_bh = (jnp.where(ub_on > 0, u, o) for u, o in
+                                    zip(ub[:4], (tp_f, tp_fh, tp_b, tp_bh)))
+        ub_bulk = ub_on * ub[4]
     # Attention backward: 2 x forward, + the recomputed scores of flash attention (0.5 x),
     # at the backward kernel's rate (attn_b1 above).
     attn_bwd = (2.0 + (FLASH_BACKWARD_WORK - 2.0) * training.flash_attention) * attn_b1
@@ -447,6 +527,12 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     # (without the fact every sigma is sigma_0 and the differences are exactly 0)
     slow_f = sigma * hidden_f + (sigma_tp_f - sigma) * tp_fh + (sigma_cp - sigma) * cp_fh
     slow_b = sigma * hidden_b + (sigma_tp_b - sigma) * tp_bh + (sigma_cp - sigma) * cp_bh
+    if "tpub" in features:
+        # userbuffers: the ring exchanges move by copy engine (sigma_0), the bulk overlaps'
+        # GEMMs take every SM beside the comm kernels (g = 1 under the wave split)
+        s0 = e.overlap_slowdown
+        slow_b = slow_b + ub_on * (s0 * (tp_bh - ub_bulk) + overlap_sigma(s0, 1.0, split)
+                                   * ub_bulk - sigma_tp_b * tp_bh)
     gpu_f = (dense + attn + other_f + tp_f + cp_f + ep_f + ax_f
              + slow_f + quant_f + cpm_f)
     gpu_b = (dense_b + attn_bwd + other_b + recompute + tp_b + cp_b + ep_b + ax_b

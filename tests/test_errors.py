@@ -19,7 +19,7 @@ import diffperf
 from diffperf import Parallel, SpecError, load_model, load_runs, load_system
 from diffperf.specs.batch import stack
 from diffperf.load import apply_overlay
-from diffperf.specs.validate import check_layout
+from diffperf.specs.validate import check_inputs, check_layout
 
 
 def _raises(fragment):
@@ -501,6 +501,13 @@ LAYOUT_RULES = [
     (dict(zero3_regather=2), None, "zero3_regather=2 is not allowed (allowed: 0, 1)"),
     (dict(zero3_copy_out=2), None, "zero3_copy_out=2 is not allowed (allowed: 0 FSDP1 / "
      "DeepSpeed flat buffers, 1 FSDP2 copy-out)"),
+    (dict(tp_userbuffers=2), None, "tp_userbuffers=2 is not allowed (allowed: 0 the "
+     "tp_overlap form, 1 Transformer Engine userbuffers as Megatron-Bridge's FP8 "
+     "configurations run it)"),
+    (dict(tp=2, tp_userbuffers=1), None, "tp_userbuffers=1 with sequence_parallel=0 and tp=2: "
+     "userbuffers overlaps the sequence-parallel all-gathers / reduce-scatters (Megatron-Bridge "
+     "turns it off without sequence parallelism); allowed: sequence_parallel 1, or "
+     "tp_userbuffers 0"),
     (dict(recompute=1, recompute_policy=3), None,
      "recompute_policy=3 is not allowed (allowed: 0, 1, 2)"),
     (dict(recompute=2, recompute_layer_frac=0), None,
@@ -1379,15 +1386,16 @@ def test_unknown_dataset_suggests():
     ({"tp": 2}, "parallel: 'tp' is a column of the layout table; fix it in the table "
                 "(enumerate_layouts' fixed)"),
     ({"dp_overlapp": 0}, "parallel: 'dp_overlapp' is not a Parallel field; did you mean "
-                         "'dp_overlap'? (allowed: etp, dp_overlap, tp_overlap, ep_overlap, "
-                         "ep_dispatch, cp_ring, axonn_overlap, zero_shard, "
-                         "zero3_prefetch_params, zero3_regather, zero3_calls_per_layer, "
+                         "'dp_overlap'? (allowed: etp, dp_overlap, tp_overlap, "
+                         "tp_userbuffers, ep_overlap, ep_dispatch, cp_ring, axonn_overlap, "
+                         "zero_shard, zero3_prefetch_params, zero3_regather, "
+                         "zero3_calls_per_layer, "
                          "zero3_copy_out, recompute_layer_frac, recompute_policy, "
                          "recompute_core_attn, recompute_mlp, recompute_moe_act, "
                          "recompute_layernorm, recompute_mla_up_proj, "
                          "recompute_shared_experts, pp_first_layers, pp_last_layers)"),
     ({"zz": 0}, "parallel: 'zz' is not a Parallel field (allowed: etp, dp_overlap, tp_overlap, "
-                "ep_overlap, ep_dispatch, cp_ring, axonn_overlap, zero_shard, "
+                "tp_userbuffers, ep_overlap, ep_dispatch, cp_ring, axonn_overlap, zero_shard, "
                 "zero3_prefetch_params, zero3_regather, zero3_calls_per_layer, "
                 "zero3_copy_out, recompute_layer_frac, recompute_policy, recompute_core_attn, "
                 "recompute_mlp, recompute_moe_act, recompute_layernorm, "
@@ -1405,6 +1413,9 @@ def test_unknown_dataset_suggests():
     ({"tp_overlap": 2}, "parallel: tp_overlap=2 must be in [0, 1]"),
     ({"zero_shard": 0.5}, "parallel: zero_shard=0.5 must be a whole number >= 0"),
     ({"cp_ring": 3}, "parallel: cp_ring=3 is not allowed (allowed: 0, 1)"),
+    ({"tp_userbuffers": 2}, "parallel: tp_userbuffers=2 is not allowed (allowed: 0 the "
+                            "tp_overlap form, 1 Transformer Engine userbuffers as "
+                            "Megatron-Bridge's FP8 configurations run it)"),
 ])
 def test_search_framework_facts(facts, message):
     from diffperf.search import enumerate_layouts, search
@@ -1503,6 +1514,32 @@ def test_low_precision_needs_its_tensor_cores(precision, system, message):
         diffperf.predict(_small(), Parallel(), diffperf.load_system(system),
                          diffperf.training(precision))
 
+
+
+@pytest.mark.parametrize("precision", ["nvfp4", "fp8-blockwise"])
+def test_tp_userbuffers_needs_a_precision_userbuffers_gathers(precision):
+    """TE's userbuffers all-gathers 16-bit, per-tensor FP8 and MXFP8 tensors only
+    (fill_userbuffers_buffer_for_all_gather: "Unsupported quantizer for Userbuffers"):
+    predict (check_inputs) and search (its framework facts) refuse the others before tracing;
+    fp8-current and mxfp8 pass."""
+    from diffperf.search import enumerate_layouts, search
+
+    m = _small()
+    gb200 = diffperf.load_system("gb200-nvl72")
+    ub = Parallel(tp=2, dp=1, sequence_parallel=1, tp_userbuffers=1)
+    block = {"nvfp4": "16, lowp_fp4=1", "fp8-blockwise": "128, lowp_fp4=0"}[precision]
+    message = (f"precision={precision!r} (lowp_block={block}) with parallel.tp_userbuffers=1: "
+               f"Transformer Engine's userbuffers all-gathers only 16-bit, per-tensor FP8 and "
+               f"MXFP8 tensors (\"Unsupported quantizer for Userbuffers\" otherwise); allowed: "
+               f"tp_userbuffers 0 with this precision, or bf16, fp16, fp8-delayed, "
+               f"fp8-current, mxfp8")
+    with _raises(message):
+        diffperf.predict(m, ub, gb200, diffperf.training(precision))
+    with _raises(message):
+        search(m, gb200, diffperf.training(precision), enumerate_layouts(m, 2, 4)[:1],
+               parallel={"tp_userbuffers": 1})
+    for ok in ("fp8-current", "mxfp8"):
+        check_inputs(m, ub, gb200, diffperf.training(ok))
 
 # --------------------------------------------------------------------------------------------
 # Audit: predict's and search's layout options on the command line

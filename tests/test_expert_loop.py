@@ -45,8 +45,10 @@ def test_deepseek_v3_kernels_by_hand():
 def test_quantize_kernels_one_per_local_expert_by_hand():
     """MXFP8 (one kernel per quantized tensor): the two expert rows quantize phi E_l = 30.43
     slices each instead of 1: forward + 2 (30.43 - 1) = 58.85 kernels, backward (the output
-    gradients) the same, weights the same. FP8 current scaling (+ one amax kernel each):
-    twice that."""
+    gradients) the same, weights the same. FP8 current scaling: 4 kernels per slice in TE
+    (zero amax, amax, scale from amax, cast) against 2 per unsplit tensor: 2 (4 x 30.43 - 2)
+    = 239.4. FP8 delayed scaling: the split inputs and output gradients are one fused
+    multi-cast-transpose (+0), the weights one cast per expert (+58.85)."""
     par = Parallel(micro_batch=1.0, pp=16.0, ep=8.0, dp=16.0)
     dense = layer_ops(DSV3, par, MX).dense
     d = np.asarray(lowp_quantize_kernels(dense, LOOP)) - np.asarray(
@@ -55,7 +57,11 @@ def test_quantize_kernels_one_per_local_expert_by_hand():
     cs = diffperf.training("fp8-current")
     d_cs = np.asarray(lowp_quantize_kernels(dense, cs.replace(moe_expert_loop=1.0))) - np.asarray(
         lowp_quantize_kernels(dense, cs))
-    np.testing.assert_allclose(d_cs, [4 * (PHI * 32 - 1)] * 3, rtol=1e-5)
+    np.testing.assert_allclose(d_cs, [2 * (4 * PHI * 32 - 2)] * 3, rtol=1e-5)
+    ds = diffperf.training("fp8-delayed")
+    d_ds = np.asarray(lowp_quantize_kernels(dense, ds.replace(moe_expert_loop=1.0))) - np.asarray(
+        lowp_quantize_kernels(dense, ds))
+    np.testing.assert_allclose(d_ds, [0.0, 0.0, 2 * (PHI * 32 - 1)], atol=1e-4)
     # BF16: nothing is quantized, only the GEMM launches remain
     bf = diffperf.training("bf16")
     assert np.all(np.asarray(lowp_quantize_kernels(dense, bf.replace(moe_expert_loop=1.0))) == 0)

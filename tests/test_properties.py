@@ -517,6 +517,8 @@ def test_features_of_names_each_feature():
         lowp_wgrad=np.array([0.0, 1.0]))) == {"lowp"}
     tiled = training("bf16").replace(attn_tile=128.0)
     assert features_of(dense, Parallel(), tiled) == {"tiles"}
+    assert features_of(dense, Parallel(tp=2.0, sequence_parallel=1.0, tp_userbuffers=1.0)) \
+        == {"tpub"}
     seen = []  # a traced leaf: values unknown, so every feature stays in the program
     jax.make_jaxpr(lambda cp: seen.append(features_of(dense, Parallel(cp=cp))) or cp)(1.0)
     assert seen == [FEATURES]

@@ -172,6 +172,81 @@ def tp_userbuffers_sigmas(overlap_slowdown, wave_split):
     return s0, (1.0 - u) * s0 + u * overlap_sigma(s0, 1.0, wave_split)
 
 
+def tp_userbuffers_block_s(ag_f_s, ag_b_s, rs_s, ag_wgrad_s, reduce_s, col_fprop_s,
+                           row_fprop_s, col_dgrad_s, col_wgrad_s, row_dgrad_s, tp,
+                           temperature=None):
+    """(forward exposed, forward hidden, backward exposed, backward hidden, backward hidden in
+    bulk overlaps) seconds of one tensor-parallel block (a column-parallel linear, then a
+    row-parallel one: QKV -> output projection, fc1 -> fc2) under sequence parallelism, one
+    micro-batch, as Transformer Engine's userbuffers overlap runs Megatron-Bridge's FP8
+    configurations (Parallel.tp_userbuffers):
+
+        forward   AG_f ring exchange beside the column GEMM:
+                                                  e1 = (t-1) max(0, AG_f/(t-1) - G_c/t)
+                  RS ring exchange beside the row GEMM:
+                                                  e2 = (t-1) max(0, RS/(t-1) - G_r/t)
+                  + the reduction kernel R after the exchange (exposed whole)
+        backward  AG_b ring exchange beside the row dgrad GEMM:
+                                                  e3 = (t-1) max(0, AG_b/(t-1) - D_r/t)
+                  AG_w (MXFP8: the column-wise output gradient for the row wgrad GEMM) after
+                  the ring, beside the last dgrad chunk:        e4 = max(0, AG_w - D_r/t)
+                  bulk AG_f (input re-gathered for the column wgrad) beside the column dgrad
+                  GEMM:                                          e5 = max(0, AG_f - D_c)
+                  bulk RS of the input gradient beside the column wgrad GEMM:
+                                                                 e6 = max(0, RS - W_c)
+        exposed_f = e1 + e2 + R,  hidden_f = AG_f + RS - e1 - e2
+        exposed_b = e3 + e4 + e5 + e6,  hidden_b = AG_b + AG_w + AG_f + RS - exposed_b,
+        hidden in bulk = AG_f + RS - e5 - e6
+    AG_f, AG_b, RS = one collective's time at the sizes `workload.tp.tp_ub_message_bytes`
+    gives (a ring step moves one chunk S / t, so a ring-exchange step costs 1/(t - 1) of the
+    ring collective); G, D, W = the fprop, dgrad, wgrad GEMM seconds of the linear (c column,
+    r row), t = tp. Ring exchange (TE `CommOverlapP2PBase::split_overlap_ag`, common/
+    comm_gemm_overlap/comm_gemm_overlap.cpp v2.7-v2.16): t GEMMs on the t chunks; chunk i + 1
+    is received while chunk i's GEMM runs, the local chunk first, so each of the t - 1 steps
+    takes max(chunk GEMM, chunk exchange) and the last GEMM has no exchange beside it.
+    `split_overlap_rs`: t chunk GEMMs, chunk i sent to its owner while chunk i + 1 is
+    computed, the local chunk last (its GEMM hides the last send), then `reduce_bf16` sums the
+    t chunks on the main stream. The chunks move by copy engine (`use_ce`, default True;
+    userbuffers_send: cudaMemcpyAsync), the GEMMs keep their SMs (set_sm_margin False, or
+    True with num_sm = 1 for the reduce-scatters: 1 of 132-148 SMs, < 1 %, not counted).
+    Bulk (`CommOverlapBase::bulk_overlap`): the whole collective (userbuffers' SM kernels,
+    num_sm 2-32) launched beside one GEMM, hidden up to that GEMM's time; the GEMM takes all
+    SMs (set_sm_margin False in every Bridge configuration), so on Hopper it runs two waves
+    (`overlap_sigma`; predict prices the bulk hidden seconds at g = 1). TE's linear backward
+    (pytorch/module/linear.py, layernorm_linear.py v2.9): the row-parallel linear gathers its
+    output gradient for the dgrad GEMM in ring exchange (proj_dgrad, fc2_dgrad); the gathered
+    FP8 data serves the wgrad GEMM too, but a row-scaled MXFP8 gradient cannot, so under MXFP8
+    the column-wise copy is gathered again on the dgrad streams after the ring
+    (`bulk_overlap_ag_with_external_gemm`; AG_w = 0 otherwise); the column-parallel linear
+    re-gathers its saved input beside its dgrad GEMM (ub_bulk_dgrad, qkv_dgrad / fc1_dgrad)
+    and reduce-scatters the dgrad output beside its wgrad GEMM (ub_bulk_wgrad, qkv_wgrad /
+    fc1_wgrad). Megatron-Bridge's configurations userbuffers_fp8_{h100_h8192_tp4_mbs1,
+    h100_h16384_tp8_cp2_mbs1, b200_h8192_tp2_mbs1, b200_h16384_tp4_cp2_mbs1}_seqlen8192
+    (src/megatron/bridge/training/comm_overlap.py, identical at v0.1.0rc3, v0.2.0 and v0.5.0):
+    qkv_fprop / fc1_fprop / proj_dgrad / fc2_dgrad RingExchangeOverlapCfg(aggregate=False),
+    proj_fprop / fc2_fprop RingExchangeOverlapCfg(num_sm=1, set_sm_margin=True), the four
+    bulk cfgs BulkOverlapCfg(set_sm_margin=False) [S]. A ring-exchange chunk GEMM is taken
+    as 1/t of the G_c, G_r, D_r given (predict._tp_userbuffers_parts passes t x one chunk
+    GEMM timed at m / t rows). Not modelled: the bulk kernels' rate at few SMs (timed at the
+    collective's rate), atomic GEMM and aggregate (not used there).
+    Example (ms): t = 4, AG_f = 0.6, AG_b = 0.6, RS = 1.2, AG_w = 0, R = 0.05, G_c = 1.6,
+    G_r = 1.2, D_c = 1.6, W_c = 1.6, D_r = 1.2: e1 = 3 max(0, 0.2 - 0.4) = 0, e2 = 3 max(0,
+    0.4 - 0.3) = 0.3, forward exposed 0.35, hidden 1.5; e3 = 0, e5 = 0, e6 = 0, backward
+    exposed 0, hidden 2.4, of it bulk 1.8.
+    """
+    steps = jnp.maximum(tp - 1.0, 1.0)
+    e1 = steps * exposed(ag_f_s / steps, col_fprop_s / tp, temperature)
+    e2 = steps * exposed(rs_s / steps, row_fprop_s / tp, temperature)
+    e3 = steps * exposed(ag_b_s / steps, row_dgrad_s / tp, temperature)
+    e4 = exposed(ag_wgrad_s, row_dgrad_s / tp, temperature)
+    e5 = exposed(ag_f_s, col_dgrad_s, temperature)
+    e6 = exposed(rs_s, col_wgrad_s, temperature)
+    bulk = ag_f_s + rs_s - e5 - e6
+    e_b = e3 + e4 + e5 + e6
+    return (e1 + e2 + reduce_s, ag_f_s + rs_s - e1 - e2, e_b,
+            ag_b_s + ag_wgrad_s + ag_f_s + rs_s - e_b, bulk)
+
+
 def dp_step_exposed_s(reduce_s, gather_s, bwd_window_s, parallel, temperature=None):
     """(exposed, hidden) data-parallel communication of one step outside ZeRO-3's per-layer
     collectives (`zero3_layer_exposed_s`), by ZeRO stage:

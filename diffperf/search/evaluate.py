@@ -22,14 +22,15 @@ from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel
 from diffperf.specs.training import Training
 from diffperf.specs.validate import (check_job, check_layout, check_model, check_precision,
-                                     check_search_facts, check_system, check_training)
+                                     check_search_facts, check_system, check_training,
+                                     check_tp_userbuffers_precision)
 
 
 def _evaluate(args, keys, per, temperature, devices, optimize, progress, store=None,
               fields=None, base=None) -> list:
     """Results (device arrays [per, 24]) of the calls over the chunks of the outer keys."""
     model, system, training = args
-    features = _table_features(model, keys, training)
+    features = _table_features(model, keys, training, base)
     dtype = jnp.result_type(float)
     fn = _kernel(devices, optimize, store)
     outs = []
@@ -171,6 +172,7 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
     base = _base_parallel(parallel)
     if base is not None:
         check_search_facts(model, base)
+        check_tp_userbuffers_precision(base, training)
     outs = _evaluate(args, keys, per, temperature, devices, optimize, progress and tick, store,
                      fields, base)
     return _gather(cell, outs)

@@ -141,11 +141,13 @@ def _grid(layouts, placements, chunk, n_dev):
     return np.concatenate([keys, np.repeat(keys[-1:], pad, axis=0)]), cell, per
 
 
-def _table_features(model, keys, training=None) -> frozenset:
-    """predict.features_of for a table's outer keys (its ep, cp, gx, gy, gz columns) and the
-    training (None: Training(), no XLA terms)."""
+def _table_features(model, keys, training=None, base=None) -> frozenset:
+    """predict.features_of for a table's outer keys (its ep, cp, gx, gy, gz columns), the
+    framework facts of `base` (`_chunk_parallel`'s: e.g. tp_userbuffers, whose term is a
+    feature) and the training (None: Training(), no XLA terms)."""
+    base = Parallel() if base is None else base
     cols = {c: keys[:, KEYS.index(c)] for c in ("ep", "cp", *GRID)}
-    return features_of(model, Parallel(**cols), training)
+    return features_of(model, base.replace(**cols), training)
 
 
 def _kernel_fn(devices, optimize=True):

@@ -69,6 +69,13 @@ class Parallel(struct.PyTreeNode):
     recompute: Any = 0          # Recompute (0 none, 1 selective, 2 full)
     dp_overlap: Any = 1         # 1: gradient reduction overlaps the backward (bucketed DDP)
     tp_overlap: Any = 0         # fraction of TP communication that can hide behind GEMMs
+    tp_userbuffers: Any = 0     # 1: the TP collectives run as Transformer Engine's userbuffers
+                                # overlap with Megatron-Bridge's FP8 configurations (ring
+                                # exchange forward and output-gradient all-gathers, ring-exchange
+                                # reduce-scatters, bulk input re-gather / dgrad reduce-scatter
+                                # beside the backward GEMMs; schedule.overlap.
+                                # tp_userbuffers_block_s); tp_overlap is then not read. 0: the
+                                # tp_overlap form (the default)
     ep_overlap: Any = 0         # fraction of the compute the EP all-to-alls can hide behind,
                                 # as Megatron-Core's merged forward-backward EP schedule pairs
                                 # them (schedule.overlap.ep_merged_1f1b_exposed_s); 0: none

@@ -89,7 +89,8 @@ class Training(struct.PyTreeNode):
                                  # one kernel per local expert, as Transformer Engine 2.7-2.16's
                                  # GroupedLinear does (multi_stream_cublas_gemm: one cuBLASLt
                                  # GEMM per expert, round-robin over 4 streams; split_quantize:
-                                 # one MXFP8 / FP8-current quantize per expert): E/ep - 1 more
+                                 # one MXFP8 / FP8-current quantize per expert; FP8 delayed
+                                 # scaling's inputs stay one fused kernel): E/ep - 1 more
                                  # launches per grouped GEMM and per quantized tensor
                                  # (workload.flops.moe_expert_loop_kernels); 0: one kernel each
                                  # (a single-launch grouped GEMM; the default)

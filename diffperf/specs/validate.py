@@ -107,20 +107,37 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
         "recompute_moe_act=1 needs an MoE model (model.moe_experts > 0; got 0); allowed: 0"))
 
 
+def _check_tp_userbuffers(P, M, where, pick) -> None:
+    """Parallel.tp_userbuffers 0 or 1, and 1 only for dense models (the rules that hold for
+    every layout; check_layout adds the one tied to a layout's tp and sequence_parallel)."""
+    u = P["tp_userbuffers"]
+    _fail(~((u == 0) | (u == 1)), where, lambda i: (
+        f"tp_userbuffers={pick(u, i):g} is not allowed (allowed: 0 the tp_overlap form, 1 "
+        f"Transformer Engine userbuffers as Megatron-Bridge's FP8 configurations run it)"))
+    _fail((u == 1) & (M["n_experts"] > 0), where, lambda i: (
+        f"tp_userbuffers=1 with model.moe_experts={pick(M['n_experts'], i):g}: the userbuffers "
+        f"TP overlap is modelled for dense models only (allowed: tp_userbuffers 0 for MoE "
+        f"models)"))
+
+
 def check_search_facts(model, parallel, where: str = "parallel") -> None:
     """Raise SpecError where a framework fact that a search applies to every layout of its
     table (search.search's `parallel`) breaks a rule of `check_layout` that no column of the
     table takes part in: each fact's own range (`_check_fact_ranges`: zero3_copy_out=2,
-    tp_overlap=2 gave "0 fit", exit 0) and the recompute_<module> fields (0 or 1; mla_up_proj
+    tp_overlap=2 gave "0 fit", exit 0); the recompute_<module> fields (0 or 1; mla_up_proj
     needs multi-latent attention, moe_act an MoE model: `_check_recompute_modules`, without the
-    rules tied to one layout's recompute mode, which the table varies). Otherwise such a fact would only make
-    every row invalid (Result.valid False), the search finding no layout without saying why."""
+    rules tied to one layout's recompute mode, which the table varies); tp_userbuffers 0 or 1,
+    1 only for dense models (`_check_tp_userbuffers`; its sequence-parallelism rule is the
+    table's, per row). Otherwise such a fact would only make every row invalid (Result.valid
+    False), the search finding no layout without saying why."""
     P = {f: _arr(getattr(parallel, f), where) for f in (
-        "recompute", *FACT_FIELDS, *(f"recompute_{m}" for m in RECOMPUTE_MODULES))}
+        "recompute", *FACT_FIELDS, "tp_userbuffers",
+        *(f"recompute_{m}" for m in RECOMPUTE_MODULES))}
     M = {f: _arr(getattr(model, f), where) for f in ("n_experts", "kv_lora_rank")}
     pick = lambda a, i: a[i] if a.size > 1 else a[0]  # noqa: E731
     _check_fact_ranges(P, where, pick)
     _check_recompute_modules(P, M, where, pick, per_layout=False)
+    _check_tp_userbuffers(P, M, where, pick)
 
 
 def check_layout(model, parallel, n_devices=None, where: str = "parallel",
@@ -136,7 +153,8 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     zero_stage in 0..3; recompute in 0..2; recompute_policy in 0..2; recompute_layer_frac in
     (0, 1] (< 1 only with full recompute); the recompute_<module> fields
     (`_check_recompute_modules`); cp_ring and axonn_overlap in {0, 1}; placement
-    indexes ORDERS; tp_overlap and ep_overlap in [0, 1]; the AxoNN grid rules (`_check_grid`);
+    indexes ORDERS; tp_overlap and ep_overlap in [0, 1]; tp_userbuffers 0 or 1 (1 only for
+    dense models with sequence parallelism where tp > 1); the AxoNN grid rules (`_check_grid`);
     tp x cp x dp x pp x gx x gy x gz = n_devices when given; every degree, batch and
     count at most INT_MAX (and finite).
     """
@@ -147,7 +165,7 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         "axonn_overlap", "placement", "pp_first_layers", "pp_last_layers", "zero_shard",
         "zero3_prefetch_params", "zero3_regather", "zero3_calls_per_layer",
         "zero3_copy_out", "etp", "ep_dispatch", "recompute_layer_frac", "recompute_policy",
-        *(f"recompute_{m}" for m in RECOMPUTE_MODULES))}
+        "tp_userbuffers", *(f"recompute_{m}" for m in RECOMPUTE_MODULES))}
     M = {f: _arr(getattr(model, f), where) for f in (
         "n_heads", "n_kv_heads", "ffn_hidden", "n_layers", "seq_len", "n_experts", "hidden",
         "head_dim", "kv_lora_rank")}
@@ -164,6 +182,13 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     _fail((v < 0) | (v >= len(ORDERS)) | (v != xp.round(v)), where,
           lambda i: f"placement={pick(v, i):g} is not allowed (allowed: 0..{len(ORDERS) - 1}, "
                     f"an index into specs.parallel.ORDERS; 0 is tp-cp-dp-pp)")
+    _check_tp_userbuffers(P, M, where, pick)
+    u = P["tp_userbuffers"]
+    _fail((u == 1) & (P["tp"] > 1) & (P["sequence_parallel"] == 0), where, lambda i: (
+        f"tp_userbuffers=1 with sequence_parallel=0 and tp={pick(P['tp'], i):g}: userbuffers "
+        f"overlaps the sequence-parallel all-gathers / reduce-scatters (Megatron-Bridge turns "
+        f"it off without sequence parallelism); allowed: sequence_parallel 1, or "
+        f"tp_userbuffers 0"))
     _check_recompute_modules(P, M, where, pick)
     _check_grid(P, M, where, pick)
     _check_zero(P, where, pick)
@@ -442,6 +467,38 @@ def check_precision(system, training, where: str = "precision") -> None:
                         f"fp8-current or fp8-blockwise")
 
 
+def check_tp_userbuffers_precision(parallel, training, where: str = "precision") -> None:
+    """Refuse Parallel.tp_userbuffers = 1 with a low-precision recipe whose tensors Transformer
+    Engine's userbuffers cannot all-gather:
+
+        allowed: 16-bit (no lowp pass), per-tensor FP8 (lowp_block 0), MXFP8 (lowp_block 32)
+    Why: `fill_userbuffers_buffer_for_all_gather` (TE pytorch/module/base.py, v2.7 to v2.16)
+    takes unquantized tensors, Float8Quantizer / Float8CurrentScalingQuantizer and
+    MXFP8Quantizer ones, and raises "Unsupported quantizer for Userbuffers" for any other
+    (fp8-blockwise's 128-element blocks, NVFP4's 1 x 16 FP4); Megatron-Bridge's NVFP4 Llama
+    recipes turn the overlap off (`tp_comm_overlap = False if precision == "nvfp4"`).
+    Batched leaves are checked element-wise; traced ones are skipped.
+    """
+    leaves = (parallel.tp_userbuffers, training.lowp_fprop, training.lowp_dgrad,
+              training.lowp_wgrad, training.lowp_fp4, training.lowp_block)
+    try:
+        u, f, d, w, fp4, block = (np.asarray(x, dtype=float) for x in leaves)
+    except Exception:  # tracers: values unknown
+        return
+    lowp = np.maximum(np.maximum(f, d), w) > 0
+    bad = (u == 1) & lowp & ((fp4 > 0) | ((block > 0) & (block != 32)))
+    if np.any(bad):
+        bad_b, block_b, fp4_b = (np.ravel(x) for x in np.broadcast_arrays(bad, block, fp4))
+        i = int(np.flatnonzero(bad_b)[0])
+        raise SpecError(
+            f"{_recipe(where, getattr(training, 'name', None), bad)} (lowp_block="
+            f"{block_b[i]:g}, lowp_fp4={fp4_b[i]:g}) with parallel.tp_userbuffers=1: "
+            f"Transformer Engine's userbuffers all-gathers only 16-bit, per-tensor FP8 and "
+            f"MXFP8 tensors (\"Unsupported quantizer for Userbuffers\" otherwise); allowed: "
+            f"tp_userbuffers 0 with this precision, or bf16, fp16, fp8-delayed, fp8-current, "
+            f"mxfp8")
+
+
 # ------------------------------------------------------------------- model, system, training
 
 _MODEL_COUNTS = ("n_layers", "hidden", "ffn_hidden", "n_heads", "n_kv_heads", "head_dim",
@@ -644,6 +701,7 @@ def check_inputs(model, parallel, system, training, n_devices=None, where: str =
     check_layout(model, parallel, n_devices, where, devices_field)
     check_job(parallel, system, where)
     check_precision(system, training)
+    check_tp_userbuffers_precision(parallel, training)
 
 
 def valid_mask(model, parallel, system, training):

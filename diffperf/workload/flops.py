@@ -749,7 +749,9 @@ def moe_expert_loop_kernels(model, parallel, training):
     overlap each other's fixed time (launch, tail), so the GPU pays the fixed time of one
     stream's chain (`costs.xla.kernel_fixed_s` each); the host launches every GEMM
     (`Efficiency.host_kernel_s` each). Per-expert quantization is counted in
-    `lowp_quantize_kernels` (E_l kernels per quantized tensor of the expert rows).
+    `lowp_quantize_kernels` (E_l quantizes per quantized tensor of the expert rows, each at
+    TE's kernel count: 1 for MXFP8, 4 for FP8 current scaling; FP8 delayed scaling's split
+    inputs stay one fused kernel).
     n_s = `TE_GEMM_STREAMS`. The stream events (1 + n_s records, 2 n_s waits per grouped
     GEMM) are not counted.
     Source: Transformer Engine `pytorch/module/grouped_linear.py` (forward: `general_grouped_gemm`
@@ -939,6 +941,14 @@ def lowp_quantize_bytes(dense, training):
     return jnp.sum(rows * fwd), jnp.sum(rows * bwd), jnp.sum(rows * wts)
 
 
+# Kernels Transformer Engine launches for one per-tensor FP8 current-scaling quantize
+# (`Float8CurrentScalingQuantizer::quantize`, pytorch/csrc/quantizer.cpp, v2.7-v2.16):
+# zero_amax_kernel and the amax reduction (`nvte_compute_amax`), compute_scale_from_amax_kernel
+# (`nvte_compute_scale_from_amax`, one thread) and the cast (`nvte_quantize_v2`)
+# (common/recipe/current_scaling.cu).
+TE_CURRENT_SCALING_KERNELS = 4.0
+
+
 def lowp_quantize_kernels(dense, training):
     """(forward, backward, weight) kernels of the quantization, one layer, one micro-batch:
     one fused cast(-transpose) kernel per quantized tensor, + one amax reduction kernel each
@@ -946,14 +956,30 @@ def lowp_quantize_kernels(dense, training):
     Under training.moe_expert_loop the routed-expert rows (`EXPERT_ROWS`) quantize each local
     expert's slice on its own: c_r = phi E / e tensors instead of 1 (Transformer Engine
     `split_quantize` -> `multi_tensor_quantize_impl`, "Quantize kernels individually" for every
-    quantizer but FP8 delayed scaling, v2.7-v2.16 `pytorch/csrc/extensions/cast.cpp`; NVFP4 has
-    a fused split kernel from v2.12: not a row of the fact). DeepSeek-V3 MXFP8 at e 8: 2 x
-    0.9508 x 32 = 60.85 quantize kernels for the two expert inputs in the forward, not 2."""
+    quantizer but FP8 delayed scaling, v2.7-v2.16 `pytorch/csrc/extensions/cast.cpp`), each
+    slice at TE's own kernel count:
+
+        k_slice = 1 + a + (TE_CURRENT_SCALING_KERNELS - 2) cs      cs = per-tensor FP8 with
+                                                                    an amax pass (current)
+    (MXFP8 / blockwise 1, FP8 current scaling 4: `TE_CURRENT_SCALING_KERNELS`). FP8 delayed
+    scaling (per-tensor, no amax pass) quantizes the split inputs and output gradients with one
+    fused `nvte_multi_cast_transpose` (up to 64 tensors a launch): 1 kernel per expert row, as
+    without the loop; its weights (one quantizer per expert, `get_weight_workspace`) E / e.
+    NVFP4 keeps 1 + a per slice (v2.12+ runs a grouped amax before per-slice casts; not a row
+    of the fact). DeepSeek-V3 MXFP8 at e 8: 2 x 0.9508 x 32 = 60.85 quantize kernels for the
+    two expert inputs in the forward, not 2; FP8 current scaling 4 x 60.85 = 243.4, not 4."""
     f, d, w = training.lowp_fprop, training.lowp_dgrad, training.lowp_wgrad
+    a = training.lowp_amax_pass
+    per_tensor_fp8 = jnp.where(training.lowp_block > 0, 0.0, 1.0) * (1.0 - training.lowp_fp4)
+    current = a * per_tensor_fp8
+    delayed = (1.0 - a) * per_tensor_fp8
+    k_slice = 1.0 + a + (TE_CURRENT_SCALING_KERNELS - 2.0) * current
     on = jnp.where(dense.count > 0, 1.0, 0.0)
     each = jnp.asarray(EXPERT_ROWS) * training.moe_expert_loop
-    rows = jnp.asarray(LOWP_LINEAR_ROWS) * training.lowp_layer_frac * (
-        each * dense.count + (1.0 - each) * on)
-    per = jnp.sum(rows) * (1.0 + training.lowp_amax_pass)
-    return per * jnp.maximum(f, w), per * jnp.maximum(d, w), per * jnp.maximum(f, d)
+    lin = jnp.asarray(LOWP_LINEAR_ROWS) * training.lowp_layer_frac
+    plain = (1.0 - each) * on * (1.0 + a)
+    sliced = each * dense.count * k_slice
+    act = jnp.sum(lin * (plain + (1.0 - delayed) * sliced + delayed * each * on))
+    wts = jnp.sum(lin * (plain + sliced))
+    return act * jnp.maximum(f, w), act * jnp.maximum(d, w), wts * jnp.maximum(f, d)
 
