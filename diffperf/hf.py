@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from diffperf.errors import SpecError
+from diffperf.errors import SpecError, printable
 
 # The training sequence a Hugging Face config does not give: 4096, the pre-training sequence
 # of DeepSeek-V2/V3 (4K), Qwen3 (S1/S2 stages), Llama 2 and GPT-OSS's native context
@@ -60,6 +60,21 @@ _TIED_BY_DEFAULT = ("gpt2", "falcon", "RefinedWeb", "RefinedWebModel", "gemma", 
 _QWEN_WINDOW_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
 # Fields whose architecture diffperf does not represent: refused by name.
 _REFUSED = ("cross_attention_layers",)
+# model_type values whose config.json this reader is known to read right: the families above,
+# each checked against a published parameter count (tests/test_models.py on tests/data/hf
+# and Phi-3-mini's config). Any other type is refused by name: a config of another
+# architecture often has the same field names (BERT: num_hidden_layers, hidden_size,
+# num_attention_heads) while its model is not a causal decoder of attention and MLP layers
+# (Jamba's and Falcon-H1's Mamba layers, Qwen3-Next's linear attention, Llama 4's
+# interleaved MoE with a shared expert and chunked attention, DeepSeek-V3.2's sparse
+# attention indexer): read anyway, its count and costs would be silently wrong (Jamba:
+# 92.1 B read against 52 B published; Llama 4 Scout: 101.7 B against 109 B).
+SUPPORTED_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+                   "gemma", "gemma2", "gemma3_text", "deepseek_v2", "deepseek_v3",
+                   "gpt_neox", "falcon", "RefinedWeb", "RefinedWebModel", "gpt_oss", "gpt2",
+                   "phi3")
+# Multimodal wrappers whose text_config holds one of SUPPORTED_TYPES (Gemma 3).
+WRAPPER_TYPES = ("gemma3",)
 # Read, but with no effect on the cost model (positions, numerics, routing policy, ids).
 _NO_COST = ("rope_theta", "rope_scaling", "rope_local_base_freq", "rotary_pct",
             "rotary_emb_base", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
@@ -91,6 +106,26 @@ def _is_whole(v) -> bool:
     """v is a JSON number (not a bool), finite and whole."""
     return (not isinstance(v, bool) and isinstance(v, (int, float))
             and (isinstance(v, int) or (math.isfinite(v) and float(v) == int(v))))
+
+
+def _check_type(mt, outer, where, notes) -> None:
+    """Refuse a model_type this reader does not know (SUPPORTED_TYPES; WRAPPER_TYPES around a
+    text_config, `outer` the wrapper's type, None without a text_config); a config without
+    model_type is read as a Llama-style decoder, said in a note."""
+    yaml = "write a diffperf model YAML (configs/README.md)"
+    if outer is not None and outer not in WRAPPER_TYPES:
+        raise SpecError(f"{where}: model_type={printable(str(outer))!r} (a config with a "
+                        f"text_config) is not an architecture diffperf reads (allowed: "
+                        f"{', '.join(WRAPPER_TYPES)}); {yaml} for its language model")
+    if not mt:
+        notes.append("model_type absent: read as a Llama-style decoder (attention and MLP "
+                     "layers)")
+        return
+    if mt not in SUPPORTED_TYPES:
+        raise SpecError(f"{where}: model_type={printable(mt)!r} is not an architecture "
+                        f"diffperf reads (allowed: {', '.join(SUPPORTED_TYPES)}): its layers "
+                        f"may not be the attention and MLP/MoE layers diffperf models (Mamba "
+                        f"or linear-attention layers, an encoder); if they are, {yaml}")
 
 
 def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
@@ -136,6 +171,7 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
     mt = cfg.get("model_type", "")
     if not isinstance(mt, str):
         raise SpecError(f"{where}: model_type={mt!r} must be a string")
+    outer = top.get("model_type", "") if isinstance(top.get("text_config"), dict) else None
 
     def take(*keys):
         used.update(k for k in keys if k in cfg)  # read, even when null
@@ -151,6 +187,7 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
     for k, theirs in (("num_layers", "num_hidden_layers"), ("hidden", "hidden_size"),
                       ("num_heads", "num_attention_heads")):
         d[k] = _whole(d[k], theirs, where, minimum=1)
+    _check_type(mt, outer, where, notes)
     # K/V heads: GQA field; Falcon-40B n_head_kv / num_kv_heads under
     # new_decoder_architecture; Falcon-7B multi_query (one K/V head).
     kv = take("num_key_value_heads", "n_head_kv", "num_kv_heads")

@@ -731,7 +731,7 @@ def training_from_name(precision: str = "bf16", where: str = "precision",
         raise SpecError(f"training: unknown field '{unknown[0]}'"
                         f"{closest(unknown[0], Training.__dataclass_fields__)}")
     pad = fields.get("vocab_pad_to", 0.0)
-    if not (float(pad) >= 0 and float(pad) == int(float(pad))):
+    if not (math.isfinite(float(pad)) and float(pad) >= 0 and float(pad) == int(float(pad))):
         raise SpecError(f"training.vocab_pad_to={pad} must be a whole number >= 0 (128: "
                         f"Megatron-LM's padding; 0: no padding)")
     seq = fields.get("fused_softmax_max_seq", 0.0)
@@ -888,13 +888,16 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
     unknown column name close to a required one, or a duplicate id is an error.
     """
     from diffperf.specs import Parallel
-    from diffperf.specs.validate import check_layout
+    from diffperf.specs.validate import check_layout, check_training
 
     path = resources.dataset_path(path)  # a shipped name ('h100_single_gpu') or a path
     par_over, tr_over = parse_overrides(overrides)
     precision_override = precision
     if precision is not None:
         training_from_name(precision, where="--precision")
+    # the command's own --set facts, said as such (not as the first row's)
+    check_training(training_from_name(precision or "bf16", where="--precision", **tr_over),
+                   "--set")
     header, rows = _read_csv(path, RUN_REQUIRED)
     known = (*RUN_REQUIRED, *RUN_OPTIONAL_DEFAULTS, *RUN_INFORMATIONAL, RUN_FACTS)
     for col in header:
@@ -946,6 +949,7 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
         trainings.append(training_from_name(precision_override or precision,
                                             where=f"{where}.precision",
                                             **(tr_over | row_tr)))
+        check_training(trainings[-1], where)  # a bad fact names its row
         systems.append((row.get("system") or "").strip())
         times.append(t)
         mems.append(_number({"peak_memory_GB": mem}, "peak_memory_GB", where, positive=True)

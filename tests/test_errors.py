@@ -495,6 +495,9 @@ LAYOUT_RULES = [
      "zero3_prefetch_params=-1 must be >= 0 (0: the next layer whole, as PyTorch FSDP; "
      "DeepSpeed's stage3_prefetch_bucket_size is 5e7)"),
     (dict(zero3_calls_per_layer=0), None, "zero3_calls_per_layer=0 must be a whole number >= 1"),
+    # infinity is not a whole number (passed `k != round(k)` before: issue frontdoor)
+    (dict(zero3_calls_per_layer=float("inf")), None,
+     "zero3_calls_per_layer=inf must be a whole number >= 1 (at most 2147483647)"),
     (dict(zero3_regather=2), None, "zero3_regather=2 is not allowed (allowed: 0, 1)"),
     (dict(zero3_copy_out=2), None, "zero3_copy_out=2 is not allowed (allowed: 0 FSDP1 / "
      "DeepSpeed flat buffers, 1 FSDP2 copy-out)"),
@@ -1255,6 +1258,8 @@ def test_vocab_pad_to_must_be_a_whole_number():
     with _raises("training.vocab_pad_to=1.5 must be a whole number >= 0 (128: Megatron-LM's "
                  "padding; 0: no padding)"):
         training("bf16", vocab_pad_to=1.5)
+    with _raises("training.vocab_pad_to=inf must be a whole number >= 0"):  # not OverflowError
+        training("bf16", vocab_pad_to=float("inf"))
 
 
 def test_xla_compiled_must_be_zero_or_one():
@@ -1284,6 +1289,20 @@ def test_system_gpu_generation_not_allowed(tmp_path):
     with _raises(f"{p}.gpu='h10' is not allowed; did you mean 'h100'? (allowed: a100, h100, "
                  f"h200, b200, b300, mi300x, tpu-v5p)"):
         load_system(p)
+
+
+def test_runs_row_fact_out_of_range_names_its_row(tmp_path):
+    """A row's fact outside its field's range is refused with the row's id (was: a bare
+    'training: moe_expert_loop=2 ...' at predict time, or nothing for lowp_layer_frac)."""
+    for fact, message in (("moe_expert_loop=2", "moe_expert_loop=2 is not allowed"),
+                          ("lowp_layer_frac=3", "lowp_layer_frac=3 is not allowed")):
+        p = _write_csv(tmp_path, [GOOD_ROW | {"set": fact}], RUN_COLUMNS + ["set"])
+        with _raises(f"{p}: row 2 (id r1): {message}"):
+            load_runs(p)
+    # the command's own --set: named as such, not as the first row's fact
+    p = _write_csv(tmp_path, [GOOD_ROW], RUN_COLUMNS)
+    with _raises("--set: lowp_layer_frac=3 is not allowed"):
+        load_runs(p, overrides=["lowp_layer_frac=3"])
 
 
 def test_runs_row_facts_unknown_field(tmp_path):
@@ -1388,6 +1407,12 @@ def test_unknown_dataset_suggests():
     ({"recompute_moe_act": 1}, "parallel: recompute_moe_act=1 needs an MoE model "
                                "(model.moe_experts > 0; got 0); allowed: 0"),
     ({"recompute_mlp": 2}, "parallel: recompute_mlp=2 is not allowed (allowed: 0, 1)"),
+    # each fact's own range (these gave "0 fit", exit 0, before)
+    ({"zero3_copy_out": 2}, "parallel: zero3_copy_out=2 is not allowed (allowed: 0 FSDP1 / "
+                            "DeepSpeed flat buffers, 1 FSDP2 copy-out)"),
+    ({"tp_overlap": 2}, "parallel: tp_overlap=2 must be in [0, 1]"),
+    ({"zero_shard": 0.5}, "parallel: zero_shard=0.5 must be a whole number >= 0"),
+    ({"cp_ring": 3}, "parallel: cp_ring=3 is not allowed (allowed: 0, 1)"),
     ({"tp_userbuffers": 2}, "parallel: tp_userbuffers=2 is not allowed (allowed: 0 the "
                             "tp_overlap form, 1 Transformer Engine userbuffers as "
                             "Megatron-Bridge's FP8 configurations run it)"),
@@ -1609,6 +1634,16 @@ def test_runs_row_model_config_must_agree(tmp_path):
     (dict(moe_quant_pad=0.5), "moe_quant_pad=0.5 is not allowed (allowed: 0, 1)"),
     (dict(gemm_wave_split=0.5), "gemm_wave_split=0.5 is not allowed (allowed: 0, 1)"),
     (dict(cp_torch=2.0), "cp_torch=2 is not allowed (allowed: 0, 1)"),
+    (dict(moe_expert_loop=0.5), "moe_expert_loop=0.5 is not allowed (allowed: 0, 1)"),
+    # a fraction of the layers, whole block and tile sizes (silently accepted before)
+    (dict(lowp_layer_frac=2.0), "lowp_layer_frac=2 is not allowed (allowed: 0 to 1, the "
+                                "fraction of the transformer layers whose linears run in low "
+                                "precision)"),
+    (dict(lowp_block=0.5), "lowp_block=0.5 is not allowed (allowed: 0 or a whole number >= 1: "
+                           "elements per scale factor; 0: one scale per tensor)"),
+    (dict(attn_tile=0.5), "attn_tile=0.5 is not allowed (allowed: 0 or a whole number >= 1: "
+                          "the B of the attention kernel's B x B score tiles; 0: no tiling)"),
+    (dict(attn_tile=127.5), "attn_tile=127.5 is not allowed"),
 ])
 def test_eager_pointwise_training_facts(fields, message):
     from diffperf.specs.validate import check_training

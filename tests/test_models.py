@@ -12,6 +12,7 @@ gated MLP: 1.5B; Qwen2-57B-A14B's shared expert: 6.2B; DeepSeek-V3's MLA: 9B).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jax
@@ -360,6 +361,59 @@ def test_unsupported_hf_architecture_is_refused_by_name():
     with pytest.raises(SpecError, match="cross_attention_layers"):
         hf_to_dict({"num_hidden_layers": 2, "hidden_size": 8, "num_attention_heads": 2,
                     "vocab_size": 8, "cross_attention_layers": [1]}, "x.json")
+
+
+# microsoft/Phi-3-mini-4k-instruct config.json (Hugging Face), the architecture fields as
+# published (transformers 4.40.2); its q/k/v and gate/up are fused matrices of the Llama shapes.
+PHI3_MINI = {
+    "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_act": "silu",
+    "hidden_size": 3072, "intermediate_size": 8192, "max_position_embeddings": 4096,
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+    "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False,
+    "attention_bias": False, "vocab_size": 32064, "embd_pdrop": 0.0, "resid_pdrop": 0.0,
+}
+
+
+def test_phi3_mini_count_matches_the_report(tmp_path):
+    """Phi-3 technical report (arXiv:2404.14219) Section 2: phi-3-mini, a 3.8 billion
+    parameter model (3.82 B counted here)."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(PHI3_MINI))
+    m = diffperf.load_model(p)
+    _within_last_digit(float(total_params(m)), "3.8")
+    assert float(m.sliding_window) == 2047 and float(m.sliding_layers) == 32
+
+
+_BASE = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100}
+
+
+@pytest.mark.parametrize("cfg,named", [
+    # an encoder with a decoder's field names (read as a causal decoder before)
+    (_BASE | {"model_type": "bert", "type_vocab_size": 2}, "'bert'"),
+    # Mamba + attention + MoE hybrid: read as 92.1 B against 52 B published before
+    (_BASE | {"model_type": "jamba", "attn_layer_period": 8, "num_experts": 16,
+              "num_experts_per_tok": 2}, "'jamba'"),
+    # linear-attention (Gated DeltaNet) layers, one full-attention layer in 4
+    (_BASE | {"model_type": "qwen3_next", "full_attention_interval": 4}, "'qwen3_next'"),
+    # DeepSeek-V3.2's sparse attention (lightning indexer, top-2048 keys)
+    (_BASE | {"model_type": "deepseek_v32", "index_topk": 2048}, "'deepseek_v32'"),
+    (_BASE | {"model_type": "falcon_h1", "mamba_d_ssm": 3072}, "'falcon_h1'"),
+    # wrappers around a text_config: Llama 4 (interleaved MoE, shared expert, chunked attention)
+    ({"model_type": "llama4", "text_config": _BASE | {"model_type": "llama4_text"}},
+     "'llama4' (a config with a text_config)"),
+    ({"model_type": "gemma3", "text_config": _BASE | {"model_type": "gemma3n_text"}},
+     "'gemma3n_text'"),
+])
+def test_unknown_hf_model_type_is_refused_by_name(cfg, named):
+    with pytest.raises(SpecError, match=f"model_type={re.escape(named)} is not an architecture "
+                                        f"diffperf reads"):
+        hf_to_dict(cfg, "x.json")
+
+
+def test_hf_config_without_model_type_says_how_it_is_read():
+    _, notes = hf_to_dict(dict(_BASE), "x.json")
+    assert any("model_type absent: read as a Llama-style decoder" in n for n in notes)
 
 
 def test_model_yaml_rejects_inconsistent_features():

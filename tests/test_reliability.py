@@ -362,3 +362,23 @@ def test_the_mask_leaves_range_edges_to_concrete_checks():
         assert bool(r.valid) and np.isfinite(r.step_time_s)
         with pytest.raises(SpecError):
             predict(MODEL, LAYOUT, s)
+
+
+def test_layout_divisors_take_square_root_memory():
+    """The layout enumeration's divisors (of the batch, the device count) by trial division up
+    to sqrt(x): `predict --global-batch 2147483000` with no layout given allocated a
+    2^31-element array (16 GiB) and was killed by the kernel (branch frontdoor). Same divisors
+    as the brute force; the largest int32 batch, a prime, in a few thousand steps."""
+    import tracemalloc
+
+    from diffperf.search.enumerate import _divisors
+
+    for x in (*range(1, 300), 1536, 2**20, 997 * 991):
+        r = np.arange(1, x + 1)
+        assert np.array_equal(_divisors(x), r[x % r == 0]), x
+    tracemalloc.start()
+    assert _divisors(INT_MAX).tolist() == [1, INT_MAX]  # 2^31 - 1 is prime
+    assert _divisors(2147483000)[-1] == 2147483000
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 10 * 2**20, peak  # sqrt(2^31) x 8 bytes ~ 0.4 MB, not 16 GiB

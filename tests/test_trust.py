@@ -373,8 +373,10 @@ def test_render_trust_says_when_no_error_was_measured_outside(capsys):
     with a measured one it names that regime."""
     from diffperf.cli.predict_cmd import render_trust
 
+    # describe() of a set with regimes always carries its first regime's held-out error
     base = dict(efficiency_set=dict(name="a100-default", gpu="a100", measured=True, path=None,
-                                    note=None))
+                                    note=None, heldout_mape_pct=5.5, heldout_q95_log=0.17,
+                                    heldout_n=319, heldout_runs="vTrain"))
     for regime, q, want, not_want in (
             ("unmeasured", tr.UNMEASURED_Q, "no error measured outside it: interval widened "
              "to x/÷ 1.65", "nearest measured regime"),
@@ -385,6 +387,19 @@ def test_render_trust_says_when_no_error_was_measured_outside(capsys):
         render_trust(rec)
         out = " ".join(capsys.readouterr().out.split())
         assert want in out and not_want not in out, out
+    # a set with no envelope at all (an overlay without regimes, the physics defaults): not
+    # "OUTSIDE its envelope (score 0.00 ...)", there is none to be outside of
+    for es in (dict(name="torch-h100", gpu="h100", measured=True, path=None, note=None,
+                    heldout_mape_pct=9.8),
+               dict(name="physics-defaults", gpu=None, measured=False, path=None,
+                    note="the physics defaults")):
+        rec = dict(efficiency_set=es, trust=dict(inside_envelope=False, envelope_score=0.0,
+                                                 regime="unmeasured", q95_log=tr.UNMEASURED_Q,
+                                                 interval_95_s=[1.0, 2.0]))
+        render_trust(rec)
+        out = " ".join(capsys.readouterr().out.split())
+        assert "not checked (the set records no envelope): interval x/÷ 1.65" in out, out
+        assert "OUTSIDE" not in out, out
 
 
 def test_op_sac_and_layer_fraction_are_no_measured_recompute_mode():

@@ -298,6 +298,11 @@ def render_trust(record) -> None:
     console.print(describe_text(_set_for_text(record["efficiency_set"])))
     if t["inside_envelope"]:
         where = "inside its envelope"
+    elif "heldout_q95_log" not in record["efficiency_set"]:
+        # a set without regimes (the physics defaults, an overlay without an envelope): there
+        # is no envelope to be outside of (was: "OUTSIDE its envelope (score 0.00 ...")
+        where = (f"not checked (the set records no envelope): interval x/÷ "
+                 f"{math.exp(t['q95_log']):.2f}, no error measured")
     elif t["regime"] == "unmeasured":
         # no measured regime outside the envelope: the set's error there is unknown
         where = (f"OUTSIDE its envelope (score {t['envelope_score']:.2f}; no error measured "

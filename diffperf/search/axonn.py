@@ -21,6 +21,7 @@ from diffperf.memory.xla import select_memory, xla_device_memory
 from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel
 from diffperf.specs.training import Training
+from diffperf.search.enumerate import _divisors
 from diffperf.specs.validate import check_layout
 from diffperf.workload.axonn import axonn_layer_volumes
 from diffperf.workload.groups import stride
@@ -70,8 +71,7 @@ def axonn_grids(model, n_gpus, global_batch, micro_batch=1) -> np.ndarray:
     model (PAPERS.md section 4.4: n_out % G_y, k_in % G_x, (n_out k_in)/(G_x G_y) % G_z, and
     the batch split over dp x gz), as an int table [n, 4]."""
     n = int(n_gpus)
-    d = np.arange(1, n + 1)
-    d = d[n % d == 0]
+    d = _divisors(n)  # O(sqrt(n)) memory, not an arange to n
     rows = np.array([(x, y, z, n // (x * y * z)) for x in d for y in d for z in d
                      if n % (x * y * z) == 0], dtype=np.int64)
     ok = np.ones(len(rows), dtype=bool)

@@ -123,17 +123,19 @@ def _check_tp_userbuffers(P, M, where, pick) -> None:
 def check_search_facts(model, parallel, where: str = "parallel") -> None:
     """Raise SpecError where a framework fact that a search applies to every layout of its
     table (search.search's `parallel`) breaks a rule of `check_layout` that no column of the
-    table takes part in: the recompute_<module> fields (0 or 1; mla_up_proj needs multi-latent
-    attention, moe_act an MoE model: `_check_recompute_modules`, without the rules tied to one
-    layout's recompute mode, which the table varies); tp_userbuffers 0 or 1, 1 only for dense
-    models (`_check_tp_userbuffers`; its sequence-parallelism rule is the table's, per row).
-    Otherwise such a fact would only make every row invalid (Result.valid False), the search
-    finding no layout without saying why."""
+    table takes part in: each fact's own range (`_check_fact_ranges`: zero3_copy_out=2,
+    tp_overlap=2 gave "0 fit", exit 0); the recompute_<module> fields (0 or 1; mla_up_proj
+    needs multi-latent attention, moe_act an MoE model: `_check_recompute_modules`, without the
+    rules tied to one layout's recompute mode, which the table varies); tp_userbuffers 0 or 1,
+    1 only for dense models (`_check_tp_userbuffers`; its sequence-parallelism rule is the
+    table's, per row). Otherwise such a fact would only make every row invalid (Result.valid
+    False), the search finding no layout without saying why."""
     P = {f: _arr(getattr(parallel, f), where) for f in (
-        "recompute", "recompute_policy", "recompute_layer_frac", "tp_userbuffers",
+        "recompute", *FACT_FIELDS, "tp_userbuffers",
         *(f"recompute_{m}" for m in RECOMPUTE_MODULES))}
     M = {f: _arr(getattr(model, f), where) for f in ("n_experts", "kv_lora_rank")}
     pick = lambda a, i: a[i] if a.size > 1 else a[0]  # noqa: E731
+    _check_fact_ranges(P, where, pick)
     _check_recompute_modules(P, M, where, pick, per_layout=False)
     _check_tp_userbuffers(P, M, where, pick)
 
@@ -173,20 +175,13 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         _fail(~(v >= 1) | (v != xp.round(v)) | (v > INT_MAX), where,
               lambda i, f=f: f"{f}={pick(P[f], i):g} must be a whole number >= 1 (at "
                              f"most {INT_MAX})")
-    for f, hi in (("zero_stage", 3), ("recompute", 2), ("sequence_parallel", 1),
-                  ("dp_overlap", 1), ("cp_ring", 1), ("axonn_overlap", 1), ("zero3_regather", 1),
-                  ("recompute_policy", 2)):
-        v = P[f]
-        _fail((v < 0) | (v > hi) | (v != xp.round(v)), where,
-              lambda i, f=f, hi=hi: f"{f}={pick(P[f], i):g} is not allowed (allowed: "
-                                    f"{', '.join(str(k) for k in range(hi + 1))})")
+    for f, hi in (("zero_stage", 3), ("recompute", 2), ("sequence_parallel", 1)):
+        _check_choice(P, f, hi, where, pick)
+    _check_fact_ranges(P, where, pick)
     v = P["placement"]
     _fail((v < 0) | (v >= len(ORDERS)) | (v != xp.round(v)), where,
           lambda i: f"placement={pick(v, i):g} is not allowed (allowed: 0..{len(ORDERS) - 1}, "
                     f"an index into specs.parallel.ORDERS; 0 is tp-cp-dp-pp)")
-    for f in ("tp_overlap", "ep_overlap"):
-        _fail(~((P[f] >= 0) & (P[f] <= 1)), where,
-              lambda i, f=f: f"{f}={pick(P[f], i):g} must be in [0, 1]")
     _check_tp_userbuffers(P, M, where, pick)
     u = P["tp_userbuffers"]
     _fail((u == 1) & (P["tp"] > 1) & (P["sequence_parallel"] == 0), where, lambda i: (
@@ -194,10 +189,6 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         f"overlaps the sequence-parallel all-gathers / reduce-scatters (Megatron-Bridge turns "
         f"it off without sequence parallelism); allowed: sequence_parallel 1, or "
         f"tp_userbuffers 0"))
-    r = P["recompute_layer_frac"]
-    _fail(~((r > 0) & (r <= 1)), where, lambda i: (
-        f"recompute_layer_frac={pick(r, i):g} must be in (0, 1] (the fraction of the layers "
-        f"that full recompute checkpoints; 1: every layer)"))
     _check_recompute_modules(P, M, where, pick)
     _check_grid(P, M, where, pick)
     _check_zero(P, where, pick)
@@ -217,9 +208,6 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     ep = P["ep"]
     _fail((ep > 1) & (M["n_experts"] == 0), where, lambda i: (
         f"ep={pick(ep, i):g} needs an MoE model (model.moe_experts=0); allowed ep: 1"))
-    _fail(~((P["ep_dispatch"] == 0) | (P["ep_dispatch"] == 1)), where, lambda i: (
-        f"ep_dispatch={pick(P['ep_dispatch'], i):g} is not allowed (allowed: 0 pairwise "
-        f"all-to-all, 1 DeepEP-style hierarchical dispatch)"))
     etp = P["etp"]
     _fail(~((etp == 0) | (etp == 1)) & (etp != P["tp"]), where, lambda i: (
         f"etp={pick(etp, i):g} is not allowed (allowed: 0 (= tp, experts inside dp), 1, "
@@ -368,32 +356,70 @@ def _check_stages(P, M, where, pick) -> None:
         f"{pick(first, i):g}, {pick(mid_min, i):g}-{pick(mid_max, i):g} and {pick(last, i):g}"))
 
 
-def _check_zero(P, where, pick) -> None:
-    """ZeRO implementation facts: zero_shard a whole number >= 0 dividing dp x cp (the ranks
-    that hold the same weights), > 0 only with zero_stage >= 1; zero3_prefetch_params >= 0;
-    zero3_calls_per_layer a whole number >= 1; zero3_copy_out 0 or 1."""
+def _check_choice(P, f, hi, where, pick) -> None:
     xp = _xp(where)
-    g, n = P["zero_shard"], P["dp"] * P["cp"]
+    v = P[f]
+    _fail((v < 0) | (v > hi) | (v != xp.round(v)), where,
+          lambda i: f"{f}={pick(v, i):g} is not allowed (allowed: "
+                    f"{', '.join(str(k) for k in range(hi + 1))})")
+
+
+# Parallel fields that are framework facts (--set), checked field by field whatever the
+# layout (`_check_fact_ranges`): `check_layout` and `check_search_facts` alike.
+FACT_FIELDS = ("dp_overlap", "cp_ring", "axonn_overlap", "zero3_regather", "recompute_policy",
+               "tp_overlap", "ep_overlap", "recompute_layer_frac", "ep_dispatch", "zero_shard",
+               "zero3_prefetch_params", "zero3_calls_per_layer", "zero3_copy_out")
+
+
+def _check_fact_ranges(P, where, pick) -> None:
+    """Each framework fact's own range (FACT_FIELDS): dp_overlap, cp_ring, axonn_overlap,
+    zero3_regather, ep_dispatch, zero3_copy_out 0 or 1; recompute_policy 0..2; tp_overlap and
+    ep_overlap in [0, 1]; recompute_layer_frac in (0, 1]; zero_shard a whole number >= 0;
+    zero3_prefetch_params in [0, 1e18]; zero3_calls_per_layer a whole number in 1..INT_MAX."""
+    xp = _xp(where)
+    for f, hi in (("dp_overlap", 1), ("cp_ring", 1), ("axonn_overlap", 1), ("zero3_regather", 1),
+                  ("recompute_policy", 2)):
+        _check_choice(P, f, hi, where, pick)
+    for f in ("tp_overlap", "ep_overlap"):
+        _fail(~((P[f] >= 0) & (P[f] <= 1)), where,
+              lambda i, f=f: f"{f}={pick(P[f], i):g} must be in [0, 1]")
+    r = P["recompute_layer_frac"]
+    _fail(~((r > 0) & (r <= 1)), where, lambda i: (
+        f"recompute_layer_frac={pick(r, i):g} must be in (0, 1] (the fraction of the layers "
+        f"that full recompute checkpoints; 1: every layer)"))
+    _fail(~((P["ep_dispatch"] == 0) | (P["ep_dispatch"] == 1)), where, lambda i: (
+        f"ep_dispatch={pick(P['ep_dispatch'], i):g} is not allowed (allowed: 0 pairwise "
+        f"all-to-all, 1 DeepEP-style hierarchical dispatch)"))
+    g = P["zero_shard"]
     _fail((g < 0) | (g != xp.round(g)), where, lambda i: (
         f"zero_shard={pick(g, i):g} must be a whole number >= 0 (0: shard over all dp x cp "
         f"ranks)"))
+    w = P["zero3_prefetch_params"]
+    _fail(~((w >= 0) & (w <= 1e18)), where, lambda i: (
+        f"zero3_prefetch_params={pick(w, i):g} must be >= 0 (0: the next layer whole, as "
+        f"PyTorch FSDP; DeepSpeed's stage3_prefetch_bucket_size is 5e7)"))
+    k = P["zero3_calls_per_layer"]
+    _fail(~((k >= 1) & (k <= INT_MAX)) | (k != xp.round(k)), where, lambda i: (
+        f"zero3_calls_per_layer={pick(k, i):g} must be a whole number >= 1 (at most "
+        f"{INT_MAX})"))
+    c = P["zero3_copy_out"]
+    _fail((c != 0) & (c != 1), where, lambda i: (
+        f"zero3_copy_out={pick(c, i):g} is not allowed (allowed: 0 FSDP1 / DeepSpeed flat "
+        f"buffers, 1 FSDP2 copy-out)"))
+
+
+def _check_zero(P, where, pick) -> None:
+    """ZeRO implementation facts that depend on the layout: zero_shard dividing dp x cp (the
+    ranks that hold the same weights), > 0 only with zero_stage >= 1 (each field's own range:
+    `_check_fact_ranges`)."""
+    xp = _xp(where)
+    g, n = P["zero_shard"], P["dp"] * P["cp"]
     _fail((g > 0) & (P["zero_stage"] < 1), where, lambda i: (
         f"zero_shard={pick(g, i):g} needs zero_stage >= 1 (got zero_stage="
         f"{pick(P['zero_stage'], i):g}: nothing is sharded)"))
     _fail((g > 0) & ~_divides(g, n, xp), where, lambda i: (
         f"zero_shard={pick(g, i):g} must divide dp x cp={pick(n, i):g} (the ranks that hold "
         f"the same weights); allowed: {_divisors(pick(n, i))}"))
-    w = P["zero3_prefetch_params"]
-    _fail(~((w >= 0) & (w <= 1e18)), where, lambda i: (
-        f"zero3_prefetch_params={pick(w, i):g} must be >= 0 (0: the next layer whole, as "
-        f"PyTorch FSDP; DeepSpeed's stage3_prefetch_bucket_size is 5e7)"))
-    k = P["zero3_calls_per_layer"]
-    _fail((k < 1) | (k != xp.round(k)), where, lambda i: (
-        f"zero3_calls_per_layer={pick(k, i):g} must be a whole number >= 1"))
-    c = P["zero3_copy_out"]
-    _fail((c != 0) & (c != 1), where, lambda i: (
-        f"zero3_copy_out={pick(c, i):g} is not allowed (allowed: 0 FSDP1 / DeepSpeed flat "
-        f"buffers, 1 FSDP2 copy-out)"))
 
 
 def _recipe(where: str, name, bad) -> str:
@@ -617,7 +643,8 @@ def check_system(system, where: str = "system") -> None:
 def check_training(training, where: str = "training") -> None:
     """0/1 switches (TRAINING_SWITCHES) are 0 or 1; bytes of weights, gradients,
     activations and the residual > 0; every other leaf finite and >= 0; vocab_pad_to a
-    whole number."""
+    whole number; on concrete values also lowp_layer_frac <= 1 and lowp_block, attn_tile
+    0 or whole numbers >= 1."""
     import dataclasses
 
     xp = _xp(where)
@@ -637,6 +664,18 @@ def check_training(training, where: str = "training") -> None:
     v = _arr(training.vocab_pad_to, where)
     _fail(v != xp.round(v), where, lambda i: (
         f"vocab_pad_to={pick(v, i):g} must be a whole number >= 0"))
+    if isinstance(where, _Collect):  # concrete values only, as the switches above
+        return
+    v = _arr(training.lowp_layer_frac, where)
+    _fail(v > 1, where, lambda i: (
+        f"lowp_layer_frac={pick(v, i):g} is not allowed (allowed: 0 to 1, the fraction of "
+        f"the transformer layers whose linears run in low precision)"))
+    for f, what in (("lowp_block", "elements per scale factor; 0: one scale per tensor"),
+                    ("attn_tile", "the B of the attention kernel's B x B score tiles; 0: "
+                                  "no tiling")):
+        v = _arr(getattr(training, f), where)
+        _fail(((v > 0) & (v < 1)) | (v != xp.round(v)), where, lambda i, f=f, v=v, w=what: (
+            f"{f}={pick(v, i):g} is not allowed (allowed: 0 or a whole number >= 1: {w})"))
 
 
 def check_job(parallel, system, where: str = "layout") -> None:
