@@ -476,7 +476,9 @@ def test_leaving_out_zero_features_changes_no_result():
     of the fixed batch, exact and smooth (t = 0.1): the terms a search leaves out of its
     program (EP all-to-alls, CP exchange, AxoNN grid, expert DP group, XLA's, low-precision
     GEMM rows, the MoE and MLA GEMM rows, the merged EP schedule's chunk windows, PyTorch's
-    experimental CP, the wave-split sigmas) are exactly 0 when features_of says so.
+    experimental CP, the wave-split sigmas) are exactly 0 when features_of says so; and
+    predict_step(checked=True), which leaves out the in-program valid_mask for inputs a
+    caller has validated (every row here is valid), gives the same numbers bit for bit.
     Half of the batch's CP + EP rows (no other feature) get ep_overlap, cp_torch and
     gemm_wave_split set, so those three gated terms are compared both ways: left out on every
     other row (CP and EP rows among them), kept beside the rows' other features on these (one
@@ -502,6 +504,12 @@ def test_leaving_out_zero_features_changes_no_result():
     with jax.disable_jit():
         for t in (None, 0.1):
             full = jax.vmap(functools.partial(predict_step, temperature=t))(*args)
+            # checked=True (inputs valid: the mask is not traced) changes no number either
+            assert np.all(np.asarray(full.valid))
+            checked = jax.vmap(functools.partial(predict_step, temperature=t, checked=True))(
+                *args)
+            for a, b in zip(jax.tree.leaves(checked), jax.tree.leaves(full)):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg="checked")
             for key in set(keys):
                 idx = np.flatnonzero([k == key for k in keys])
                 part = jax.vmap(functools.partial(predict_step, temperature=t,
