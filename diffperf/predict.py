@@ -705,7 +705,11 @@ def predict_step(model, parallel, system, training, temperature=None,
     traced (valid = True), same result. Measured (XLA:CPU, predict's quick options, 2
     cores): the value and System gradient of the step time with every feature compiles in
     15.7-18.4 s of CPU without the mask against 50.4-58.4 s with it (the forward alone 3.8
-    against 4.4 s); benchmarks/README.md "Session 12: suite time".
+    against 4.4 s); benchmarks/README.md "Session 12: suite time". Hard model only
+    (temperature None or 0): there the compiled value and gradient are bit-identical with
+    and without the mask; in the smooth model XLA's compiled System gradient differed by up
+    to 1.6e-4 relative (float64, tier leaves of a two-node case; eager ops agree bit for
+    bit, the value too; cause not found), so the smooth model keeps the mask.
     """
     layer, free_f, free_b = _layer_parts(model, parallel, system, training, temperature,
                                          features)
@@ -752,7 +756,8 @@ def predict_step(model, parallel, system, training, temperature=None,
                                                            stages), memory)
     # Inputs that break a rule of specs.validate (traced: they cannot raise) get an infinite
     # step, no throughput and valid = False: never mistaken for a prediction (Result.valid).
-    valid = jnp.asarray(True) if checked else valid_mask(model, parallel, system, training)
+    valid = (jnp.asarray(True) if checked and not temperature
+             else valid_mask(model, parallel, system, training))
     step = jnp.where(valid, sum(getattr(breakdown, k) for k in EXPOSED_PARTS), jnp.inf)
     model_flops, hw_flops = _flops_per_step(model, parallel, training)
     n = parallel.n_devices

@@ -185,10 +185,10 @@ def test_smooth_gradient_finite_when_tp_group_is_idle():
 # ----------------------------------------------------------------- finite differences (x64)
 
 def _step_time_of(model, parallel, system, training, temperature, features):
-    # checked=True: every float64 case passes check_inputs (`_x64_features`), so the program
-    # leaves out the in-program valid_mask (True for them; no gradient), as sensitivity's
-    # elasticities do: the value and every gradient are the same, the program compiles ~3x
-    # faster (predict_step's docstring).
+    # checked=True: every float64 case passes check_inputs (`_x64_features`), so the hard
+    # program leaves out the in-program valid_mask (True for them), as sensitivity's
+    # elasticities do: the value and every gradient are the same bit for bit, the program
+    # compiles ~3x faster (predict_step's docstring; the smooth program keeps the mask).
     return predict_step(model, parallel, system, training, temperature, features,
                         checked=True).step_time_s
 
