@@ -71,7 +71,7 @@ from diffperf.workload.xla import (grad_accumulation_traffic_bytes, optimizer_by
 # Terms that are exactly 0 for most layouts, and that a caller who knows so can leave out of
 # the traced program (`features` of predict_step; `features_of` finds them from concrete specs).
 FEATURES = frozenset({"ep", "cp", "axonn", "experts", "hsdp", "xla", "tiles", "lowp", "mla",
-                      "tpub"})
+                      "tpub", "ep_overlap", "cp_torch", "wave_split"})
 _PARTS = ("compute_s", "recompute_s", "tp_exposed_s", "cp_exposed_s", "ep_exposed_s",
           "axonn_exposed_s", "overhead_s", "overlap_slowdown_s", "tp_hidden_s", "cp_hidden_s",
           "ep_hidden_s", "axonn_hidden_s")
@@ -135,7 +135,8 @@ def _ep_parts(model, parallel, system, training, windows, temperature):
     return 2.0 * c - fh, fh, 2.0 * c + c_x - bh, bh
 
 
-def _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature):
+def _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature,
+              features=FEATURES):
     """(fwd exposed, fwd hidden, bwd exposed, bwd hidden, fwd merge, bwd merge) seconds of
     the context parallelism of one layer, one micro-batch (PAPERS.md section 5.7): the K/V
     exchange by `cp_ring`,
@@ -145,7 +146,9 @@ def _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature):
         all-gather (0): AG(S) behind the forward attention; AG(S) + RS(S) behind the backward
     or, under `Training.cp_torch`, PyTorch's experimental context parallel (`cp_torch_s`),
     whose fp32 merging is the two merge terms (memory-bound, on the compute stream; 0 without
-    the fact). Full recompute re-runs the forward exchange inside the backward."""
+    the fact). Full recompute re-runs the forward exchange inside the backward. Without the
+    "cp_torch" feature (`features_of`: every training.cp_torch is 0) `cp_torch_s` is not
+    traced: its blend weight is exactly 0 and its merges are 0 bytes."""
     c, s_cp = parallel.cp, stride(_placed(parallel), "cp")
     blk = cp_ring_block_bytes(model, parallel, training)
     steps = cp_ring_steps(parallel)
@@ -158,11 +161,14 @@ def _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature):
     ring = parallel.cp_ring
     f, fh = ring * rf + (1.0 - ring) * af, ring * rfh + (1.0 - ring) * afh
     b, bh = ring * rb + (1.0 - ring) * ab, ring * rbh + (1.0 - ring) * abh
-    tf, tfh, tb, tbh, m_f, m_b = cp_torch_s(model, parallel, system, training, attn, attn_bwd,
-                                            temperature)
-    pt = jnp.where(training.cp_torch > 0, 1.0, 0.0)
-    f, fh = pt * tf + (1.0 - pt) * f, pt * tfh + (1.0 - pt) * fh
-    b, bh = pt * tb + (1.0 - pt) * b, pt * tbh + (1.0 - pt) * bh
+    if "cp_torch" in features:
+        tf, tfh, tb, tbh, m_f, m_b = cp_torch_s(model, parallel, system, training, attn,
+                                                attn_bwd, temperature)
+        pt = jnp.where(training.cp_torch > 0, 1.0, 0.0)
+        f, fh = pt * tf + (1.0 - pt) * f, pt * tfh + (1.0 - pt) * fh
+        b, bh = pt * tb + (1.0 - pt) * b, pt * tbh + (1.0 - pt) * bh
+    else:
+        m_f, m_b = _zeros(f, 2)
     full = full_frac(parallel)
     return f, fh, b + full * f, bh + full * fh, m_f, m_b
 
@@ -256,26 +262,37 @@ def features_of(model, parallel, training=None) -> frozenset:
              timed)
         tpub: some parallel.tp_userbuffers > 0 (TE userbuffers TP overlap:
               `_tp_userbuffers_parts`)
+        ep_overlap: some parallel.ep_overlap != 0 (Megatron-Core's merged EP schedule: the
+             chunk windows of `_ep_parts`; without it every window is multiplied by
+             ep_overlap = 0 and they are not computed)
+        cp_torch: some training.cp_torch != 0 (PyTorch's experimental CP, `cp_torch_s`)
+        wave_split: some training.gemm_wave_split != 0 (`schedule.overlap.overlap_sigma`,
+             `tp_userbuffers_sigmas`; without it every sigma is exactly sigma_0)
     training None: the default Training() (xla_compiled = 0, attn_tile = 0, every lowp pass
-    0).
+    0, cp_torch = 0, gemm_wave_split = 0).
     Every feature when a leaf is traced (values unknown). Leaving a feature out when its
     terms are 0 changes no result: each of them is multiplied by a size-1-group factor of
     exactly 0 (collectives.*: `active`), or is a group with no parameters.
     """
     xla = 0.0 if training is None else training.xla_compiled
     tile = 0.0 if training is None else training.attn_tile
+    cp_torch = 0.0 if training is None else training.cp_torch
+    wave = 0.0 if training is None else training.gemm_wave_split
     passes = (0.0, 0.0, 0.0, 0.0) if training is None else (
         training.lowp_fprop, training.lowp_dgrad, training.lowp_wgrad, training.lowp_layer_frac)
     leaves = (parallel.ep, parallel.cp, parallel.gx, parallel.gy, parallel.gz, model.n_experts,
-              parallel.zero_shard, model.kv_lora_rank, parallel.tp_userbuffers, xla, tile,
-              *passes)
+              parallel.zero_shard, model.kv_lora_rank, parallel.tp_userbuffers, parallel.ep_overlap,
+              xla, tile, cp_torch, wave, *passes)
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
         return FEATURES
     f, d, w, frac = (np.abs(np.asarray(x, float)) for x in passes)
     lowp = bool(np.any((np.maximum(np.maximum(f, d), w) * frac) != 0))
     big = lambda x: bool(np.any(np.asarray(x) > 1))  # noqa: E731
     experts = bool(np.any(np.asarray(model.n_experts) > 0))
+    nonzero = lambda x: bool(np.any(np.asarray(x) != 0))  # noqa: E731
     on = {"ep": experts and big(parallel.ep), "cp": big(parallel.cp),
+          "ep_overlap": nonzero(parallel.ep_overlap), "cp_torch": nonzero(cp_torch),
+          "wave_split": nonzero(wave),
           "axonn": big(parallel.gx) or big(parallel.gy) or big(parallel.gz), "experts": experts,
           "hsdp": bool(np.any(np.asarray(parallel.zero_shard) > 0)),
           "xla": bool(np.any(np.asarray(xla) > 0)), "tiles": bool(np.any(np.asarray(tile) > 0)),
@@ -445,9 +462,9 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     # at the backward kernel's rate (attn_b1 above).
     attn_bwd = (2.0 + (FLASH_BACKWARD_WORK - 2.0) * training.flash_attention) * attn_b1
     cp_f, cp_fh, cp_b, cp_bh, cpm_f, cpm_b = (
-        _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature)
+        _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature, features)
         if "cp" in features else _zeros(attn, 6))
-    if "ep" in features:
+    if "ep" in features and "ep_overlap" in features:
         # the merged EP schedule's compute chunks (A_f, M_f, M_b, A_b), less hidden TP
         mlp = jnp.asarray(_MLP_ROWS)
         mlp_f = jnp.sum(mlp * dense_rows)
@@ -474,6 +491,11 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
                    free_b * mlp_bw, free_b * attn_bw)
         ep_f, ep_fh, ep_b, ep_bh = _ep_parts(model, parallel, system, training, windows,
                                              temperature)
+    elif "ep" in features:
+        # Without the "ep_overlap" feature every ep_overlap is 0 and `_ep_parts` multiplies
+        # each window by it: zero windows give the same result without computing them.
+        ep_f, ep_fh, ep_b, ep_bh = _ep_parts(model, parallel, system, training,
+                                             _zeros(dense, 6), temperature)
     else:
         ep_f, ep_fh, ep_b, ep_bh = _zeros(dense, 4)
     ax_f, ax_fh, ax_b, ax_bh, ax_calls = (_axonn_parts(
@@ -520,19 +542,24 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     gemm_s = dense + dense_b + full * (dense - skipped) + sel_gemm + sac * sac_gemm
     work_s = (dense + dense_b + attn + attn_bwd + other_f + other_b + recompute
               + quant_f + quant_b + cpm_f + cpm_b)
-    split = training.gemm_wave_split
-    sigma = overlap_sigma(e.overlap_slowdown, gemm_s / jnp.maximum(work_s, 1e-30), split)
-    sigma_tp_f, sigma_tp_b = tp_userbuffers_sigmas(e.overlap_slowdown, split)
-    sigma_cp = overlap_sigma(e.overlap_slowdown, 0.0, split)  # = sigma_0
-    # (without the fact every sigma is sigma_0 and the differences are exactly 0)
-    slow_f = sigma * hidden_f + (sigma_tp_f - sigma) * tp_fh + (sigma_cp - sigma) * cp_fh
-    slow_b = sigma * hidden_b + (sigma_tp_b - sigma) * tp_bh + (sigma_cp - sigma) * cp_bh
-    if "tpub" in features:
-        # userbuffers: the ring exchanges move by copy engine (sigma_0), the bulk overlaps'
-        # GEMMs take every SM beside the comm kernels (g = 1 under the wave split)
-        s0 = e.overlap_slowdown
-        slow_b = slow_b + ub_on * (s0 * (tp_bh - ub_bulk) + overlap_sigma(s0, 1.0, split)
-                                   * ub_bulk - sigma_tp_b * tp_bh)
+    s0 = e.overlap_slowdown
+    if "wave_split" in features:
+        split = training.gemm_wave_split
+        sigma = overlap_sigma(s0, gemm_s / jnp.maximum(work_s, 1e-30), split)
+        sigma_tp_f, sigma_tp_b = tp_userbuffers_sigmas(s0, split)
+        sigma_cp = overlap_sigma(s0, 0.0, split)  # = sigma_0
+        # (without the fact every sigma is sigma_0 and the differences are exactly 0)
+        slow_f = sigma * hidden_f + (sigma_tp_f - sigma) * tp_fh + (sigma_cp - sigma) * cp_fh
+        slow_b = sigma * hidden_b + (sigma_tp_b - sigma) * tp_bh + (sigma_cp - sigma) * cp_bh
+        if "tpub" in features:
+            # userbuffers: the ring exchanges move by copy engine (sigma_0), the bulk overlaps'
+            # GEMMs take every SM beside the comm kernels (g = 1 under the wave split)
+            slow_b = slow_b + ub_on * (s0 * (tp_bh - ub_bulk) + overlap_sigma(s0, 1.0, split)
+                                       * ub_bulk - sigma_tp_b * tp_bh)
+    else:  # every gemm_wave_split is 0: the block above reduces to sigma_0 exactly (the
+        # userbuffers' bulk term is then s0 (tp_bh - bulk) + s0 bulk - s0 tp_bh = 0)
+        sigma = s0 * jnp.ones_like(hidden_f)
+        slow_f, slow_b = sigma * hidden_f, sigma * hidden_b
     gpu_f = (dense + attn + other_f + tp_f + cp_f + ep_f + ax_f
              + slow_f + quant_f + cpm_f)
     gpu_b = (dense_b + attn_bwd + other_b + recompute + tp_b + cp_b + ep_b + ax_b
@@ -543,8 +570,8 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
                + 2.0 * parallel.cp_ring * cp_ring_steps(parallel)  # block attention + p2p
                # PyTorch's experimental CP: c SDPA calls and c - 1 merges in either form
                # (the ring form's c - 1 block attentions are the line above: + the merges)
-               + (2.0 - parallel.cp_ring) * cp_ring_steps(parallel) * jnp.where(
-                   training.cp_torch > 0, 1.0, 0.0)
+               + ((2.0 - parallel.cp_ring) * cp_ring_steps(parallel) * jnp.where(
+                   training.cp_torch > 0, 1.0, 0.0) if "cp_torch" in features else 0.0)
                + ax_calls)
     sync_f, sync_b = _tp_host_sync_s(parallel, n_f, n_b, e)
     # Quantization kernels (0 for 16-bit presets): the weights' casts once per step if cached.
@@ -757,11 +784,22 @@ def _goodput(model, system, training, n_devices, tokens_per_s) -> Goodput:
 
 
 def predict_step(model, parallel, system, training, temperature=None,
-                 features=FEATURES) -> Result:
+                 features=FEATURES, checked=False) -> Result:
     """The whole prediction for one configuration (pure; jit/vmap/grad-safe).
 
     `features` (static, a subset of FEATURES) leaves out the terms of the others, which must
     be 0 for these specs (`features_of`): a smaller program, same result.
+    `checked` (static): True when the caller has passed these inputs through
+    `specs.validate.check_inputs` (concrete values; it raises on a broken rule), whose rules
+    include every rule of `valid_mask`: the mask is then True by construction and is not
+    traced (valid = True), same result. Measured (XLA:CPU, predict's quick options, 2
+    cores): the value and System gradient of the step time with every feature compiles in
+    15.7-18.4 s of CPU without the mask against 50.4-58.4 s with it (the forward alone 3.8
+    against 4.4 s); benchmarks/README.md "Session 12: suite time". Hard model only
+    (temperature None or 0): there the compiled value and gradient are bit-identical with
+    and without the mask; in the smooth model XLA's compiled System gradient differed by up
+    to 1.6e-4 relative (float64, tier leaves of a two-node case; eager ops agree bit for
+    bit, the value too; cause not found), so the smooth model keeps the mask.
     """
     layer, free_f, free_b = _layer_parts(model, parallel, system, training, temperature,
                                          features)
@@ -808,7 +846,8 @@ def predict_step(model, parallel, system, training, temperature=None,
                                                            stages), memory)
     # Inputs that break a rule of specs.validate (traced: they cannot raise) get an infinite
     # step, no throughput and valid = False: never mistaken for a prediction (Result.valid).
-    valid = valid_mask(model, parallel, system, training)
+    valid = (jnp.asarray(True) if checked and not temperature
+             else valid_mask(model, parallel, system, training))
     step = jnp.where(valid, sum(getattr(breakdown, k) for k in EXPOSED_PARTS), jnp.inf)
     model_flops, hw_flops = _flops_per_step(model, parallel, training)
     n = parallel.n_devices

@@ -100,20 +100,21 @@ def _times_theta(grad, system) -> dict:
             zip(leaf_paths(system), jax.tree.leaves(grad), jax.tree.leaves(system))}
 
 
-def _log_step_time(system, model, parallel, training, temperature, features):
+def _log_step_time(system, model, parallel, training, temperature, features, checked=False):
     return jnp.log(predict_step(model, parallel, system, training, temperature,
-                                features).step_time_s)
+                                features, checked).step_time_s)
 
 
-def _log_effective_tokens(system, model, parallel, training, temperature, features):
+def _log_effective_tokens(system, model, parallel, training, temperature, features,
+                          checked=False):
     return jnp.log(predict_step(model, parallel, system, training, temperature,
-                                features).goodput.effective_tokens_per_s)
+                                features, checked).goodput.effective_tokens_per_s)
 
 
 _LOG_STEP_GRAD = _quick_jit(jax.value_and_grad(_log_step_time),
-                            static_argnames=("temperature", "features"))
+                            static_argnames=("temperature", "features", "checked"))
 _LOG_GOODPUT_GRAD = _quick_jit(jax.value_and_grad(_log_effective_tokens),
-                               static_argnames=("temperature", "features"))
+                               static_argnames=("temperature", "features", "checked"))
 
 
 def _value_and_elasticities(fn, model, parallel, system, training, temperature):
@@ -128,7 +129,8 @@ def _value_and_elasticities(fn, model, parallel, system, training, temperature):
     log_v, grad = fn(system, *_as_float((anonymous(model), anonymous(parallel),
                                          anonymous(training))),
                      temperature=temperature or None,
-                     features=FEATURES)  # one program for every layout
+                     features=FEATURES,  # one program for every layout
+                     checked=True)  # check_inputs above: no in-program valid_mask
     return float(jnp.exp(log_v)), _times_theta(grad, system)
 
 

@@ -475,20 +475,41 @@ def test_leaving_out_zero_features_changes_no_result():
     """predict_step(features=features_of(...)) equals the full program for every configuration
     of the fixed batch, exact and smooth (t = 0.1): the terms a search leaves out of its
     program (EP all-to-alls, CP exchange, AxoNN grid, expert DP group, XLA's, low-precision
-    GEMM rows, the MoE and MLA GEMM rows) are exactly 0 when
-    features_of says so. Configurations grouped by their feature set; eager (no compile). Each
+    GEMM rows, the MoE and MLA GEMM rows, the merged EP schedule's chunk windows, PyTorch's
+    experimental CP, the wave-split sigmas) are exactly 0 when features_of says so; and
+    predict_step(checked=True), which leaves out the in-program valid_mask for inputs a
+    caller has validated (every row here is valid), gives the same numbers bit for bit.
+    Half of the batch's CP + EP rows (no other feature) get ep_overlap, cp_torch and
+    gemm_wave_split set, so those three gated terms are compared both ways: left out on every
+    other row (CP and EP rows among them), kept beside the rows' other features on these (one
+    feature set more). Configurations grouped by their feature set; eager (no compile). Each
     feature set runs on the whole batch and is compared on its own rows: one shape for every
     call, so the eager ops compile once (a sub-batch per set recompiled them all: 70 s)."""
     from diffperf.predict import FEATURES, features_of
 
-    batch = _fixed_batch()
+    cfgs = _fixed_batch().cfgs
+    keys = [features_of(c.model, c.parallel, c.training) for c in cfgs]
+    on = [i for i, k in enumerate(keys) if k == {"cp", "ep", "experts"}][::2]
+    cfgs = [dataclasses.replace(c, parallel=c.parallel.replace(ep_overlap=1.0),
+                                training=c.training.replace(cp_torch=1.0, gemm_wave_split=1.0))
+            if i in on else c for i, c in enumerate(cfgs)]
+    batch = Batch(cfgs)
     args = _floats((batch.model, batch.parallel, batch.system, batch.training))
     keys = [features_of(c.model, c.parallel, c.training) for c in batch.cfgs]
     assert len(set(keys)) >= 3 and any(k != FEATURES for k in keys), set(keys)
     assert all("axonn" not in k for k in keys)  # no grid in random_layout
+    new = {"ep_overlap", "cp_torch", "wave_split"}
+    assert on and all(new <= keys[i] for i in on), on
+    assert any("cp" in k and "ep" in k and not new & k for k in keys), set(keys)
     with jax.disable_jit():
         for t in (None, 0.1):
             full = jax.vmap(functools.partial(predict_step, temperature=t))(*args)
+            # checked=True (inputs valid: the mask is not traced) changes no number either
+            assert np.all(np.asarray(full.valid))
+            checked = jax.vmap(functools.partial(predict_step, temperature=t, checked=True))(
+                *args)
+            for a, b in zip(jax.tree.leaves(checked), jax.tree.leaves(full)):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg="checked")
             for key in set(keys):
                 idx = np.flatnonzero([k == key for k in keys])
                 part = jax.vmap(functools.partial(predict_step, temperature=t,
@@ -519,6 +540,14 @@ def test_features_of_names_each_feature():
     assert features_of(dense, Parallel(), tiled) == {"tiles"}
     assert features_of(dense, Parallel(tp=2.0, sequence_parallel=1.0, tp_userbuffers=1.0)) \
         == {"tpub"}
+    assert features_of(dense, Parallel(), training("bf16", gemm_wave_split=1.0)) == {
+        "wave_split"}
+    assert features_of(dense, Parallel(cp=2.0), training("bf16", cp_torch=1.0)) == {"cp",
+                                                                                    "cp_torch"}
+    assert features_of(moe, Parallel(dp=8.0, ep=8.0, ep_overlap=np.array([0.0, 0.5]))) == {
+        "experts", "ep", "ep_overlap"}
     seen = []  # a traced leaf: values unknown, so every feature stays in the program
     jax.make_jaxpr(lambda cp: seen.append(features_of(dense, Parallel(cp=cp))) or cp)(1.0)
-    assert seen == [FEATURES]
+    jax.make_jaxpr(lambda w: seen.append(features_of(dense, Parallel(), training(
+        "bf16").replace(gemm_wave_split=w))) or w)(1.0)
+    assert seen == [FEATURES, FEATURES]

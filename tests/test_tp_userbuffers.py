@@ -132,13 +132,13 @@ def test_layer_parts_conserve_the_collectives_and_gate_exactly():
     system = _system("h100-sxm-80gb")
     tr = FP8.replace(gemm_wave_split=1.0)
     feats = pr.features_of(L405, H100_405, tr)
-    assert feats == {"cp", "lowp"}
+    assert feats == {"cp", "lowp", "wave_split"}
     base = _parts(H100_405, tr, system, feats)
     same = _parts(H100_405, tr, system, feats | {"tpub"})
     for k in base:
         assert float(base[k]) == float(same[k]), k
     ub = H100_405.replace(tp_userbuffers=1.0)
-    assert pr.features_of(L405, ub, tr) == {"cp", "lowp", "tpub"}
+    assert pr.features_of(L405, ub, tr) == {"cp", "lowp", "wave_split", "tpub"}
     got = _parts(ub, tr, system, feats | {"tpub"})
     t = 8.0
     ag_f, ag_b, rs, red, sc, f, d, w, fc, dc = _by_hand(ub, tr, system)

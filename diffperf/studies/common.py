@@ -17,6 +17,7 @@ from diffperf.search import (_CPU_QUICK_OPTIONS, COLUMNS, PLACEMENTS, enumerate_
                              parallel_of, search)
 from diffperf.specs.batch import anonymous
 from diffperf.specs.training import Training
+from diffperf.specs.validate import check_inputs
 
 # Layouts per batched search call. With at least 512 distinct outer rows (true of every table
 # the studies search) each call has the same shape, so one compilation (every placement is a
@@ -138,7 +139,8 @@ def quick_jit(fn):
 def _log_step_time(log_factors, model, parallel, system, training):
     f = jnp.exp(log_factors)
     scaled = scaled_system(system, **dict(zip(FACTORS, f)))
-    return jnp.log(predict_step(model, parallel, scaled, training, None).step_time_s)
+    return jnp.log(predict_step(model, parallel, scaled, training, None,
+                                checked=True).step_time_s)
 
 
 _elasticity = quick_jit(jax.grad(_log_step_time))
@@ -153,6 +155,9 @@ def elasticities(model, parallel, system, training=None) -> dict:
     given tier count.
     """
     training = Training() if training is None else training
+    # validated here, so the program leaves out the in-program mask (predict_step `checked`;
+    # the factors are 1 at the point where the gradient is taken)
+    check_inputs(model, parallel, system, training)
     args = _as_float((anonymous(model), anonymous(parallel), anonymous(system),
                       anonymous(training)))
     g = _elasticity(jnp.zeros(len(FACTORS), jnp.result_type(float)), *args)
