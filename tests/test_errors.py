@@ -571,6 +571,32 @@ def test_ep_rules_on_an_moe_model():
         check_layout(moe, Parallel(ep=16, dp=16, global_batch=16))
 
 
+def test_tp_userbuffers_is_refused_on_an_moe_model():
+    moe = diffperf.load_model("mixtral-8x7b")  # 8 routed experts
+    with _raises("parallel: tp_userbuffers=1 with model.moe_experts=8: the userbuffers TP "
+                 "overlap is modelled for dense models only (allowed: tp_userbuffers 0 for MoE "
+                 "models)"):
+        check_layout(moe, Parallel(tp=2, sequence_parallel=1, tp_userbuffers=1))
+
+
+def test_unknown_hf_model_type_messages_are_whole():
+    """hf._check_type's two refusals, quoted whole (the head of each is the file name)."""
+    from diffperf.hf import SUPPORTED_TYPES, WRAPPER_TYPES, hf_to_dict
+
+    base = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+            "vocab_size": 100}
+    with _raises(f"x.json: model_type='llama4' (a config with a text_config) is not an "
+                 f"architecture diffperf reads (allowed: {', '.join(WRAPPER_TYPES)}); write a "
+                 f"diffperf model YAML (configs/README.md) for its language model"):
+        hf_to_dict({"model_type": "llama4", "text_config": base | {"model_type": "llama"}},
+                   "x.json")
+    with _raises(f"x.json: model_type='bert' is not an architecture diffperf reads (allowed: "
+                 f"{', '.join(SUPPORTED_TYPES)}): its layers may not be the attention and "
+                 f"MLP/MoE layers diffperf models (Mamba or linear-attention layers, an "
+                 f"encoder); if they are, write a diffperf model YAML (configs/README.md)"):
+        hf_to_dict(base | {"model_type": "bert"}, "x.json")
+
+
 def test_global_batch_divisibility_is_exact_at_large_dp():
     # 262143 = 2 x 131072 - 1 sequences cannot be split into micro-batches of 8 over dp = 16384
     # (micro_batch x dp = 131072): m = 1.99999 is not a whole number of micro-batches.
@@ -1527,8 +1553,9 @@ def test_tp_userbuffers_needs_a_precision_userbuffers_gathers(precision):
     m = _small()
     gb200 = diffperf.load_system("gb200-nvl72")
     ub = Parallel(tp=2, dp=1, sequence_parallel=1, tp_userbuffers=1)
-    block = {"nvfp4": "16, lowp_fp4=1", "fp8-blockwise": "128, lowp_fp4=0"}[precision]
-    message = (f"precision={precision!r} (lowp_block={block}) with parallel.tp_userbuffers=1: "
+    block, fp4 = {"nvfp4": (16, 1), "fp8-blockwise": (128, 0)}[precision]
+    message = (f"precision={precision!r} (lowp_block={block}, lowp_fp4={fp4}) with "
+               f"parallel.tp_userbuffers=1: "
                f"Transformer Engine's userbuffers all-gathers only 16-bit, per-tensor FP8 and "
                f"MXFP8 tensors (\"Unsupported quantizer for Userbuffers\" otherwise); allowed: "
                f"tp_userbuffers 0 with this precision, or bf16, fp16, fp8-delayed, "
