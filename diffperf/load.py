@@ -20,6 +20,7 @@ from diffperf.errors import SpecError, closest, printable
 from diffperf.specs.model import Model
 from diffperf.specs.system import Efficiency, Reliability, System, Tier
 from diffperf.specs.training import PRECISIONS, Training
+from diffperf.specs.validate import divisors
 
 
 
@@ -168,7 +169,7 @@ def model_from_dict(d: dict, where: str = "model") -> Model:
     kv = n("num_kv_heads", integer=True, positive=True, default=heads)
     if heads % kv:
         raise SpecError(f"{where}: num_kv_heads={kv} must divide num_heads={heads}; allowed "
-                        f"num_kv_heads: {', '.join(str(x) for x in _divisors(heads))}")
+                        f"num_kv_heads: {', '.join(str(x) for x in divisors(heads))}")
     if "head_dim" not in d and hidden % heads:
         raise SpecError(f"{where}: hidden={hidden} is not a multiple of num_heads={heads}; "
                         f"give head_dim explicitly")
@@ -238,13 +239,6 @@ def _architecture_features(d, where, n, experts) -> dict:
                                          default=0)),
         sliding_window=float(window), sliding_layers=float(sliding), attention_sinks=sinks,
         mtp_layers=float(n("mtp_layers", integer=True, minimum=0, default=0)))
-
-
-def _divisors(x: int) -> list[int]:
-    """Divisors of x by trial division up to sqrt(x) (x is at most _MAX_INTEGER)."""
-    x = int(x)
-    small = [i for i in range(1, int(math.isqrt(x)) + 1) if x % i == 0]
-    return sorted(set(small + [x // i for i in small]))
 
 
 # Hugging Face fields refused by name (diffperf.hf; re-exported for the fuzz tests).

@@ -358,8 +358,7 @@ def _tp_userbuffers_parts(model, parallel, system, training, ops, fprop_rows, dg
     group = ring_group(t, stride(_placed(parallel), "tp"), system)
     ag_f, ag_b, rs = (ring_phase_s(group, x, 1.0, 1.0) for x in (s_f, s_b, s_rs))
     block = jnp.where((training.lowp_block > 0) & (training.lowp_dgrad > 0), 1.0, 0.0)
-    red = jnp.where(t > 1, memory_time_s(tp_ub_reduce_bytes(model, parallel, training),
-                                         system), 0.0)
+    red = memory_time_s(tp_ub_reduce_bytes(model, parallel, training, s_rs), system)
     # block scales: one NCCL all-gather per userbuffers all-gather of a block-scaled tensor
     s_sc = tp_ub_scale_bytes(model, parallel, training)
     sc = jnp.where(s_sc > 0, ring_phase_s(group, s_sc, 1.0, 1.0), 0.0) * \

@@ -9,13 +9,12 @@ A layout table (numpy integers, one row a layout, columns `COLUMNS`) follows the
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
 from diffperf.errors import SpecError
 from diffperf.specs.parallel import GRID, PLACED, Parallel, placement_index
-from diffperf.specs.validate import stage_counts, stages_hold
+from diffperf.specs.validate import divisors, stage_counts, stages_hold
 
 # The placement stays the last column (callers select rows by `layouts[:, -1]`).
 COLUMNS = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch", "gx", "gy", "gz",
@@ -31,12 +30,8 @@ INNER_GRID = np.array([(z, r, sp) for z in range(4) for r in range(3) for sp in 
 
 
 def _divisors(x: int) -> np.ndarray:
-    """The divisors of x, ascending, by trial division up to sqrt(x): O(sqrt(x)) memory (an
-    arange to x took 16 GiB for a global batch of 2^31 - 1 and the kernel killed predict)."""
-    x = int(x)
-    r = np.arange(1, math.isqrt(x) + 1, dtype=np.int64)
-    small = r[x % r == 0]
-    return np.unique(np.concatenate([small, x // small]))
+    """The divisors of x, ascending, as an array (specs.validate.divisors: O(sqrt(x)))."""
+    return np.asarray(divisors(x), dtype=np.int64)
 
 
 def _whole(x, name: str) -> int:

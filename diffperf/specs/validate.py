@@ -14,6 +14,8 @@ concrete values, or, when `where` is a `_Collect`, ands `~mask` into its result.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from diffperf.errors import SpecError
@@ -42,11 +44,18 @@ def _arr(x, where=None):
     return np.atleast_1d(np.asarray(x, dtype=np.float64))
 
 
-def _divisors(x: float) -> str:
-    """Divisors of x, listed (trial division up to sqrt(x))."""
+def divisors(x) -> list[int]:
+    """The divisors of x, ascending, by trial division up to sqrt(x): O(sqrt(x)) time and
+    memory (an arange to x took 16 GiB for a global batch of 2^31 - 1). The one helper of
+    the messages below, load's and the layout enumeration (search.enumerate)."""
     x = int(x)
-    small = [i for i in range(1, int(np.sqrt(x)) + 1) if x % i == 0]
-    return ", ".join(str(i) for i in sorted(set(small + [x // i for i in small])))
+    small = [i for i in range(1, math.isqrt(x) + 1) if x % i == 0]
+    return sorted(set(small + [x // i for i in small]))
+
+
+def _divisors(x: float) -> str:
+    """Divisors of x, listed for a message (`divisors`)."""
+    return ", ".join(str(i) for i in divisors(x))
 
 
 def _fail(mask, where, message):

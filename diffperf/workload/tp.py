@@ -102,7 +102,7 @@ def tp_ub_scale_bytes(model, parallel, training):
                      / jnp.maximum(block, 1.0), 0.0)
 
 
-def tp_ub_reduce_bytes(model, parallel, training):
+def tp_ub_reduce_bytes(model, parallel, training, s_rs=None):
     """HBM bytes of the reduction kernel that ends one ring-exchange reduce-scatter of TE's
     userbuffers (per row-parallel forward GEMM):
 
@@ -110,9 +110,11 @@ def tp_ub_reduce_bytes(model, parallel, training):
     it reads the t partial chunks of S_rs / t (its own and the t - 1 received) and writes the
     reduced one (TE `CommOverlapP2PBase::split_overlap_rs`, common/comm_gemm_overlap/
     comm_gemm_overlap.cpp v2.7-v2.16: `reduce_bf16(..., _tp_size, ...)` on the main stream
-    after every chunk has arrived) [S]; 0 for t = 1.
+    after every chunk has arrived) [S]; 0 for t = 1. `s_rs`: S_rs where the caller has it
+    (`tp_ub_message_bytes`' third value), computed here otherwise.
     Example: t = 8, S_rs = 134.2 MB: 151.0 MB.
     """
-    s_rs = tp_ub_message_bytes(model, parallel, training)[2]
+    if s_rs is None:
+        s_rs = tp_ub_message_bytes(model, parallel, training)[2]
     t = parallel.tp
     return jnp.where(t > 1, (t + 1.0) * s_rs / jnp.maximum(t, 1.0), 0.0)
