@@ -1662,6 +1662,7 @@ def test_runs_row_model_config_must_agree(tmp_path):
     (dict(gemm_wave_split=0.5), "gemm_wave_split=0.5 is not allowed (allowed: 0, 1)"),
     (dict(cp_torch=2.0), "cp_torch=2 is not allowed (allowed: 0, 1)"),
     (dict(moe_expert_loop=0.5), "moe_expert_loop=0.5 is not allowed (allowed: 0, 1)"),
+    (dict(lowp_te_quantizer=2.0), "lowp_te_quantizer=2 is not allowed (allowed: 0, 1)"),
     # a fraction of the layers, whole block and tile sizes (silently accepted before)
     (dict(lowp_layer_frac=2.0), "lowp_layer_frac=2 is not allowed (allowed: 0 to 1, the "
                                 "fraction of the transformer layers whose linears run in low "
