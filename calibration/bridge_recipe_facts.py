@@ -153,9 +153,19 @@ per container").
    with its own kernel (`split_quantize`, MXFP8 and FP8 current scaling: "Quantize kernels
    individually"). The performance scripts of these releases turn TE's op fuser off
    (v0.1.0rc3 run_script.py "Disabling model.use_transformer_engine_op_fuser";
-   v0.2.0 utils/helpers.py, v0.3.0 / v0.4.0 utils/overrides.py). Not set on 26.06+ rows
-   (Megatron Core 0.18, TE 2.16: the GPT-OSS and DeepSeek-V3 MXFP8 full-iteration recipes run
-   TE's fused grouped MLP, cudnn-frontend issue 256's grouped-GEMM kernels; not read per row).
+   v0.2.0 utils/helpers.py, v0.3.0 / v0.4.0 utils/overrides.py). 26.06+ (Megatron Core
+   0.18, TE 2.16; session 13, branch fp8cs, read per row): Megatron-Bridge v0.5.0 / v0.5.1
+   `scripts/performance/configs/*/*_workload_base_configs.py` set `cutedsl_fused_grouped_mlp`
+   on the GB200 / GB300 MXFP8 DeepSeek-V3, GPT-OSS 120B (V2) and Qwen3 235B-A22B (V2) configs
+   and on Qwen3 30B-A3B GB200 / GB300 / B300 MXFP8; `utils/overrides.py` then turns TE's op
+   fuser on and `perf_plugins.py` sets NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, and TE 2.16's
+   `ForwardGroupedMLP_CuTeGEMMSwiGLU_MXFP8` / `BackwardGroupedMLP_CuTeGEMMDSwiGLU_MXFP8`
+   (pytorch/ops/fused/, sm100 family) run each grouped GEMM as one cuDNN-frontend kernel
+   and quantize with one `tex.group_quantize`: no per-expert launches, no fact. The other
+   26.06 MoE rows (DeepSeek-V3 and GPT-OSS 120B DGX-B300 MXFP8: their configs set no
+   cutedsl flag and no op fuser; Qwen3 30B-A3B DGX-H100 FP8-CS) run TEGroupedMLP's TE
+   `GroupedLinear` module, whose v2.16 forward / backward are still `split_quantize` +
+   `general_grouped_gemm` (pytorch/module/grouped_linear.py): the fact is set.
    `Training.moe_expert_loop`, `workload.flops.moe_expert_loop_kernels`;
    docs/accuracy-bridge.md "Session 12: MoE on 8-GPU nodes".
 10. `tp_userbuffers=1` (session 12, branch tpub) on the Llama rows whose release's performance
@@ -305,6 +315,14 @@ QUANT_PAD_PRECISIONS = ("fp8-current", "fp8-delayed", "fp8-blockwise", "mxfp8", 
 # fuser off (fact 9), and the precisions whose quantizers split_quantize runs one by one
 EXPERT_LOOP_CONTAINERS = ("25.09", "25.11", "26.02", "26.02.01", "26.04", "26.04.01")
 EXPERT_LOOP_PRECISIONS = ("bf16", "fp8-current", "fp8-blockwise", "mxfp8")
+# 26.06+ (Megatron-Bridge v0.5.x): the (model, system, precision) of the workload configs with
+# cutedsl_fused_grouped_mlp (TE's fused grouped MLP: one kernel per grouped GEMM); the other
+# MoE rows of these containers run the per-expert loop (fact 9)
+FUSED_GROUPED_MLP_CONTAINERS = ("26.06", "26.06.01", "26.08")
+FUSED_GROUPED_MLP = tuple((m, s, "mxfp8") for m in ("deepseek-v3", "gpt-oss-120b",
+                                                    "qwen3-235b-a22b", "qwen3-30b-a3b")
+                          for s in ("gb200-nvl72", "gb300-nvl72")) + (
+    ("qwen3-30b-a3b", "dgx-b300", "mxfp8"),)
 # Systems whose GEMMs are Hopper cuBLAS persistent kernels with no SM carve-out (fact 8)
 WAVE_SPLIT_SYSTEMS = ("h100-sxm-80gb",)
 # Models whose performance recipes turn TE userbuffers TP overlap on (fact 10), and the
@@ -363,7 +381,9 @@ def row_facts(row, facts) -> list[str]:
             and row["moe_token_drop"] != "1" and ran_alltoall(row, facts)):
         out.append("moe_quant_pad=1")
     if ("expert_loop" in facts and float(row["moe_experts"] or 0) > 0
-            and row["container"] in EXPERT_LOOP_CONTAINERS
+            and (row["container"] in EXPERT_LOOP_CONTAINERS
+                 or (row["container"] in FUSED_GROUPED_MLP_CONTAINERS
+                     and key[:3] not in FUSED_GROUPED_MLP))
             and row["precision"] in EXPERT_LOOP_PRECISIONS):
         out.append("moe_expert_loop=1")
     if "waves" in facts and row["system"] in WAVE_SPLIT_SYSTEMS:
