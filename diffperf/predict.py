@@ -52,8 +52,7 @@ from diffperf.workload.flops import (DENSE_ROW_BLOCKS, attention_by_kind, attent
                                      ep_chunk_elementwise_bytes,
                                      elementwise_backward_once_bytes,
                                      head_ops, layer_ops, lowp_quantize_kernels,
-                                     moe_expert_loop_kernels, moe_layer_fraction,
-                                     te_quantize_rows)
+                                     moe_layer_fraction, te_quantize_rows)
 from diffperf.workload.groups import stride
 from diffperf.workload.params import (grid_shards, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device,
@@ -349,7 +348,8 @@ def _tp_userbuffers_parts(model, parallel, system, training, ops, fprop_rows, dg
     send stream and runs before AG_w, beside the last dgrad chunk (TE linear.py
     `bulk_overlap_ag_with_external_gemm` path); the forward's collectives again for every
     recomputed forward: both blocks for each all-reduce-equivalent pair that full recompute
-    (or per-op SAC) adds to the backward ((n_b - 2 - mlp_again) / 2), the MLP block for
+    (or per-op SAC) adds to the backward ((n_b - 2) / 2; n_b without Megatron's "mlp"
+    recompute, which `_layer_parts` adds after this call), the MLP block for
     Megatron's recompute "mlp" (mlp_again: the dense layers' share), at the blocks' forward
     exposed and hidden seconds.
     The ring-exchange GEMMs (the four fprops, the row dgrads) run as t GEMMs of m / t token
@@ -388,7 +388,7 @@ def _tp_userbuffers_parts(model, parallel, system, training, ops, fprop_rows, dg
     b = b + (d_c[row] - dgrad_rows[row]) + sc_b + sc_f
     # recomputed forwards: both blocks per full-recompute pair, the MLP block (index 1) for
     # Megatron's recompute "mlp"
-    both = jnp.maximum(n_b - 2.0 - mlp_again, 0.0) / 2.0
+    both = jnp.maximum(n_b - 2.0, 0.0) / 2.0
     f_s, fh_s, b_s, bh_s, bulk_s = (jnp.sum(x, axis=0) for x in (f, fh, b, bh, bulk))
     return (f_s, fh_s, b_s + both * f_s + mlp_again * f[1],
             bh_s + both * fh_s + mlp_again * fh[1], bulk_s)
@@ -447,6 +447,7 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     # self.mlp, whose forward holds the collectives; workload.recompute).
     modules = megatron_module_fracs(parallel)  # Megatron's selective recompute_modules
     mlp_again = modules["mlp"] * (1.0 - moe_layer_fraction(model))
+    n_b_pairs = n_b  # the recomputed forwards' pairs, without "mlp" (_tp_userbuffers_parts)
     n_b = n_b + mlp_again
     # With SP each all-reduce equivalent is two calls of the same ring cost: one more t0.
     calls = tp_calls_per_all_reduce(parallel)
@@ -461,7 +462,8 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         # ring exchanges and bulk overlaps beside its own GEMMs (_tp_userbuffers_parts)
         ub_on = jnp.where(parallel.tp_userbuffers > 0, 1.0, 0.0)
         ub = _tp_userbuffers_parts(model, parallel, system, training, ops, dense_rows,
-                                   dgrad_rows, wgrad_rows, n_b, mlp_again, lowp, temperature)
+                                   dgrad_rows, wgrad_rows, n_b_pairs, mlp_again, lowp,
+                                   temperature)
         tp_f, tp_fh, tp_b, tp_bh = (jnp.where(ub_on > 0, u, o) for u, o in
                                     zip(ub[:4], (tp_f, tp_fh, tp_b, tp_bh)))
         ub_bulk = ub_on * ub[4]
@@ -589,9 +591,8 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     sync_b = sync_b + (qk_b + (full + sac * sac_share + sel_share) * qk_f) * e.host_kernel_s
     # Transformer Engine's per-expert GEMM loop (Training.moe_expert_loop): the host launches
     # every local expert's GEMM, the GPU's serial chain (in ops.n_kernels) is shorter
-    # (workload.flops.moe_expert_loop_kernels; 0 without the fact).
-    loop_serial, loop_launches = moe_expert_loop_kernels(model, parallel, training)
-    launches = kernels + (loop_launches - loop_serial)
+    # (workload.flops.moe_expert_loop_kernels, counted once in layer_ops; 0 without the fact).
+    launches = kernels + ops.extra_launches
     # One XLA program has no host work per layer or kernel (the step is enqueued as a whole).
     eager = 1.0 - training.xla_compiled
     host_f = eager * (launches * e.host_kernel_s + e.host_layer_s + sync_f)

@@ -295,6 +295,7 @@ def layer_ops(model, parallel, training) -> LayerOps:
     )
     kappa = attention_kappa(model, training)
     fallback = softmax_fallback(model, parallel, training)
+    loop_serial, loop_launches = moe_expert_loop_kernels(model, parallel, training)
     s_q, s_kv = model.seq_len / parallel.cp, model.seq_len
     heads = parallel.micro_batch * a / t
     attention = Gemms(m=_rows([s_q, s_q]), n=_rows([s_kv, dv]), k=_rows([dh, s_kv]),
@@ -313,8 +314,10 @@ def layer_ops(model, parallel, training) -> LayerOps:
                    + eager_pointwise_kernels(model, training)
                    + moe_eager_clamp_bias_kernels(model, parallel, training)
                    + moe_quant_pad_kernels(model, training)
-                   + moe_expert_loop_kernels(model, parallel, training)[0]),
+                   + loop_serial),
         vector_flops=vector_flops(model, parallel, training),
+        # TE's per-expert loop: the host launches every expert's GEMM (predict's host side)
+        extra_launches=loop_launches - loop_serial,
     )
 
 
