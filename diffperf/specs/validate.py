@@ -727,7 +727,30 @@ def valid_mask(model, parallel, system, training):
     check_training(training, where)
     check_layout(model, parallel, None, where)
     check_job(parallel, system, where)
-    return jnp.asarray(where.ok, dtype=bool)
+    return _computed_once(jnp.asarray(where.ok, dtype=bool))
+
+
+def _computed_once(ok):
+    """The boolean `ok`, the same value, behind one float division: XLA computes the mask
+    once per program instead of copying it into every consumer.
+
+    Why (XLA:CPU, measured; benchmarks/README.md "Session 13: suite time"): the mask is a
+    chain of ~2,300 cheap element-wise ops (compare, and, not, round, is-finite) on the
+    inputs. `predict_step` puts it in selects (`jnp.where(valid, ...)`), and the transpose
+    of the step's select, select(valid, cotangent, 0), seeds the whole backward pass. XLA's
+    loop fusion copies a cheap element-wise producer into every consumer fusion (it only
+    refuses to duplicate "expensive" ops: InstructionFusion::IsExpensive, which counts a
+    floating-point divide, exp, log, ...), so each of the ~100 backward fusions got its own
+    copy of the whole mask: the optimized program of the value and System gradient with
+    every feature had 469,174 HLO lines against 215,851 without the mask, and compiled in
+    ~56 s of CPU against ~19 s. A division is never duplicated, so the chain ends in one
+    fusion and every consumer reads its result (219,714 lines, ~23 s). Exact: 1 / 1 = 1 >
+    0.75 and 1 / 2 = 0.5 < 0.75 in every float format; the compiled values and gradients are
+    bit-identical (float32 and float64, hard and smooth model). An optimization barrier does
+    not do it: XLA:CPU expands barriers away before fusion."""
+    import jax.numpy as jnp
+
+    return 1.0 / jnp.where(ok, 1.0, 2.0) > 0.75
 
 
 def check_finite_result(result, model, parallel, where: str = "prediction") -> None:
