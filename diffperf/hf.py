@@ -109,23 +109,35 @@ def _is_whole(v) -> bool:
 
 
 def _check_type(mt, outer, where, notes) -> None:
-    """Refuse a model_type this reader does not know (SUPPORTED_TYPES; WRAPPER_TYPES around a
-    text_config, `outer` the wrapper's type, None without a text_config); a config without
-    model_type is read as a Llama-style decoder, said in a note."""
+    """Refuse a model_type this reader does not know (SUPPORTED_TYPES), naming the type found;
+    `outer` is the type of a wrapper around a text_config (None without one): its language
+    model is read when the text_config's type is supported, said in a note (only the
+    WRAPPER_TYPES were checked against a published count). A config without model_type is
+    read as a Llama-style decoder, said in a note; a text_config without one is refused (its
+    architecture cannot be told)."""
     yaml = "write a diffperf model YAML (configs/README.md)"
-    if outer is not None and outer not in WRAPPER_TYPES:
-        raise SpecError(f"{where}: model_type={printable(str(outer))!r} (a config with a "
-                        f"text_config) is not an architecture diffperf reads (allowed: "
-                        f"{', '.join(WRAPPER_TYPES)}); {yaml} for its language model")
+    allowed = ", ".join(SUPPORTED_TYPES)
+    wrapper = f"{printable(str(outer or '?'))!r}"
+    if outer is not None and not mt:
+        raise SpecError(f"{where}: the text_config of a model_type={wrapper} config names no "
+                        f"model_type, so its architecture cannot be told (allowed text_config "
+                        f"model_type: {allowed}); {yaml} for its language model")
     if not mt:
         notes.append("model_type absent: read as a Llama-style decoder (attention and MLP "
                      "layers)")
         return
     if mt not in SUPPORTED_TYPES:
-        raise SpecError(f"{where}: model_type={printable(mt)!r} is not an architecture "
-                        f"diffperf reads (allowed: {', '.join(SUPPORTED_TYPES)}): its layers "
-                        f"may not be the attention and MLP/MoE layers diffperf models (Mamba "
-                        f"or linear-attention layers, an encoder); if they are, {yaml}")
+        found = (f"model_type={printable(mt)!r}" if outer is None else
+                 f"model_type={printable(mt)!r} (the text_config of a model_type={wrapper} "
+                 f"config)")
+        raise SpecError(f"{where}: {found} is not an architecture diffperf reads (allowed: "
+                        f"{allowed}): its layers may not be the attention and MLP/MoE layers "
+                        f"diffperf models (Mamba or linear-attention layers, an encoder); if "
+                        f"they are, {yaml}")
+    if outer is not None and outer not in WRAPPER_TYPES:
+        notes.append(f"the {wrapper} wrapper's language model is read as a {mt} config (only "
+                     f"{', '.join(WRAPPER_TYPES)} wrappers are checked against a published "
+                     f"parameter count)")
 
 
 def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
@@ -164,10 +176,6 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
             notes.append(f"fields absent from config.json take the defaults of transformers' "
                          f"{_DEFAULTS_CLASS.get(mt, mt)}: "
                          + ", ".join(f"{k}={defaults[k]}" for k in filled))
-    bad = [k for k in _REFUSED if cfg.get(k) not in (None, 0, [])]
-    if bad:
-        raise SpecError(f"{where}: Hugging Face fields not supported by diffperf's model: "
-                        f"{', '.join(bad)} (write a diffperf model YAML instead)")
     mt = cfg.get("model_type", "")
     if not isinstance(mt, str):
         raise SpecError(f"{where}: model_type={mt!r} must be a string")
@@ -177,17 +185,31 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
         used.update(k for k in keys if k in cfg)  # read, even when null
         return _first(cfg, *keys)[1]
 
+    _check_type(mt, outer, where, notes)
+    bad = [k for k in _REFUSED if cfg.get(k) not in (None, 0, [])]
+    if bad:
+        raise SpecError(f"{where}: Hugging Face fields not supported by diffperf's model: "
+                        f"{', '.join(bad)} (write a diffperf model YAML instead)")
+
     d = {}
     d["num_layers"] = take("num_hidden_layers", "n_layer", "num_layers")
     d["hidden"] = take("hidden_size", "n_embd", "d_model")
     d["num_heads"] = take("num_attention_heads", "n_head")
-    if d["num_layers"] is None or d["hidden"] is None or d["num_heads"] is None:
+    missing = [theirs for k, theirs in (("num_layers", "num_hidden_layers"),
+                                        ("hidden", "hidden_size"),
+                                        ("num_heads", "num_attention_heads")) if d[k] is None]
+    if missing:
+        inside = ("" if outer is None else
+                  f" in the text_config of a model_type={printable(str(outer or '?'))!r} "
+                  f"config (transformers fills absent fields from its config class's "
+                  f"defaults, which diffperf keeps only for "
+                  f"{', '.join(sorted(_TYPE_DEFAULTS))}: write them into text_config)")
         raise SpecError(f"{where}: not a recognised Hugging Face config.json (needs "
-                        f"num_hidden_layers, hidden_size, num_attention_heads)")
+                        f"num_hidden_layers, hidden_size, num_attention_heads; missing "
+                        f"{', '.join(missing)}{inside})")
     for k, theirs in (("num_layers", "num_hidden_layers"), ("hidden", "hidden_size"),
                       ("num_heads", "num_attention_heads")):
         d[k] = _whole(d[k], theirs, where, minimum=1)
-    _check_type(mt, outer, where, notes)
     # K/V heads: GQA field; Falcon-40B n_head_kv / num_kv_heads under
     # new_decoder_architecture; Falcon-7B multi_query (one K/V head).
     kv = take("num_key_value_heads", "n_head_kv", "num_kv_heads")
