@@ -56,6 +56,10 @@ _GATED_ACTS = ("silu", "swiglu", "swish")
 # config classes set False.
 _TIED_BY_DEFAULT = ("gpt2", "falcon", "RefinedWeb", "RefinedWebModel", "gemma", "gemma2",
                     "gemma3_text")
+# Families whose MLP is 4 x hidden when the width is null: GPT2MLP (n_inner None -> 4
+# n_embd, transformers/models/gpt2/modeling_gpt2.py) and FalconConfig (ffn_hidden_size None ->
+# 4 hidden_size, configuration_falcon.py).
+_FFN_4H_TYPES = ("gpt2", "falcon", "RefinedWeb", "RefinedWebModel")
 # Qwen2Config-style windows: use_sliding_window (default false) and max_window_layers.
 _QWEN_WINDOW_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
 # Fields whose architecture diffperf does not represent: refused by name.
@@ -254,6 +258,15 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
     ffn = take("intermediate_size", "n_inner", "ffn_hidden_size")
     if ffn is not None:
         d["ffn_hidden"] = ffn
+    elif mt in _FFN_4H_TYPES:
+        notes.append(f"MLP width absent: 4 x hidden_size = {4 * d['hidden']}, the rule of "
+                     f"transformers' {mt} model when n_inner / ffn_hidden_size is null")
+    else:  # diffperf's own default (4 h) is not what the config class would use
+        raise SpecError(f"{where}: missing intermediate_size (the MLP width) for "
+                        f"model_type={printable(str(mt or '?'))!r}: transformers would take "
+                        f"its config class's default, which diffperf does not copy (allowed: "
+                        f"a whole number >= 1 in the file; absent only for "
+                        f"{', '.join(_FFN_4H_TYPES)}, whose models use 4 x hidden_size)")
     d["vocab"] = take("vocab_size")
     if d["vocab"] is None:
         raise SpecError(f"{where}: missing vocab_size (the tokenizer's vocabulary size, a "
@@ -314,10 +327,15 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
         notes.append(f"{mt}: QK-norm weights (2 d_h per layer) not counted")
 
     # MoE: experts, top-k, widths, dense layers, shared experts.
-    experts = take("num_local_experts", "n_routed_experts", "num_experts")
+    experts_key, experts = _first(cfg, "num_local_experts", "n_routed_experts", "num_experts")
+    take("num_local_experts", "n_routed_experts", "num_experts")
     if experts:
         d["moe_experts"] = experts
         d["moe_topk"] = take("num_experts_per_tok", "experts_per_token", "moe_topk")
+        if d["moe_topk"] is None:
+            raise SpecError(f"{where}: missing num_experts_per_tok (the experts each token is "
+                            f"routed to, a whole number in 1..{experts}) beside "
+                            f"{experts_key}={experts}")
         used.update(("num_experts_per_tok", "experts_per_token"))
         fe = take("moe_intermediate_size")
         d["moe_ffn_hidden"] = fe if fe is not None else d.get("ffn_hidden")

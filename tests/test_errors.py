@@ -1854,3 +1854,26 @@ def test_moe_keys_on_a_dense_model_file_are_refused(key, value, neutral):
                  f"model); allowed: {neutral} or leave it out"):
         model_from_dict(_model_dict(**{key: value}))
     model_from_dict(_model_dict(**{key: neutral}))  # the neutral value, as the shipped files
+
+
+def test_hf_missing_mlp_width_and_top_k_are_named(tmp_path):
+    """A config.json without intermediate_size read the MLP as 4 x hidden (Llama's class
+    default is 11008 at hidden 4096, not 16384), and one with experts but no
+    num_experts_per_tok said 'moe_topk=0' (diffperf's key): both name the file's key now."""
+    from diffperf.hf import hf_to_dict
+
+    base = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 64,
+            "num_attention_heads": 4, "vocab_size": 100}
+    with _raises("x.json: missing intermediate_size (the MLP width) for model_type='llama': "
+                 "transformers would take its config class's default, which diffperf does not "
+                 "copy (allowed: a whole number >= 1 in the file; absent only for gpt2, "
+                 "falcon, RefinedWeb, RefinedWebModel, whose models use 4 x hidden_size)"):
+        hf_to_dict(base, "x.json")
+    d, notes = hf_to_dict(base | {"model_type": "gpt2"}, "x.json")
+    assert "ffn_hidden" not in d and any(
+        "MLP width absent: 4 x hidden_size = 256, the rule of transformers' gpt2 model when "
+        "n_inner / ffn_hidden_size is null" in n for n in notes)
+    with _raises("x.json: missing num_experts_per_tok (the experts each token is routed to, "
+                 "a whole number in 1..8) beside num_local_experts=8"):
+        hf_to_dict(base | {"model_type": "mixtral", "intermediate_size": 256,
+                           "num_local_experts": 8}, "x.json")

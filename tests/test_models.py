@@ -417,7 +417,7 @@ def test_unknown_hf_model_type_is_refused_by_name(cfg, named):
 
 
 def test_hf_config_without_model_type_says_how_it_is_read():
-    _, notes = hf_to_dict(dict(_BASE), "x.json")
+    _, notes = hf_to_dict(_BASE | {"intermediate_size": 256}, "x.json")
     assert any("model_type absent: read as a Llama-style decoder" in n for n in notes)
 
 
