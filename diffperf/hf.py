@@ -77,7 +77,10 @@ SUPPORTED_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
                    "gemma", "gemma2", "gemma3_text", "deepseek_v2", "deepseek_v3",
                    "gpt_neox", "falcon", "RefinedWeb", "RefinedWebModel", "gpt_oss", "gpt2",
                    "phi3")
-# Multimodal wrappers whose text_config holds one of SUPPORTED_TYPES (Gemma 3).
+# Multimodal wrappers checked against a published count (Gemma 3). Any wrapper (a config with
+# a text_config: llava, mistral3, ...) is read from its text_config when that names one of
+# SUPPORTED_TYPES, said in a note; another text_config type is refused by name (Llama 4's
+# llama4_text, Mllama's mllama_text_model).
 WRAPPER_TYPES = ("gemma3",)
 # Read, but with no effect on the cost model (positions, numerics, routing policy, ids).
 _NO_COST = ("rope_theta", "rope_scaling", "rope_local_base_freq", "rotary_pct",
