@@ -156,7 +156,7 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
     fields = _check_fields(fields)
     training = Training() if training is None else training
     _check_inputs(model, system, training, layouts)
-    # the facts that cannot act whatever the row (the model's, the precision's, the device's);
+    # the facts that cannot act whatever the row (the model's and the precision's rules);
     # those tied to a row's tp, cp, ep or ZeRO stage act on their own rows
     check_facts_act(model, _base_parallel(parallel), training, layout=False)
     args = _as_float((anonymous(model), anonymous(system), anonymous(training)))
