@@ -1730,6 +1730,10 @@ MOE_ACT_RULES = [
     (dict(dp=16, global_batch=16, recompute=1, recompute_shared_experts=1), {},
      "parallel: recompute_shared_experts=1 needs shared experts (model.moe_shared_experts > "
      "0; got 0): there is no module to recompute; allowed: 0"),
+    (dict(dp=16, global_batch=16, recompute=1, recompute_mlp=1), {},
+     "parallel: recompute_mlp=1 needs dense MLP layers (model.moe_experts=8 with "
+     "moe_dense_layers=0 has none): Megatron-Core's TransformerLayer recomputes the MLP only "
+     "where it is not an MoELayer (the experts' activation is recompute_moe_act); allowed: 0"),
     (dict(dp=16, global_batch=16, ep_overlap=0.5), {}, "parallel: ep_overlap=0.5 needs expert "
      "parallelism (ep > 1; got ep=1): Megatron-Core overlaps the expert all-to-alls only "
      "between ep ranks (\"overlap_moe_expert_parallel_comm is only supported with expert "

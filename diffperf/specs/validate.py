@@ -165,6 +165,9 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
 
         any layout    MoE facts (MOE_TRAINING_FACTS, MOE_PARALLEL_FACTS) need moe_experts > 0;
                       recompute_shared_experts = 1 needs shared experts;
+                      recompute_mlp = 1 on an MoE model needs dense layers (Megatron-Core's
+                        TransformerLayer.__init__ sets recompute_mlp only where self.mlp is
+                        not an MoELayer);
                       moe_quant_pad = 1 needs quantized GEMMs (lowp_fprop / dgrad / wgrad):
                         Megatron-Core's TEGroupedMLP pads only when the run quantizes
                         (workload.flops.moe_quant_pad_bytes);
@@ -182,7 +185,8 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
     that fails, with its index.
     """
     pick = lambda a, i: a.ravel()[min(i, a.size - 1)]  # noqa: E731
-    M = {f: _arr(getattr(model, f)) for f in ("n_experts", "n_shared_experts")}
+    M = {f: _arr(getattr(model, f)) for f in ("n_experts", "n_shared_experts",
+                                                "moe_dense_layers")}
     T = {f: _arr(getattr(training, f)) for f in (
         *(f for f, _ in MOE_TRAINING_FACTS), "lowp_fprop", "lowp_dgrad", "lowp_wgrad",
         "rope_kv_pass", "llama_eager_pointwise", "attention_fa2", "cp_torch")}
@@ -202,13 +206,19 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
         return
     P = {f: _arr(getattr(parallel, f)) for f in (
         *(f for f, _ in MOE_PARALLEL_FACTS), "tp", "cp", "ep", "recompute", "zero_stage",
-        "tp_userbuffers", "zero3_copy_out")}
+        "tp_userbuffers", "zero3_copy_out", "recompute_mlp")}
     _dense_facts(M, where_parallel, pick, MOE_PARALLEL_FACTS, P)
     moe = M["n_experts"] > 0
     _fail(moe & (P["recompute_shared_experts"] == 1) & (M["n_shared_experts"] == 0),
           where_parallel, lambda i: (
               "recompute_shared_experts=1 needs shared experts (model.moe_shared_experts > 0; "
               "got 0): there is no module to recompute; allowed: 0"))
+    _fail(moe & (P["recompute_mlp"] == 1) & (M["moe_dense_layers"] == 0), where_parallel,
+          lambda i: (
+              f"recompute_mlp=1 needs dense MLP layers (model.moe_experts="
+              f"{pick(M['n_experts'], i):g} with moe_dense_layers=0 has none): Megatron-Core's "
+              f"TransformerLayer recomputes the MLP only where it is not an MoELayer (the "
+              f"experts' activation is recompute_moe_act); allowed: 0"))
     if not layout:
         return
     _fail((T["cp_torch"] == 1) & (P["cp"] == 1), where_training, lambda i: (
