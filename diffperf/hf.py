@@ -60,6 +60,9 @@ _TIED_BY_DEFAULT = ("gpt2", "falcon", "RefinedWeb", "RefinedWebModel", "gemma", 
 # n_embd, transformers/models/gpt2/modeling_gpt2.py) and FalconConfig (ffn_hidden_size None ->
 # 4 hidden_size, configuration_falcon.py).
 _FFN_4H_TYPES = ("gpt2", "falcon", "RefinedWeb", "RefinedWebModel")
+# MoE families whose expert width is a key of its own (moe_intermediate_size), not the dense
+# intermediate_size (Mixtral's and GPT-OSS's experts are intermediate_size wide).
+_OWN_EXPERT_WIDTH = ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 # Qwen2Config-style windows: use_sliding_window (default false) and max_window_layers.
 _QWEN_WINDOW_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
 # Fields whose architecture diffperf does not represent: refused by name.
@@ -341,6 +344,11 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
                             f"{experts_key}={experts}")
         used.update(("num_experts_per_tok", "experts_per_token"))
         fe = take("moe_intermediate_size")
+        if fe is None and mt in _OWN_EXPERT_WIDTH:
+            raise SpecError(f"{where}: missing moe_intermediate_size (the width of each "
+                            f"expert) for model_type={mt!r}, whose experts are narrower than "
+                            f"intermediate_size (the dense MLP's); allowed: a whole number >= "
+                            f"1 in the file")
         d["moe_ffn_hidden"] = fe if fe is not None else d.get("ffn_hidden")
         shared = take("n_shared_experts")
         shared_w = take("shared_expert_intermediate_size")

@@ -1863,7 +1863,9 @@ def test_moe_keys_on_a_dense_model_file_are_refused(key, value, neutral):
 def test_hf_missing_mlp_width_and_top_k_are_named(tmp_path):
     """A config.json without intermediate_size read the MLP as 4 x hidden (Llama's class
     default is 11008 at hidden 4096, not 16384), and one with experts but no
-    num_experts_per_tok said 'moe_topk=0' (diffperf's key): both name the file's key now."""
+    num_experts_per_tok said 'moe_topk=0' (diffperf's key), and a Qwen3-MoE / DeepSeek config
+    without moe_intermediate_size read its experts as intermediate_size wide: each names the
+    file's key now."""
     from diffperf.hf import hf_to_dict
 
     base = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 64,
@@ -1877,6 +1879,11 @@ def test_hf_missing_mlp_width_and_top_k_are_named(tmp_path):
     assert "ffn_hidden" not in d and any(
         "MLP width absent: 4 x hidden_size = 256, the rule of transformers' gpt2 model when "
         "n_inner / ffn_hidden_size is null" in n for n in notes)
+    with _raises("x.json: missing moe_intermediate_size (the width of each expert) for "
+                 "model_type='qwen3_moe', whose experts are narrower than intermediate_size "
+                 "(the dense MLP's); allowed: a whole number >= 1 in the file"):
+        hf_to_dict(base | {"model_type": "qwen3_moe", "intermediate_size": 256,
+                           "num_experts": 8, "num_experts_per_tok": 2}, "x.json")
     with _raises("x.json: missing num_experts_per_tok (the experts each token is routed to, "
                  "a whole number in 1..8) beside num_local_experts=8"):
         hf_to_dict(base | {"model_type": "mixtral", "intermediate_size": 256,
