@@ -56,6 +56,13 @@ _GATED_ACTS = ("silu", "swiglu", "swish")
 # config classes set False.
 _TIED_BY_DEFAULT = ("gpt2", "falcon", "RefinedWeb", "RefinedWebModel", "gemma", "gemma2",
                     "gemma3_text")
+# Families whose MLP is 4 x hidden when the width is null: GPT2MLP (n_inner None -> 4
+# n_embd, transformers/models/gpt2/modeling_gpt2.py) and FalconConfig (ffn_hidden_size None ->
+# 4 hidden_size, configuration_falcon.py).
+_FFN_4H_TYPES = ("gpt2", "falcon", "RefinedWeb", "RefinedWebModel")
+# MoE families whose expert width is a key of its own (moe_intermediate_size), not the dense
+# intermediate_size (Mixtral's and GPT-OSS's experts are intermediate_size wide).
+_OWN_EXPERT_WIDTH = ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 # Qwen2Config-style windows: use_sliding_window (default false) and max_window_layers.
 _QWEN_WINDOW_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
 # Fields whose architecture diffperf does not represent: refused by name.
@@ -73,7 +80,10 @@ SUPPORTED_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
                    "gemma", "gemma2", "gemma3_text", "deepseek_v2", "deepseek_v3",
                    "gpt_neox", "falcon", "RefinedWeb", "RefinedWebModel", "gpt_oss", "gpt2",
                    "phi3")
-# Multimodal wrappers whose text_config holds one of SUPPORTED_TYPES (Gemma 3).
+# Multimodal wrappers checked against a published count (Gemma 3). Any wrapper (a config with
+# a text_config: llava, mistral3, ...) is read from its text_config when that names one of
+# SUPPORTED_TYPES, said in a note; another text_config type is refused by name (Llama 4's
+# llama4_text, Mllama's mllama_text_model).
 WRAPPER_TYPES = ("gemma3",)
 # Read, but with no effect on the cost model (positions, numerics, routing policy, ids).
 _NO_COST = ("rope_theta", "rope_scaling", "rope_local_base_freq", "rotary_pct",
@@ -109,23 +119,35 @@ def _is_whole(v) -> bool:
 
 
 def _check_type(mt, outer, where, notes) -> None:
-    """Refuse a model_type this reader does not know (SUPPORTED_TYPES; WRAPPER_TYPES around a
-    text_config, `outer` the wrapper's type, None without a text_config); a config without
-    model_type is read as a Llama-style decoder, said in a note."""
+    """Refuse a model_type this reader does not know (SUPPORTED_TYPES), naming the type found;
+    `outer` is the type of a wrapper around a text_config (None without one): its language
+    model is read when the text_config's type is supported, said in a note (only the
+    WRAPPER_TYPES were checked against a published count). A config without model_type is
+    read as a Llama-style decoder, said in a note; a text_config without one is refused (its
+    architecture cannot be told)."""
     yaml = "write a diffperf model YAML (configs/README.md)"
-    if outer is not None and outer not in WRAPPER_TYPES:
-        raise SpecError(f"{where}: model_type={printable(str(outer))!r} (a config with a "
-                        f"text_config) is not an architecture diffperf reads (allowed: "
-                        f"{', '.join(WRAPPER_TYPES)}); {yaml} for its language model")
+    allowed = ", ".join(SUPPORTED_TYPES)
+    wrapper = f"{printable(str(outer or '?'))!r}"
+    if outer is not None and not mt:
+        raise SpecError(f"{where}: the text_config of a model_type={wrapper} config names no "
+                        f"model_type, so its architecture cannot be told (allowed text_config "
+                        f"model_type: {allowed}); {yaml} for its language model")
     if not mt:
         notes.append("model_type absent: read as a Llama-style decoder (attention and MLP "
                      "layers)")
         return
     if mt not in SUPPORTED_TYPES:
-        raise SpecError(f"{where}: model_type={printable(mt)!r} is not an architecture "
-                        f"diffperf reads (allowed: {', '.join(SUPPORTED_TYPES)}): its layers "
-                        f"may not be the attention and MLP/MoE layers diffperf models (Mamba "
-                        f"or linear-attention layers, an encoder); if they are, {yaml}")
+        found = (f"model_type={printable(mt)!r}" if outer is None else
+                 f"model_type={printable(mt)!r} (the text_config of a model_type={wrapper} "
+                 f"config)")
+        raise SpecError(f"{where}: {found} is not an architecture diffperf reads (allowed: "
+                        f"{allowed}): its layers may not be the attention and MLP/MoE layers "
+                        f"diffperf models (Mamba or linear-attention layers, an encoder); if "
+                        f"they are, {yaml}")
+    if outer is not None and outer not in WRAPPER_TYPES:
+        notes.append(f"the {wrapper} wrapper's language model is read as a {mt} config (only "
+                     f"{', '.join(WRAPPER_TYPES)} wrappers are checked against a published "
+                     f"parameter count)")
 
 
 def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
@@ -164,10 +186,6 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
             notes.append(f"fields absent from config.json take the defaults of transformers' "
                          f"{_DEFAULTS_CLASS.get(mt, mt)}: "
                          + ", ".join(f"{k}={defaults[k]}" for k in filled))
-    bad = [k for k in _REFUSED if cfg.get(k) not in (None, 0, [])]
-    if bad:
-        raise SpecError(f"{where}: Hugging Face fields not supported by diffperf's model: "
-                        f"{', '.join(bad)} (write a diffperf model YAML instead)")
     mt = cfg.get("model_type", "")
     if not isinstance(mt, str):
         raise SpecError(f"{where}: model_type={mt!r} must be a string")
@@ -177,17 +195,31 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
         used.update(k for k in keys if k in cfg)  # read, even when null
         return _first(cfg, *keys)[1]
 
+    _check_type(mt, outer, where, notes)
+    bad = [k for k in _REFUSED if cfg.get(k) not in (None, 0, [])]
+    if bad:
+        raise SpecError(f"{where}: Hugging Face fields not supported by diffperf's model: "
+                        f"{', '.join(bad)} (write a diffperf model YAML instead)")
+
     d = {}
     d["num_layers"] = take("num_hidden_layers", "n_layer", "num_layers")
     d["hidden"] = take("hidden_size", "n_embd", "d_model")
     d["num_heads"] = take("num_attention_heads", "n_head")
-    if d["num_layers"] is None or d["hidden"] is None or d["num_heads"] is None:
+    missing = [theirs for k, theirs in (("num_layers", "num_hidden_layers"),
+                                        ("hidden", "hidden_size"),
+                                        ("num_heads", "num_attention_heads")) if d[k] is None]
+    if missing:
+        inside = ("" if outer is None else
+                  f" in the text_config of a model_type={printable(str(outer or '?'))!r} "
+                  f"config (transformers fills absent fields from its config class's "
+                  f"defaults, which diffperf keeps only for "
+                  f"{', '.join(sorted(_TYPE_DEFAULTS))}: write them into text_config)")
         raise SpecError(f"{where}: not a recognised Hugging Face config.json (needs "
-                        f"num_hidden_layers, hidden_size, num_attention_heads)")
+                        f"num_hidden_layers, hidden_size, num_attention_heads; missing "
+                        f"{', '.join(missing)}{inside})")
     for k, theirs in (("num_layers", "num_hidden_layers"), ("hidden", "hidden_size"),
                       ("num_heads", "num_attention_heads")):
         d[k] = _whole(d[k], theirs, where, minimum=1)
-    _check_type(mt, outer, where, notes)
     # K/V heads: GQA field; Falcon-40B n_head_kv / num_kv_heads under
     # new_decoder_architecture; Falcon-7B multi_query (one K/V head).
     kv = take("num_key_value_heads", "n_head_kv", "num_kv_heads")
@@ -232,6 +264,15 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
     ffn = take("intermediate_size", "n_inner", "ffn_hidden_size")
     if ffn is not None:
         d["ffn_hidden"] = ffn
+    elif mt in _FFN_4H_TYPES:
+        notes.append(f"MLP width absent: 4 x hidden_size = {4 * d['hidden']}, the rule of "
+                     f"transformers' {mt} model when n_inner / ffn_hidden_size is null")
+    else:  # diffperf's own default (4 h) is not what the config class would use
+        raise SpecError(f"{where}: missing intermediate_size (the MLP width) for "
+                        f"model_type={printable(str(mt or '?'))!r}: transformers would take "
+                        f"its config class's default, which diffperf does not copy (allowed: "
+                        f"a whole number >= 1 in the file; absent only for "
+                        f"{', '.join(_FFN_4H_TYPES)}, whose models use 4 x hidden_size)")
     d["vocab"] = take("vocab_size")
     if d["vocab"] is None:
         raise SpecError(f"{where}: missing vocab_size (the tokenizer's vocabulary size, a "
@@ -292,12 +333,22 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
         notes.append(f"{mt}: QK-norm weights (2 d_h per layer) not counted")
 
     # MoE: experts, top-k, widths, dense layers, shared experts.
-    experts = take("num_local_experts", "n_routed_experts", "num_experts")
+    experts_key, experts = _first(cfg, "num_local_experts", "n_routed_experts", "num_experts")
+    take("num_local_experts", "n_routed_experts", "num_experts")
     if experts:
         d["moe_experts"] = experts
         d["moe_topk"] = take("num_experts_per_tok", "experts_per_token", "moe_topk")
+        if d["moe_topk"] is None:
+            raise SpecError(f"{where}: missing num_experts_per_tok (the experts each token is "
+                            f"routed to, a whole number in 1..{experts}) beside "
+                            f"{experts_key}={experts}")
         used.update(("num_experts_per_tok", "experts_per_token"))
         fe = take("moe_intermediate_size")
+        if fe is None and mt in _OWN_EXPERT_WIDTH:
+            raise SpecError(f"{where}: missing moe_intermediate_size (the width of each "
+                            f"expert) for model_type={mt!r}, whose experts are narrower than "
+                            f"intermediate_size (the dense MLP's); allowed: a whole number >= "
+                            f"1 in the file")
         d["moe_ffn_hidden"] = fe if fe is not None else d.get("ffn_hidden")
         shared = take("n_shared_experts")
         shared_w = take("shared_expert_intermediate_size")

@@ -20,7 +20,7 @@ from diffperf.errors import SpecError, closest, printable
 from diffperf.specs.model import Model
 from diffperf.specs.system import Efficiency, Reliability, System, Tier
 from diffperf.specs.training import PRECISIONS, Training
-from diffperf.specs.validate import divisors
+from diffperf.specs.validate import CAPACITY_WHY, divisors
 
 
 
@@ -179,6 +179,18 @@ def model_from_dict(d: dict, where: str = "model") -> Model:
         raise SpecError(f"{where}: moe_topk={topk} must be in 1..moe_experts={experts}")
     if experts and not d.get("moe_ffn_hidden"):
         raise SpecError(f"{where}: moe_ffn_hidden must be > 0 when moe_experts={experts}")
+    capacity = n("moe_capacity_factor", positive=True, default=1.0)
+    if experts and capacity > experts / topk:
+        raise SpecError(
+            f"{where}.moe_capacity_factor={capacity:g} is above moe_experts / moe_topk={experts}"
+            f" / {topk}: {CAPACITY_WHY}; allowed: > 0 and at most {experts / topk:g}")
+    if not experts:  # MoE keys on a dense model would be read by nothing
+        for key, neutral in (("moe_topk", 0), ("moe_ffn_hidden", 0), ("moe_shared_experts", 0),
+                             ("moe_shared_ffn_hidden", 0), ("moe_capacity_factor", 1)):
+            v = n(key, minimum=0, default=neutral)
+            if v != neutral:
+                raise SpecError(f"{where}.{key}={v:g} describes MoE layers, but moe_experts=0 "
+                                f"(a dense model); allowed: {neutral} or leave it out")
     attention = _choice(d, "attention", where, ("causal", "full"), "causal")
     norm = _choice(d, "norm", where, ("layernorm", "rmsnorm"), "layernorm")
     arch = _architecture_features(d, where, n, experts)
@@ -197,7 +209,7 @@ def model_from_dict(d: dict, where: str = "model") -> Model:
         n_experts=float(experts), moe_topk=float(topk),
         moe_ffn_hidden=float(n("moe_ffn_hidden", integer=True, minimum=0, default=0)),
         n_shared_experts=float(n("moe_shared_experts", integer=True, minimum=0, default=0)),
-        capacity_factor=n("moe_capacity_factor", positive=True, default=1.0),
+        capacity_factor=capacity,
         **arch, name=printable(d.get("name", where)))
 
 
@@ -944,6 +956,7 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
                                             where=f"{where}.precision",
                                             **(tr_over | row_tr)))
         check_training(trainings[-1], where)  # a bad fact names its row
+        _check_row_facts_act(m, p, trainings[-1], where, par_over | tr_over, row_par | row_tr)
         systems.append((row.get("system") or "").strip())
         times.append(t)
         mems.append(_number({"peak_memory_GB": mem}, "peak_memory_GB", where, positive=True)
@@ -951,6 +964,24 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
         ran.append(status == "ok")
     return Runs(ids, rows, models, pars, trainings, systems, np.array(times), np.array(mems),
                 np.array(ran))
+
+
+def _check_row_facts_act(model, parallel, training, where, command, row) -> None:
+    """`specs.validate.check_facts_act` on one row of a runs CSV: a fact whose term cannot act
+    on the row's model or layout is refused, naming the row; when the fact came from the
+    command's --set (which applies to every row) rather than the row's `set` cell, the message
+    says so and where to put a fact meant for some rows only."""
+    from diffperf.specs.validate import check_facts_act
+
+    try:
+        check_facts_act(model, parallel, training, where, where)
+    except SpecError as err:
+        field = str(err)[len(where) + 2:].split("=", 1)[0]
+        if field in command and field not in row:
+            raise SpecError(f"{err} (the command's --set {field}={command[field]:g} applies to "
+                            f"every row; give a fact that holds for some rows only in their "
+                            f"'{RUN_FACTS}' cell)") from None
+        raise
 
 
 def load_table(path, required) -> dict:

@@ -800,14 +800,18 @@ def predict_step(model, parallel, system, training, temperature=None,
     `checked` (static): True when the caller has passed these inputs through
     `specs.validate.check_inputs` (concrete values; it raises on a broken rule), whose rules
     include every rule of `valid_mask`: the mask is then True by construction and is not
-    traced (valid = True), same result. Measured (XLA:CPU, predict's quick options, 2
-    cores): the value and System gradient of the step time with every feature compiles in
-    15.7-18.4 s of CPU without the mask against 50.4-58.4 s with it (the forward alone 3.8
-    against 4.4 s); benchmarks/README.md "Session 12: suite time". Hard model only
-    (temperature None or 0): there the compiled value and gradient are bit-identical with
-    and without the mask; in the smooth model XLA's compiled System gradient differed by up
-    to 1.6e-4 relative (float64, tier leaves of a two-node case; eager ops agree bit for
-    bit, the value too; cause not found), so the smooth model keeps the mask.
+    traced (valid = True), same result. Hard model only (temperature None or 0): there the
+    compiled value and gradient are bit-identical with and without the mask; in the smooth
+    model XLA's compiled System gradient differed by up to 1.6e-4 relative without it
+    (float64, tier leaves of a two-node case: with valid = True the backward pass is seeded
+    by a constant 1, which XLA folds into the arithmetic, an other evaluation order), so the
+    smooth model keeps the mask. Measured (XLA:CPU, predict's quick options, 2 cores; the
+    value and System gradient of the step time with every feature, llama3-8b on
+    h100-sxm-80gb): the mask, computed once (`valid_mask` ends in one division that XLA's
+    fusion does not copy), costs ~3 s of a ~22 s compile (hard, float32: 22.3 against 19.3
+    s of CPU without it); before session 13 XLA copied the whole mask into each of the ~100
+    backward fusions and the same compile took ~56 s (smooth: 49 -> 13 s; bit-identical
+    values and gradients); benchmarks/README.md "Session 13: suite time".
     """
     layer, free_f, free_b = _layer_parts(model, parallel, system, training, temperature,
                                          features)

@@ -374,9 +374,10 @@ def test_hf_mla_without_head_dims_is_named(tmp_path):
 
 
 def test_hf_not_a_model_config(tmp_path):
-    p = _write_json(tmp_path, {"model_type": "tokenizer", "vocab_size": 100})
+    p = _write_json(tmp_path, {"hidden_size": 64, "vocab_size": 100})
     with _raises(f"{p}: not a recognised Hugging Face config.json (needs num_hidden_layers, "
-                 "hidden_size, num_attention_heads)"):
+                 "hidden_size, num_attention_heads; missing num_hidden_layers, "
+                 "num_attention_heads)"):
         load_model(p)
 
 
@@ -527,7 +528,8 @@ LAYOUT_RULES = [
      "recompute_mla_up_proj=1 needs multi-latent attention (model.kv_lora_rank > 0; got 0); "
      "allowed: 0"),
     (dict(recompute=1, recompute_moe_act=1), None,
-     "recompute_moe_act=1 needs an MoE model (model.moe_experts > 0; got 0); allowed: 0"),
+     "recompute_moe_act=1 acts only on MoE layers (the routed experts' activation "
+     "recompute); allowed: 0 for a dense model (moe_experts = 0)"),
     (dict(pp=4, pp_first_layers=2), None,
      "pp_first_layers=2 and pp_last_layers=0: give both (> 0) or neither (0: stages balanced "
      "automatically)"),
@@ -580,16 +582,23 @@ def test_tp_userbuffers_is_refused_on_an_moe_model():
 
 
 def test_unknown_hf_model_type_messages_are_whole():
-    """hf._check_type's two refusals, quoted whole (the head of each is the file name)."""
-    from diffperf.hf import SUPPORTED_TYPES, WRAPPER_TYPES, hf_to_dict
+    """hf._check_type's refusals, quoted whole (the head of each is the file name)."""
+    from diffperf.hf import SUPPORTED_TYPES, hf_to_dict
 
     base = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
             "vocab_size": 100}
-    with _raises(f"x.json: model_type='llama4' (a config with a text_config) is not an "
-                 f"architecture diffperf reads (allowed: {', '.join(WRAPPER_TYPES)}); write a "
-                 f"diffperf model YAML (configs/README.md) for its language model"):
-        hf_to_dict({"model_type": "llama4", "text_config": base | {"model_type": "llama"}},
+    with _raises(f"x.json: model_type='llama4_text' (the text_config of a "
+                 f"model_type='llama4' config) is not an architecture diffperf reads (allowed: "
+                 f"{', '.join(SUPPORTED_TYPES)}): its layers may not be the attention and "
+                 f"MLP/MoE layers diffperf models (Mamba or linear-attention layers, an "
+                 f"encoder); if they are, write a diffperf model YAML (configs/README.md)"):
+        hf_to_dict({"model_type": "llama4", "text_config": base | {"model_type": "llama4_text"}},
                    "x.json")
+    with _raises("x.json: the text_config of a model_type='llava' config names no model_type, "
+                 f"so its architecture cannot be told (allowed text_config model_type: "
+                 f"{', '.join(SUPPORTED_TYPES)}); write a diffperf model YAML "
+                 f"(configs/README.md) for its language model"):
+        hf_to_dict({"model_type": "llava", "text_config": base}, "x.json")
     with _raises(f"x.json: model_type='bert' is not an architecture diffperf reads (allowed: "
                  f"{', '.join(SUPPORTED_TYPES)}): its layers may not be the attention and "
                  f"MLP/MoE layers diffperf models (Mamba or linear-attention layers, an "
@@ -1430,8 +1439,9 @@ def test_unknown_dataset_suggests():
     # facts that would make every row of the table invalid: said before compiling
     ({"recompute_mla_up_proj": 1}, "parallel: recompute_mla_up_proj=1 needs multi-latent "
                                    "attention (model.kv_lora_rank > 0; got 0); allowed: 0"),
-    ({"recompute_moe_act": 1}, "parallel: recompute_moe_act=1 needs an MoE model "
-                               "(model.moe_experts > 0; got 0); allowed: 0"),
+    ({"recompute_moe_act": 1}, "parallel: recompute_moe_act=1 acts only on MoE layers (the "
+                               "routed experts' activation recompute); allowed: 0 for a dense "
+                               "model (moe_experts = 0)"),
     ({"recompute_mlp": 2}, "parallel: recompute_mlp=2 is not allowed (allowed: 0, 1)"),
     # each fact's own range (these gave "0 fit", exit 0, before)
     ({"zero3_copy_out": 2}, "parallel: zero3_copy_out=2 is not allowed (allowed: 0 FSDP1 / "
@@ -1678,3 +1688,204 @@ def test_eager_pointwise_training_facts(fields, message):
 
     with _raises(message):
         check_training(diffperf.Training(**fields))
+
+
+# --------------------------------------------------------------------------------------------
+# Facts whose term cannot act on the input (session 13, branch frontdoor2): refused by
+# specs.validate.check_facts_act in check_inputs, per row of a runs CSV and in a search, never
+# accepted and ignored (docs/reliability.md "Session 13")
+# --------------------------------------------------------------------------------------------
+
+DENSE_FACT = "allowed: 0 for a dense model (moe_experts = 0)"
+ACT_RULES = [
+    # (Parallel fields, Training fields, message after "parallel: " / "training: "); the
+    # model is _small() (dense) unless the Parallel fields name ep
+    ({}, dict(moe_expert_loop=1.0), "training: moe_expert_loop=1 acts only on MoE layers "
+     f"(Transformer Engine's one GEMM per local expert); {DENSE_FACT}"),
+    ({}, dict(moe_quant_pad=1.0), "training: moe_quant_pad=1 acts only on MoE layers (the "
+     f"padding copies of the routed tokens); {DENSE_FACT}"),
+    ({}, dict(moe_eager_clamp_bias=1.0), "training: moe_eager_clamp_bias=1 acts only on MoE "
+     f"layers (the expert MLP's eager clamp and bias kernels); {DENSE_FACT}"),
+    (dict(ep_overlap=0.5), {}, "parallel: ep_overlap=0.5 acts only on MoE layers (the merged "
+     f"EP schedule that hides the expert all-to-alls); {DENSE_FACT}"),
+    (dict(ep_dispatch=1), {}, "parallel: ep_dispatch=1 acts only on MoE layers (the expert "
+     f"token dispatcher); {DENSE_FACT}"),
+    (dict(etp=1), {}, "parallel: etp=1 acts only on MoE layers (the routed experts' "
+     f"tensor-parallel degree); {DENSE_FACT}"),
+    (dict(recompute=1, recompute_shared_experts=1), {}, "parallel: recompute_shared_experts=1 "
+     f"acts only on MoE layers (the shared experts' recompute); {DENSE_FACT}"),
+    ({}, dict(cp_torch=1.0), "training: cp_torch=1 needs context parallelism (cp > 1; got "
+     "cp=1): PyTorch's context_parallel() exchanges K/V between the cp ranks; allowed: 0 "
+     "with cp = 1"),
+    (dict(tp_userbuffers=1), {}, "parallel: tp_userbuffers=1 needs tensor parallelism (tp > "
+     "1; got tp=1): userbuffers overlaps the TP collectives; allowed: 0 with tp = 1"),
+    (dict(zero_stage=1, zero3_copy_out=1), {}, "parallel: zero3_copy_out=1 needs zero_stage=3 "
+     "(got zero_stage=1): FSDP2 copies out the parameters it all-gathers per layer; allowed: "
+     "0 with zero_stage 0 to 2"),
+    ({}, dict(rope_kv_pass=1.0, llama_eager_pointwise=1.0), "training: rope_kv_pass=1 with "
+     "llama_eager_pointwise=1: the eager term already holds the rotary and K/V expansion "
+     "passes (rope_kv_pass is their compiled form); allowed: one of the two"),
+]
+MOE_ACT_RULES = [
+    # on Mixtral 8x7B (8 routed experts, no shared expert), 16 GPUs
+    (dict(dp=16, global_batch=16, recompute=1, recompute_shared_experts=1), {},
+     "parallel: recompute_shared_experts=1 needs shared experts (model.moe_shared_experts > "
+     "0; got 0): there is no module to recompute; allowed: 0"),
+    (dict(dp=16, global_batch=16, recompute=1, recompute_mlp=1), {},
+     "parallel: recompute_mlp=1 needs dense MLP layers (model.moe_experts=8 with "
+     "moe_dense_layers=0 has none): Megatron-Core's TransformerLayer recomputes the MLP only "
+     "where it is not an MoELayer (the experts' activation is recompute_moe_act); allowed: 0"),
+    (dict(dp=16, global_batch=16, ep_overlap=0.5), {}, "parallel: ep_overlap=0.5 needs expert "
+     "parallelism (ep > 1; got ep=1): Megatron-Core overlaps the expert all-to-alls only "
+     "between ep ranks (\"overlap_moe_expert_parallel_comm is only supported with expert "
+     "model parallelism\"); allowed: 0 with ep = 1"),
+    (dict(dp=16, ep=8, global_batch=16, ep_overlap=1, recompute=2), {}, "parallel: "
+     "ep_overlap=1 with recompute=2 (full): Megatron-Core refuses the merged EP schedule under "
+     "full recompute (\"disable full recomputation when enabling "
+     "overlap_moe_expert_parallel_comm\"); allowed: 0 with full recompute"),
+    (dict(dp=16, global_batch=16, ep_dispatch=1), {}, "parallel: ep_dispatch=1 needs expert "
+     "parallelism (ep > 1; got ep=1): the flex dispatcher's exchange runs between the ep "
+     "ranks; allowed: 0 with ep = 1"),
+    (dict(dp=16, ep=8, global_batch=16), dict(moe_quant_pad=1.0), "training: moe_quant_pad=1 "
+     "needs GEMMs in FP8 / FP4 (lowp_fprop, lowp_dgrad or lowp_wgrad = 1; precision 'bf16' "
+     "has none): Megatron-Core's TEGroupedMLP pads the routed tokens only for quantized "
+     "grouped GEMMs; allowed: 0 with a 16-bit precision"),
+]
+
+
+@pytest.mark.parametrize("par,tr,message", ACT_RULES + MOE_ACT_RULES,
+                         ids=[r[2].split(":")[1].split("=")[0].strip() + str(i)
+                              for i, r in enumerate(ACT_RULES + MOE_ACT_RULES)])
+def test_facts_that_cannot_act_are_refused(par, tr, message):
+    """Each fact was accepted and changed nothing (or, moe_quant_pad on 16-bit GEMMs, charged
+    copies the run never made); refused by check_inputs before anything is traced, and the
+    same layout without the fact passes."""
+    from diffperf.load import training
+
+    moe = ("dp" in par)
+    model = diffperf.load_model("mixtral-8x7b") if moe else _small()
+    system = load_system("h100-sxm-80gb")
+    n = 16 if moe else None
+    with _raises(message):
+        check_inputs(model, Parallel(**par), system, training("bf16", **tr), n)
+    defaults = Parallel()
+    base = {k: v for k, v in par.items()
+            if k in ("dp", "ep", "global_batch", "recompute", "zero_stage", "tp")}
+    base = {k: v for k, v in base.items() if not (k == "recompute" and "ep_overlap" in par)}
+    check_inputs(model, defaults.replace(**base), system, training("bf16"), n)
+
+
+def test_cli_predict_refuses_a_fact_that_cannot_act(capsys):
+    """Through the command line (exit 2, one line, before any tracing)."""
+    assert _cli_error(capsys, "predict", "--set", "moe_expert_loop=1") == (
+        "training: moe_expert_loop=1 acts only on MoE layers (Transformer Engine's one GEMM "
+        f"per local expert); {DENSE_FACT}")
+    assert _cli_error(capsys, "predict", "--model", "gpt-small", "--dp", "1", "--set",
+                      "cp_torch=1") == (
+        "training: cp_torch=1 needs context parallelism (cp > 1; got cp=1): PyTorch's "
+        "context_parallel() exchanges K/V between the cp ranks; allowed: 0 with cp = 1")
+    # on a layout the user did not give, the message says whose it is
+    assert _cli_error(capsys, "predict", "--set", "cp_torch=1") == (
+        "training: cp_torch=1 needs context parallelism (cp > 1; got cp=1): PyTorch's "
+        "context_parallel() exchanges K/V between the cp ranks; allowed: 0 with cp = 1 (the "
+        "layout is GPT-3 175B's shipped default: give the layout options, --tp, --cp, --ep, "
+        "--pp, --dp, ..., for one where this holds)")
+
+
+def test_runs_row_fact_that_cannot_act_names_its_row(tmp_path):
+    """A runs CSV: the row's own `set` fact, and the command's --set (applied to every row),
+    refused with the row's id; the --set message says where a fact of some rows belongs."""
+    p = _write_csv(tmp_path, [GOOD_ROW | {"set": "moe_quant_pad=1"}], RUN_COLUMNS + ["set"])
+    with _raises(f"{p}: row 2 (id r1): moe_quant_pad=1 acts only on MoE layers (the padding "
+                 f"copies of the routed tokens); {DENSE_FACT}"):
+        load_runs(p)
+    p = _write_csv(tmp_path, [GOOD_ROW], RUN_COLUMNS)
+    with _raises(f"{p}: row 2 (id r1): cp_torch=1 needs context parallelism (cp > 1; got "
+                 f"cp=1): PyTorch's context_parallel() exchanges K/V between the cp ranks; "
+                 f"allowed: 0 with cp = 1 (the command's --set cp_torch=1 applies to every "
+                 f"row; give a fact that holds for some rows only in their 'set' cell)"):
+        load_runs(p, overrides=["cp_torch=1"])
+
+
+@pytest.mark.parametrize("facts,tr,message", [
+    ({"ep_overlap": 0.5}, {}, "parallel: ep_overlap=0.5 acts only on MoE layers (the merged "
+     f"EP schedule that hides the expert all-to-alls); {DENSE_FACT}"),
+    (None, dict(moe_expert_loop=1.0), "training: moe_expert_loop=1 acts only on MoE layers "
+     f"(Transformer Engine's one GEMM per local expert); {DENSE_FACT}"),
+])
+def test_search_refuses_facts_that_cannot_act_on_the_model(facts, tr, message):
+    """A search on a dense model: an MoE fact would act on no row (was: accepted, every row
+    predicted without it). Facts tied to a row's tp / cp / ep act on their own rows."""
+    from diffperf.load import training
+    from diffperf.search import enumerate_layouts, search
+
+    m = _small()
+    with _raises(message):
+        search(m, load_system("h100-sxm-80gb"), training("bf16", **tr),
+               enumerate_layouts(m, 8, 64), parallel=facts)
+
+
+def test_capacity_factor_is_at_most_experts_over_topk(tmp_path):
+    """moe_capacity_factor: each expert holds T k C_f / E tokens (Megatron-Core
+    get_capacity) and never receives more than T, so C_f <= E / k (8 experts, top-2: 4)."""
+    from diffperf.load import model_from_dict
+    from diffperf.specs.validate import CAPACITY_WHY, check_model
+
+    moe = _model_dict(moe_experts=8, moe_topk=2, moe_ffn_hidden=512)
+    assert float(model_from_dict(moe | {"moe_capacity_factor": 4}).capacity_factor) == 4.0
+    with _raises(f"model.moe_capacity_factor=4.5 is above moe_experts / moe_topk=8 / 2: "
+                 f"{CAPACITY_WHY}; allowed: > 0 and at most 4"):
+        model_from_dict(moe | {"moe_capacity_factor": 4.5})
+    m = model_from_dict(moe)
+    with _raises(f"model: capacity_factor=5 is above n_experts / moe_topk=8 / 2: {CAPACITY_WHY}; "
+                 f"allowed: > 0 and at most 4"):
+        check_model(m.replace(capacity_factor=5.0))
+    with _raises("model: capacity_factor=-1 must be > 0 for an MoE model"):
+        check_model(m.replace(capacity_factor=-1.0))
+    with _raises("model: moe_topk=0 must be >= 1 for an MoE model (n_experts=8): every token "
+                 "goes to its top-k experts"):
+        check_model(m.replace(moe_topk=0.0))
+    assert "no expert can receive more than T" in CAPACITY_WHY
+
+
+@pytest.mark.parametrize("key,value,neutral", [
+    ("moe_topk", 2, 0), ("moe_ffn_hidden", 512, 0), ("moe_shared_experts", 1, 0),
+    ("moe_shared_ffn_hidden", 512, 0), ("moe_capacity_factor", 1.25, 1)])
+def test_moe_keys_on_a_dense_model_file_are_refused(key, value, neutral):
+    """A dense model file (moe_experts 0) with an MoE key: read by nothing before."""
+    from diffperf.load import model_from_dict
+
+    with _raises(f"model.{key}={value:g} describes MoE layers, but moe_experts=0 (a dense "
+                 f"model); allowed: {neutral} or leave it out"):
+        model_from_dict(_model_dict(**{key: value}))
+    model_from_dict(_model_dict(**{key: neutral}))  # the neutral value, as the shipped files
+
+
+def test_hf_missing_mlp_width_and_top_k_are_named(tmp_path):
+    """A config.json without intermediate_size read the MLP as 4 x hidden (Llama's class
+    default is 11008 at hidden 4096, not 16384), and one with experts but no
+    num_experts_per_tok said 'moe_topk=0' (diffperf's key), and a Qwen3-MoE / DeepSeek config
+    without moe_intermediate_size read its experts as intermediate_size wide: each names the
+    file's key now."""
+    from diffperf.hf import hf_to_dict
+
+    base = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 64,
+            "num_attention_heads": 4, "vocab_size": 100}
+    with _raises("x.json: missing intermediate_size (the MLP width) for model_type='llama': "
+                 "transformers would take its config class's default, which diffperf does not "
+                 "copy (allowed: a whole number >= 1 in the file; absent only for gpt2, "
+                 "falcon, RefinedWeb, RefinedWebModel, whose models use 4 x hidden_size)"):
+        hf_to_dict(base, "x.json")
+    d, notes = hf_to_dict(base | {"model_type": "gpt2"}, "x.json")
+    assert "ffn_hidden" not in d and any(
+        "MLP width absent: 4 x hidden_size = 256, the rule of transformers' gpt2 model when "
+        "n_inner / ffn_hidden_size is null" in n for n in notes)
+    with _raises("x.json: missing moe_intermediate_size (the width of each expert) for "
+                 "model_type='qwen3_moe', whose experts are narrower than intermediate_size "
+                 "(the dense MLP's); allowed: a whole number >= 1 in the file"):
+        hf_to_dict(base | {"model_type": "qwen3_moe", "intermediate_size": 256,
+                           "num_experts": 8, "num_experts_per_tok": 2}, "x.json")
+    with _raises("x.json: missing num_experts_per_tok (the experts each token is routed to, "
+                 "a whole number in 1..8) beside num_local_experts=8"):
+        hf_to_dict(base | {"model_type": "mixtral", "intermediate_size": 256,
+                           "num_local_experts": 8}, "x.json")

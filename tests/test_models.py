@@ -401,9 +401,14 @@ _BASE = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "v
     (_BASE | {"model_type": "falcon_h1", "mamba_d_ssm": 3072}, "'falcon_h1'"),
     # wrappers around a text_config: Llama 4 (interleaved MoE, shared expert, chunked attention)
     ({"model_type": "llama4", "text_config": _BASE | {"model_type": "llama4_text"}},
-     "'llama4' (a config with a text_config)"),
+     "'llama4_text' (the text_config of a model_type='llama4' config)"),
+    # refused by their type, before their field names are looked at (Mamba, T5)
+    ({"model_type": "mamba", "hidden_size": 768, "num_hidden_layers": 24, "vocab_size": 50280,
+      "state_size": 16}, "'mamba'"),
+    ({"model_type": "t5", "d_model": 512, "num_layers": 6, "num_heads": 8, "vocab_size": 32128},
+     "'t5'"),
     ({"model_type": "gemma3", "text_config": _BASE | {"model_type": "gemma3n_text"}},
-     "'gemma3n_text'"),
+     "'gemma3n_text' (the text_config of a model_type='gemma3' config)"),
 ])
 def test_unknown_hf_model_type_is_refused_by_name(cfg, named):
     with pytest.raises(SpecError, match=f"model_type={re.escape(named)} is not an architecture "
@@ -412,7 +417,7 @@ def test_unknown_hf_model_type_is_refused_by_name(cfg, named):
 
 
 def test_hf_config_without_model_type_says_how_it_is_read():
-    _, notes = hf_to_dict(dict(_BASE), "x.json")
+    _, notes = hf_to_dict(_BASE | {"intermediate_size": 256}, "x.json")
     assert any("model_type absent: read as a Llama-style decoder" in n for n in notes)
 
 
@@ -508,3 +513,34 @@ def test_new_features_have_finite_physical_gradients():
     assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grad))
     assert float(grad.matmul_flops_per_s) < 0
     assert float(grad.hbm_bandwidth_Bps) <= 0
+
+
+def test_multimodal_wrapper_with_a_known_text_config_is_read():
+    """A wrapper other than gemma3 (llava-hf/llava-1.5-7b-hf's shape: a vicuna-7b = Llama 2 7B
+    text_config, 6.74 B parameters) is read from its text_config, said in the notes (it was
+    refused by its wrapper type before); a text_config that leaves out the sizes (transformers
+    fills them from LlamaConfig's defaults) is refused naming what is missing."""
+    text = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+            "vocab_size": 32064, "rms_norm_eps": 1e-5, "hidden_act": "silu"}
+    d, notes = hf_to_dict({"model_type": "llava", "image_token_index": 32000,
+                           "text_config": text, "vision_config": {"hidden_size": 1024}},
+                          "x.json")
+    bare, _ = hf_to_dict(text, "x.json")
+    assert {k: v for k, v in d.items() if k != "name"} == {
+        k: v for k, v in bare.items() if k != "name"}
+    assert any("text_config (model_type llama) of a llava config; vision_config ignored" in n
+               for n in notes)
+    assert any("the 'llava' wrapper's language model is read as a llama config (only gemma3 "
+               "wrappers are checked against a published parameter count)" in n for n in notes)
+    m = diffperf.load_model(d)
+    assert float(total_params(m)) / B == pytest.approx(6.74, abs=0.01)
+    with pytest.raises(SpecError, match=re.escape(
+            "x.json: not a recognised Hugging Face config.json (needs num_hidden_layers, "
+            "hidden_size, num_attention_heads; missing num_hidden_layers, hidden_size, "
+            "num_attention_heads in the text_config of a model_type='llava' config "
+            "(transformers fills absent fields from its config class's defaults, which "
+            "diffperf keeps only for RefinedWeb, RefinedWebModel, falcon, gemma3_text: write "
+            "them into text_config))")):
+        hf_to_dict({"model_type": "llava", "text_config": {"model_type": "llama",
+                                                           "vocab_size": 32064}}, "x.json")

@@ -160,7 +160,8 @@ def build(args):
     from diffperf.cli.options import framework_facts, model_and_system
     from diffperf.load import parse_overrides
     from diffperf.specs.parallel import Recompute, placement_index
-    from diffperf.specs.validate import check_inputs
+    from diffperf.specs.validate import (check_facts_act, check_inputs, check_model,
+                                         check_precision, check_system, check_training)
 
     items, args.notes = framework_facts(args)
     par_over, tr_over = parse_overrides(items)  # the overlay's facts, then the user's --set
@@ -178,6 +179,12 @@ def build(args):
     model, system = model_and_system(args)
     args.notes += args.batch_notes
     train = training(args.precision, **tr_over)
+    # what no layout changes, before a layout is chosen (and so before its search compiles)
+    check_model(model)
+    check_system(system)
+    check_training(train)
+    check_precision(system, train)
+    check_facts_act(model, Parallel(**par_over), train, "layout", layout=False)
     _resolve_layout(model, system, train, args, par_over)
     inner = args.tp * args.cp * args.pp * args.gx * args.gy * args.gz
     if args.gpus is None and args.dp is not None:
@@ -195,7 +202,16 @@ def build(args):
                         recompute=float(Recompute[args.recompute.upper()]),
                         dp_overlap=float(args.dp_overlap),
                         placement=float(placement_index(args.placement)), **par_over)
-    check_inputs(model, parallel, system, train, args.gpus, "layout")
+    try:
+        check_inputs(model, parallel, system, train, args.gpus, "layout")
+    except SpecError as err:  # a rule of a layout the user did not give (the others were
+        # checked above): say whose layout it is
+        if args.layout_source == "given":
+            raise
+        whose = ("predict's search chose" if args.layout_source == "search" else
+                 "is GPT-3 175B's shipped default")
+        raise SpecError(f"{err} (the layout {whose}: give the layout options, --tp, --cp, "
+                        f"--ep, --pp, --dp, ..., for one where this holds)") from None
     return model, parallel, system, train
 
 

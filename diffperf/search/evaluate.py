@@ -21,9 +21,9 @@ from diffperf.search.kernel import (DEFAULT_CHUNK, QUICK_BELOW, _chunk_parallel,
 from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel
 from diffperf.specs.training import Training
-from diffperf.specs.validate import (check_job, check_layout, check_model, check_precision,
-                                     check_search_facts, check_system, check_training,
-                                     check_tp_userbuffers_precision)
+from diffperf.specs.validate import (check_facts_act, check_job, check_layout, check_model,
+                                     check_precision, check_search_facts, check_system,
+                                     check_training, check_tp_userbuffers_precision)
 
 
 def _evaluate(args, keys, per, temperature, devices, optimize, progress, store=None,
@@ -156,6 +156,9 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
     fields = _check_fields(fields)
     training = Training() if training is None else training
     _check_inputs(model, system, training, layouts)
+    # the facts that cannot act whatever the row (the model's and the precision's rules);
+    # those tied to a row's tp, cp, ep or ZeRO stage act on their own rows
+    check_facts_act(model, _base_parallel(parallel), training, layout=False)
     args = _as_float((anonymous(model), anonymous(system), anonymous(training)))
     devices = None if devices is None else list(devices)
     keys, cell, per = _grid(layouts, placements, int(chunk),

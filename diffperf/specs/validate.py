@@ -113,7 +113,8 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
         "recompute_mla_up_proj=1 needs multi-latent attention (model.kv_lora_rank > 0; got "
         "0); allowed: 0"))
     _fail((P["recompute_moe_act"] == 1) & (M["n_experts"] == 0), where, lambda i: (
-        "recompute_moe_act=1 needs an MoE model (model.moe_experts > 0; got 0); allowed: 0"))
+        "recompute_moe_act=1 acts only on MoE layers (the routed experts' activation "
+        "recompute); allowed: 0 for a dense model (moe_experts = 0)"))
 
 
 def _check_tp_userbuffers(P, M, where, pick) -> None:
@@ -127,6 +128,122 @@ def _check_tp_userbuffers(P, M, where, pick) -> None:
         f"tp_userbuffers=1 with model.moe_experts={pick(M['n_experts'], i):g}: the userbuffers "
         f"TP overlap is modelled for dense models only (allowed: tp_userbuffers 0 for MoE "
         f"models)"))
+
+
+# Framework facts that describe MoE layers (`check_facts_act`): each acts only where the model
+# has routed experts, and changes nothing on a dense model (its term carries the MoE layer
+# fraction phi = 0, or the expert all-to-all, 0 without experts). (field, what it describes).
+MOE_TRAINING_FACTS = (
+    ("moe_expert_loop", "Transformer Engine's one GEMM per local expert"),
+    ("moe_quant_pad", "the padding copies of the routed tokens"),
+    ("moe_eager_clamp_bias", "the expert MLP's eager clamp and bias kernels"),
+)
+MOE_PARALLEL_FACTS = (
+    ("ep_overlap", "the merged EP schedule that hides the expert all-to-alls"),
+    ("ep_dispatch", "the expert token dispatcher"),
+    ("etp", "the routed experts' tensor-parallel degree"),
+    ("recompute_shared_experts", "the shared experts' recompute"),
+)
+
+
+def _dense_facts(M, where, pick, facts, leaves) -> None:
+    """A non-default MoE fact on a dense model (moe_experts = 0) is refused, the same words
+    for every one (MOE_TRAINING_FACTS, MOE_PARALLEL_FACTS, recompute_moe_act)."""
+    dense = M["n_experts"] == 0
+    for f, what in facts:
+        v = leaves[f]
+        _fail(dense & (v != 0), where, lambda i, f=f, v=v, w=what: (
+            f"{f}={pick(v, i):g} acts only on MoE layers ({w}); allowed: 0 for a dense "
+            f"model (moe_experts = 0)"))
+
+
+def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
+                    where_training: str = "training", layout: bool = True) -> None:
+    """Refuse a framework fact (a Training / Parallel 0/1 or fraction field set from what a run
+    did) on an input where its term cannot act, so that no setting is silently ignored.
+    Concrete values only (nothing here runs under jit: `valid_mask` does not trace it).
+
+        any layout    MoE facts (MOE_TRAINING_FACTS, MOE_PARALLEL_FACTS) need moe_experts > 0;
+                      recompute_shared_experts = 1 needs shared experts;
+                      recompute_mlp = 1 on an MoE model needs dense layers (Megatron-Core's
+                        TransformerLayer.__init__ sets recompute_mlp only where self.mlp is
+                        not an MoELayer);
+                      moe_quant_pad = 1 needs quantized GEMMs (lowp_fprop / dgrad / wgrad):
+                        Megatron-Core's TEGroupedMLP pads only when the run quantizes
+                        (workload.flops.moe_quant_pad_bytes);
+                      rope_kv_pass = 1 needs llama_eager_pointwise = 0 (that term holds the
+                        eager forms of the same passes);
+        layout=True   cp_torch = 1 needs cp > 1; tp_userbuffers = 1 needs tp > 1;
+        (one layout)  ep_overlap > 0 needs ep > 1 and no full recompute (Megatron-Core
+                        TransformerConfig.__post_init__ asserts both for
+                        overlap_moe_expert_parallel_comm); ep_dispatch = 1 needs ep > 1
+                        (the flex form is priced only for an exchange between ep ranks);
+                      zero3_copy_out = 1 needs zero_stage 3 (FSDP2 copies the parameters
+                        it gathers per layer)
+    A search (layout=False, `parallel` None or its facts) varies tp, cp, ep, zero_stage and
+    recompute per row, each fact acting on its own rows. Batched leaves: the first entry
+    that fails, with its index.
+    """
+    pick = lambda a, i: a.ravel()[min(i, a.size - 1)]  # noqa: E731
+    M = {f: _arr(getattr(model, f)) for f in ("n_experts", "n_shared_experts",
+                                                "moe_dense_layers")}
+    T = {f: _arr(getattr(training, f)) for f in (
+        *(f for f, _ in MOE_TRAINING_FACTS), "lowp_fprop", "lowp_dgrad", "lowp_wgrad",
+        "rope_kv_pass", "llama_eager_pointwise", "attention_fa2", "cp_torch")}
+    _dense_facts(M, where_training, pick, MOE_TRAINING_FACTS, T)
+    lowp = np.maximum(np.maximum(T["lowp_fprop"], T["lowp_dgrad"]), T["lowp_wgrad"]) > 0
+    name = getattr(training, "name", None)
+    _fail((T["moe_quant_pad"] == 1) & ~lowp, where_training, lambda i: (
+        f"moe_quant_pad=1 needs GEMMs in FP8 / FP4 (lowp_fprop, lowp_dgrad or lowp_wgrad = 1; "
+        f"precision {name or '?'!r} has none): Megatron-Core's TEGroupedMLP pads the routed "
+        f"tokens only for quantized grouped GEMMs; allowed: 0 with a 16-bit precision"))
+    _fail((T["rope_kv_pass"] == 1) & (T["llama_eager_pointwise"] == 1), where_training,
+          lambda i: (
+              "rope_kv_pass=1 with llama_eager_pointwise=1: the eager term already holds the "
+              "rotary and K/V expansion passes (rope_kv_pass is their compiled form); "
+              "allowed: one of the two"))
+    if parallel is None:
+        return
+    P = {f: _arr(getattr(parallel, f)) for f in (
+        *(f for f, _ in MOE_PARALLEL_FACTS), "tp", "cp", "ep", "recompute", "zero_stage",
+        "tp_userbuffers", "zero3_copy_out", "recompute_mlp")}
+    _dense_facts(M, where_parallel, pick, MOE_PARALLEL_FACTS, P)
+    moe = M["n_experts"] > 0
+    _fail(moe & (P["recompute_shared_experts"] == 1) & (M["n_shared_experts"] == 0),
+          where_parallel, lambda i: (
+              "recompute_shared_experts=1 needs shared experts (model.moe_shared_experts > 0; "
+              "got 0): there is no module to recompute; allowed: 0"))
+    _fail(moe & (P["recompute_mlp"] == 1) & (M["moe_dense_layers"] == 0), where_parallel,
+          lambda i: (
+              f"recompute_mlp=1 needs dense MLP layers (model.moe_experts="
+              f"{pick(M['n_experts'], i):g} with moe_dense_layers=0 has none): Megatron-Core's "
+              f"TransformerLayer recomputes the MLP only where it is not an MoELayer (the "
+              f"experts' activation is recompute_moe_act); allowed: 0"))
+    if not layout:
+        return
+    _fail((T["cp_torch"] == 1) & (P["cp"] == 1), where_training, lambda i: (
+        "cp_torch=1 needs context parallelism (cp > 1; got cp=1): PyTorch's "
+        "context_parallel() exchanges K/V between the cp ranks; allowed: 0 with cp = 1"))
+    _fail((P["tp_userbuffers"] == 1) & (P["tp"] == 1), where_parallel, lambda i: (
+        "tp_userbuffers=1 needs tensor parallelism (tp > 1; got tp=1): userbuffers overlaps "
+        "the TP collectives; allowed: 0 with tp = 1"))
+    v = P["ep_overlap"]
+    _fail(moe & (v > 0) & (P["ep"] == 1), where_parallel, lambda i: (
+        f"ep_overlap={pick(v, i):g} needs expert parallelism (ep > 1; got ep=1): Megatron-Core "
+        f"overlaps the expert all-to-alls only between ep ranks (\"overlap_moe_expert_"
+        f"parallel_comm is only supported with expert model parallelism\"); allowed: 0 with "
+        f"ep = 1"))
+    _fail(moe & (v > 0) & (P["recompute"] == 2), where_parallel, lambda i: (
+        f"ep_overlap={pick(v, i):g} with recompute=2 (full): Megatron-Core refuses the merged EP "
+        f"schedule under full recompute (\"disable full recomputation when enabling "
+        f"overlap_moe_expert_parallel_comm\"); allowed: 0 with full recompute"))
+    _fail(moe & (P["ep_dispatch"] == 1) & (P["ep"] == 1), where_parallel, lambda i: (
+        "ep_dispatch=1 needs expert parallelism (ep > 1; got ep=1): the flex dispatcher's "
+        "exchange runs between the ep ranks; allowed: 0 with ep = 1"))
+    z = P["zero_stage"]
+    _fail((P["zero3_copy_out"] == 1) & (z < 3), where_parallel, lambda i: (
+        f"zero3_copy_out=1 needs zero_stage=3 (got zero_stage={pick(z, i):g}): FSDP2 copies "
+        f"out the parameters it all-gathers per layer; allowed: 0 with zero_stage 0 to 2"))
 
 
 def check_search_facts(model, parallel, where: str = "parallel") -> None:
@@ -510,6 +627,17 @@ def check_tp_userbuffers_precision(parallel, training, where: str = "precision")
 
 # ------------------------------------------------------------------- model, system, training
 
+# The largest capacity factor: Megatron-Core gives each expert capacity ceil(T k C_f / E)
+# tokens of a micro-batch's T (megatron/core/transformer/moe/moe_utils.py: get_capacity(
+# num_tokens * topk, num_experts, capacity_factor), called by topk_routing_with_score_function
+# and the token dispatchers' drop-and-pad paths); a token picks an expert at most once, so no
+# expert ever receives more than T tokens: at C_f = E / k every expert already holds all of
+# them, and a larger C_f only pads (the cost terms charge k C_f T routed rows).
+CAPACITY_WHY = ("each expert's capacity is T x moe_topk x C_f / moe_experts tokens of a "
+                "micro-batch's T (Megatron-Core moe_utils.get_capacity), and no expert can "
+                "receive more than T: at C_f = moe_experts / moe_topk every expert already "
+                "holds every token")
+
 _MODEL_COUNTS = ("n_layers", "hidden", "ffn_hidden", "n_heads", "n_kv_heads", "head_dim",
                  "vocab", "seq_len")
 _MODEL_SWITCHES = ("gated_mlp", "causal", "rms_norm", "tied_embeddings", "biases",
@@ -567,6 +695,17 @@ def check_model(model, where: str = "model") -> None:
     k, e = _arr(model.moe_topk, where), _arr(model.n_experts, where)
     _fail((e > 0) & (k > e), where, lambda i: f"moe_topk={pick(k, i):g} must be <= "
                                               f"n_experts={pick(e, i):g}")
+    if not isinstance(where, _Collect):  # concrete values only (valid_mask does not trace it)
+        c = _arr(model.capacity_factor, where)
+        _fail((e > 0) & (k < 1), where, lambda i: (
+            f"moe_topk={pick(k, i):g} must be >= 1 for an MoE model (n_experts="
+            f"{pick(e, i):g}): every token goes to its top-k experts"))
+        _fail((e > 0) & ~(c > 0), where, lambda i: (
+            f"capacity_factor={pick(c, i):g} must be > 0 for an MoE model"))
+        _fail((e > 0) & (c > e / np.maximum(k, 1)), where, lambda i: (
+            f"capacity_factor={pick(c, i):g} is above n_experts / moe_topk={pick(e, i):g} / "
+            f"{pick(k, i):g}: {CAPACITY_WHY}; allowed: > 0 and at most "
+            f"{pick(e / np.maximum(k, 1), i):g}"))
     _check_finite_leaves(model, "model", where)
 
 
@@ -712,6 +851,7 @@ def check_inputs(model, parallel, system, training, n_devices=None, where: str =
     check_job(parallel, system, where)
     check_precision(system, training)
     check_tp_userbuffers_precision(parallel, training)
+    check_facts_act(model, parallel, training, where, "training")
 
 
 def valid_mask(model, parallel, system, training):
@@ -728,7 +868,30 @@ def valid_mask(model, parallel, system, training):
     check_training(training, where)
     check_layout(model, parallel, None, where)
     check_job(parallel, system, where)
-    return jnp.asarray(where.ok, dtype=bool)
+    return _computed_once(jnp.asarray(where.ok, dtype=bool))
+
+
+def _computed_once(ok):
+    """The boolean `ok`, the same value, behind one float division: XLA computes the mask
+    once per program instead of copying it into every consumer.
+
+    Why (XLA:CPU, measured; benchmarks/README.md "Session 13: suite time"): the mask is a
+    chain of ~2,300 cheap element-wise ops (compare, and, not, round, is-finite) on the
+    inputs. `predict_step` puts it in selects (`jnp.where(valid, ...)`), and the transpose
+    of the step's select, select(valid, cotangent, 0), seeds the whole backward pass. XLA's
+    loop fusion copies a cheap element-wise producer into every consumer fusion (it only
+    refuses to duplicate "expensive" ops: InstructionFusion::IsExpensive, which counts a
+    floating-point divide, exp, log, ...), so each of the ~100 backward fusions got its own
+    copy of the whole mask: the optimized program of the value and System gradient with
+    every feature had 469,174 HLO lines against 215,851 without the mask, and compiled in
+    ~56 s of CPU against ~19 s. A division is never duplicated, so the chain ends in one
+    fusion and every consumer reads its result (219,714 lines, ~23 s). Exact: 1 / 1 = 1 >
+    0.75 and 1 / 2 = 0.5 < 0.75 in every float format; the compiled values and gradients are
+    bit-identical (float32 and float64, hard and smooth model). An optimization barrier does
+    not do it: XLA:CPU expands barriers away before fusion."""
+    import jax.numpy as jnp
+
+    return 1.0 / jnp.where(ok, 1.0, 2.0) > 0.75
 
 
 def check_finite_result(result, model, parallel, where: str = "prediction") -> None:
