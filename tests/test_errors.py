@@ -1722,6 +1722,9 @@ ACT_RULES = [
     (dict(zero_stage=1, zero3_copy_out=1), {}, "parallel: zero3_copy_out=1 needs zero_stage=3 "
      "(got zero_stage=1): FSDP2 copies out the parameters it all-gathers per layer; allowed: "
      "0 with zero_stage 0 to 2"),
+    ({}, dict(lowp_te_quantizer=1.0), "training: lowp_te_quantizer=1 needs GEMMs in FP8 / "
+     "FP4 (lowp_fprop, lowp_dgrad or lowp_wgrad = 1; precision 'bf16' has none): it counts "
+     "Transformer Engine's quantize kernels; allowed: 0 with a 16-bit precision"),
     ({}, dict(rope_kv_pass=1.0, llama_eager_pointwise=1.0), "training: rope_kv_pass=1 with "
      "llama_eager_pointwise=1: the eager term already holds the rotary and K/V expansion "
      "passes (rope_kv_pass is their compiled form); allowed: one of the two"),
