@@ -247,11 +247,11 @@ def tp_userbuffers_block_s(ag_f_s, ag_b_s, rs_s, ag_wgrad_s, reduce_s, col_fprop
     e6 = exposed(rs_s, col_wgrad_s, temperature)
     bulk = ag_f_s + rs_s - e5 - e6
     e_b = e3 + e4 + e5 + e6
-    e_rs, h_rs = e2 + reduce_s, rs_s - e2
+    e_f, h_f = e1 + e2 + reduce_s, ag_f_s + rs_s - e1 - e2
     if pipe is not None:
         on, e_p, h_p = pipe
-        e_rs, h_rs = jnp.where(on > 0, e_p, e_rs), jnp.where(on > 0, h_p, h_rs)
-    return (e1 + e_rs, ag_f_s - e1 + h_rs, e_b,
+        e_f, h_f = jnp.where(on > 0, e1 + e_p, e_f), jnp.where(on > 0, ag_f_s - e1 + h_p, h_f)
+    return (e_f, h_f, e_b,
             ag_b_s + ag_wgrad_s + ag_f_s + rs_s - e_b, bulk)
 
 
