@@ -883,8 +883,11 @@ def _computed_once(ok):
     floating-point divide, exp, log, ...), so each of the ~100 backward fusions got its own
     copy of the whole mask: the optimized program of the value and System gradient with
     every feature had 469,174 HLO lines against 215,851 without the mask, and compiled in
-    ~56 s of CPU against ~19 s. A division is never duplicated, so the chain ends in one
-    fusion and every consumer reads its result (219,714 lines, ~23 s). Exact: 1 / 1 = 1 >
+    ~56 s of CPU against ~19 s. XLA:CPU never duplicates a division, so the chain ends in one
+    fusion and every consumer reads its result (219,714 lines, ~23 s). XLA:GPU's fusion counts
+    an F32 / F16 divide as cheap (GpuInstructionFusion::IsExpensive: divide, sqrt, rsqrt, exp),
+    so there the mask may still be copied (float32; not measured): the values are the same
+    either way, only compile time is at stake. Exact: 1 / 1 = 1 >
     0.75 and 1 / 2 = 0.5 < 0.75 in every float format; the compiled values and gradients are
     bit-identical (float32 and float64, hard and smooth model). An optimization barrier does
     not do it: XLA:CPU expands barriers away before fusion."""
