@@ -112,9 +112,8 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
     _fail((P["recompute_mla_up_proj"] == 1) & (M["kv_lora_rank"] == 0), where, lambda i: (
         "recompute_mla_up_proj=1 needs multi-latent attention (model.kv_lora_rank > 0; got "
         "0); allowed: 0"))
-    _fail((P["recompute_moe_act"] == 1) & (M["n_experts"] == 0), where, lambda i: (
-        "recompute_moe_act=1 acts only on MoE layers (the routed experts' activation "
-        "recompute); allowed: 0 for a dense model (moe_experts = 0)"))
+    _dense_facts(M, where, pick, (("recompute_moe_act",
+                                   "the routed experts' activation recompute"),), P)
 
 
 def _check_tp_userbuffers(P, M, where, pick) -> None:
