@@ -245,6 +245,15 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
         f"out the parameters it all-gathers per layer; allowed: 0 with zero_stage 0 to 2"))
 
 
+def facts_act_mask(model, parallel, training) -> np.ndarray:
+    """`check_facts_act`'s rules as a mask over batched leaves (concrete values, numpy): True
+    where every rule holds. For a search's table, whose tp, cp, ep, ZeRO stage and recompute
+    vary per row: the rows on which the framework facts act (`search.facts_act_rows`)."""
+    where = _Collect(np)
+    check_facts_act(model, parallel, training, where, where)
+    return np.asarray(where.ok, dtype=bool)
+
+
 def check_search_facts(model, parallel, where: str = "parallel") -> None:
     """Raise SpecError where a framework fact that a search applies to every layout of its
     table (search.search's `parallel`) breaks a rule of `check_layout` that no column of the
