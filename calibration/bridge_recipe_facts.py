@@ -4,7 +4,8 @@ row's own container release (docs/accuracy-bridge.md, sections "MoE physics" and
 per container").
 
     python calibration/bridge_recipe_facts.py OUT.csv \
-        [--facts overlap,layout,dispatch,attn,moe_act,recompute,quant_pad,waves,expert_loop,tp_ub]
+        [--facts overlap,layout,dispatch,attn,moe_act,recompute,quant_pad,waves,expert_loop,tp_ub,
+                 te_quant]
     python calibration/bridge_recipe_facts.py data/megatron_bridge.csv   # the shipped CSV
     python calibration/bridge_moe_rows.py --csv OUT.csv          # per-row effect
 
@@ -152,9 +153,19 @@ per container").
    with its own kernel (`split_quantize`, MXFP8 and FP8 current scaling: "Quantize kernels
    individually"). The performance scripts of these releases turn TE's op fuser off
    (v0.1.0rc3 run_script.py "Disabling model.use_transformer_engine_op_fuser";
-   v0.2.0 utils/helpers.py, v0.3.0 / v0.4.0 utils/overrides.py). Not set on 26.06+ rows
-   (Megatron Core 0.18, TE 2.16: the GPT-OSS and DeepSeek-V3 MXFP8 full-iteration recipes run
-   TE's fused grouped MLP, cudnn-frontend issue 256's grouped-GEMM kernels; not read per row).
+   v0.2.0 utils/helpers.py, v0.3.0 / v0.4.0 utils/overrides.py). 26.06+ (Megatron Core
+   0.18, TE 2.16; session 13, branch fp8cs, read per row): Megatron-Bridge v0.5.0 / v0.5.1
+   `scripts/performance/configs/*/*_workload_base_configs.py` set `cutedsl_fused_grouped_mlp`
+   on the GB200 / GB300 MXFP8 DeepSeek-V3, GPT-OSS 120B (V2) and Qwen3 235B-A22B (V2) configs
+   and on Qwen3 30B-A3B GB200 / GB300 / B300 MXFP8; `utils/overrides.py` then turns TE's op
+   fuser on and `perf_plugins.py` sets NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, and TE 2.16's
+   `ForwardGroupedMLP_CuTeGEMMSwiGLU_MXFP8` / `BackwardGroupedMLP_CuTeGEMMDSwiGLU_MXFP8`
+   (pytorch/ops/fused/, sm100 family) run each grouped GEMM as one cuDNN-frontend kernel
+   and quantize with one `tex.group_quantize`: no per-expert launches, no fact. The other
+   26.06 MoE rows (DeepSeek-V3 and GPT-OSS 120B DGX-B300 MXFP8: their configs set no
+   cutedsl flag and no op fuser; Qwen3 30B-A3B DGX-H100 FP8-CS) run TEGroupedMLP's TE
+   `GroupedLinear` module, whose v2.16 forward / backward are still `split_quantize` +
+   `general_grouped_gemm` (pytorch/module/grouped_linear.py): the fact is set.
    `Training.moe_expert_loop`, `workload.flops.moe_expert_loop_kernels`;
    docs/accuracy-bridge.md "Session 12: MoE on 8-GPU nodes".
 10. `tp_userbuffers=1` (session 12, branch tpub) on the Llama rows whose release's performance
@@ -177,6 +188,23 @@ per container").
     methods, identical at v0.1.0rc3, v0.2.0, v0.5.0: ring exchange forward and for the output
     gradients, bulk for the backward's input re-gather and input-gradient reduce-scatter
     (`schedule.overlap.tp_userbuffers_block_s`). Llama 3 8B rows run TP 1 (nothing to set).
+11. `lowp_te_quantizer=1` (session 13, branch fp8cs) on every FP8-CS and MXFP8 row: every
+    release (25.09-26.08: Megatron Core 0.14-0.18, Transformer Engine 2.7-2.16) quantizes the
+    linears' inputs with TE's quantizers driven by Megatron-Core's TE modules. TE's
+    `Float8CurrentScalingQuantizer::quantize_impl` (pytorch/csrc/quantizer.cpp, v2.7 ... v2.16)
+    runs the amax (a memset / `zero_amax_kernel` and `amax_kernel`, common/recipe/
+    current_scaling.cu), `compute_scale_from_amax_kernel` and the cast: 4 kernels; a
+    LayerNormLinear's norm (QKV, the dense fc1, MLA's q / kv up-projections) computes the amax
+    inside the norm kernel (normalization.cpp, `quantize_with_amax` after `amax.zero_()`): 3, and
+    no amax read. Megatron-Core (core_v0.14.0-0.18.0) calls `set_save_original_input` on
+    linear_proj for every FP8 recipe but delayed scaling (transformer/attention.py,
+    multi_latent_attention.py), on the shared experts' fc1 (moe/shared_experts.py) and on the
+    routed experts' fc2 under recompute "moe_act" (moe/experts.py): TE keeps their 16-bit input
+    and quantizes it again in the backward for the wgrad GEMM (module/linear.py,
+    grouped_linear.py). `Training.lowp_te_quantizer`, `workload.flops.te_quantize_rows`;
+    docs/accuracy-bridge.md "Session 13: kernel counts as TE launches them". Not set on the
+    NVFP4 rows (TE's NVFP4 quantizer kernels, random Hadamard transform and 2D weight scaling,
+    not read here) nor on BF16 rows (nothing quantized).
 """
 
 from __future__ import annotations
@@ -270,7 +298,7 @@ MODULES = ("core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "shared_ex
 OWNED = ("ep_overlap", "pp_first_layers", "pp_last_layers", "attn_tile",
          "moe_eager_clamp_bias", "moe_quant_pad", "recompute_layer_frac", "gemm_wave_split",
          "moe_expert_loop",
-         "tp_userbuffers",
+         "tp_userbuffers", "lowp_te_quantizer",
          *(f"recompute_{m}" for m in MODULES))
 # Models of the CSV with sliding-window layers, and the fused kernel's score tile (fact 4)
 SLIDING_WINDOW_MODELS = ("gpt-oss-120b",)
@@ -287,12 +315,22 @@ QUANT_PAD_PRECISIONS = ("fp8-current", "fp8-delayed", "fp8-blockwise", "mxfp8", 
 # fuser off (fact 9), and the precisions whose quantizers split_quantize runs one by one
 EXPERT_LOOP_CONTAINERS = ("25.09", "25.11", "26.02", "26.02.01", "26.04", "26.04.01")
 EXPERT_LOOP_PRECISIONS = ("bf16", "fp8-current", "fp8-blockwise", "mxfp8")
+# 26.06+ (Megatron-Bridge v0.5.x): the (model, system, precision) of the workload configs with
+# cutedsl_fused_grouped_mlp (TE's fused grouped MLP: one kernel per grouped GEMM); the other
+# MoE rows of these containers run the per-expert loop (fact 9)
+FUSED_GROUPED_MLP_CONTAINERS = ("26.06", "26.06.01", "26.08")
+FUSED_GROUPED_MLP = tuple((m, s, "mxfp8") for m in ("deepseek-v3", "gpt-oss-120b",
+                                                    "qwen3-235b-a22b", "qwen3-30b-a3b")
+                          for s in ("gb200-nvl72", "gb300-nvl72")) + (
+    ("qwen3-30b-a3b", "dgx-b300", "mxfp8"),)
 # Systems whose GEMMs are Hopper cuBLAS persistent kernels with no SM carve-out (fact 8)
 WAVE_SPLIT_SYSTEMS = ("h100-sxm-80gb",)
 # Models whose performance recipes turn TE userbuffers TP overlap on (fact 10), and the
 # precisions whose recipes turn it off
 TP_UB_MODELS = ("llama3-70b", "llama3.1-405b", "llama3-8b")
 TP_UB_OFF_PRECISIONS = ("nvfp4",)
+# Precisions whose rows quantize with Transformer Engine's FP8 quantizers as read (fact 11)
+TE_QUANT_PRECISIONS = ("fp8-current", "mxfp8")
 # DeepSeek-V3 (pp, vp) -> (decoder layers on the first device, on the last device)
 DSV3_LAYOUT = {("16", "1"): (4, 1), ("8", "2"): (8, 5), ("8", "1"): (8, 5),
                ("4", "4"): (16, 13), ("4", "2"): (16, 13)}
@@ -343,7 +381,9 @@ def row_facts(row, facts) -> list[str]:
             and row["moe_token_drop"] != "1" and ran_alltoall(row, facts)):
         out.append("moe_quant_pad=1")
     if ("expert_loop" in facts and float(row["moe_experts"] or 0) > 0
-            and row["container"] in EXPERT_LOOP_CONTAINERS
+            and (row["container"] in EXPERT_LOOP_CONTAINERS
+                 or (row["container"] in FUSED_GROUPED_MLP_CONTAINERS
+                     and key[:3] not in FUSED_GROUPED_MLP))
             and row["precision"] in EXPERT_LOOP_PRECISIONS):
         out.append("moe_expert_loop=1")
     if "waves" in facts and row["system"] in WAVE_SPLIT_SYSTEMS:
@@ -352,6 +392,8 @@ def row_facts(row, facts) -> list[str]:
             and row["precision"] not in TP_UB_OFF_PRECISIONS
             and int(row["tp"]) > 1 and row["sequence_parallel"] == "1"):
         out.append("tp_userbuffers=1")
+    if "te_quant" in facts and row["precision"] in TE_QUANT_PRECISIONS:
+        out.append("lowp_te_quantizer=1")
     if "layout" in facts and row["model"] == "deepseek-v3":
         lay = (DSV3_H100_LAYOUT if row["system"] == "h100-sxm-80gb"
                else DSV3_LAYOUT.get((row["pp"], row["vp"])))
@@ -365,7 +407,7 @@ def main(argv=None) -> int:
     p.add_argument("out")
     p.add_argument("--facts",
                    default="overlap,layout,dispatch,attn,moe_act,recompute,quant_pad,waves,"
-                           "expert_loop,tp_ub")
+                           "expert_loop,tp_ub,te_quant")
     args = p.parse_args(argv)
     facts = set(args.facts.split(","))
     rows = list(csv.reader(CSV.open(newline="")))

@@ -52,7 +52,7 @@ from diffperf.workload.flops import (DENSE_ROW_BLOCKS, attention_by_kind, attent
                                      ep_chunk_elementwise_bytes,
                                      elementwise_backward_once_bytes,
                                      head_ops, layer_ops, lowp_quantize_kernels,
-                                     moe_expert_loop_kernels, moe_layer_fraction)
+                                     moe_layer_fraction, te_quantize_rows)
 from diffperf.workload.groups import stride
 from diffperf.workload.params import (grid_shards, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device,
@@ -71,7 +71,7 @@ from diffperf.workload.xla import (grad_accumulation_traffic_bytes, optimizer_by
 # Terms that are exactly 0 for most layouts, and that a caller who knows so can leave out of
 # the traced program (`features` of predict_step; `features_of` finds them from concrete specs).
 FEATURES = frozenset({"ep", "cp", "axonn", "experts", "hsdp", "xla", "tiles", "lowp", "mla",
-                      "tpub", "ep_overlap", "cp_torch", "wave_split"})
+                      "tpub", "ep_overlap", "cp_torch", "wave_split", "te_quant"})
 _PARTS = ("compute_s", "recompute_s", "tp_exposed_s", "cp_exposed_s", "ep_exposed_s",
           "axonn_exposed_s", "overhead_s", "overlap_slowdown_s", "tp_hidden_s", "cp_hidden_s",
           "ep_hidden_s", "axonn_hidden_s")
@@ -268,8 +268,11 @@ def features_of(model, parallel, training=None) -> frozenset:
         cp_torch: some training.cp_torch != 0 (PyTorch's experimental CP, `cp_torch_s`)
         wave_split: some training.gemm_wave_split != 0 (`schedule.overlap.overlap_sigma`,
              `tp_userbuffers_sigmas`; without it every sigma is exactly sigma_0)
+        te_quant: lowp and some training.lowp_te_quantizer != 0 (Transformer Engine's
+             per-row quantize counts, `workload.flops.te_quantize_rows`; without it the
+             generic count, which the rows equal at lowp_te_quantizer = 0)
     training None: the default Training() (xla_compiled = 0, attn_tile = 0, every lowp pass
-    0, cp_torch = 0, gemm_wave_split = 0).
+    0, cp_torch = 0, gemm_wave_split = 0, lowp_te_quantizer = 0).
     Every feature when a leaf is traced (values unknown). Leaving a feature out when its
     terms are 0 changes no result: each of them is multiplied by a size-1-group factor of
     exactly 0 (collectives.*: `active`), or is a group with no parameters.
@@ -278,11 +281,12 @@ def features_of(model, parallel, training=None) -> frozenset:
     tile = 0.0 if training is None else training.attn_tile
     cp_torch = 0.0 if training is None else training.cp_torch
     wave = 0.0 if training is None else training.gemm_wave_split
+    te_q = 0.0 if training is None else training.lowp_te_quantizer
     passes = (0.0, 0.0, 0.0, 0.0) if training is None else (
         training.lowp_fprop, training.lowp_dgrad, training.lowp_wgrad, training.lowp_layer_frac)
     leaves = (parallel.ep, parallel.cp, parallel.gx, parallel.gy, parallel.gz, model.n_experts,
               parallel.zero_shard, model.kv_lora_rank, parallel.tp_userbuffers, parallel.ep_overlap,
-              xla, tile, cp_torch, wave, *passes)
+              xla, tile, cp_torch, wave, te_q, *passes)
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
         return FEATURES
     f, d, w, frac = (np.abs(np.asarray(x, float)) for x in passes)
@@ -292,7 +296,7 @@ def features_of(model, parallel, training=None) -> frozenset:
     nonzero = lambda x: bool(np.any(np.asarray(x) != 0))  # noqa: E731
     on = {"ep": experts and big(parallel.ep), "cp": big(parallel.cp),
           "ep_overlap": nonzero(parallel.ep_overlap), "cp_torch": nonzero(cp_torch),
-          "wave_split": nonzero(wave),
+          "wave_split": nonzero(wave), "te_quant": lowp and nonzero(te_q),
           "axonn": big(parallel.gx) or big(parallel.gy) or big(parallel.gz), "experts": experts,
           "hsdp": bool(np.any(np.asarray(parallel.zero_shard) > 0)),
           "xla": bool(np.any(np.asarray(xla) > 0)), "tiles": bool(np.any(np.asarray(tile) > 0)),
@@ -344,7 +348,8 @@ def _tp_userbuffers_parts(model, parallel, system, training, ops, fprop_rows, dg
     send stream and runs before AG_w, beside the last dgrad chunk (TE linear.py
     `bulk_overlap_ag_with_external_gemm` path); the forward's collectives again for every
     recomputed forward: both blocks for each all-reduce-equivalent pair that full recompute
-    (or per-op SAC) adds to the backward ((n_b - 2 - mlp_again) / 2), the MLP block for
+    (or per-op SAC) adds to the backward ((n_b - 2) / 2; n_b without Megatron's "mlp"
+    recompute, which `_layer_parts` adds after this call), the MLP block for
     Megatron's recompute "mlp" (mlp_again: the dense layers' share), at the blocks' forward
     exposed and hidden seconds.
     The ring-exchange GEMMs (the four fprops, the row dgrads) run as t GEMMs of m / t token
@@ -383,7 +388,7 @@ def _tp_userbuffers_parts(model, parallel, system, training, ops, fprop_rows, dg
     b = b + (d_c[row] - dgrad_rows[row]) + sc_b + sc_f
     # recomputed forwards: both blocks per full-recompute pair, the MLP block (index 1) for
     # Megatron's recompute "mlp"
-    both = jnp.maximum(n_b - 2.0 - mlp_again, 0.0) / 2.0
+    both = jnp.maximum(n_b - 2.0, 0.0) / 2.0
     f_s, fh_s, b_s, bh_s, bulk_s = (jnp.sum(x, axis=0) for x in (f, fh, b, bh, bulk))
     return (f_s, fh_s, b_s + both * f_s + mlp_again * f[1],
             bh_s + both * fh_s + mlp_again * fh[1], bulk_s)
@@ -425,8 +430,11 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     dense, dense_b = layer_dense_times_s(ops, system, training, temperature, lowp, rows)
     # Low precision: the quantization kernels of the layer's inputs, output gradients and
     # weights (0 for 16-bit presets; costs.compute.lowp_quantize_times_s).
+    # Under Training.lowp_te_quantizer each row at Transformer Engine's own count.
+    te_rows = (te_quantize_rows(model, parallel, training) if "te_quant" in features
+               else None)
     quant_f, quant_b = lowp_quantize_times_s(ops.dense, system, training,
-                                             parallel.n_microbatches)
+                                             parallel.n_microbatches, te_rows)
     n_f, n_b = tp_collectives_per_layer(parallel)
     # An MoE layer whose experts are not TP-split has no TP collectives around its MLP: half
     # of them (workload.ep.moe_mlp_on_tp; the attention's pair stays).
@@ -439,6 +447,7 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     # self.mlp, whose forward holds the collectives; workload.recompute).
     modules = megatron_module_fracs(parallel)  # Megatron's selective recompute_modules
     mlp_again = modules["mlp"] * (1.0 - moe_layer_fraction(model))
+    n_b_pairs = n_b  # the recomputed forwards' pairs, without "mlp" (_tp_userbuffers_parts)
     n_b = n_b + mlp_again
     # With SP each all-reduce equivalent is two calls of the same ring cost: one more t0.
     calls = tp_calls_per_all_reduce(parallel)
@@ -453,7 +462,8 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         # ring exchanges and bulk overlaps beside its own GEMMs (_tp_userbuffers_parts)
         ub_on = jnp.where(parallel.tp_userbuffers > 0, 1.0, 0.0)
         ub = _tp_userbuffers_parts(model, parallel, system, training, ops, dense_rows,
-                                   dgrad_rows, wgrad_rows, n_b, mlp_again, lowp, temperature)
+                                   dgrad_rows, wgrad_rows, n_b_pairs, mlp_again, lowp,
+                                   temperature)
         tp_f, tp_fh, tp_b, tp_bh = (jnp.where(ub_on > 0, u, o) for u, o in
                                     zip(ub[:4], (tp_f, tp_fh, tp_b, tp_bh)))
         ub_bulk = ub_on * ub[4]
@@ -475,7 +485,7 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         # element-wise backward is 2 x forward less the bytes moved once, as below.
         e_a, e_m, once_a, once_m = ep_chunk_elementwise_bytes(model, parallel, training)
         q_mf, q_mb = lowp_quantize_times_s(ops.dense.replace(count=ops.dense.count * mlp),
-                                           system, training, parallel.n_microbatches)
+                                           system, training, parallel.n_microbatches, te_rows)
         mlp_f = mlp_f + memory_time_s(e_m, system) + q_mf
         mlp_b = mlp_b + memory_time_s(2.0 * e_m - once_m, system) + q_mb
         attn_f = attn_f + memory_time_s(e_a, system) + (quant_f - q_mf)
@@ -574,16 +584,15 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
                + ax_calls)
     sync_f, sync_b = _tp_host_sync_s(parallel, n_f, n_b, e)
     # Quantization kernels (0 for 16-bit presets): the weights' casts once per step if cached.
-    qk_f, qk_b, qk_w = lowp_quantize_kernels(ops.dense, training)
+    qk_f, qk_b, qk_w = lowp_quantize_kernels(ops.dense, training, te_rows)
     qk_f = qk_f + qk_w * jnp.where(training.lowp_weight_cache > 0,
                                    1.0 / parallel.n_microbatches, 1.0)
     sync_f = sync_f + qk_f * e.host_kernel_s
     sync_b = sync_b + (qk_b + (full + sac * sac_share + sel_share) * qk_f) * e.host_kernel_s
     # Transformer Engine's per-expert GEMM loop (Training.moe_expert_loop): the host launches
     # every local expert's GEMM, the GPU's serial chain (in ops.n_kernels) is shorter
-    # (workload.flops.moe_expert_loop_kernels; 0 without the fact).
-    loop_serial, loop_launches = moe_expert_loop_kernels(model, parallel, training)
-    launches = kernels + (loop_launches - loop_serial)
+    # (workload.flops.moe_expert_loop_kernels, counted once in layer_ops; 0 without the fact).
+    launches = kernels + ops.extra_launches
     # One XLA program has no host work per layer or kernel (the step is enqueued as a whole).
     eager = 1.0 - training.xla_compiled
     host_f = eager * (launches * e.host_kernel_s + e.host_layer_s + sync_f)

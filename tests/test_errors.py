@@ -1686,6 +1686,7 @@ def test_runs_row_model_config_must_agree(tmp_path):
     (dict(gemm_wave_split=0.5), "gemm_wave_split=0.5 is not allowed (allowed: 0, 1)"),
     (dict(cp_torch=2.0), "cp_torch=2 is not allowed (allowed: 0, 1)"),
     (dict(moe_expert_loop=0.5), "moe_expert_loop=0.5 is not allowed (allowed: 0, 1)"),
+    (dict(lowp_te_quantizer=2.0), "lowp_te_quantizer=2 is not allowed (allowed: 0, 1)"),
     # a fraction of the layers, whole block and tile sizes (silently accepted before)
     (dict(lowp_layer_frac=2.0), "lowp_layer_frac=2 is not allowed (allowed: 0 to 1, the "
                                 "fraction of the transformer layers whose linears run in low "
@@ -1735,6 +1736,9 @@ ACT_RULES = [
     (dict(zero_stage=1, zero3_copy_out=1), {}, "parallel: zero3_copy_out=1 needs zero_stage=3 "
      "(got zero_stage=1): FSDP2 copies out the parameters it all-gathers per layer; allowed: "
      "0 with zero_stage 0 to 2"),
+    ({}, dict(lowp_te_quantizer=1.0), "training: lowp_te_quantizer=1 needs GEMMs in FP8 / "
+     "FP4 (lowp_fprop, lowp_dgrad or lowp_wgrad = 1; precision 'bf16' has none): it counts "
+     "Transformer Engine's quantize kernels; allowed: 0 with a 16-bit precision"),
     ({}, dict(rope_kv_pass=1.0, llama_eager_pointwise=1.0), "training: rope_kv_pass=1 with "
      "llama_eager_pointwise=1: the eager term already holds the rotary and K/V expansion "
      "passes (rope_kv_pass is their compiled form); allowed: one of the two"),

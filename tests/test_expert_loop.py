@@ -132,7 +132,9 @@ def test_predict_launches_every_expert_gemm_on_the_host(monkeypatch):
 def test_fact_on_the_bridge_rows():
     """calibration/bridge_recipe_facts.py fact 9 sets moe_expert_loop on every MoE row of
     containers 25.09-26.04.01 (104 of the 133 MoE rows: TE 2.7-2.14, op fuser off in the
-    performance scripts) and on no 26.06+ row and no dense row; the shipped CSV carries it."""
+    performance scripts), on the three 26.06 rows whose configs run TE's GroupedLinear module
+    (no cutedsl fused grouped MLP: DGX-B300 DeepSeek-V3 / GPT-OSS MXFP8, DGX-H100 Qwen3 30B
+    FP8-CS; session 13) and on no dense row; the shipped CSV carries it."""
     import csv
     from pathlib import Path
 
@@ -141,8 +143,14 @@ def test_fact_on_the_bridge_rows():
     rows = list(csv.DictReader((Path(__file__).resolve().parent.parent / "data"
                                 / "megatron_bridge.csv").open(newline="")))
     on = [r for r in rows if "moe_expert_loop=1" in r["set"].split(";")]
-    assert len(on) == 104
-    assert all(float(r["moe_experts"]) > 0 and r["container"] in EXPERT_LOOP_CONTAINERS
-               for r in on)
+    assert len(on) == 107
+    assert all(float(r["moe_experts"]) > 0 for r in on)
+    late = sorted(r["id"] for r in on if r["container"] not in EXPERT_LOOP_CONTAINERS)
+    assert late == ["mb-26_06-dgx-b300-deepseek-v3-mxfp8-256g",
+                    "mb-26_06-dgx-b300-gpt-oss-120b-mxfp8-64g",
+                    "mb-26_06-dgx-h100-qwen3-30b-a3b-fp8-current-16g"]
     moe = [r for r in rows if float(r["moe_experts"] or 0) > 0]
-    assert {r["container"] for r in moe if r not in on} == {"26.06", "26.06.01", "26.08"}
+    off = [r for r in moe if r not in on]
+    assert {r["container"] for r in off} == {"26.06", "26.06.01", "26.08"}
+    assert {(r["system"], r["precision"]) for r in off} == {
+        ("gb200-nvl72", "mxfp8"), ("gb300-nvl72", "mxfp8"), ("dgx-b300", "mxfp8")}

@@ -531,6 +531,9 @@ def test_features_of_names_each_feature():
     assert features_of(dense, Parallel(), training("xla-amp-bf16")) == {"xla"}
     assert features_of(dense, Parallel(), training("amp-bf16")) == frozenset()
     assert features_of(dense, Parallel(), training("fp8-current")) == {"lowp"}
+    assert features_of(dense, Parallel(), training("fp8-current", lowp_te_quantizer=1.0)) == {
+        "lowp", "te_quant"}
+    assert features_of(dense, Parallel(), training("bf16", lowp_te_quantizer=1.0)) == frozenset()
     assert features_of(_shipped_model("deepseek-v2-lite"), Parallel(dp=8.0)) == {"experts",
                                                                                   "mla"}
     assert features_of(dense, Parallel(), training("mxfp8", lowp_layer_frac=0.0)) == frozenset()

@@ -356,13 +356,14 @@ def layer_times_s(ops, system, training, attn_io_bytes, temperature=None):
     return dense, attn, other
 
 
-def lowp_quantize_times_s(dense, system, training, n_microbatches):
+def lowp_quantize_times_s(dense, system, training, n_microbatches, te_rows=None):
     """(forward, backward) seconds of a layer's quantization kernels, one micro-batch:
 
         t_f = [B_X + B_W / m_w] / (BW_hbm eta_mem) + (K_X + K_W / m_w) t_k
         t_b = B_dY / (BW_hbm eta_mem) + K_dY t_k
     B_X, B_dY, B_W = `workload.flops.lowp_quantize_bytes` (inputs, output gradients, weights),
     K = `lowp_quantize_kernels`, t_k = the fixed time per kernel (`costs.xla.kernel_fixed_s`),
+    te_rows = `workload.flops.te_quantize_rows` (Transformer Engine's per-row counts; None: 0),
     m_w = m micro-batches when the quantized weights are cached for the step
     (training.lowp_weight_cache = 1: TE casts them in the first micro-batch, here spread
     over the m), 1 otherwise. Memory-bound kernels (cast, cast-transpose, amax): PAPERS.md
@@ -370,8 +371,8 @@ def lowp_quantize_times_s(dense, system, training, n_microbatches):
     Example: fp8-current, one 8192 x 8192 BF16 input quantized row- and column-wise:
     402.7 MB / (3350 GB/s x 0.85) = 0.1414 ms on an H100 SXM.
     """
-    fwd, bwd, wts = lowp_quantize_bytes(dense, training)
-    k_f, k_b, k_w = lowp_quantize_kernels(dense, training)
+    fwd, bwd, wts = lowp_quantize_bytes(dense, training, te_rows)
+    k_f, k_b, k_w = lowp_quantize_kernels(dense, training, te_rows)
     per_step = jnp.where(training.lowp_weight_cache > 0, 1.0 / n_microbatches, 1.0)
     k_s = kernel_fixed_s(system, training)
     return (memory_time_s(fwd + per_step * wts, system) + (k_f + per_step * k_w) * k_s,

@@ -127,6 +127,16 @@ class Training(struct.PyTreeNode):
                                  # is_first_microbatch cache: memory); 0: cast per micro-batch
     lowp_param_gather: Any = 0.0  # 1: ZeRO-3 / FSDP parameter all-gathers move the quantized
                                  # weights (Megatron --fp8-param-gather), 0: 16-bit weights
+    lowp_te_quantizer: Any = 0.0  # 1: the linears quantize as Transformer Engine 2.7-2.16 under
+                                 # Megatron-Core 0.14-0.18 does: a per-tensor FP8 current-
+                                 # scaling quantize is 4 kernels (zero amax, amax, scale, cast),
+                                 # 3 behind a LayerNormLinear's norm (amax in the norm kernel,
+                                 # no amax read); linear_proj's input (and the shared experts'
+                                 # fc1, the routed fc2 under "moe_act" recompute) is kept in
+                                 # 16 bits and quantized again in the backward (recipes other
+                                 # than delayed: set_save_original_input)
+                                 # (workload.flops.te_quantize_rows); 0: one cast (+ one amax
+                                 # pass) per tensor (the default; e.g. torchao Float8)
     name: str = struct.field(pytree_node=False, default="bf16")
 
 

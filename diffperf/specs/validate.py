@@ -170,6 +170,8 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
                       moe_quant_pad = 1 needs quantized GEMMs (lowp_fprop / dgrad / wgrad):
                         Megatron-Core's TEGroupedMLP pads only when the run quantizes
                         (workload.flops.moe_quant_pad_bytes);
+                      lowp_te_quantizer = 1 needs quantized GEMMs too (it counts TE's
+                        quantize kernels: workload.flops.te_quantize_rows);
                       rope_kv_pass = 1 needs llama_eager_pointwise = 0 (that term holds the
                         eager forms of the same passes);
         layout=True   cp_torch = 1 needs cp > 1; tp_userbuffers = 1 needs tp > 1;
@@ -188,7 +190,8 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
                                                 "moe_dense_layers")}
     T = {f: _arr(getattr(training, f)) for f in (
         *(f for f, _ in MOE_TRAINING_FACTS), "lowp_fprop", "lowp_dgrad", "lowp_wgrad",
-        "rope_kv_pass", "llama_eager_pointwise", "attention_fa2", "cp_torch")}
+        "rope_kv_pass", "llama_eager_pointwise", "attention_fa2", "cp_torch",
+        "lowp_te_quantizer")}
     _dense_facts(M, where_training, pick, MOE_TRAINING_FACTS, T)
     lowp = np.maximum(np.maximum(T["lowp_fprop"], T["lowp_dgrad"]), T["lowp_wgrad"]) > 0
     name = getattr(training, "name", None)
@@ -196,6 +199,10 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
         f"moe_quant_pad=1 needs GEMMs in FP8 / FP4 (lowp_fprop, lowp_dgrad or lowp_wgrad = 1; "
         f"precision {name or '?'!r} has none): Megatron-Core's TEGroupedMLP pads the routed "
         f"tokens only for quantized grouped GEMMs; allowed: 0 with a 16-bit precision"))
+    _fail((T["lowp_te_quantizer"] == 1) & ~lowp, where_training, lambda i: (
+        f"lowp_te_quantizer=1 needs GEMMs in FP8 / FP4 (lowp_fprop, lowp_dgrad or lowp_wgrad "
+        f"= 1; precision {name or '?'!r} has none): it counts Transformer Engine's quantize "
+        f"kernels; allowed: 0 with a 16-bit precision"))
     _fail((T["rope_kv_pass"] == 1) & (T["llama_eager_pointwise"] == 1), where_training,
           lambda i: (
               "rope_kv_pass=1 with llama_eager_pointwise=1: the eager term already holds the "
@@ -661,6 +668,7 @@ TRAINING_SWITCHES = ("grad_buffers_persist", "matmul_fp32", "flash_attention", "
                      "lowp_amax_pass", "lowp_weight_cache", "lowp_param_gather",
                      "llama_eager_pointwise", "attention_fa2",
                      "moe_eager_clamp_bias", "rope_kv_pass", "moe_quant_pad", "moe_expert_loop",
+                     "lowp_te_quantizer",
                      "gemm_wave_split", "cp_torch")
 TRAINING_POSITIVE = ("weight_bytes", "grad_bytes", "activation_bytes", "residual_bytes")
 # Network tiers: static structure, each tier adds its collectives' terms to the compiled

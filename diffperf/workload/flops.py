@@ -295,6 +295,7 @@ def layer_ops(model, parallel, training) -> LayerOps:
     )
     kappa = attention_kappa(model, training)
     fallback = softmax_fallback(model, parallel, training)
+    loop_serial, loop_launches = moe_expert_loop_kernels(model, parallel, training)
     s_q, s_kv = model.seq_len / parallel.cp, model.seq_len
     heads = parallel.micro_batch * a / t
     attention = Gemms(m=_rows([s_q, s_q]), n=_rows([s_kv, dv]), k=_rows([dh, s_kv]),
@@ -313,8 +314,10 @@ def layer_ops(model, parallel, training) -> LayerOps:
                    + eager_pointwise_kernels(model, training)
                    + moe_eager_clamp_bias_kernels(model, parallel, training)
                    + moe_quant_pad_kernels(model, training)
-                   + moe_expert_loop_kernels(model, parallel, training)[0]),
+                   + loop_serial),
         vector_flops=vector_flops(model, parallel, training),
+        # TE's per-expert loop: the host launches every expert's GEMM (predict's host side)
+        extra_launches=loop_launches - loop_serial,
     )
 
 
@@ -895,7 +898,7 @@ def quantized_elem_bytes(training):
                                            / jnp.maximum(block, 1.0), 0.0)
 
 
-def cast_bytes(elements, read_bytes, copies, needed, training):
+def cast_bytes(elements, read_bytes, copies, needed, training, amax=None):
     """HBM bytes of quantizing one 16-bit tensor of `elements` into `copies` quantized copies:
 
         bytes = N [ needed q_in (1 + a) + c e_q ]
@@ -907,23 +910,86 @@ def cast_bytes(elements, read_bytes, copies, needed, training):
     any copy is made (then the source is read), else 0.
     Example: a BF16 activation of 8192 x 8192 into FP8 row- and column-wise with current
     scaling: 67.1e6 x (2 x 2 + 2 x 1) = 402.7 MB; delayed scaling: 67.1e6 x 4 = 268.4 MB.
+    `amax` (default training.lowp_amax_pass) replaces a where the amax is taken elsewhere
+    (`te_quantize_rows`: Transformer Engine's norm kernel computes it for a LayerNormLinear).
     Source: Transformer Engine, Float8CurrentScaling / DelayedScaling recipe docs (per-tensor
     amax: current vs history), MXFP8BlockScaling docs (both row-wise and column-wise MXFP8
     copies, each scaled along its own GEMM-reduction direction) [B].
     """
-    return elements * (needed * read_bytes * (1.0 + training.lowp_amax_pass)
+    a = training.lowp_amax_pass if amax is None else amax
+    return elements * (needed * read_bytes * (1.0 + a)
                        + copies * quantized_elem_bytes(training))
 
 
-def lowp_quantize_bytes(dense, training):
+def _recipe_kinds(training):
+    """(per-tensor FP8, current scaling, delayed scaling) indicators of the low-precision
+    preset: per-tensor = no block scales and not FP4; current = per-tensor with an amax pass
+    (TE Float8CurrentScaling); delayed = per-tensor without one (TE DelayedScaling)."""
+    a = training.lowp_amax_pass
+    per_tensor_fp8 = jnp.where(training.lowp_block > 0, 0.0, 1.0) * (1.0 - training.lowp_fp4)
+    return per_tensor_fp8, a * per_tensor_fp8, (1.0 - a) * per_tensor_fp8
+
+
+def te_quantize_rows(model, parallel, training):
+    """(norm_fed, saved): per dense GEMM row of `layer_ops` (12 rows), where Transformer
+    Engine's quantization of the row's input differs from one standalone quantize, under
+    training.lowp_te_quantizer (0: both all 0, the project's generic count):
+
+        norm_fed[r] = te cs x (row 0 QKV: 1 without MLA, [q_lora_rank > 0] with MLA (W^UQ);
+                               row 2 dense fc1: 1; row 11 MLA W^UK;W^UV: 1)
+        saved[r]    = te (1 - ds) x (row 1 proj: 1; row 6 routed fc2: moe_act;
+                                     row 7 shared fc1: 1 - shared_experts)
+    te = lowp_te_quantizer, cs / ds = per-tensor current / delayed scaling (`_recipe_kinds`),
+    moe_act / shared_experts = Megatron's selective recompute modules
+    (`workload.recompute.megatron_module_fracs`).
+    norm_fed: the linear is a TE LayerNormLinear (Megatron-Core's TE layer spec,
+    models/gpt/gpt_layer_specs.py core_v0.14-0.18: linear_qkv =
+    TELayerNormColumnParallelLinear; the dense MLP's fc1 the same (pre_mlp_layernorm =
+    IdentityOp without experts); with MLA, linear_q_up_proj / linear_kv_up_proj fused with the
+    q / kv latent norms). Its norm under current scaling is TE's FUSED_NORM_AMAX_FP8 path
+    (pytorch/csrc/extensions/normalization.cpp, v2.7-v2.16): the norm kernel writes the 16-bit
+    output and its amax, then `quantize_with_amax` runs the scale and the cast: no amax
+    kernel and no amax read of the tensor; `amax.zero_()` before the norm stays a kernel.
+    saved: Megatron-Core calls `set_save_original_input` (TE >= 2.6, recipe not delayed; FP4
+    from core_v0.16): linear_proj always (transformer/attention.py, multi_latent_attention.py),
+    the shared experts' fc1 unless they are recomputed (moe/shared_experts.py), the routed
+    experts' fc2 under recompute "moe_act" (moe/experts.py TEGroupedMLP: its input is the
+    discarded, recomputed activation). TE then quantizes the input row-wise only in the
+    forward and quantizes the saved 16-bit input again in the backward for the wgrad GEMM
+    (pytorch/module/linear.py `_Linear.backward`: input_quantizer(inputmat_total) with
+    columnwise usage; grouped_linear.py: split_quantize of the saved input,
+    `ctx.save_original_input`; v2.7-v2.16).
+    Not read (0 here): "layernorm" recompute's saved inputs (no quantized Bridge row runs it).
+    Example, Llama 3 70B FP8-CS: norm_fed = (1, 0, 1, 0, ..., 0), saved = (0, 1, 0, ..., 0).
+    """
+    from diffperf.workload.recompute import megatron_module_fracs
+    te = training.lowp_te_quantizer
+    _, cs, ds = _recipe_kinds(training)
+    mla = is_mla(model)
+    row0 = jnp.where(mla > 0, jnp.where(model.q_lora_rank > 0, 1.0, 0.0), 1.0)
+    one, zero = jnp.ones_like(row0), jnp.zeros_like(row0)
+    norm_fed = te * cs * _rows([row0, zero, one, zero, zero, zero, zero, zero, zero, zero,
+                                zero, one])
+    mods = megatron_module_fracs(parallel)
+    saved = te * (1.0 - ds) * _rows([zero, one, zero, zero, zero, zero,
+                                     mods["moe_act"] * one,
+                                     (1.0 - mods["shared_experts"]) * one,
+                                     zero, zero, zero, zero])
+    return norm_fed, saved
+
+
+def lowp_quantize_bytes(dense, training, te_rows=None):
     """(forward, backward, weight) HBM bytes of a layer's quantization work, one micro-batch:
 
-        forward   sum_r c_r l_r  cast(m k, q_a; copies f + w)     inputs X of each linear
-        backward  sum_r c_r l_r  cast(m n, q_a; copies d + w)     output gradients dY
+        forward   sum_r c_r l_r  cast(m k, q_a; copies f + w (1 - s_r); amax a (1 - n_r))
+                                                                   inputs X of each linear
+        backward  sum_r c_r l_r [cast(m n, q_a; copies d + w)      output gradients dY
+                                 + s_r cast(m k, q_a; copies w)]   saved 16-bit X, again
         weights   sum_r c_r l_r  cast(k n, q_w; copies f + d)     weights W (once a step
                                                                    when cached, `lowp_weight_cache`)
     for each dense GEMM row r = (m x k)(k x n) done c_r times; l_r = `LOWP_LINEAR_ROWS` x
-    lowp_layer_frac; f, d, w = training.lowp_fprop, lowp_dgrad, lowp_wgrad. X feeds fprop
+    lowp_layer_frac; f, d, w = training.lowp_fprop, lowp_dgrad, lowp_wgrad; (n_r, s_r) =
+    te_rows = `te_quantize_rows` (None: 0, 0). X feeds fprop
     (row-wise) and wgrad (column-wise, X^T), dY feeds dgrad (row-wise) and wgrad
     (column-wise), W feeds fprop and dgrad (W^T). Source: Transformer Engine, "Using FP8 with
     Transformer Engine" (each GEMM's two inputs in FP8; Hopper FP8 GEMMs take only the TN
@@ -931,14 +997,24 @@ def lowp_quantize_bytes(dense, training):
     (row-wise and column-wise quantized copies) [B]. Not modelled: the fusion of the cast
     into the preceding LayerNorm (TE LayerNormLinear with delayed scaling writes FP8
     directly), which saves one 16-bit write and read of that input.
+    Example (one row, m = k = n = 1024, c = 1, FP8-CS): no TE rows 2^20 (2 x 2 + 2) B
+    forward; norm-fed 2^20 (2 + 2) B; saved: forward 2^20 (2 x 2 + 1), backward + 2^20 (2 x 2
+    + 1) B.
     """
     f, d, w = training.lowp_fprop, training.lowp_dgrad, training.lowp_wgrad
     rows = jnp.asarray(LOWP_LINEAR_ROWS) * training.lowp_layer_frac * dense.count
     q_a, q_w = training.activation_bytes, training.weight_bytes
-    fwd = cast_bytes(dense.m * dense.k, q_a, f + w, jnp.maximum(f, w), training)
+    if te_rows is None:
+        fwd = cast_bytes(dense.m * dense.k, q_a, f + w, jnp.maximum(f, w), training)
+        again = 0.0
+    else:
+        norm_fed, saved = te_rows
+        fwd = cast_bytes(dense.m * dense.k, q_a, f + w * (1.0 - saved), jnp.maximum(f, w),
+                         training, training.lowp_amax_pass * (1.0 - norm_fed))
+        again = saved * cast_bytes(dense.m * dense.k, q_a, w, w, training)
     bwd = cast_bytes(dense.m * dense.n, q_a, d + w, jnp.maximum(d, w), training)
     wts = cast_bytes(dense.k * dense.n, q_w, f + d, jnp.maximum(f, d), training)
-    return jnp.sum(rows * fwd), jnp.sum(rows * bwd), jnp.sum(rows * wts)
+    return jnp.sum(rows * fwd), jnp.sum(rows * (bwd + again)), jnp.sum(rows * wts)
 
 
 # Kernels Transformer Engine launches for one per-tensor FP8 current-scaling quantize
@@ -949,10 +1025,22 @@ def lowp_quantize_bytes(dense, training):
 TE_CURRENT_SCALING_KERNELS = 4.0
 
 
-def lowp_quantize_kernels(dense, training):
+def lowp_quantize_kernels(dense, training, te_rows=None):
     """(forward, backward, weight) kernels of the quantization, one layer, one micro-batch:
     one fused cast(-transpose) kernel per quantized tensor, + one amax reduction kernel each
     under current scaling; tensors = the active linear rows (c_r > 0) x lowp_layer_frac.
+    Under training.lowp_te_quantizer a per-tensor FP8 current-scaling quantize is Transformer
+    Engine's: `TE_CURRENT_SCALING_KERNELS` = 4 kernels per tensor (inputs, output gradients,
+    weights), 3 for a LayerNormLinear's input (the amax inside the norm kernel: n_r of
+    `te_quantize_rows`), and a saved 16-bit input (s_r) is quantized once more in the
+    backward:
+
+        k_tensor = 1 + a + te (TE_CURRENT_SCALING_KERNELS - 2) cs
+        forward  sum_r l_r on_r (k_tensor - te_cs n_r)      backward  sum_r l_r on_r k_tensor
+                 (x max(f, w))                                        (x max(d, w))
+                                                            + w sum_r l_r on_r s_r k_tensor
+    (the project's generic count 1 + a: one cast and, under current scaling, one amax pass;
+    a = lowp_amax_pass, te = lowp_te_quantizer, cs = per-tensor FP8 with an amax pass).
     Under training.moe_expert_loop the routed-expert rows (`EXPERT_ROWS`) quantize each local
     expert's slice on its own: c_r = phi E / e tensors instead of 1 (Transformer Engine
     `split_quantize` -> `multi_tensor_quantize_impl`, "Quantize kernels individually" for every
@@ -967,19 +1055,29 @@ def lowp_quantize_kernels(dense, training):
     without the loop; its weights (one quantizer per expert, `get_weight_workspace`) E / e.
     NVFP4 keeps 1 + a per slice (v2.12+ runs a grouped amax before per-slice casts; not a row
     of the fact). DeepSeek-V3 MXFP8 at e 8: 2 x 0.9508 x 32 = 60.85 quantize kernels for the
-    two expert inputs in the forward, not 2; FP8 current scaling 4 x 60.85 = 243.4, not 4."""
+    two expert inputs in the forward, not 2; FP8 current scaling 4 x 60.85 = 243.4, not 4.
+    Llama 3 70B FP8-CS under lowp_te_quantizer (4 linears, QKV and fc1 norm-fed, proj saved):
+    forward 3 + 4 + 3 + 4 = 14 (generic 8), backward 4 x 4 + 4 = 20 (generic 8), weights 16."""
     f, d, w = training.lowp_fprop, training.lowp_dgrad, training.lowp_wgrad
     a = training.lowp_amax_pass
-    per_tensor_fp8 = jnp.where(training.lowp_block > 0, 0.0, 1.0) * (1.0 - training.lowp_fp4)
-    current = a * per_tensor_fp8
-    delayed = (1.0 - a) * per_tensor_fp8
+    _, current, delayed = _recipe_kinds(training)
     k_slice = 1.0 + a + (TE_CURRENT_SCALING_KERNELS - 2.0) * current
     on = jnp.where(dense.count > 0, 1.0, 0.0)
     each = jnp.asarray(EXPERT_ROWS) * training.moe_expert_loop
     lin = jnp.asarray(LOWP_LINEAR_ROWS) * training.lowp_layer_frac
-    plain = (1.0 - each) * on * (1.0 + a)
     sliced = each * dense.count * k_slice
-    act = jnp.sum(lin * (plain + (1.0 - delayed) * sliced + delayed * each * on))
+    if te_rows is None:
+        plain = (1.0 - each) * on * (1.0 + a)
+        act = jnp.sum(lin * (plain + (1.0 - delayed) * sliced + delayed * each * on))
+        wts = jnp.sum(lin * (plain + sliced))
+        return act * jnp.maximum(f, w), act * jnp.maximum(d, w), wts * jnp.maximum(f, d)
+    norm_fed, saved = te_rows
+    k_tensor = 1.0 + a + training.lowp_te_quantizer * (TE_CURRENT_SCALING_KERNELS - 2.0) * current
+    plain = (1.0 - each) * on * k_tensor
+    rest = (1.0 - delayed) * sliced + delayed * each * on
+    act_f = jnp.sum(lin * (plain - (1.0 - each) * on * norm_fed + rest))
+    act_b = jnp.sum(lin * (plain + rest))
+    again = jnp.sum(lin * saved * (plain + sliced))
     wts = jnp.sum(lin * (plain + sliced))
-    return act * jnp.maximum(f, w), act * jnp.maximum(d, w), wts * jnp.maximum(f, d)
+    return act_f * jnp.maximum(f, w), act_b * jnp.maximum(d, w) + again * w, wts * jnp.maximum(f, d)
 

@@ -32,6 +32,8 @@ class LayerOps(struct.PyTreeNode):
     elementwise_bytes: Any  # HBM traffic of norms, residuals, activations (backward ~ 2x)
     n_kernels: Any          # kernels launched in the forward pass
     vector_flops: Any       # softmax, norms, activations (at vector speed)
+    extra_launches: Any = 0.0  # host launches beyond n_kernels: the per-expert GEMMs that
+                               # TE's streams run side by side (moe_expert_loop_kernels)
 
 
 class HeadOps(struct.PyTreeNode):

@@ -1,0 +1,174 @@
+"""Quantize kernels as Transformer Engine launches them (Training.lowp_te_quantizer, session 13,
+branch fp8cs; workload.flops.te_quantize_rows, lowp_quantize_kernels, lowp_quantize_bytes):
+TE 2.7-2.16's Float8CurrentScalingQuantizer runs 4 kernels per tensor (zero amax, amax, scale,
+cast), 3 behind a LayerNormLinear's norm (amax inside the norm kernel, no amax read), and
+Megatron-Core 0.14-0.18 keeps linear_proj's input (and the shared experts' fc1, the routed fc2
+under "moe_act" recompute) in 16 bits, quantized again in the backward. Every count by hand;
+nothing compiled but one small float64 gradient program of lowp_quantize_times_s."""
+
+from __future__ import annotations
+
+import csv
+import importlib
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import diffperf
+from diffperf import Parallel
+from diffperf.costs.compute import lowp_quantize_times_s
+from diffperf.workload.flops import (layer_ops, lowp_quantize_bytes, lowp_quantize_kernels,
+                                     moe_layer_fraction, te_quantize_rows)
+from shipped import model as _model, system as _system
+
+ROOT = Path(__file__).resolve().parent.parent
+CS = diffperf.training("fp8-current")
+CS_TE = CS.replace(lowp_te_quantizer=1.0)
+MX_TE = diffperf.training("mxfp8", lowp_te_quantizer=1.0)
+L70 = _model("llama3-70b")
+DSV3 = _model("deepseek-v3")
+TP4 = Parallel(tp=4.0, sequence_parallel=1.0)
+
+
+def _f(xs):
+    return [float(x) for x in xs]
+
+
+def test_rows_by_hand():
+    """Llama: QKV and fc1 are LayerNormLinears, proj keeps its input; DeepSeek-V3 (MLA with
+    q_lora_rank): W^UQ (row 0) and W^UK;W^UV (row 11) behind the latent norms, the down
+    projections (9, 10) plain; shared fc1 (7) kept; routed fc2 (6) only under moe_act;
+    MXFP8: no norm-fused amax (per-tensor current scaling only), the kept inputs the same;
+    nothing without the fact."""
+    nf, sv = (np.asarray(x) for x in te_quantize_rows(L70, TP4, CS_TE))
+    assert nf.tolist() == [1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+    assert sv.tolist() == [0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0]
+    sel = Parallel(recompute=1.0, recompute_moe_act=1.0, recompute_shared_experts=1.0)
+    nf, sv = (np.asarray(x) for x in te_quantize_rows(DSV3, sel, MX_TE))
+    assert nf.tolist() == [0] * 12
+    assert sv.tolist() == [0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]
+    assert all(np.all(np.asarray(x) == 0) for x in te_quantize_rows(L70, TP4, CS))
+    # delayed scaling: TE refuses save_original_input, and its norm writes FP8 itself
+    ds = diffperf.training("fp8-delayed", lowp_te_quantizer=1.0)
+    assert all(np.all(np.asarray(x) == 0) for x in te_quantize_rows(L70, TP4, ds))
+
+
+def test_llama_kernels_by_hand():
+    """Llama 3 70B, FP8 current scaling, one layer: forward QKV 3 + proj 4 + fc1 3 + fc2 4 = 14
+    (generic 1 + 1 each: 8); backward 4 output gradients x 4 + proj's input again 4 = 20;
+    weights 4 x 4 = 16. MXFP8: one kernel a quantize, forward 4, backward 4 + 1, weights 4."""
+    ops = layer_ops(L70, TP4, CS_TE)
+    rows = te_quantize_rows(L70, TP4, CS_TE)
+    assert _f(lowp_quantize_kernels(ops.dense, CS_TE, rows)) == [14.0, 20.0, 16.0]
+    assert _f(lowp_quantize_kernels(ops.dense, CS)) == [8.0, 8.0, 8.0]
+    mx_rows = te_quantize_rows(L70, TP4, MX_TE)
+    assert _f(lowp_quantize_kernels(ops.dense, MX_TE, mx_rows)) == [4.0, 5.0, 4.0]
+    # the fact off: the per-row form is bit-identical to the generic one
+    off = te_quantize_rows(L70, TP4, CS)
+    assert _f(lowp_quantize_kernels(ops.dense, CS, off)) == _f(lowp_quantize_kernels(ops.dense, CS))
+    assert _f(lowp_quantize_bytes(ops.dense, CS, off)) == _f(lowp_quantize_bytes(ops.dense, CS))
+
+
+def test_llama_bytes_by_hand():
+    """Llama 3 70B, TP 4, T = 8192 tokens: QKV's and fc1's inputs (T x h = 8192^2) lose their
+    amax read (2 B each): -2 x 2 x 8192^2 = -268,435,456 B; proj's input (T x a d_v / t =
+    8192 x 2048) is written row-wise only in the forward (-1 B an element: -16,777,216 B) and
+    read (2 B + 2 B amax) and written column-wise (1 B) again in the backward: +83,886,080 B."""
+    ops = layer_ops(L70, TP4, CS_TE)
+    rows = te_quantize_rows(L70, TP4, CS_TE)
+    f1, b1, w1 = _f(lowp_quantize_bytes(ops.dense, CS_TE, rows))
+    f0, b0, w0 = _f(lowp_quantize_bytes(ops.dense, CS))
+    assert f1 - f0 == -268435456.0 - 16777216.0
+    assert b1 - b0 == 8192 * 2048 * (2 * 2 + 1) == 83886080
+    assert w1 == w0
+
+
+def test_deepseek_moe_act_requantizes_each_expert_slice():
+    """DeepSeek-V3 MXFP8 at EP 8 (32 local experts) under moe_act recompute and the per-expert
+    loop: the routed fc2 input is split-quantized again in the backward, phi x 32 kernels, and
+    its bytes (T_e x f_e: read 2 B, write 1 + 1/32 B) again; shared fc1 (kept, no shared
+    recompute) 1 kernel more."""
+    par = Parallel(ep=8.0, dp=8.0, recompute=1.0, recompute_moe_act=1.0)
+    tr = MX_TE.replace(moe_expert_loop=1.0)
+    ops = layer_ops(DSV3, par, tr)
+    phi = float(moe_layer_fraction(DSV3))
+    k_on = _f(lowp_quantize_kernels(ops.dense, tr, te_quantize_rows(DSV3, par, tr)))
+    no_act = par.replace(recompute_moe_act=0.0)
+    k_off = _f(lowp_quantize_kernels(ops.dense, tr, te_quantize_rows(DSV3, no_act, tr)))
+    assert k_on[1] - k_off[1] == pytest.approx(phi * 32, rel=1e-6)
+    assert k_on[0] == k_off[0] and k_on[2] == k_off[2]
+    b_on = _f(lowp_quantize_bytes(ops.dense, tr, te_quantize_rows(DSV3, par, tr)))
+    b_off = _f(lowp_quantize_bytes(ops.dense, tr, te_quantize_rows(DSV3, no_act, tr)))
+    m6, k6 = float(ops.dense.m[6]), float(ops.dense.k[6])
+    count6 = phi * 256 / 8
+    assert b_on[1] - b_off[1] == pytest.approx(count6 * m6 * k6 * (2 + 1 + 1 / 32), rel=1e-5)  # float32 sums
+    assert b_on[0] - b_off[0] == pytest.approx(-count6 * m6 * k6 * (1 + 1 / 32), rel=1e-5)
+
+
+def test_predict_layer_counts_the_kernels_on_gpu_and_host(monkeypatch):
+    """predict's layer, Llama 3 70B FP8-CS on GB200: the fact adds 6 forward kernels and
+    8 / m weight kernels (cached: once a step) and 12 backward kernels, at kernel_s on the GPU
+    (with the bytes above at the memory rate) and at host_kernel_s on the host."""
+    from diffperf.api import _as_float
+    from diffperf.costs.compute import memory_time_s
+
+    pr = importlib.import_module("diffperf.predict")
+    seen = []
+    real = pr.pnorm_max
+    monkeypatch.setattr(pr, "pnorm_max", lambda a, b, p: seen.append((a, b)) or real(a, b, p))
+    par = TP4.replace(dp=16.0, global_batch=128.0, micro_batch=1.0)
+    sys_ = _system("gb200-nvl72")
+    out = []
+    for tr in (CS, CS_TE):
+        seen.clear()
+        M, P, S, T = _as_float((L70, par, sys_, tr))
+        pr._layer_parts(M, P, S, T, None, features=pr.features_of(M, P, T))
+        out.append([(float(a), float(b)) for a, b in seen[:2]])
+    (gf0, hf0), (gb0, hb0) = out[0]
+    (gf1, hf1), (gb1, hb1) = out[1]
+    m = 128 / 16
+    hk, ks = float(sys_.eff.host_kernel_s), float(sys_.eff.kernel_s)
+    assert hf1 - hf0 == pytest.approx((6 + 8 / m) * hk, rel=1e-3)
+    assert hb1 - hb0 == pytest.approx(12 * hk, rel=1e-3)
+    mem = lambda b: float(memory_time_s(b, sys_))  # noqa: E731
+    assert gf1 - gf0 == pytest.approx((6 + 8 / m) * ks + mem(-285212672.0), rel=1e-3)
+    assert gb1 - gb0 == pytest.approx(12 * ks + mem(83886080.0), rel=1e-3)
+
+
+def test_quantize_time_gradient_contract(x64):
+    """lowp_quantize_times_s with TE's rows (x64, log-parameter check_grads): finite; more HBM
+    bandwidth and a shorter fixed kernel time each make it faster."""
+    from jax.test_util import check_grads
+
+    sys_ = _system("gb200-nvl72")
+    ops = layer_ops(L70, TP4, CS_TE)
+    rows = te_quantize_rows(L70, TP4, CS_TE)
+
+    def time_of(x):
+        s = sys_.replace(hbm_bandwidth_Bps=jnp.exp(x[0]),
+                         eff=sys_.eff.replace(kernel_s=jnp.exp(x[1])))
+        f, b = lowp_quantize_times_s(ops.dense, s, CS_TE, 8.0, rows)
+        return f + b
+
+    x = jnp.log(jnp.array([float(sys_.hbm_bandwidth_Bps), float(sys_.eff.kernel_s)]))
+    g = np.asarray(jax.grad(time_of)(x))
+    assert np.all(np.isfinite(g)) and g[0] < 0 < g[1]
+    check_grads(time_of, (x,), order=1, modes=("rev",), eps=1e-4)
+
+
+def test_fact_on_the_bridge_rows_and_not_on_torchao_rows():
+    """bridge_recipe_facts.py fact 11 sets lowp_te_quantizer on the 176 FP8-CS and MXFP8 rows
+    (TE on every release), on no BF16 or NVFP4 row; the TorchTitan Float8 (torchao) rows of
+    published_fsdp_fp8.csv, FP8 current scaling too, do not carry it."""
+    from calibration.bridge_recipe_facts import TE_QUANT_PRECISIONS, row_facts
+
+    rows = list(csv.DictReader((ROOT / "data" / "megatron_bridge.csv").open(newline="")))
+    on = [r for r in rows if "lowp_te_quantizer=1" in r["set"].split(";")]
+    assert len(on) == 176
+    assert {r["precision"] for r in on} == set(TE_QUANT_PRECISIONS) == {"fp8-current", "mxfp8"}
+    assert all(("lowp_te_quantizer=1" in row_facts(r, {"te_quant"})) == (r in on) for r in rows)
+    tao = list(csv.DictReader((ROOT / "data" / "published_fsdp_fp8.csv").open(newline="")))
+    assert tao and all("lowp_te_quantizer" not in r["set"] for r in tao)
