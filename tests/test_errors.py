@@ -1842,6 +1842,33 @@ def test_search_refuses_facts_that_cannot_act_on_the_model(facts, tr, message):
                enumerate_layouts(m, 8, 64), parallel=facts)
 
 
+def test_cli_searches_evaluate_only_the_layouts_their_facts_act_on(monkeypatch, tmp_path):
+    """predict (no layout), search and plot search hand the batched search only the rows where
+    --set cp_torch=1 can act (cp > 1): a spy in place of search.search sees the table, then
+    stops the command before anything compiles."""
+    import diffperf.search
+    from diffperf.cli.main import main
+    from diffperf.search import COLUMNS
+
+    class Seen(Exception):
+        pass
+
+    tables = []
+
+    def spy(model, system, train, layouts, **kw):
+        tables.append(np.asarray(layouts))
+        raise Seen
+
+    monkeypatch.setattr(diffperf.search, "search", spy)
+    job = ["--model", "llama3-8b", "--system", "h100-sxm-80gb", "--gpus", "8",
+           "--global-batch", "128", "--no-cache", "--set", "cp_torch=1"]
+    for command in (["predict"], ["search"], ["plot", "search", "--out", tmp_path / "s.png"]):
+        with pytest.raises(Seen):
+            main([str(a) for a in [*command, *job]])
+    cp = COLUMNS.index("cp")
+    assert len(tables) == 3 and all(len(t) and (t[:, cp] > 1).all() for t in tables)
+
+
 def test_predict_under_a_system_gradient_refuses_a_fact_that_cannot_act():
     """diffperf.predict with a traced System (jax.grad over the hardware) skipped
     check_inputs, so an MoE fact on a dense model was ignored there (review13a); the model,
