@@ -54,10 +54,12 @@ def systems_for(runs, which):
 
 def attention_step_s(runs, systems):
     """(seconds, model FLOPs) of the attention core per step and GPU on the critical stage,
-    as diffperf costs it: (1 + 2 + 0.5 flash) x the forward kernel time x layers per stage x
-    micro-batches (predict._layer_parts: backward 2 x forward + the recomputed scores); the
-    FLOPs are 3 x the forward's (causal, this rank's 1/c share: workload.flops.layer_ops),
-    i.e. without the recomputed scores, as model FLOPs count them."""
+    as diffperf costs it: (forward kernel time + (2 + 0.5 flash) x the backward kernel's time
+    per unit of forward work) x layers per stage x micro-batches (predict._layer_parts:
+    backward 2 x forward + the recomputed scores, at the backward's rate, which differs from
+    the forward's only under Training.attention_fa2); the FLOPs are 3 x the forward's
+    (causal, this rank's 1/c share: workload.flops.layer_ops), i.e. without the recomputed
+    scores, as model FLOPs count them."""
     import jax
 
     from diffperf.costs.compute import attention_time_s
@@ -68,9 +70,10 @@ def attention_step_s(runs, systems):
         m, p, t = runs.models[i], runs.parallels[i], runs.trainings[i]
         s = systems[runs.systems[i]]
         ops = layer_ops(m, p, t)
-        fwd = float(jax.device_get(attention_time_s(ops.attention, s, t,
-                                                    attention_io_bytes(m, p, t))))
-        per_layer = fwd * (3.0 + 0.5 * float(t.flash_attention))
+        io = attention_io_bytes(m, p, t)
+        fwd = float(jax.device_get(attention_time_s(ops.attention, s, t, io)))
+        bwd1 = float(jax.device_get(attention_time_s(ops.attention, s, t, io, backward=True)))
+        per_layer = fwd + bwd1 * (2.0 + 0.5 * float(t.flash_attention))
         layers = float(m.n_layers) / float(p.pp) * float(p.n_microbatches)
         out[i] = per_layer * layers
         flops[i] = 3.0 * float(jax.device_get(ops.attention.flops.sum())) * layers

@@ -33,7 +33,7 @@ COLUMNS = ["id", "source", "source_page", "page_commit", "container", "system", 
            "moe_experts", "moe_topk", "tp", "pp", "dp", "cp", "ep", "vp", "sequence_parallel",
            "zero_stage", "recompute", "global_batch", "micro_batch", "precision",
            "precision_page", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "throughput_printed",
-           "step_time_s", "notes"]
+           "step_time_s", "set", "notes"]
 NEMO = "https://github.com/NVIDIA/NeMo/blob/{commit}/docs/source/performance/{page}"
 # Architectures: Llama 2 7B from meta-llama/Llama-2-7b-hf config.json (32 layers, hidden 4096,
 # intermediate 11008, 32 heads, 32 KV heads, vocab 32000; NeMo's LLM_VOCAB_SIZE_MAP llama2 =
@@ -53,7 +53,8 @@ def nemo_flops_per_token(model, seq):
 
 
 def row(rid, container, system, system_page, model, seq_k, gbs, tp, pp, cp, dp, tflops,
-        tokens, page, commit, notes, mbs=1, precision="fp8-delayed", vp=1, kind="longseq"):
+        tokens, page, commit, notes, mbs=1, precision="fp8-delayed", vp=1, kind="longseq",
+        facts=""):
     L, h, f, a, g, V = SHAPES[model]
     seq = seq_k * 1024
     n = tp * pp * cp * dp
@@ -71,13 +72,38 @@ def row(rid, container, system, system_page, model, seq_k, gbs, tp, pp, cp, dp, 
                 recompute="none", global_batch=gbs, micro_batch=mbs, precision=precision,
                 precision_page="FP8", tokens_per_s_per_gpu=f"{tokens:.6g}",
                 model_tflops_per_gpu=tflops, throughput_printed=printed,
-                step_time_s=f"{step:.6g}", notes=notes)
+                step_time_s=f"{step:.6g}", set=facts, notes=notes)
 
 
+# Attention kernel of the DGX-H100 rows (Training.attention_fa2 -> the H100's FlashAttention-2
+# rate, costs.compute.attention_kernel_factor; data/published_longseq.md "Attention kernel"):
+#   - Transformer Engine v1.2 ... v1.8 (NeMo 24.03: TE 1.3; 24.07: TE 1.8.0.dev0)
+#     DotProductAttention.forward, transformer_engine/pytorch/attention.py: both backends on
+#     by default (NVTE_FLASH_ATTN / NVTE_FUSED_ATTN default "1"); "Select FusedAttention on sm90
+#     and FlashAttention on others for performance" -> cuDNN on H100 unless NVTE_FUSED_ATTN=0,
+#     then flash-attn 2 (also under CP: AttnFuncWithCP takes either, TE >= 1.3);
+#   - NeMo Framework Launcher, launcher_scripts/conf/config.yaml env_vars at tags 24.01,
+#     24.03, 24.03.01, 24.05 and 24.07: `NVTE_FUSED_ATTN: 0 # Disable cudnn FA until we've
+#     tested it more` (added 562dcb45, 2024-02-13 "fix TE issue"; removed on the 24.09 branch
+#     only, a6490ffe / 04b8d098, 2024-07-31 / 2024-08-29 "enable fused attention"), exported
+#     into every job the launcher writes (nemo_launcher/core/stages.py get_env_vars);
+#   - the 24.07 rows are the launcher's examples/training/llama/h100/llama3_8b_fp8.sh and
+#     llama3_70b_fp8.sh at tag 24.07 (1 / 8 nodes, GBS 128, fp8_hybrid; llama3_8b.yaml TP 1
+#     PP 1 CP 2 MBS 1 seq 8192, llama3_70b.yaml TP 4 PP 4 CP 2), whose examples/README.md
+#     prints the same table (11879 and 1444 tokens/s/GPU before the vboost edits);
+#   - the 24.03.01 long-sequence runs: launcher of that release, same default; the launch
+#     configuration of these runs is not published (no Llama 2 long-sequence config in the
+#     launcher): the fact is the release's default, not a printed setting of the runs.
+# Not on the B200 rows: NeMo 25.04 scripts/performance/utils.py (at 19fadb67) exports
+# NVTE_FUSED_ATTN=1 and TE 2.x prefers FusedAttention on Hopper+ (cuDNN).
+FA2 = "attention_fa2=1"
 H100_COMMIT = "35029a0c84e7c9f2c56e2b2256746654a5084432"
 H100_NOTE = ("performance_summary.md long-sequence table (GBS, MBS, TP, PP, CP, VP, DP, "
              "tokens/s/GPU printed); FP8 recipe not printed: TE delayed scaling, NeMo 1.0's "
-             "default (fp8_hybrid, amax history); recompute, SP, optimizer not printed")
+             "default (fp8_hybrid, amax history); recompute, SP, optimizer not printed; "
+             "attention_fa2=1: NeMo Framework Launcher 24.03.01 config.yaml exports "
+             "NVTE_FUSED_ATTN=0, so TE 1.3 runs flash-attn 2 (launch config of these runs not "
+             "published)")
 # (seq K, GBS, TP, PP, CP, DP, tokens/s/GPU, TFLOP/s/GPU); MBS 1 and VP 1 printed in every row.
 H100_TABLE = [
     (4, 1024, 1, 1, 1, 4, 16671, 768),
@@ -112,7 +138,7 @@ B200_TABLE = [
 
 rows = [row(f"nemo-24_03_01-dgx-h100-llama2-7b-fp8-{s}k", "24.03.01", "h100-sxm-80gb",
             "DGX-H100", "llama2-7b", s, gbs, tp, pp, cp, dp, tf, tok, "performance_summary.md",
-            H100_COMMIT, H100_NOTE)
+            H100_COMMIT, H100_NOTE, facts=FA2)
         for s, gbs, tp, pp, cp, dp, tok, tf in H100_TABLE]
 rows += [row(f"nemo-25_04_rc2-dgx-b200-llama3-8b-fp8-{s}k", "25.04.rc2", "dgx-b200", "DGX-B200",
              "llama3-8b", s, gbs, tp, pp, cp, dp, tf, None, "performance_long_sequence.md",
@@ -125,13 +151,16 @@ rows += [row(f"nemo-25_04_rc2-dgx-b200-llama3-8b-fp8-{s}k", "25.04.rc2", "dgx-b2
 H100_2407_COMMIT = "0b8a80ee066472c96fcb1e317b8aa071277b9aa7"
 H100_2407_NOTE = ("performance_summary.md pre-training table, 24.07 (GBS, MBS, seq, TP, PP, "
                   "CP, VP, tokens/s/GPU printed); FP8 recipe not printed: delayed scaling, "
-                  "NeMo's default; recompute, SP, optimizer not printed")
+                  "NeMo's default; recompute, SP, optimizer not printed; attention_fa2=1: "
+                  "NeMo Framework Launcher 24.07 examples/training/llama/h100 scripts of "
+                  "these rows, config.yaml exports NVTE_FUSED_ATTN=0, so TE 1.8 runs "
+                  "flash-attn 2")
 rows += [row("nemo-24_07-dgx-h100-llama3-8b-fp8-8k", "24.07", "h100-sxm-80gb", "DGX-H100",
              "llama3-8b", 8, 128, 1, 1, 2, 4, 711, 12273, "performance_summary.md",
-             H100_2407_COMMIT, H100_2407_NOTE, kind="summary"),
+             H100_2407_COMMIT, H100_2407_NOTE, kind="summary", facts=FA2),
          row("nemo-24_07-dgx-h100-llama3-70b-fp8-8k", "24.07", "h100-sxm-80gb", "DGX-H100",
              "llama3-70b", 8, 128, 4, 4, 2, 2, 734, 1524, "performance_summary.md",
-             H100_2407_COMMIT, H100_2407_NOTE, vp=5, kind="summary")]
+             H100_2407_COMMIT, H100_2407_NOTE, vp=5, kind="summary", facts=FA2)]
 
 
 def write(path, out):

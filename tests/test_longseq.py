@@ -79,6 +79,12 @@ def test_every_row_loads_and_predicts_finite():
 
     runs = load_runs("published_longseq")  # by its shipped name
     assert len(runs) == 19
+    # the row's `set` facts reach its Training: FlashAttention-2 on the DGX-H100 rows (NeMo
+    # Framework Launcher 24.01-24.07 exports NVTE_FUSED_ATTN=0; data/published_longseq.md),
+    # cuDNN (the set's kernel) on the DGX-B200 rows (NeMo 25.04 exports NVTE_FUSED_ATTN=1)
+    fa2 = {s: {float(runs.trainings[i].attention_fa2) for i in range(len(runs))
+               if runs.systems[i] == s} for s in set(runs.systems)}
+    assert fa2 == {"h100-sxm-80gb": {1.0}, "dgx-b200": {0.0}}
     systems = load_systems(runs, None, "none")
     step, mem, _ = predict_runs(runs, systems)
     assert np.all(np.isfinite(step)) and np.all(step > 0)
