@@ -112,9 +112,8 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
     _fail((P["recompute_mla_up_proj"] == 1) & (M["kv_lora_rank"] == 0), where, lambda i: (
         "recompute_mla_up_proj=1 needs multi-latent attention (model.kv_lora_rank > 0; got "
         "0); allowed: 0"))
-    _fail((P["recompute_moe_act"] == 1) & (M["n_experts"] == 0), where, lambda i: (
-        "recompute_moe_act=1 acts only on MoE layers (the routed experts' activation "
-        "recompute); allowed: 0 for a dense model (moe_experts = 0)"))
+    _dense_facts(M, where, pick, (("recompute_moe_act",
+                                   "the routed experts' activation recompute"),), P)
 
 
 def _check_tp_userbuffers(P, M, where, pick) -> None:
@@ -251,6 +250,15 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
     _fail((P["zero3_copy_out"] == 1) & (z < 3), where_parallel, lambda i: (
         f"zero3_copy_out=1 needs zero_stage=3 (got zero_stage={pick(z, i):g}): FSDP2 copies "
         f"out the parameters it all-gathers per layer; allowed: 0 with zero_stage 0 to 2"))
+
+
+def facts_act_mask(model, parallel, training) -> np.ndarray:
+    """`check_facts_act`'s rules as a mask over batched leaves (concrete values, numpy): True
+    where every rule holds. For a search's table, whose tp, cp, ep, ZeRO stage and recompute
+    vary per row: the rows on which the framework facts act (`search.facts_act_rows`)."""
+    where = _Collect(np)
+    check_facts_act(model, parallel, training, where, where)
+    return np.asarray(where.ok, dtype=bool)
 
 
 def check_search_facts(model, parallel, where: str = "parallel") -> None:
@@ -891,8 +899,11 @@ def _computed_once(ok):
     floating-point divide, exp, log, ...), so each of the ~100 backward fusions got its own
     copy of the whole mask: the optimized program of the value and System gradient with
     every feature had 469,174 HLO lines against 215,851 without the mask, and compiled in
-    ~56 s of CPU against ~19 s. A division is never duplicated, so the chain ends in one
-    fusion and every consumer reads its result (219,714 lines, ~23 s). Exact: 1 / 1 = 1 >
+    ~56 s of CPU against ~19 s. XLA:CPU never duplicates a division, so the chain ends in one
+    fusion and every consumer reads its result (219,714 lines, ~23 s). XLA:GPU's fusion counts
+    an F32 / F16 divide as cheap (GpuInstructionFusion::IsExpensive: divide, sqrt, rsqrt, exp),
+    so there the mask may still be copied (float32; not measured): the values are the same
+    either way, only compile time is at stake. Exact: 1 / 1 = 1 >
     0.75 and 1 / 2 = 0.5 < 0.75 in every float format; the compiled values and gradients are
     bit-identical (float32 and float64, hard and smooth model). An optimization barrier does
     not do it: XLA:CPU expands barriers away before fusion."""
