@@ -43,13 +43,25 @@ def test_rows_by_hand():
     projections (9, 10) plain; shared fc1 (7) kept; routed fc2 (6) only under moe_act;
     MXFP8: no norm-fused amax (per-tensor current scaling only), the kept inputs the same;
     nothing without the fact."""
-    nf, sv = (np.asarray(x) for x in te_quantize_rows(L70, TP4, CS_TE))
+    nf, sv, bo = (np.asarray(x) for x in te_quantize_rows(L70, TP4, CS_TE))
     assert nf.tolist() == [1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1]
     assert sv.tolist() == [0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0]
+    # per-tensor FP8: row- and column-wise again, but row 7 (shared fc1, no row of a dense
+    # model) is gathered at TP 4 with SP
+    assert bo.tolist() == [0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
     sel = Parallel(recompute=1.0, recompute_moe_act=1.0, recompute_shared_experts=1.0)
-    nf, sv = (np.asarray(x) for x in te_quantize_rows(DSV3, sel, MX_TE))
-    assert nf.tolist() == [0] * 12
+    nf, sv, bo = (np.asarray(x) for x in te_quantize_rows(DSV3, sel, MX_TE))
+    assert nf.tolist() == [0] * 12 and bo.tolist() == [0] * 12  # MXFP8: column-wise only
     assert sv.tolist() == [0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]
+    # FP8-CS: the shared fc1 (7) is gathered in the backward under SP at t > 1 (row-wise
+    # before the gather), proj (1) and the grouped fc2 (6) never
+    act = Parallel(recompute=1.0, recompute_moe_act=1.0)
+    _, sv, bo = (np.asarray(x) for x in te_quantize_rows(DSV3, act, CS_TE))
+    assert sv.tolist() == bo.tolist() == [0, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0]
+    _, sv, bo = (np.asarray(x) for x in te_quantize_rows(
+        DSV3, act.replace(tp=2.0, sequence_parallel=1.0), CS_TE))
+    assert sv.tolist() == [0, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0]
+    assert bo.tolist() == [0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]
     assert all(np.all(np.asarray(x) == 0) for x in te_quantize_rows(L70, TP4, CS))
     # delayed scaling: TE refuses save_original_input, and its norm writes FP8 itself
     ds = diffperf.training("fp8-delayed", lowp_te_quantizer=1.0)
@@ -76,13 +88,14 @@ def test_llama_bytes_by_hand():
     """Llama 3 70B, TP 4, T = 8192 tokens: QKV's and fc1's inputs (T x h = 8192^2) lose their
     amax read (2 B each): -2 x 2 x 8192^2 = -268,435,456 B; proj's input (T x a d_v / t =
     8192 x 2048) is written row-wise only in the forward (-1 B an element: -16,777,216 B) and
-    read (2 B + 2 B amax) and written column-wise (1 B) again in the backward: +83,886,080 B."""
+    read (2 B + 2 B amax) and written row- and column-wise (2 x 1 B: TE's per-tensor FP8
+    quantizer takes both usages there) again in the backward: +100,663,296 B."""
     ops = layer_ops(L70, TP4, CS_TE)
     rows = te_quantize_rows(L70, TP4, CS_TE)
     f1, b1, w1 = _f(lowp_quantize_bytes(ops.dense, CS_TE, rows))
     f0, b0, w0 = _f(lowp_quantize_bytes(ops.dense, CS))
     assert f1 - f0 == -268435456.0 - 16777216.0
-    assert b1 - b0 == 8192 * 2048 * (2 * 2 + 1) == 83886080
+    assert b1 - b0 == 8192 * 2048 * (2 * 2 + 2) == 100663296
     assert w1 == w0
 
 
@@ -135,7 +148,7 @@ def test_predict_layer_counts_the_kernels_on_gpu_and_host(monkeypatch):
     assert hb1 - hb0 == pytest.approx(12 * hk, rel=1e-3)
     mem = lambda b: float(memory_time_s(b, sys_))  # noqa: E731
     assert gf1 - gf0 == pytest.approx((6 + 8 / m) * ks + mem(-285212672.0), rel=1e-3)
-    assert gb1 - gb0 == pytest.approx(12 * ks + mem(83886080.0), rel=1e-3)
+    assert gb1 - gb0 == pytest.approx(12 * ks + mem(100663296.0), rel=1e-3)
 
 
 def test_quantize_time_gradient_contract(x64):
