@@ -84,6 +84,21 @@ def test_llama_kernels_by_hand():
     assert _f(lowp_quantize_bytes(ops.dense, CS, off)) == _f(lowp_quantize_bytes(ops.dense, CS))
 
 
+def test_cudnn_norm_quantizes_after_the_norm():
+    """te_cudnn_norm (NVTE_NORM_FWD_USE_CUDNN=1): TE 2.9-2.16's norm takes no amax, so QKV's
+    and fc1's inputs get the full quantize: forward 4 x 4 = 16 kernels (not 14) and the amax
+    reads of T x h x 2 B each back (+268,435,456 B at TP 4); backward and weights as without it."""
+    ops = layer_ops(L70, TP4, CS_TE)
+    cu = CS_TE.replace(te_cudnn_norm=1.0)
+    nf, sv, bo = (np.asarray(x) for x in te_quantize_rows(L70, TP4, cu))
+    assert nf.tolist() == [0] * 12 and sv.tolist()[1] == bo.tolist()[1] == 1
+    assert _f(lowp_quantize_kernels(ops.dense, cu, te_quantize_rows(L70, TP4, cu))) == [
+        16.0, 20.0, 16.0]
+    f1, b1, _ = _f(lowp_quantize_bytes(ops.dense, CS_TE, te_quantize_rows(L70, TP4, CS_TE)))
+    f2, b2, _ = _f(lowp_quantize_bytes(ops.dense, cu, te_quantize_rows(L70, TP4, cu)))
+    assert f2 - f1 == 2 * 2 * 8192 * 8192 and b2 == b1
+
+
 def test_llama_bytes_by_hand():
     """Llama 3 70B, TP 4, T = 8192 tokens: QKV's and fc1's inputs (T x h = 8192^2) lose their
     amax read (2 B each): -2 x 2 x 8192^2 = -268,435,456 B; proj's input (T x a d_v / t =
@@ -183,5 +198,13 @@ def test_fact_on_the_bridge_rows_and_not_on_torchao_rows():
     assert len(on) == 176
     assert {r["precision"] for r in on} == set(TE_QUANT_PRECISIONS) == {"fp8-current", "mxfp8"}
     assert all(("lowp_te_quantizer=1" in row_facts(r, {"te_quant"})) == (r in on) for r in rows)
+    # fact 12: NVTE_NORM_FWD_USE_CUDNN kept by v0.2.0-v0.5.1's perf_plugins (25.11-26.06.01)
+    cu = [r for r in rows if "te_cudnn_norm=1" in r["set"].split(";")]
+    assert len(cu) == 23 and all(r in on and r["precision"] == "fp8-current"
+                                 and r["container"] != "25.09" for r in cu)
+    assert {(r["model"], r["system"]) for r in cu} == {
+        ("llama3-8b", "h100-sxm-80gb"), ("llama3-70b", "gb200-nvl72"),
+        ("llama3-70b", "gb300-nvl72"), ("llama3.1-405b", "gb200-nvl72"),
+        ("llama3.1-405b", "gb300-nvl72")}
     tao = list(csv.DictReader((ROOT / "data" / "published_fsdp_fp8.csv").open(newline="")))
     assert tao and all("lowp_te_quantizer" not in r["set"] for r in tao)

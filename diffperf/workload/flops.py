@@ -935,8 +935,8 @@ def te_quantize_rows(model, parallel, training):
     Engine's quantization of the row's input differs from one standalone quantize, under
     training.lowp_te_quantizer (0: all 0, the project's generic count):
 
-        norm_fed[r] = te cs x (row 0 QKV: 1 without MLA, [q_lora_rank > 0] with MLA (W^UQ);
-                               row 2 dense fc1: 1; row 11 MLA W^UK;W^UV: 1)
+        norm_fed[r] = te cs (1 - cudnn) x (row 0 QKV: 1 without MLA, [q_lora_rank > 0] with
+                               MLA (W^UQ); row 2 dense fc1: 1; row 11 MLA W^UK;W^UV: 1)
         saved[r]    = te (1 - ds) x (row 1 proj: 1; row 6 routed fc2: moe_act;
                                      row 7 shared fc1: 1 - shared_experts)
         both[r]     = saved[r] x per-tensor FP8 x (1 - [r = 7] g),   g = [sp and t > 1]
@@ -951,6 +951,11 @@ def te_quantize_rows(model, parallel, training):
     (pytorch/csrc/extensions/normalization.cpp, v2.7-v2.16): the norm kernel writes the 16-bit
     output and its amax, then `quantize_with_amax` runs the scale and the cast: no amax
     kernel and no amax read of the tensor; `amax.zero_()` before the norm stays a kernel.
+    cudnn = training.te_cudnn_norm: with NVTE_NORM_FWD_USE_CUDNN set, normalization.cpp
+    (v2.9-v2.16: `IsFloat8CurrentScalingQuantizers(...) && !getenv("NVTE_NORM_FWD_USE_CUDNN")`)
+    keeps the UNFUSED path: the norm writes its 16-bit output, then the quantizer's full
+    `quantize` (4 kernels, amax read), as for a plain Linear. (MXFP8 under the variable: the
+    cuDNN norm writes MXFP8 itself for 128-aligned shapes, FULLY_FUSED; not modelled here.)
     saved: Megatron-Core calls `set_save_original_input` (TE >= 2.6, recipe not delayed; FP4
     from core_v0.16): linear_proj always (transformer/attention.py, multi_latent_attention.py),
     the shared experts' fc1 unless they are recomputed (moe/shared_experts.py), the routed
@@ -978,8 +983,8 @@ def te_quantize_rows(model, parallel, training):
     mla = is_mla(model)
     row0 = jnp.where(mla > 0, jnp.where(model.q_lora_rank > 0, 1.0, 0.0), 1.0)
     one, zero = jnp.ones_like(row0), jnp.zeros_like(row0)
-    norm_fed = te * cs * _rows([row0, zero, one, zero, zero, zero, zero, zero, zero, zero,
-                                zero, one])
+    norm_fed = te * cs * (1.0 - training.te_cudnn_norm) * _rows(
+        [row0, zero, one, zero, zero, zero, zero, zero, zero, zero, zero, one])
     mods = megatron_module_fracs(parallel)
     saved = te * (1.0 - ds) * _rows([zero, one, zero, zero, zero, zero,
                                      mods["moe_act"] * one,
