@@ -9,7 +9,6 @@ nothing compiled but one small float64 gradient program of lowp_quantize_times_s
 from __future__ import annotations
 
 import csv
-import importlib
 from pathlib import Path
 
 import jax
@@ -22,6 +21,7 @@ from diffperf import Parallel
 from diffperf.costs.compute import lowp_quantize_times_s
 from diffperf.workload.flops import (layer_ops, lowp_quantize_bytes, lowp_quantize_kernels,
                                      moe_layer_fraction, te_quantize_rows)
+from layer_spy import layer_gpu_host_s
 from shipped import model as _model, system as _system
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,21 +140,11 @@ def test_predict_layer_counts_the_kernels_on_gpu_and_host(monkeypatch):
     """predict's layer, Llama 3 70B FP8-CS on GB200: the fact adds 6 forward kernels and
     8 / m weight kernels (cached: once a step) and 12 backward kernels, at kernel_s on the GPU
     (with the bytes above at the memory rate) and at host_kernel_s on the host."""
-    from diffperf.api import _as_float
     from diffperf.costs.compute import memory_time_s
 
-    pr = importlib.import_module("diffperf.predict")
-    seen = []
-    real = pr.pnorm_max
-    monkeypatch.setattr(pr, "pnorm_max", lambda a, b, p: seen.append((a, b)) or real(a, b, p))
     par = TP4.replace(dp=16.0, global_batch=128.0, micro_batch=1.0)
     sys_ = _system("gb200-nvl72")
-    out = []
-    for tr in (CS, CS_TE):
-        seen.clear()
-        M, P, S, T = _as_float((L70, par, sys_, tr))
-        pr._layer_parts(M, P, S, T, None, features=pr.features_of(M, P, T))
-        out.append([(float(a), float(b)) for a, b in seen[:2]])
+    out = layer_gpu_host_s(monkeypatch, L70, par, sys_, (CS, CS_TE))
     (gf0, hf0), (gb0, hb0) = out[0]
     (gf1, hf1), (gb1, hb1) = out[1]
     m = 128 / 16
