@@ -1687,6 +1687,7 @@ def test_runs_row_model_config_must_agree(tmp_path):
     (dict(cp_torch=2.0), "cp_torch=2 is not allowed (allowed: 0, 1)"),
     (dict(moe_expert_loop=0.5), "moe_expert_loop=0.5 is not allowed (allowed: 0, 1)"),
     (dict(lowp_te_quantizer=2.0), "lowp_te_quantizer=2 is not allowed (allowed: 0, 1)"),
+    (dict(te_cudnn_norm=0.5), "te_cudnn_norm=0.5 is not allowed (allowed: 0, 1)"),
     # a fraction of the layers, whole block and tile sizes (silently accepted before)
     (dict(lowp_layer_frac=2.0), "lowp_layer_frac=2 is not allowed (allowed: 0 to 1, the "
                                 "fraction of the transformer layers whose linears run in low "
@@ -1739,6 +1740,10 @@ ACT_RULES = [
     ({}, dict(lowp_te_quantizer=1.0), "training: lowp_te_quantizer=1 needs GEMMs in FP8 / "
      "FP4 (lowp_fprop, lowp_dgrad or lowp_wgrad = 1; precision 'bf16' has none): it counts "
      "Transformer Engine's quantize kernels; allowed: 0 with a 16-bit precision"),
+    ({}, dict(te_cudnn_norm=1.0), "training: te_cudnn_norm=1 needs lowp_te_quantizer=1 with "
+     "per-tensor FP8 current scaling (got lowp_te_quantizer=0, precision 'bf16'): it takes "
+     "the amax of a LayerNormLinear's FP8 current-scaling quantize out of Transformer "
+     "Engine's norm kernel; allowed: 0"),
     ({}, dict(rope_kv_pass=1.0, llama_eager_pointwise=1.0), "training: rope_kv_pass=1 with "
      "llama_eager_pointwise=1: the eager term already holds the rotary and K/V expansion "
      "passes (rope_kv_pass is their compiled form); allowed: one of the two"),
@@ -1790,6 +1795,22 @@ def test_facts_that_cannot_act_are_refused(par, tr, message):
             if k in ("dp", "ep", "global_batch", "recompute", "zero_stage", "tp")}
     base = {k: v for k, v in base.items() if not (k == "recompute" and "ep_overlap" in par)}
     check_inputs(model, defaults.replace(**base), system, training("bf16"), n)
+
+
+def test_te_cudnn_norm_needs_fp8_current_scaling():
+    """te_cudnn_norm only moves FP8 current scaling's norm-fused amax: refused under MXFP8
+    (whose cuDNN norm path is not modelled), accepted under FP8-CS with lowp_te_quantizer."""
+    from diffperf.load import training
+
+    system = load_system("dgx-b200")
+    with _raises("training: te_cudnn_norm=1 needs lowp_te_quantizer=1 with per-tensor FP8 "
+                 "current scaling (got lowp_te_quantizer=1, precision 'mxfp8'): it takes the "
+                 "amax of a LayerNormLinear's FP8 current-scaling quantize out of Transformer "
+                 "Engine's norm kernel; allowed: 0"):
+        check_inputs(_small(), Parallel(), system,
+                     training("mxfp8", lowp_te_quantizer=1.0, te_cudnn_norm=1.0))
+    check_inputs(_small(), Parallel(), system,
+                 training("fp8-current", lowp_te_quantizer=1.0, te_cudnn_norm=1.0))
 
 
 def test_cli_predict_refuses_a_fact_that_cannot_act(capsys):

@@ -172,6 +172,8 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
                         (workload.flops.moe_quant_pad_bytes);
                       lowp_te_quantizer = 1 needs quantized GEMMs too (it counts TE's
                         quantize kernels: workload.flops.te_quantize_rows);
+                      te_cudnn_norm = 1 needs lowp_te_quantizer = 1 and per-tensor FP8
+                        current scaling (it only moves that recipe's norm-fused amax);
                       rope_kv_pass = 1 needs llama_eager_pointwise = 0 (that term holds the
                         eager forms of the same passes);
         layout=True   cp_torch = 1 needs cp > 1; tp_userbuffers = 1 needs tp > 1;
@@ -191,7 +193,7 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
     T = {f: _arr(getattr(training, f)) for f in (
         *(f for f, _ in MOE_TRAINING_FACTS), "lowp_fprop", "lowp_dgrad", "lowp_wgrad",
         "rope_kv_pass", "llama_eager_pointwise", "attention_fa2", "cp_torch",
-        "lowp_te_quantizer")}
+        "lowp_te_quantizer", "te_cudnn_norm", "lowp_amax_pass", "lowp_block", "lowp_fp4")}
     _dense_facts(M, where_training, pick, MOE_TRAINING_FACTS, T)
     lowp = np.maximum(np.maximum(T["lowp_fprop"], T["lowp_dgrad"]), T["lowp_wgrad"]) > 0
     name = getattr(training, "name", None)
@@ -203,6 +205,14 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
         f"lowp_te_quantizer=1 needs GEMMs in FP8 / FP4 (lowp_fprop, lowp_dgrad or lowp_wgrad "
         f"= 1; precision {name or '?'!r} has none): it counts Transformer Engine's quantize "
         f"kernels; allowed: 0 with a 16-bit precision"))
+    current = (lowp & (T["lowp_amax_pass"] > 0) & (T["lowp_block"] == 0)
+               & (T["lowp_fp4"] == 0))
+    _fail((T["te_cudnn_norm"] == 1) & ~((T["lowp_te_quantizer"] == 1) & current),
+          where_training, lambda i: (
+              f"te_cudnn_norm=1 needs lowp_te_quantizer=1 with per-tensor FP8 current scaling "
+              f"(got lowp_te_quantizer={pick(T['lowp_te_quantizer'], i):g}, precision "
+              f"{name or '?'!r}): it takes the amax of a LayerNormLinear's FP8 current-scaling "
+              f"quantize out of Transformer Engine's norm kernel; allowed: 0"))
     _fail((T["rope_kv_pass"] == 1) & (T["llama_eager_pointwise"] == 1), where_training,
           lambda i: (
               "rope_kv_pass=1 with llama_eager_pointwise=1: the eager term already holds the "
@@ -668,7 +678,7 @@ TRAINING_SWITCHES = ("grad_buffers_persist", "matmul_fp32", "flash_attention", "
                      "lowp_amax_pass", "lowp_weight_cache", "lowp_param_gather",
                      "llama_eager_pointwise", "attention_fa2",
                      "moe_eager_clamp_bias", "rope_kv_pass", "moe_quant_pad", "moe_expert_loop",
-                     "lowp_te_quantizer",
+                     "lowp_te_quantizer", "te_cudnn_norm",
                      "gemm_wave_split", "cp_torch")
 TRAINING_POSITIVE = ("weight_bytes", "grad_bytes", "activation_bytes", "residual_bytes")
 # Network tiers: static structure, each tier adds its collectives' terms to the compiled
