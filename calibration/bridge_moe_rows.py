@@ -59,6 +59,18 @@ def main(argv=None) -> int:
         kv = dict(x.split("=") for x in args.set.split(","))
         runs.trainings[:] = [t.replace(**{k: float(v) for k, v in kv.items()})
                              for t in runs.trainings]
+        # the experiment's facts pass the rules load_runs applies to a row's own facts (a
+        # fact that cannot act on a row is refused, not silently predicted without effect)
+        from diffperf.errors import SpecError
+        from diffperf.specs.validate import check_facts_act, check_training
+
+        for r, m, par, t in zip(runs.rows, runs.models, runs.parallels, runs.trainings):
+            where = f"--set {args.set}: row {r['id']}"
+            try:
+                check_training(t, where)
+                check_facts_act(m, par, t, where, where)
+            except SpecError as err:
+                sys.exit(f"error: {err}")
     t0 = time.time()
     a = _as_float((stack(runs.models), _normalize(stack(runs.parallels)),
                    stack([systems[s] for s in runs.systems]), stack(runs.trainings)))

@@ -5,7 +5,7 @@ per container").
 
     python calibration/bridge_recipe_facts.py OUT.csv \
         [--facts overlap,layout,dispatch,attn,moe_act,recompute,quant_pad,waves,expert_loop,tp_ub,
-                 te_quant]
+                 te_quant,cudnn_norm]
     python calibration/bridge_recipe_facts.py data/megatron_bridge.csv   # the shipped CSV
     python calibration/bridge_moe_rows.py --csv OUT.csv          # per-row effect
 
@@ -205,6 +205,18 @@ per container").
     docs/accuracy-bridge.md "Session 13: kernel counts as TE launches them". Not set on the
     NVFP4 rows (TE's NVFP4 quantizer kernels, random Hadamard transform and 2D weight scaling,
     not read here) nor on BF16 rows (nothing quantized).
+12. `te_cudnn_norm=1` (session 13, branch review13b) on the FP8-CS rows whose release's
+    performance scripts leave `NVTE_NORM_FWD_USE_CUDNN=1` set: Megatron-Bridge v0.2.0-v0.5.1
+    (25.11-26.06.01) put it in `utils/executors.py` PERF_ENV_VARS and `perf_plugins.py`
+    `_set_model_specific_environment_variables` pops it (del_cudnn_ln) except for H100 Llama 3
+    8B FP8-CS and GB200 / GB300 Llama 3 70B and Llama 3.1 405B FP8-CS (pretrain), and, from
+    v0.3.0, GB200 / GB300 DeepSeek MXFP8. Transformer Engine 2.9-2.16's normalization.cpp takes
+    the norm-fused amax (FUSED_NORM_AMAX_FP8) only without the variable, so these rows
+    quantize QKV's and fc1's inputs with the full 4-kernel quantize and its amax read. 25.09
+    (v0.1.0rc3) sets no such variable. Not set on the DeepSeek MXFP8 rows: under the variable
+    their cuDNN norm writes MXFP8 itself (FULLY_FUSED), which `te_quantize_rows` does not model
+    (the fact would not act). `Training.te_cudnn_norm`; docs/accuracy-bridge.md "Session 13:
+    review of the TE kernel counts (branch `review13b`)".
 """
 
 from __future__ import annotations
@@ -298,7 +310,7 @@ MODULES = ("core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "shared_ex
 OWNED = ("ep_overlap", "pp_first_layers", "pp_last_layers", "attn_tile",
          "moe_eager_clamp_bias", "moe_quant_pad", "recompute_layer_frac", "gemm_wave_split",
          "moe_expert_loop",
-         "tp_userbuffers", "lowp_te_quantizer",
+         "tp_userbuffers", "lowp_te_quantizer", "te_cudnn_norm",
          *(f"recompute_{m}" for m in MODULES))
 # Models of the CSV with sliding-window layers, and the fused kernel's score tile (fact 4)
 SLIDING_WINDOW_MODELS = ("gpt-oss-120b",)
@@ -331,6 +343,12 @@ TP_UB_MODELS = ("llama3-70b", "llama3.1-405b", "llama3-8b")
 TP_UB_OFF_PRECISIONS = ("nvfp4",)
 # Precisions whose rows quantize with Transformer Engine's FP8 quantizers as read (fact 11)
 TE_QUANT_PRECISIONS = ("fp8-current", "mxfp8")
+# Containers whose Megatron-Bridge (v0.2.0-v0.5.1) keeps NVTE_NORM_FWD_USE_CUDNN=1 for these
+# (model, system, precision) (fact 12)
+CUDNN_NORM_CONTAINERS = ("25.11", "26.02", "26.02.01", "26.04", "26.04.01", "26.06", "26.06.01")
+CUDNN_NORM_ROWS = (("llama3-8b", "h100-sxm-80gb", "fp8-current"),
+                   *((m, s, "fp8-current") for m in ("llama3-70b", "llama3.1-405b")
+                     for s in ("gb200-nvl72", "gb300-nvl72")))
 # DeepSeek-V3 (pp, vp) -> (decoder layers on the first device, on the last device)
 DSV3_LAYOUT = {("16", "1"): (4, 1), ("8", "2"): (8, 5), ("8", "1"): (8, 5),
                ("4", "4"): (16, 13), ("4", "2"): (16, 13)}
@@ -394,6 +412,9 @@ def row_facts(row, facts) -> list[str]:
         out.append("tp_userbuffers=1")
     if "te_quant" in facts and row["precision"] in TE_QUANT_PRECISIONS:
         out.append("lowp_te_quantizer=1")
+    if ("cudnn_norm" in facts and "te_quant" in facts and key[:3] in CUDNN_NORM_ROWS
+            and row["container"] in CUDNN_NORM_CONTAINERS):
+        out.append("te_cudnn_norm=1")
     if "layout" in facts and row["model"] == "deepseek-v3":
         lay = (DSV3_H100_LAYOUT if row["system"] == "h100-sxm-80gb"
                else DSV3_LAYOUT.get((row["pp"], row["vp"])))
@@ -407,7 +428,7 @@ def main(argv=None) -> int:
     p.add_argument("out")
     p.add_argument("--facts",
                    default="overlap,layout,dispatch,attn,moe_act,recompute,quant_pad,waves,"
-                           "expert_loop,tp_ub,te_quant")
+                           "expert_loop,tp_ub,te_quant,cudnn_norm")
     args = p.parse_args(argv)
     facts = set(args.facts.split(","))
     rows = list(csv.reader(CSV.open(newline="")))

@@ -57,7 +57,8 @@ def attention_step_s(runs, systems):
     as diffperf costs it: (forward kernel time + (2 + 0.5 flash) x the backward kernel's time
     per unit of forward work) x layers per stage x micro-batches (predict._layer_parts:
     backward 2 x forward + the recomputed scores, at the backward's rate, which differs from
-    the forward's only under Training.attention_fa2); the FLOPs are 3 x the forward's
+    the forward's under Training.attention_fa2 and where the exponential floor binds:
+    costs.compute.attention_exp_floor_s); the FLOPs are 3 x the forward's
     (causal, this rank's 1/c share: workload.flops.layer_ops), i.e. without the recomputed
     scores, as model FLOPs count them."""
     import jax

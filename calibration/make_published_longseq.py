@@ -90,7 +90,8 @@ def row(rid, container, system, system_page, model, seq_k, gbs, tp, pp, cp, dp, 
 #   - the 24.07 rows are the launcher's examples/training/llama/h100/llama3_8b_fp8.sh and
 #     llama3_70b_fp8.sh at tag 24.07 (1 / 8 nodes, GBS 128, fp8_hybrid; llama3_8b.yaml TP 1
 #     PP 1 CP 2 MBS 1 seq 8192, llama3_70b.yaml TP 4 PP 4 CP 2), whose examples/README.md
-#     prints the same table (11879 and 1444 tokens/s/GPU before the vboost edits);
+#     prints the same table (11879 and 1444 tokens/s/GPU; the page's 12273 / 1524 are
+#     re-runs committed 2024-08-26, before the launcher dropped NVTE_FUSED_ATTN=0 on 08-29);
 #   - the 24.03.01 long-sequence runs: launcher of that release, same default; the launch
 #     configuration of these runs is not published (no Llama 2 long-sequence config in the
 #     launcher): the fact is the release's default, not a printed setting of the runs.

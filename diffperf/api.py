@@ -20,8 +20,8 @@ from diffperf.result import Result
 from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel, Recompute, ZeroStage, placement_index
 from diffperf.specs.training import Training
-from diffperf.specs.validate import (check_finite_result, check_inputs, check_layout,
-                                     check_precision)
+from diffperf.specs.validate import (check_facts_act, check_finite_result, check_inputs,
+                                     check_layout, check_precision)
 
 _RECOMPUTE = {r.name.lower(): int(r) for r in Recompute}
 
@@ -159,6 +159,8 @@ def predict(model, parallel, system, training=None, *, temperature=None,
             check_layout(model, parallel)
         if _is_concrete((system, training)):
             check_precision(system, training)
+        if _is_concrete((model, parallel, training)):  # e.g. a gradient in the System only
+            check_facts_act(model, parallel, training)
         return predict_step(model, parallel, system, training, temperature)
     check_inputs(model, parallel, system, training)
     result = _predict_concrete(model, parallel, system, training, temperature, store)

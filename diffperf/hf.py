@@ -44,9 +44,38 @@ _TYPE_DEFAULTS = {
     "falcon": _FALCON_DEFAULTS, "RefinedWeb": _FALCON_DEFAULTS,
     "RefinedWebModel": _FALCON_DEFAULTS,
 }
-# The transformers class whose defaults _TYPE_DEFAULTS copies (named in the note).
+# Defaults of the language-model classes that multimodal wrappers nest, applied inside a
+# text_config only. A wrapper's saved text_config leaves out the fields equal to its class's
+# defaults (PretrainedConfig.to_diff_dict diffs nested configs against
+# `config_obj.__class__()`): llava-hf/llava-1.5-7b-hf's text_config (model_type llama, a
+# Vicuna-7B = Llama 2 7B) gives only vocab_size, max_position_embeddings and rms_norm_eps, and
+# transformers builds LlamaConfig's 4096 / 11008 / 32 layers / 32 heads / silu from the rest.
+# A top-level config.json writes every field of its class, so its missing keys stay refused.
+# LlamaConfig (transformers/models/llama/configuration_llama.py: vocab_size 32000,
+# hidden_size 4096, intermediate_size 11008, num_hidden_layers 32, num_attention_heads 32,
+# num_key_value_heads None -> num_attention_heads, hidden_act "silu",
+# max_position_embeddings 2048, rms_norm_eps 1e-6, tie_word_embeddings False); MistralConfig
+# (mistral/configuration_mistral.py: the same but intermediate_size 14336,
+# num_key_value_heads 8, max_position_embeddings 4096 * 32, sliding_window 4096).
+_TEXT_CONFIG_DEFAULTS = {
+    "llama": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                  num_hidden_layers=32, num_attention_heads=32, hidden_act="silu",
+                  max_position_embeddings=2048, rms_norm_eps=1e-6,
+                  tie_word_embeddings=False),
+    "mistral": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                    num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                    hidden_act="silu", max_position_embeddings=4096 * 32, rms_norm_eps=1e-6,
+                    sliding_window=4096, tie_word_embeddings=False),
+}
+# The text_config types whose kept defaults give the sizes (layers, hidden, heads).
+_SIZED_DEFAULTS = tuple(sorted(
+    t for t, d in (_TYPE_DEFAULTS | _TEXT_CONFIG_DEFAULTS).items()
+    if {"num_hidden_layers", "hidden_size", "num_attention_heads"} <= set(d)))
+# The transformers class whose defaults _TYPE_DEFAULTS / _TEXT_CONFIG_DEFAULTS copy (named
+# in the note).
 _DEFAULTS_CLASS = {"gemma3_text": "Gemma3TextConfig", "falcon": "FalconConfig",
-                   "RefinedWeb": "FalconConfig", "RefinedWebModel": "FalconConfig"}
+                   "RefinedWeb": "FalconConfig", "RefinedWebModel": "FalconConfig",
+                   "llama": "LlamaConfig", "mistral": "MistralConfig"}
 # Gated (GLU) MLP families whatever their activation's name: Gemma's GeGLU
 # (gelu_pytorch_tanh gate x up), GPT-OSS's clamped SwiGLU.
 _GATED_TYPES = ("gemma", "gemma2", "gemma3", "gemma3_text", "gpt_oss")
@@ -163,7 +192,8 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
     if isinstance(cfg.get("text_config"), dict):
         text = dict(cfg["text_config"])
         mt = text.get("model_type", "")
-        defaults = _TYPE_DEFAULTS.get(mt, {}) if isinstance(mt, str) else {}
+        defaults = (_TYPE_DEFAULTS.get(mt) or _TEXT_CONFIG_DEFAULTS.get(mt, {})
+                    if isinstance(mt, str) else {})
         filled = sorted(k for k in defaults if k not in text)
         cfg = {**defaults, **text}
         notes.append(f"read the language model in text_config (model_type {mt or '?'}) of a "
@@ -212,8 +242,8 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
         inside = ("" if outer is None else
                   f" in the text_config of a model_type={printable(str(outer or '?'))!r} "
                   f"config (transformers fills absent fields from its config class's "
-                  f"defaults, which diffperf keeps only for "
-                  f"{', '.join(sorted(_TYPE_DEFAULTS))}: write them into text_config)")
+                  f"defaults, which diffperf keeps only for {', '.join(_SIZED_DEFAULTS)}: "
+                  f"write them into text_config)")
         raise SpecError(f"{where}: not a recognised Hugging Face config.json (needs "
                         f"num_hidden_layers, hidden_size, num_attention_heads; missing "
                         f"{', '.join(missing)}{inside})")

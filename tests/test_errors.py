@@ -1654,6 +1654,20 @@ def test_cli_predict_when_no_layout_fits(capsys, monkeypatch):
     assert _cli_error(capsys, "predict", "--gpus", "1", "--global-batch", "1", "--no-cache") == (
         "no layout of gpt3-175b on --gpus=1 x a100-sxm-80gb with --global-batch=1 fits in memory "
         "(the smallest needs 2610 GiB per device, usable 76 GiB): give more --gpus")
+    # a --set fact that cannot act on some layouts: those are left out, and said so
+    from diffperf.load import training
+    from diffperf.search import enumerate_layouts, facts_act_rows
+
+    table = enumerate_layouts(diffperf.load_model("gpt3-175b"), 2, 2)
+    n = len(facts_act_rows(diffperf.load_model("gpt3-175b"), training("bf16", cp_torch=1.0),
+                           table))
+    assert 0 < n < len(table)
+    assert _cli_error(capsys, "predict", "--gpus", "2", "--global-batch", "2", "--no-cache",
+                      "--set", "cp_torch=1") == (
+        "no layout of gpt3-175b on --gpus=2 x a100-sxm-80gb with --global-batch=2 fits in memory "
+        "(the smallest needs 2610 GiB per device, usable 76 GiB): give more --gpus; "
+        f"{len(table) - n:,} of the {len(table):,} layouts were left out, a --set fact cannot "
+        "act on them or Megatron-Core refuses it there")
 
 
 @pytest.mark.parametrize("fields,message", [
@@ -1695,6 +1709,7 @@ def test_runs_row_model_config_must_agree(tmp_path):
     (dict(cp_torch=2.0), "cp_torch=2 is not allowed (allowed: 0, 1)"),
     (dict(moe_expert_loop=0.5), "moe_expert_loop=0.5 is not allowed (allowed: 0, 1)"),
     (dict(lowp_te_quantizer=2.0), "lowp_te_quantizer=2 is not allowed (allowed: 0, 1)"),
+    (dict(te_cudnn_norm=0.5), "te_cudnn_norm=0.5 is not allowed (allowed: 0, 1)"),
     # a fraction of the layers, whole block and tile sizes (silently accepted before)
     (dict(lowp_layer_frac=2.0), "lowp_layer_frac=2 is not allowed (allowed: 0 to 1, the "
                                 "fraction of the transformer layers whose linears run in low "
@@ -1747,6 +1762,10 @@ ACT_RULES = [
     ({}, dict(lowp_te_quantizer=1.0), "training: lowp_te_quantizer=1 needs GEMMs in FP8 / "
      "FP4 (lowp_fprop, lowp_dgrad or lowp_wgrad = 1; precision 'bf16' has none): it counts "
      "Transformer Engine's quantize kernels; allowed: 0 with a 16-bit precision"),
+    ({}, dict(te_cudnn_norm=1.0), "training: te_cudnn_norm=1 needs lowp_te_quantizer=1 with "
+     "per-tensor FP8 current scaling (got lowp_te_quantizer=0, precision 'bf16'): it takes "
+     "the amax of a LayerNormLinear's FP8 current-scaling quantize out of Transformer "
+     "Engine's norm kernel; allowed: 0"),
     ({}, dict(rope_kv_pass=1.0, llama_eager_pointwise=1.0), "training: rope_kv_pass=1 with "
      "llama_eager_pointwise=1: the eager term already holds the rotary and K/V expansion "
      "passes (rope_kv_pass is their compiled form); allowed: one of the two"),
@@ -1800,6 +1819,22 @@ def test_facts_that_cannot_act_are_refused(par, tr, message):
     check_inputs(model, defaults.replace(**base), system, training("bf16"), n)
 
 
+def test_te_cudnn_norm_needs_fp8_current_scaling():
+    """te_cudnn_norm only moves FP8 current scaling's norm-fused amax: refused under MXFP8
+    (whose cuDNN norm path is not modelled), accepted under FP8-CS with lowp_te_quantizer."""
+    from diffperf.load import training
+
+    system = load_system("dgx-b200")
+    with _raises("training: te_cudnn_norm=1 needs lowp_te_quantizer=1 with per-tensor FP8 "
+                 "current scaling (got lowp_te_quantizer=1, precision 'mxfp8'): it takes the "
+                 "amax of a LayerNormLinear's FP8 current-scaling quantize out of Transformer "
+                 "Engine's norm kernel; allowed: 0"):
+        check_inputs(_small(), Parallel(), system,
+                     training("mxfp8", lowp_te_quantizer=1.0, te_cudnn_norm=1.0))
+    check_inputs(_small(), Parallel(), system,
+                 training("fp8-current", lowp_te_quantizer=1.0, te_cudnn_norm=1.0))
+
+
 def test_cli_predict_refuses_a_fact_that_cannot_act(capsys):
     """Through the command line (exit 2, one line, before any tracing)."""
     assert _cli_error(capsys, "predict", "--set", "moe_expert_loop=1") == (
@@ -1848,6 +1883,79 @@ def test_search_refuses_facts_that_cannot_act_on_the_model(facts, tr, message):
     with _raises(message):
         search(m, load_system("h100-sxm-80gb"), training("bf16", **tr),
                enumerate_layouts(m, 8, 64), parallel=facts)
+
+
+def test_cli_searches_evaluate_only_the_layouts_their_facts_act_on(monkeypatch, tmp_path):
+    """predict (no layout), search and plot search hand the batched search only the rows where
+    --set cp_torch=1 can act (cp > 1): a spy in place of search.search sees the table, then
+    stops the command before anything compiles."""
+    import diffperf.search
+    from diffperf.cli.main import main
+    from diffperf.search import COLUMNS
+
+    class Seen(Exception):
+        pass
+
+    tables = []
+
+    def spy(model, system, train, layouts, **kw):
+        tables.append(np.asarray(layouts))
+        raise Seen
+
+    monkeypatch.setattr(diffperf.search, "search", spy)
+    job = ["--model", "llama3-8b", "--system", "h100-sxm-80gb", "--gpus", "8",
+           "--global-batch", "128", "--no-cache", "--set", "cp_torch=1"]
+    for command in (["predict"], ["search"], ["plot", "search", "--out", tmp_path / "s.png"]):
+        with pytest.raises(Seen):
+            main([str(a) for a in [*command, *job]])
+    cp = COLUMNS.index("cp")
+    assert len(tables) == 3 and all(len(t) and (t[:, cp] > 1).all() for t in tables)
+
+
+def test_predict_under_a_system_gradient_refuses_a_fact_that_cannot_act():
+    """diffperf.predict with a traced System (jax.grad over the hardware) skipped
+    check_inputs, so an MoE fact on a dense model was ignored there (review13a); the model,
+    layout and training are concrete, so check_facts_act runs before anything is traced."""
+    import jax
+
+    from diffperf.load import training
+
+    system = load_system("h100-sxm-80gb")
+    with _raises("training: moe_expert_loop=1 acts only on MoE layers (Transformer Engine's "
+                 f"one GEMM per local expert); {DENSE_FACT}"):
+        jax.grad(lambda s: diffperf.predict(_small(), Parallel(), s, training(
+            "bf16", moe_expert_loop=1.0)).step_time_s)(system)
+
+
+def test_search_keeps_the_layouts_its_facts_act_on():
+    """search.facts_act_rows (review13a): predict without a layout searched every row, chose
+    one where its --set fact could not act (cp_torch=1 at cp 1 for Llama 3 8B on 8 GPUs;
+    ep_overlap=1 under full recompute for Mixtral on 16), then refused the layout its own search
+    chose (exit 2 after a 30 s search). The table keeps only the rows where each per-layout
+    rule of check_facts_act holds; no row: the rule's message, said of the whole table. No
+    compile here (host-side numpy on the table)."""
+    from diffperf.load import training
+    from diffperf.search import COLUMNS, enumerate_layouts, facts_act_rows
+
+    col = {c: i for i, c in enumerate(COLUMNS)}
+    llama = diffperf.load_model("llama3-8b")
+    table = enumerate_layouts(llama, 8, 128)
+    assert len(facts_act_rows(llama, training("bf16"), table)) == len(table)  # no fact
+    kept = table[facts_act_rows(llama, training("bf16", cp_torch=1.0), table)]
+    assert len(kept) and (kept[:, col["cp"]] > 1).all()
+    assert (table[:, col["cp"]] > 1).sum() == len(kept)
+    kept = table[facts_act_rows(llama, training("bf16"), table, {"zero3_copy_out": 1})]
+    assert len(kept) and (kept[:, col["zero_stage"]] == 3).all()
+    mixtral = diffperf.load_model("mixtral-8x7b")
+    table = enumerate_layouts(mixtral, 16, 16)
+    kept = table[facts_act_rows(mixtral, training("bf16"), table, {"ep_overlap": 1})]
+    assert len(kept) and (kept[:, col["ep"]] > 1).all() and (kept[:, col["recompute"]] != 2).all()
+    one = enumerate_layouts(llama, 1, 128)
+    with _raises(f"training: cp_torch=1 needs context parallelism (cp > 1; got cp=1): PyTorch's "
+                 f"context_parallel() exchanges K/V between the cp ranks; allowed: 0 with cp = 1 "
+                 f"(and so on every one of the {len(one)} layouts of the table: give layout "
+                 f"values where it holds)"):
+        facts_act_rows(llama, training("bf16", cp_torch=1.0), one)
 
 
 def test_capacity_factor_is_at_most_experts_over_topk(tmp_path):

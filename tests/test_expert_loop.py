@@ -6,7 +6,6 @@ docs/accuracy-bridge.md "Session 12: MoE on 8-GPU nodes"). Expected values worke
 
 from __future__ import annotations
 
-import importlib
 
 import jax
 import numpy as np
@@ -17,6 +16,7 @@ from diffperf import Parallel
 from diffperf.costs.compute import layer_times_s
 from diffperf.workload.flops import (attention_io_bytes, layer_ops, lowp_quantize_kernels,
                                      moe_expert_loop_kernels)
+from layer_spy import layer_gpu_host_s
 from shipped import model as _model, system as _system
 
 MX = diffperf.training("mxfp8")
@@ -103,20 +103,9 @@ def test_predict_launches_every_expert_gemm_on_the_host(monkeypatch):
     gains every launch, forward (launches + the forward's extra quantize kernels, weights once
     a step) x host_kernel_s and the backward 2 x the launches + the backward quantize kernels;
     the GPU side gains the serial chain and the quantize kernels x kernel_s."""
-    from diffperf.api import _as_float
-
-    pr = importlib.import_module("diffperf.predict")  # the module, not diffperf.predict()
-    seen = []
-    real = pr.pnorm_max
-    monkeypatch.setattr(pr, "pnorm_max", lambda a, b, p: seen.append((a, b)) or real(a, b, p))
     par = Parallel(micro_batch=1.0, pp=16.0, ep=8.0, dp=16.0, global_batch=4096)
     sys_ = _system("dgx-b200")
-    out = []
-    for tr in (MX, LOOP):
-        seen.clear()
-        M, P, S, T = _as_float((DSV3, par, sys_, tr))
-        pr._layer_parts(M, P, S, T, None, features=pr.features_of(M, P, T))
-        out.append([(float(a), float(b)) for a, b in seen[:2]])
+    out = layer_gpu_host_s(monkeypatch, DSV3, par, sys_, (MX, LOOP))
     (gf0, hf0), (gb0, hb0) = out[0]
     (gf1, hf1), (gb1, hb1) = out[1]
     serial, launches = 2 * PHI * 7, 2 * PHI * 31

@@ -516,13 +516,15 @@ def test_new_features_have_finite_physical_gradients():
 
 
 def test_multimodal_wrapper_with_a_known_text_config_is_read():
-    """A wrapper other than gemma3 (llava-hf/llava-1.5-7b-hf's shape: a vicuna-7b = Llama 2 7B
-    text_config, 6.74 B parameters) is read from its text_config, said in the notes (it was
-    refused by its wrapper type before); a text_config that leaves out the sizes (transformers
-    fills them from LlamaConfig's defaults) is refused naming what is missing."""
+    """A wrapper other than gemma3 (a vicuna-7b = Llama 2 7B text_config with every size
+    written, 6.74 B parameters) is read from its text_config, said in the notes (it was
+    refused by its wrapper type before); a text_config that leaves out the sizes of a type
+    whose class defaults diffperf does not keep (qwen2) is refused naming what is missing
+    (the published llava-1.5 file: test_llava_1_5_text_config_takes_llama_config_defaults)."""
     text = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
-            "vocab_size": 32064, "rms_norm_eps": 1e-5, "hidden_act": "silu"}
+            "vocab_size": 32064, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+            "max_position_embeddings": 4096, "tie_word_embeddings": False}
     d, notes = hf_to_dict({"model_type": "llava", "image_token_index": 32000,
                            "text_config": text, "vision_config": {"hidden_size": 1024}},
                           "x.json")
@@ -540,7 +542,41 @@ def test_multimodal_wrapper_with_a_known_text_config_is_read():
             "hidden_size, num_attention_heads; missing num_hidden_layers, hidden_size, "
             "num_attention_heads in the text_config of a model_type='llava' config "
             "(transformers fills absent fields from its config class's defaults, which "
-            "diffperf keeps only for RefinedWeb, RefinedWebModel, falcon, gemma3_text: write "
-            "them into text_config))")):
-        hf_to_dict({"model_type": "llava", "text_config": {"model_type": "llama",
-                                                           "vocab_size": 32064}}, "x.json")
+            "diffperf keeps only for gemma3_text, llama, mistral: write them into "
+            "text_config))")):
+        hf_to_dict({"model_type": "llava", "text_config": {"model_type": "qwen2",
+                                                           "vocab_size": 152128}}, "x.json")
+
+
+def test_llava_1_5_text_config_takes_llama_config_defaults():
+    """The text_config of llava-hf/llava-1.5-7b-hf's config.json as published (transformers
+    4.36.0.dev0; quoted from the file, vision_config cut) names only vocab_size,
+    max_position_embeddings and rms_norm_eps: a nested config leaves out what equals its
+    class's defaults, and transformers builds LlamaConfig's (4096, 11008, 32 layers, 32 heads,
+    silu). It was refused naming the sizes (review13a); it reads now as Llama 2 7B with 64
+    more vocabulary rows, 6.74 B (LlavaForConditionalGeneration's language model), gated."""
+    cfg = {"architectures": ["LlavaForConditionalGeneration"], "ignore_index": -100,
+           "image_token_index": 32000, "model_type": "llava", "pad_token_id": 32001,
+           "projector_hidden_act": "gelu",
+           "text_config": {"_name_or_path": "lmsys/vicuna-7b-v1.5",
+                           "architectures": ["LlamaForCausalLM"],
+                           "max_position_embeddings": 4096, "model_type": "llama",
+                           "rms_norm_eps": 1e-05, "torch_dtype": "float16",
+                           "vocab_size": 32064},
+           "tie_word_embeddings": False, "torch_dtype": "float16",
+           "transformers_version": "4.36.0.dev0",
+           "vision_config": {"hidden_size": 1024, "image_size": 336, "intermediate_size": 4096,
+                             "model_type": "clip_vision_model", "num_attention_heads": 16,
+                             "num_hidden_layers": 24, "patch_size": 14}}
+    d, notes = hf_to_dict(cfg, "x.json")
+    assert (d["num_layers"], d["hidden"], d["num_heads"], d["ffn_hidden"], d["vocab"],
+            d["gated_mlp"], d["tied_embeddings"]) == (32, 4096, 32, 11008, 32064, True, False)
+    assert any("fields absent from text_config take the defaults of transformers' "
+               "LlamaConfig: hidden_act=silu, hidden_size=4096, intermediate_size=11008, "
+               "num_attention_heads=32, num_hidden_layers=32, tie_word_embeddings=False" in n
+               for n in notes)
+    assert float(total_params(diffperf.load_model(d))) / B == pytest.approx(6.74, abs=0.01)
+    # a top-level Llama config writes every field: a missing size is still refused there
+    with pytest.raises(SpecError, match="missing intermediate_size"):
+        hf_to_dict({"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 64,
+                    "num_attention_heads": 4, "vocab_size": 100}, "x.json")

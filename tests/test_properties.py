@@ -115,10 +115,12 @@ def random_model(rng):
         norm=_pick(rng, ("layernorm", "rmsnorm")), tied_embeddings=_flag(rng),
         biases=_flag(rng), learned_positions=_flag(rng), moe_experts=experts)
     if experts:
-        d.update(moe_topk=int(rng.integers(1, min(experts, 8) + 1)),
+        topk = int(rng.integers(1, min(experts, 8) + 1))
+        d.update(moe_topk=topk,
                  moe_ffn_hidden=_pick(rng, (256, 1408, 4096, 14336)),
                  moe_shared_experts=_pick(rng, (0, 1, 2)),
-                 moe_capacity_factor=_pick(rng, (1.0, 1.25, 2.0)))
+                 # at most E / k (load refuses more: Megatron-Core get_capacity); the same draws
+                 moe_capacity_factor=min(_pick(rng, (1.0, 1.25, 2.0)), experts / topk))
     return model_from_dict(d, "random-model")
 
 

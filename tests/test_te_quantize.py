@@ -9,7 +9,6 @@ nothing compiled but one small float64 gradient program of lowp_quantize_times_s
 from __future__ import annotations
 
 import csv
-import importlib
 from pathlib import Path
 
 import jax
@@ -22,6 +21,7 @@ from diffperf import Parallel
 from diffperf.costs.compute import lowp_quantize_times_s
 from diffperf.workload.flops import (layer_ops, lowp_quantize_bytes, lowp_quantize_kernels,
                                      moe_layer_fraction, te_quantize_rows)
+from layer_spy import layer_gpu_host_s
 from shipped import model as _model, system as _system
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,13 +43,25 @@ def test_rows_by_hand():
     projections (9, 10) plain; shared fc1 (7) kept; routed fc2 (6) only under moe_act;
     MXFP8: no norm-fused amax (per-tensor current scaling only), the kept inputs the same;
     nothing without the fact."""
-    nf, sv = (np.asarray(x) for x in te_quantize_rows(L70, TP4, CS_TE))
+    nf, sv, bo = (np.asarray(x) for x in te_quantize_rows(L70, TP4, CS_TE))
     assert nf.tolist() == [1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1]
     assert sv.tolist() == [0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0]
+    # per-tensor FP8: row- and column-wise again, but row 7 (shared fc1, no row of a dense
+    # model) is gathered at TP 4 with SP
+    assert bo.tolist() == [0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
     sel = Parallel(recompute=1.0, recompute_moe_act=1.0, recompute_shared_experts=1.0)
-    nf, sv = (np.asarray(x) for x in te_quantize_rows(DSV3, sel, MX_TE))
-    assert nf.tolist() == [0] * 12
+    nf, sv, bo = (np.asarray(x) for x in te_quantize_rows(DSV3, sel, MX_TE))
+    assert nf.tolist() == [0] * 12 and bo.tolist() == [0] * 12  # MXFP8: column-wise only
     assert sv.tolist() == [0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]
+    # FP8-CS: the shared fc1 (7) is gathered in the backward under SP at t > 1 (row-wise
+    # before the gather), proj (1) and the grouped fc2 (6) never
+    act = Parallel(recompute=1.0, recompute_moe_act=1.0)
+    _, sv, bo = (np.asarray(x) for x in te_quantize_rows(DSV3, act, CS_TE))
+    assert sv.tolist() == bo.tolist() == [0, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0]
+    _, sv, bo = (np.asarray(x) for x in te_quantize_rows(
+        DSV3, act.replace(tp=2.0, sequence_parallel=1.0), CS_TE))
+    assert sv.tolist() == [0, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0]
+    assert bo.tolist() == [0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]
     assert all(np.all(np.asarray(x) == 0) for x in te_quantize_rows(L70, TP4, CS))
     # delayed scaling: TE refuses save_original_input, and its norm writes FP8 itself
     ds = diffperf.training("fp8-delayed", lowp_te_quantizer=1.0)
@@ -72,17 +84,33 @@ def test_llama_kernels_by_hand():
     assert _f(lowp_quantize_bytes(ops.dense, CS, off)) == _f(lowp_quantize_bytes(ops.dense, CS))
 
 
+def test_cudnn_norm_quantizes_after_the_norm():
+    """te_cudnn_norm (NVTE_NORM_FWD_USE_CUDNN=1): TE 2.9-2.16's norm takes no amax, so QKV's
+    and fc1's inputs get the full quantize: forward 4 x 4 = 16 kernels (not 14) and the amax
+    reads of T x h x 2 B each back (+268,435,456 B at TP 4); backward and weights as without it."""
+    ops = layer_ops(L70, TP4, CS_TE)
+    cu = CS_TE.replace(te_cudnn_norm=1.0)
+    nf, sv, bo = (np.asarray(x) for x in te_quantize_rows(L70, TP4, cu))
+    assert nf.tolist() == [0] * 12 and sv.tolist()[1] == bo.tolist()[1] == 1
+    assert _f(lowp_quantize_kernels(ops.dense, cu, te_quantize_rows(L70, TP4, cu))) == [
+        16.0, 20.0, 16.0]
+    f1, b1, _ = _f(lowp_quantize_bytes(ops.dense, CS_TE, te_quantize_rows(L70, TP4, CS_TE)))
+    f2, b2, _ = _f(lowp_quantize_bytes(ops.dense, cu, te_quantize_rows(L70, TP4, cu)))
+    assert f2 - f1 == 2 * 2 * 8192 * 8192 and b2 == b1
+
+
 def test_llama_bytes_by_hand():
     """Llama 3 70B, TP 4, T = 8192 tokens: QKV's and fc1's inputs (T x h = 8192^2) lose their
     amax read (2 B each): -2 x 2 x 8192^2 = -268,435,456 B; proj's input (T x a d_v / t =
     8192 x 2048) is written row-wise only in the forward (-1 B an element: -16,777,216 B) and
-    read (2 B + 2 B amax) and written column-wise (1 B) again in the backward: +83,886,080 B."""
+    read (2 B + 2 B amax) and written row- and column-wise (2 x 1 B: TE's per-tensor FP8
+    quantizer takes both usages there) again in the backward: +100,663,296 B."""
     ops = layer_ops(L70, TP4, CS_TE)
     rows = te_quantize_rows(L70, TP4, CS_TE)
     f1, b1, w1 = _f(lowp_quantize_bytes(ops.dense, CS_TE, rows))
     f0, b0, w0 = _f(lowp_quantize_bytes(ops.dense, CS))
     assert f1 - f0 == -268435456.0 - 16777216.0
-    assert b1 - b0 == 8192 * 2048 * (2 * 2 + 1) == 83886080
+    assert b1 - b0 == 8192 * 2048 * (2 * 2 + 2) == 100663296
     assert w1 == w0
 
 
@@ -112,21 +140,11 @@ def test_predict_layer_counts_the_kernels_on_gpu_and_host(monkeypatch):
     """predict's layer, Llama 3 70B FP8-CS on GB200: the fact adds 6 forward kernels and
     8 / m weight kernels (cached: once a step) and 12 backward kernels, at kernel_s on the GPU
     (with the bytes above at the memory rate) and at host_kernel_s on the host."""
-    from diffperf.api import _as_float
     from diffperf.costs.compute import memory_time_s
 
-    pr = importlib.import_module("diffperf.predict")
-    seen = []
-    real = pr.pnorm_max
-    monkeypatch.setattr(pr, "pnorm_max", lambda a, b, p: seen.append((a, b)) or real(a, b, p))
     par = TP4.replace(dp=16.0, global_batch=128.0, micro_batch=1.0)
     sys_ = _system("gb200-nvl72")
-    out = []
-    for tr in (CS, CS_TE):
-        seen.clear()
-        M, P, S, T = _as_float((L70, par, sys_, tr))
-        pr._layer_parts(M, P, S, T, None, features=pr.features_of(M, P, T))
-        out.append([(float(a), float(b)) for a, b in seen[:2]])
+    out = layer_gpu_host_s(monkeypatch, L70, par, sys_, (CS, CS_TE))
     (gf0, hf0), (gb0, hb0) = out[0]
     (gf1, hf1), (gb1, hb1) = out[1]
     m = 128 / 16
@@ -135,7 +153,7 @@ def test_predict_layer_counts_the_kernels_on_gpu_and_host(monkeypatch):
     assert hb1 - hb0 == pytest.approx(12 * hk, rel=1e-3)
     mem = lambda b: float(memory_time_s(b, sys_))  # noqa: E731
     assert gf1 - gf0 == pytest.approx((6 + 8 / m) * ks + mem(-285212672.0), rel=1e-3)
-    assert gb1 - gb0 == pytest.approx(12 * ks + mem(83886080.0), rel=1e-3)
+    assert gb1 - gb0 == pytest.approx(12 * ks + mem(100663296.0), rel=1e-3)
 
 
 def test_quantize_time_gradient_contract(x64):
@@ -170,5 +188,13 @@ def test_fact_on_the_bridge_rows_and_not_on_torchao_rows():
     assert len(on) == 176
     assert {r["precision"] for r in on} == set(TE_QUANT_PRECISIONS) == {"fp8-current", "mxfp8"}
     assert all(("lowp_te_quantizer=1" in row_facts(r, {"te_quant"})) == (r in on) for r in rows)
+    # fact 12: NVTE_NORM_FWD_USE_CUDNN kept by v0.2.0-v0.5.1's perf_plugins (25.11-26.06.01)
+    cu = [r for r in rows if "te_cudnn_norm=1" in r["set"].split(";")]
+    assert len(cu) == 23 and all(r in on and r["precision"] == "fp8-current"
+                                 and r["container"] != "25.09" for r in cu)
+    assert {(r["model"], r["system"]) for r in cu} == {
+        ("llama3-8b", "h100-sxm-80gb"), ("llama3-70b", "gb200-nvl72"),
+        ("llama3-70b", "gb300-nvl72"), ("llama3.1-405b", "gb200-nvl72"),
+        ("llama3.1-405b", "gb300-nvl72")}
     tao = list(csv.DictReader((ROOT / "data" / "published_fsdp_fp8.csv").open(newline="")))
     assert tao and all("lowp_te_quantizer" not in r["set"] for r in tao)

@@ -81,10 +81,16 @@ def _search_layout(model, system, train, args, par_over) -> dict:
     """The fastest layout that fits of args.gpus devices (`diffperf search`'s best), as
     layout option values; a note says so. SpecError when none fits."""
     from diffperf.cli.cache import kernel_store
-    from diffperf.search import (COLUMNS, PLACEMENTS, RANK_FIELDS, enumerate_layouts, ranked,
-                                 search)
+    from diffperf.search import (COLUMNS, PLACEMENTS, RANK_FIELDS, enumerate_layouts,
+                                 facts_act_rows, ranked, search)
 
     layouts = enumerate_layouts(model, args.gpus, args.global_batch)
+    # only the layouts the --set facts act on (predict would refuse the others afterwards)
+    n_all = len(layouts)
+    layouts = layouts[facts_act_rows(model, train, layouts, par_over)]
+    left = (f"; {n_all - len(layouts):,} of the {n_all:,} layouts were left out, a --set fact "
+            f"cannot act on them or Megatron-Core refuses it there" if len(layouts) < n_all
+            else "")
     result = search(model, system, train, layouts, validate=False, store=kernel_store(args),
                     fields=RANK_FIELDS, parallel=par_over)
     best = ranked(result, 1)
@@ -94,7 +100,8 @@ def _search_layout(model, system, train, args, par_over) -> dict:
             f"no layout of {model.name} on --gpus={args.gpus} x {system.name} with "
             f"--global-batch={args.global_batch} fits in memory (the smallest needs "
             f"{float(result.memory.total_bytes[i]) / 2**30:.4g} GiB per device, usable "
-            f"{float(result.memory.capacity_bytes[i]) / 2**30:.4g} GiB): give more --gpus")
+            f"{float(result.memory.capacity_bytes[i]) / 2**30:.4g} GiB): give more --gpus"
+            f"{left}")
     row = layouts[best[0]]
     lay = {c: int(row[i]) for i, c in enumerate(COLUMNS[:-1]) if c != "global_batch"}
     lay["recompute"] = ("none", "selective", "full")[lay["recompute"]]

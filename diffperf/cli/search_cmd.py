@@ -283,7 +283,7 @@ def run(args) -> int:
     import dataclasses
 
     from diffperf.search import (DEFAULT_CHUNK, RANK_FIELDS, axonn_mask, enumerate_layouts,
-                                 pareto_front, search)
+                                 facts_act_rows, pareto_front, search)
 
     model, system, train, placements, steer = build(args)
     if args.csv:
@@ -298,10 +298,16 @@ def run(args) -> int:
                             "--set, not yet --set FIELD of Parallel, --csv or --tokens")
         print_notes(steer["notes"])
         return run_sweep(args, model, system, train, placements, steer["fixed"])
-    print_notes(steer["notes"])
     start = time.perf_counter()
     layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements,
                                 axonn=args.axonn, fixed=steer["fixed"])
+    acting = facts_act_rows(model, train, layouts, steer["parallel"])
+    if len(acting) < len(layouts):
+        steer["notes"].append(f"{len(layouts) - len(acting):,} of {len(layouts):,} layouts left "
+                              f"out: a --set fact cannot act on them, or Megatron-Core refuses "
+                              f"it there (specs.validate.check_facts_act)")
+        layouts = layouts[acting]
+    print_notes(steer["notes"])
     store, devices = kernel_store(args), _devices()
     with _progress(not args.json) as progress:
         # Tables from enumerate_layouts are valid by construction (tests/test_search.py).

@@ -198,7 +198,7 @@ def _render(model, system, args, step, elast, values, opt, layouts, placements):
 
 def run(args) -> int:
     from diffperf.cli.predict_cmd import build
-    from diffperf.search import enumerate_layouts
+    from diffperf.search import enumerate_layouts, facts_act_rows
     from diffperf.sensitivity import (MEMORY_LEAVES, elasticities_at_optimum,
                                       goodput_elasticities, leaf_values,
                                       step_time_and_elasticities)
@@ -216,6 +216,7 @@ def run(args) -> int:
         if args.optimum:
             layouts = enumerate_layouts(model, args.gpus, args.global_batch,
                                         placements=placements)
+            layouts = layouts[facts_act_rows(model, train, layouts)]  # cp_torch: cp > 1 only
             hard = None if args.reoptimize_all else [
                 p for p in leaf_values(system) if not p.startswith("eff.") or p in MEMORY_LEAVES]
             opt = elasticities_at_optimum(model, system, train, layouts, args.temperature,

@@ -23,7 +23,8 @@ from diffperf.specs.parallel import Parallel
 from diffperf.specs.training import Training
 from diffperf.specs.validate import (check_facts_act, check_job, check_layout, check_model,
                                      check_precision, check_search_facts, check_system,
-                                     check_training, check_tp_userbuffers_precision)
+                                     check_training, check_tp_userbuffers_precision,
+                                     facts_act_mask)
 
 
 def _evaluate(args, keys, per, temperature, devices, optimize, progress, store=None,
@@ -190,6 +191,31 @@ def search_sharded(model, system, training=None, layouts=None, *, devices=None, 
     (times to 2 float32 ulps).
     """
     return search(model, system, training, layouts, devices=devices or jax.devices(), **kwargs)
+
+
+def facts_act_rows(model, training, layouts, parallel=None) -> np.ndarray:
+    """The rows of a layout table on which the framework facts (`parallel`, a mapping of
+    Parallel facts as `search` takes it, and `training`) can act: check_facts_act's per-layout
+    rules (cp_torch needs cp > 1, tp_userbuffers tp > 1, ep_overlap ep > 1 and no full
+    recompute, ep_dispatch ep > 1, zero3_copy_out ZeRO-3), each row with its own tp, cp, ep,
+    zero_stage and recompute. A ranking that offered the others would offer a layout on which
+    a --set fact does nothing, or that Megatron-Core refuses (ep_overlap under full
+    recompute), and predict would then refuse the layout its own search chose.
+    Returns the row indices. SpecError, with the rule's message for the first row, when no
+    row holds it."""
+    table = np.asarray(layouts)
+    base = _base_parallel(parallel) or Parallel()
+    cols = {c: table[:, COLUMNS.index(c)].astype(np.float64)
+            for c in ("tp", "cp", "ep", "zero_stage", "recompute")}
+    ok = np.broadcast_to(facts_act_mask(model, base.replace(**cols), training), len(table))
+    if len(table) and not ok.any():
+        try:
+            check_facts_act(model, base.replace(**{c: v[0] for c, v in cols.items()}),
+                            training)
+        except SpecError as err:
+            raise SpecError(f"{err} (and so on every one of the {len(table):,} layouts of the "
+                            f"table: give layout values where it holds)") from None
+    return np.flatnonzero(ok)
 
 
 def ranked(result, k=None, key=None, keep=None) -> np.ndarray:

@@ -137,6 +137,13 @@ class Training(struct.PyTreeNode):
                                  # than delayed: set_save_original_input)
                                  # (workload.flops.te_quantize_rows); 0: one cast (+ one amax
                                  # pass) per tensor (the default; e.g. torchao Float8)
+    te_cudnn_norm: Any = 0.0      # 1: Transformer Engine's norms run on cuDNN
+                                 # (NVTE_NORM_FWD_USE_CUDNN=1): a LayerNormLinear's FP8
+                                 # current-scaling input is quantized after the norm like any
+                                 # other (4 kernels, amax read: TE normalization.cpp picks
+                                 # FUSED_NORM_AMAX_FP8 only without the variable); acts only
+                                 # with lowp_te_quantizer = 1 under FP8 current scaling
+                                 # (workload.flops.te_quantize_rows); 0: TE's own norm kernel
     name: str = struct.field(pytree_node=False, default="bf16")
 
 

@@ -112,9 +112,8 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
     _fail((P["recompute_mla_up_proj"] == 1) & (M["kv_lora_rank"] == 0), where, lambda i: (
         "recompute_mla_up_proj=1 needs multi-latent attention (model.kv_lora_rank > 0; got "
         "0); allowed: 0"))
-    _fail((P["recompute_moe_act"] == 1) & (M["n_experts"] == 0), where, lambda i: (
-        "recompute_moe_act=1 acts only on MoE layers (the routed experts' activation "
-        "recompute); allowed: 0 for a dense model (moe_experts = 0)"))
+    _dense_facts(M, where, pick, (("recompute_moe_act",
+                                   "the routed experts' activation recompute"),), P)
 
 
 def _check_tp_userbuffers(P, M, where, pick) -> None:
@@ -175,6 +174,8 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
                         (workload.flops.moe_quant_pad_bytes);
                       lowp_te_quantizer = 1 needs quantized GEMMs too (it counts TE's
                         quantize kernels: workload.flops.te_quantize_rows);
+                      te_cudnn_norm = 1 needs lowp_te_quantizer = 1 and per-tensor FP8
+                        current scaling (it only moves that recipe's norm-fused amax);
                       rope_kv_pass = 1 needs llama_eager_pointwise = 0 (that term holds the
                         eager forms of the same passes);
         layout=True   cp_torch = 1 needs cp > 1; tp_userbuffers >= 1 needs tp > 1;
@@ -194,7 +195,7 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
     T = {f: _arr(getattr(training, f)) for f in (
         *(f for f, _ in MOE_TRAINING_FACTS), "lowp_fprop", "lowp_dgrad", "lowp_wgrad",
         "rope_kv_pass", "llama_eager_pointwise", "attention_fa2", "cp_torch",
-        "lowp_te_quantizer")}
+        "lowp_te_quantizer", "te_cudnn_norm", "lowp_amax_pass", "lowp_block", "lowp_fp4")}
     _dense_facts(M, where_training, pick, MOE_TRAINING_FACTS, T)
     lowp = np.maximum(np.maximum(T["lowp_fprop"], T["lowp_dgrad"]), T["lowp_wgrad"]) > 0
     name = getattr(training, "name", None)
@@ -206,6 +207,14 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
         f"lowp_te_quantizer=1 needs GEMMs in FP8 / FP4 (lowp_fprop, lowp_dgrad or lowp_wgrad "
         f"= 1; precision {name or '?'!r} has none): it counts Transformer Engine's quantize "
         f"kernels; allowed: 0 with a 16-bit precision"))
+    current = (lowp & (T["lowp_amax_pass"] > 0) & (T["lowp_block"] == 0)
+               & (T["lowp_fp4"] == 0))
+    _fail((T["te_cudnn_norm"] == 1) & ~((T["lowp_te_quantizer"] == 1) & current),
+          where_training, lambda i: (
+              f"te_cudnn_norm=1 needs lowp_te_quantizer=1 with per-tensor FP8 current scaling "
+              f"(got lowp_te_quantizer={pick(T['lowp_te_quantizer'], i):g}, precision "
+              f"{name or '?'!r}): it takes the amax of a LayerNormLinear's FP8 current-scaling "
+              f"quantize out of Transformer Engine's norm kernel; allowed: 0"))
     _fail((T["rope_kv_pass"] == 1) & (T["llama_eager_pointwise"] == 1), where_training,
           lambda i: (
               "rope_kv_pass=1 with llama_eager_pointwise=1: the eager term already holds the "
@@ -254,6 +263,15 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
     _fail((P["zero3_copy_out"] == 1) & (z < 3), where_parallel, lambda i: (
         f"zero3_copy_out=1 needs zero_stage=3 (got zero_stage={pick(z, i):g}): FSDP2 copies "
         f"out the parameters it all-gathers per layer; allowed: 0 with zero_stage 0 to 2"))
+
+
+def facts_act_mask(model, parallel, training) -> np.ndarray:
+    """`check_facts_act`'s rules as a mask over batched leaves (concrete values, numpy): True
+    where every rule holds. For a search's table, whose tp, cp, ep, ZeRO stage and recompute
+    vary per row: the rows on which the framework facts act (`search.facts_act_rows`)."""
+    where = _Collect(np)
+    check_facts_act(model, parallel, training, where, where)
+    return np.asarray(where.ok, dtype=bool)
 
 
 def check_search_facts(model, parallel, where: str = "parallel") -> None:
@@ -668,7 +686,7 @@ TRAINING_SWITCHES = ("grad_buffers_persist", "matmul_fp32", "flash_attention", "
                      "lowp_amax_pass", "lowp_weight_cache", "lowp_param_gather",
                      "llama_eager_pointwise", "attention_fa2",
                      "moe_eager_clamp_bias", "rope_kv_pass", "moe_quant_pad", "moe_expert_loop",
-                     "lowp_te_quantizer",
+                     "lowp_te_quantizer", "te_cudnn_norm",
                      "gemm_wave_split", "cp_torch")
 TRAINING_POSITIVE = ("weight_bytes", "grad_bytes", "activation_bytes", "residual_bytes")
 # Network tiers: static structure, each tier adds its collectives' terms to the compiled
@@ -899,8 +917,11 @@ def _computed_once(ok):
     floating-point divide, exp, log, ...), so each of the ~100 backward fusions got its own
     copy of the whole mask: the optimized program of the value and System gradient with
     every feature had 469,174 HLO lines against 215,851 without the mask, and compiled in
-    ~56 s of CPU against ~19 s. A division is never duplicated, so the chain ends in one
-    fusion and every consumer reads its result (219,714 lines, ~23 s). Exact: 1 / 1 = 1 >
+    ~56 s of CPU against ~19 s. XLA:CPU never duplicates a division, so the chain ends in one
+    fusion and every consumer reads its result (219,714 lines, ~23 s). XLA:GPU's fusion counts
+    an F32 / F16 divide as cheap (GpuInstructionFusion::IsExpensive: divide, sqrt, rsqrt, exp),
+    so there the mask may still be copied (float32; not measured): the values are the same
+    either way, only compile time is at stake. Exact: 1 / 1 = 1 >
     0.75 and 1 / 2 = 0.5 < 0.75 in every float format; the compiled values and gradients are
     bit-identical (float32 and float64, hard and smooth model). An optimization barrier does
     not do it: XLA:CPU expands barriers away before fusion."""

@@ -931,14 +931,15 @@ def _recipe_kinds(training):
 
 
 def te_quantize_rows(model, parallel, training):
-    """(norm_fed, saved): per dense GEMM row of `layer_ops` (12 rows), where Transformer
+    """(norm_fed, saved, both): per dense GEMM row of `layer_ops` (12 rows), where Transformer
     Engine's quantization of the row's input differs from one standalone quantize, under
-    training.lowp_te_quantizer (0: both all 0, the project's generic count):
+    training.lowp_te_quantizer (0: all 0, the project's generic count):
 
-        norm_fed[r] = te cs x (row 0 QKV: 1 without MLA, [q_lora_rank > 0] with MLA (W^UQ);
-                               row 2 dense fc1: 1; row 11 MLA W^UK;W^UV: 1)
+        norm_fed[r] = te cs (1 - cudnn) x (row 0 QKV: 1 without MLA, [q_lora_rank > 0] with
+                               MLA (W^UQ); row 2 dense fc1: 1; row 11 MLA W^UK;W^UV: 1)
         saved[r]    = te (1 - ds) x (row 1 proj: 1; row 6 routed fc2: moe_act;
                                      row 7 shared fc1: 1 - shared_experts)
+        both[r]     = saved[r] x per-tensor FP8 x (1 - [r = 7] g),   g = [sp and t > 1]
     te = lowp_te_quantizer, cs / ds = per-tensor current / delayed scaling (`_recipe_kinds`),
     moe_act / shared_experts = Megatron's selective recompute modules
     (`workload.recompute.megatron_module_fracs`).
@@ -950,17 +951,31 @@ def te_quantize_rows(model, parallel, training):
     (pytorch/csrc/extensions/normalization.cpp, v2.7-v2.16): the norm kernel writes the 16-bit
     output and its amax, then `quantize_with_amax` runs the scale and the cast: no amax
     kernel and no amax read of the tensor; `amax.zero_()` before the norm stays a kernel.
+    cudnn = training.te_cudnn_norm: with NVTE_NORM_FWD_USE_CUDNN set, normalization.cpp
+    (v2.9-v2.16: `IsFloat8CurrentScalingQuantizers(...) && !getenv("NVTE_NORM_FWD_USE_CUDNN")`)
+    keeps the UNFUSED path: the norm writes its 16-bit output, then the quantizer's full
+    `quantize` (4 kernels, amax read), as for a plain Linear. (MXFP8 under the variable: the
+    cuDNN norm writes MXFP8 itself for 128-aligned shapes, FULLY_FUSED; not modelled here.)
     saved: Megatron-Core calls `set_save_original_input` (TE >= 2.6, recipe not delayed; FP4
     from core_v0.16): linear_proj always (transformer/attention.py, multi_latent_attention.py),
     the shared experts' fc1 unless they are recomputed (moe/shared_experts.py), the routed
     experts' fc2 under recompute "moe_act" (moe/experts.py TEGroupedMLP: its input is the
     discarded, recomputed activation). TE then quantizes the input row-wise only in the
     forward and quantizes the saved 16-bit input again in the backward for the wgrad GEMM
-    (pytorch/module/linear.py `_Linear.backward`: input_quantizer(inputmat_total) with
-    columnwise usage; grouped_linear.py: split_quantize of the saved input,
-    `ctx.save_original_input`; v2.7-v2.16).
+    (pytorch/module/linear.py `_Linear.backward`, "Quantize input tensor"; grouped_linear.py:
+    split_quantize of the saved input under `ctx.save_original_input`; v2.7-v2.16).
+    both: that backward quantize writes the row-wise and the column-wise copy, not the
+    column-wise one alone, for TE's per-tensor FP8 quantizers (Float8Quantizer,
+    Float8CurrentScalingQuantizer: `supports_only_rowwise_all_gather()` is True):
+    linear.py sets usage rowwise=True, columnwise=not backward_input_needs_gather;
+    grouped_linear.py rowwise=True, columnwise=True for those two classes (MXFP8 / NVFP4:
+    column-wise only); v2.7-v2.16. backward_input_needs_gather = column-parallel with
+    sequence parallelism: of the saved rows only the shared experts' fc1 (row 7) when
+    sp and t > 1 (Megatron turns SP off at t = 1); its FP8 transpose after the gather is not
+    counted, as for the gathered inputs of rows 0 and 2.
     Not read (0 here): "layernorm" recompute's saved inputs (no quantized Bridge row runs it).
-    Example, Llama 3 70B FP8-CS: norm_fed = (1, 0, 1, 0, ..., 0), saved = (0, 1, 0, ..., 0).
+    Example, Llama 3 70B FP8-CS: norm_fed = (1, 0, 1, 0, ..., 0), saved = both =
+    (0, 1, 0, ..., 0); MXFP8: norm_fed = both = 0, saved the same.
     """
     from diffperf.workload.recompute import megatron_module_fracs
     te = training.lowp_te_quantizer
@@ -968,14 +983,17 @@ def te_quantize_rows(model, parallel, training):
     mla = is_mla(model)
     row0 = jnp.where(mla > 0, jnp.where(model.q_lora_rank > 0, 1.0, 0.0), 1.0)
     one, zero = jnp.ones_like(row0), jnp.zeros_like(row0)
-    norm_fed = te * cs * _rows([row0, zero, one, zero, zero, zero, zero, zero, zero, zero,
-                                zero, one])
+    norm_fed = te * cs * (1.0 - training.te_cudnn_norm) * _rows(
+        [row0, zero, one, zero, zero, zero, zero, zero, zero, zero, zero, one])
     mods = megatron_module_fracs(parallel)
     saved = te * (1.0 - ds) * _rows([zero, one, zero, zero, zero, zero,
                                      mods["moe_act"] * one,
                                      (1.0 - mods["shared_experts"]) * one,
                                      zero, zero, zero, zero])
-    return norm_fed, saved
+    gather = jnp.where((parallel.sequence_parallel > 0) & (parallel.tp > 1), 1.0, 0.0)
+    pt, _, _ = _recipe_kinds(training)
+    both = saved * pt * (1.0 - gather * _rows([zero] * 7 + [one] + [zero] * 4))
+    return norm_fed, saved, both
 
 
 def lowp_quantize_bytes(dense, training, te_rows=None):
@@ -984,12 +1002,13 @@ def lowp_quantize_bytes(dense, training, te_rows=None):
         forward   sum_r c_r l_r  cast(m k, q_a; copies f + w (1 - s_r); amax a (1 - n_r))
                                                                    inputs X of each linear
         backward  sum_r c_r l_r [cast(m n, q_a; copies d + w)      output gradients dY
-                                 + s_r cast(m k, q_a; copies w)]   saved 16-bit X, again
+                                 + s_r cast(m k, q_a; copies w (1 + b_r))]
+                                                                   saved 16-bit X, again
         weights   sum_r c_r l_r  cast(k n, q_w; copies f + d)     weights W (once a step
                                                                    when cached, `lowp_weight_cache`)
     for each dense GEMM row r = (m x k)(k x n) done c_r times; l_r = `LOWP_LINEAR_ROWS` x
-    lowp_layer_frac; f, d, w = training.lowp_fprop, lowp_dgrad, lowp_wgrad; (n_r, s_r) =
-    te_rows = `te_quantize_rows` (None: 0, 0). X feeds fprop
+    lowp_layer_frac; f, d, w = training.lowp_fprop, lowp_dgrad, lowp_wgrad; (n_r, s_r, b_r) =
+    te_rows = `te_quantize_rows` (None: 0, 0, 0). X feeds fprop
     (row-wise) and wgrad (column-wise, X^T), dY feeds dgrad (row-wise) and wgrad
     (column-wise), W feeds fprop and dgrad (W^T). Source: Transformer Engine, "Using FP8 with
     Transformer Engine" (each GEMM's two inputs in FP8; Hopper FP8 GEMMs take only the TN
@@ -999,7 +1018,8 @@ def lowp_quantize_bytes(dense, training, te_rows=None):
     directly), which saves one 16-bit write and read of that input.
     Example (one row, m = k = n = 1024, c = 1, FP8-CS): no TE rows 2^20 (2 x 2 + 2) B
     forward; norm-fed 2^20 (2 + 2) B; saved: forward 2^20 (2 x 2 + 1), backward + 2^20 (2 x 2
-    + 1) B.
+    + 2) B (row- and column-wise again, b_r = 1); MXFP8 (a = 0, the column-wise copy alone):
+    backward + 2^20 (2 + 1.03125) B.
     """
     f, d, w = training.lowp_fprop, training.lowp_dgrad, training.lowp_wgrad
     rows = jnp.asarray(LOWP_LINEAR_ROWS) * training.lowp_layer_frac * dense.count
@@ -1008,10 +1028,10 @@ def lowp_quantize_bytes(dense, training, te_rows=None):
         fwd = cast_bytes(dense.m * dense.k, q_a, f + w, jnp.maximum(f, w), training)
         again = 0.0
     else:
-        norm_fed, saved = te_rows
+        norm_fed, saved, both = te_rows
         fwd = cast_bytes(dense.m * dense.k, q_a, f + w * (1.0 - saved), jnp.maximum(f, w),
                          training, training.lowp_amax_pass * (1.0 - norm_fed))
-        again = saved * cast_bytes(dense.m * dense.k, q_a, w, w, training)
+        again = saved * cast_bytes(dense.m * dense.k, q_a, w * (1.0 + both), w, training)
     bwd = cast_bytes(dense.m * dense.n, q_a, d + w, jnp.maximum(d, w), training)
     wts = cast_bytes(dense.k * dense.n, q_w, f + d, jnp.maximum(f, d), training)
     return jnp.sum(rows * fwd), jnp.sum(rows * (bwd + again)), jnp.sum(rows * wts)
@@ -1071,7 +1091,7 @@ def lowp_quantize_kernels(dense, training, te_rows=None):
         act = jnp.sum(lin * (plain + (1.0 - delayed) * sliced + delayed * each * on))
         wts = jnp.sum(lin * (plain + sliced))
         return act * jnp.maximum(f, w), act * jnp.maximum(d, w), wts * jnp.maximum(f, d)
-    norm_fed, saved = te_rows
+    norm_fed, saved = te_rows[:2]
     k_tensor = 1.0 + a + training.lowp_te_quantizer * (TE_CURRENT_SCALING_KERNELS - 2.0) * current
     plain = (1.0 - each) * on * k_tensor
     rest = (1.0 - delayed) * sliced + delayed * each * on
