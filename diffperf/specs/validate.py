@@ -117,16 +117,18 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
 
 
 def _check_tp_userbuffers(P, M, where, pick) -> None:
-    """Parallel.tp_userbuffers 0 or 1, and 1 only for dense models (the rules that hold for
-    every layout; check_layout adds the one tied to a layout's tp and sequence_parallel)."""
+    """Parallel.tp_userbuffers 0, 1 or 2, and 1 / 2 only for dense models (the rules that hold
+    for every layout; check_layout adds the one tied to a layout's tp and sequence_parallel)."""
     u = P["tp_userbuffers"]
-    _fail(~((u == 0) | (u == 1)), where, lambda i: (
+    _fail(~((u == 0) | (u == 1) | (u == 2)), where, lambda i: (
         f"tp_userbuffers={pick(u, i):g} is not allowed (allowed: 0 the tp_overlap form, 1 "
-        f"Transformer Engine userbuffers as Megatron-Bridge's FP8 configurations run it)"))
-    _fail((u == 1) & (M["n_experts"] > 0), where, lambda i: (
-        f"tp_userbuffers=1 with model.moe_experts={pick(M['n_experts'], i):g}: the userbuffers "
-        f"TP overlap is modelled for dense models only (allowed: tp_userbuffers 0 for MoE "
-        f"models)"))
+        f"Transformer Engine userbuffers as Megatron-Bridge's FP8 configurations run it, 2 "
+        f"as NeMo Framework Launcher 24.07's H100 FP8 configuration runs it on TE 1.8: "
+        f"pipelined forward reduce-scatters)"))
+    _fail((u >= 1) & (M["n_experts"] > 0), where, lambda i: (
+        f"tp_userbuffers={pick(u, i):g} with model.moe_experts={pick(M['n_experts'], i):g}: "
+        f"the userbuffers TP overlap is modelled for dense models only (allowed: "
+        f"tp_userbuffers 0 for MoE models)"))
 
 
 # Framework facts that describe MoE layers (`check_facts_act`): each acts only where the model
@@ -176,7 +178,7 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
                         current scaling (it only moves that recipe's norm-fused amax);
                       rope_kv_pass = 1 needs llama_eager_pointwise = 0 (that term holds the
                         eager forms of the same passes);
-        layout=True   cp_torch = 1 needs cp > 1; tp_userbuffers = 1 needs tp > 1;
+        layout=True   cp_torch = 1 needs cp > 1; tp_userbuffers >= 1 needs tp > 1;
         (one layout)  ep_overlap > 0 needs ep > 1 and no full recompute (Megatron-Core
                         TransformerConfig.__post_init__ asserts both for
                         overlap_moe_expert_parallel_comm); ep_dispatch = 1 needs ep > 1
@@ -240,8 +242,9 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
     _fail((T["cp_torch"] == 1) & (P["cp"] == 1), where_training, lambda i: (
         "cp_torch=1 needs context parallelism (cp > 1; got cp=1): PyTorch's "
         "context_parallel() exchanges K/V between the cp ranks; allowed: 0 with cp = 1"))
-    _fail((P["tp_userbuffers"] == 1) & (P["tp"] == 1), where_parallel, lambda i: (
-        "tp_userbuffers=1 needs tensor parallelism (tp > 1; got tp=1): userbuffers overlaps "
+    _fail((P["tp_userbuffers"] >= 1) & (P["tp"] == 1), where_parallel, lambda i: (
+        f"tp_userbuffers={pick(P['tp_userbuffers'], i):g} needs tensor parallelism (tp > 1; "
+        "got tp=1): userbuffers overlaps "
         "the TP collectives; allowed: 0 with tp = 1"))
     v = P["ep_overlap"]
     _fail(moe & (v > 0) & (P["ep"] == 1), where_parallel, lambda i: (
@@ -277,8 +280,8 @@ def check_search_facts(model, parallel, where: str = "parallel") -> None:
     table takes part in: each fact's own range (`_check_fact_ranges`: zero3_copy_out=2,
     tp_overlap=2 gave "0 fit", exit 0); the recompute_<module> fields (0 or 1; mla_up_proj
     needs multi-latent attention, moe_act an MoE model: `_check_recompute_modules`, without the
-    rules tied to one layout's recompute mode, which the table varies); tp_userbuffers 0 or 1,
-    1 only for dense models (`_check_tp_userbuffers`; its sequence-parallelism rule is the
+    rules tied to one layout's recompute mode, which the table varies); tp_userbuffers 0, 1
+    or 2, 1 / 2 only for dense models (`_check_tp_userbuffers`; its sequence-parallelism rule is the
     table's, per row). Otherwise such a fact would only make every row invalid (Result.valid
     False), the search finding no layout without saying why."""
     P = {f: _arr(getattr(parallel, f), where) for f in (
@@ -304,8 +307,8 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     zero_stage in 0..3; recompute in 0..2; recompute_policy in 0..2; recompute_layer_frac in
     (0, 1] (< 1 only with full recompute); the recompute_<module> fields
     (`_check_recompute_modules`); cp_ring and axonn_overlap in {0, 1}; placement
-    indexes ORDERS; tp_overlap and ep_overlap in [0, 1]; tp_userbuffers 0 or 1 (1 only for
-    dense models with sequence parallelism where tp > 1); the AxoNN grid rules (`_check_grid`);
+    indexes ORDERS; tp_overlap and ep_overlap in [0, 1]; tp_userbuffers 0, 1 or 2 (1 / 2 only
+    for dense models with sequence parallelism where tp > 1); the AxoNN grid rules (`_check_grid`);
     tp x cp x dp x pp x gx x gy x gz = n_devices when given; every degree, batch and
     count at most INT_MAX (and finite).
     """
@@ -335,11 +338,11 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
                     f"an index into specs.parallel.ORDERS; 0 is tp-cp-dp-pp)")
     _check_tp_userbuffers(P, M, where, pick)
     u = P["tp_userbuffers"]
-    _fail((u == 1) & (P["tp"] > 1) & (P["sequence_parallel"] == 0), where, lambda i: (
-        f"tp_userbuffers=1 with sequence_parallel=0 and tp={pick(P['tp'], i):g}: userbuffers "
-        f"overlaps the sequence-parallel all-gathers / reduce-scatters (Megatron-Bridge turns "
-        f"it off without sequence parallelism); allowed: sequence_parallel 1, or "
-        f"tp_userbuffers 0"))
+    _fail((u >= 1) & (P["tp"] > 1) & (P["sequence_parallel"] == 0), where, lambda i: (
+        f"tp_userbuffers={pick(u, i):g} with sequence_parallel=0 and "
+        f"tp={pick(P['tp'], i):g}: userbuffers overlaps the sequence-parallel all-gathers / "
+        f"reduce-scatters (Megatron-Bridge turns it off without sequence parallelism); "
+        f"allowed: sequence_parallel 1, or tp_userbuffers 0"))
     _check_recompute_modules(P, M, where, pick)
     _check_grid(P, M, where, pick)
     _check_zero(P, where, pick)
@@ -628,6 +631,8 @@ def check_tp_userbuffers_precision(parallel, training, where: str = "precision")
     MXFP8Quantizer ones, and raises "Unsupported quantizer for Userbuffers" for any other
     (fp8-blockwise's 128-element blocks, NVFP4's 1 x 16 FP4); Megatron-Bridge's NVFP4 Llama
     recipes turn the overlap off (`tp_comm_overlap = False if precision == "nvfp4"`).
+    tp_userbuffers = 2 (TE 1.8, NeMo Framework Launcher 24.07): 16-bit or per-tensor FP8 only
+    (TE 1.8 has no MXFP8 recipe; its fp8_buf userbuffers hold per-tensor FP8).
     Batched leaves are checked element-wise; traced ones are skipped.
     """
     leaves = (parallel.tp_userbuffers, training.lowp_fprop, training.lowp_dgrad,
@@ -637,17 +642,20 @@ def check_tp_userbuffers_precision(parallel, training, where: str = "precision")
     except Exception:  # tracers: values unknown
         return
     lowp = np.maximum(np.maximum(f, d), w) > 0
-    bad = (u == 1) & lowp & ((fp4 > 0) | ((block > 0) & (block != 32)))
+    bad = (((u == 1) & lowp & ((fp4 > 0) | ((block > 0) & (block != 32))))
+           | ((u == 2) & lowp & ((fp4 > 0) | (block > 0))))
     if np.any(bad):
-        bad_b, block_b, fp4_b = (np.ravel(x) for x in np.broadcast_arrays(bad, block, fp4))
+        bad_b, block_b, fp4_b, u_b = (np.ravel(x) for x in
+                                      np.broadcast_arrays(bad, block, fp4, u))
         i = int(np.flatnonzero(bad_b)[0])
         raise SpecError(
             f"{_recipe(where, getattr(training, 'name', None), bad)} (lowp_block="
-            f"{block_b[i]:g}, lowp_fp4={fp4_b[i]:g}) with parallel.tp_userbuffers=1: "
-            f"Transformer Engine's userbuffers all-gathers only 16-bit, per-tensor FP8 and "
-            f"MXFP8 tensors (\"Unsupported quantizer for Userbuffers\" otherwise); allowed: "
-            f"tp_userbuffers 0 with this precision, or bf16, fp16, fp8-delayed, fp8-current, "
-            f"mxfp8")
+            f"{block_b[i]:g}, lowp_fp4={fp4_b[i]:g}) with parallel.tp_userbuffers="
+            f"{u_b[i]:g}: Transformer Engine's userbuffers all-gathers only 16-bit, per-tensor "
+            f"FP8 and MXFP8 tensors (\"Unsupported quantizer for Userbuffers\" otherwise; TE "
+            f"1.8, tp_userbuffers 2: no MXFP8); allowed: tp_userbuffers 0 with this "
+            f"precision, or bf16, fp16, fp8-delayed, fp8-current, mxfp8 (tp_userbuffers 1), "
+            f"bf16, fp16, fp8-delayed, fp8-current (tp_userbuffers 2)")
 
 
 # ------------------------------------------------------------------- model, system, training
