@@ -782,6 +782,9 @@ def check_system(system, where: str = "system") -> None:
              "measured)")
     rule(system.sfu_exp_per_s, lambda v: v >= 0, "sfu_exp_per_s",
          ">= 0 (exponentials per second of the special-function units; 0: no floor)")
+    rule(system.fp8_non_tn_gemm, lambda v: (v == 0) | (v == 1), "fp8_non_tn_gemm",
+         "0 or 1 (1: FP8 GEMMs take non-TN layouts, Blackwell sm100 / sm103)",
+         traced=False)
     prev = None
     for j, t in enumerate(system.tiers):
         rule(t.domain_size, lambda v: v >= 1, f"tiers[{j}].domain_size", ">= 1")

@@ -930,10 +930,11 @@ def _recipe_kinds(training):
     return per_tensor_fp8, a * per_tensor_fp8, (1.0 - a) * per_tensor_fp8
 
 
-def te_quantize_rows(model, parallel, training):
-    """(norm_fed, saved, both): per dense GEMM row of `layer_ops` (12 rows), where Transformer
-    Engine's quantization of the row's input differs from one standalone quantize, under
-    training.lowp_te_quantizer (0: all 0, the project's generic count):
+def te_quantize_rows(model, parallel, training, system=None):
+    """(norm_fed, saved, both, one_buffer): per dense GEMM row of `layer_ops` (12 rows), where
+    Transformer Engine's quantization of the row's input differs from one standalone quantize,
+    under training.lowp_te_quantizer (0: all 0, the project's generic count), and whether a
+    per-tensor FP8 tensor keeps one buffer for both usages (a scalar):
 
         norm_fed[r] = te cs (1 - cudnn) x (row 0 QKV: 1 without MLA, [q_lora_rank > 0] with
                                MLA (W^UQ); row 2 dense fc1: 1; row 11 MLA W^UK;W^UV: 1)
@@ -974,8 +975,18 @@ def te_quantize_rows(model, parallel, training):
     sp and t > 1 (Megatron turns SP off at t = 1); its FP8 transpose after the gather is not
     counted, as for the gathered inputs of rows 0 and 2.
     Not read (0 here): "layernorm" recompute's saved inputs (no quantized Bridge row runs it).
+        one_buffer = te x per-tensor FP8 x system.fp8_non_tn_gemm       (system None: 0)
+    one_buffer: on a GPU whose FP8 GEMMs take non-TN layouts (Blackwell sm100 / sm103:
+    `nvte_is_non_tn_fp8_gemm_supported()`, common/transformer_engine.cpp, v2.7-v2.16) TE's
+    per-tensor FP8 quantizers (Float8Quantizer, Float8CurrentScalingQuantizer) allocate the
+    transposed column-wise buffer only when `columnwise_usage && !non_tn_fp8_gemm_supported()`
+    (pytorch/csrc/quantizer.cpp `create_tensor`): the cast writes one FP8 copy whatever the
+    usages (same kernel count: a cast instead of a cast-transpose). `lowp_quantize_bytes`
+    then charges max(usages) copies instead of their sum. MXFP8 / NVFP4 keep both copies
+    (scaled along different directions): not affected.
     Example, Llama 3 70B FP8-CS: norm_fed = (1, 0, 1, 0, ..., 0), saved = both =
-    (0, 1, 0, ..., 0); MXFP8: norm_fed = both = 0, saved the same.
+    (0, 1, 0, ..., 0), one_buffer 1 on B200 / GB200 / B300 / GB300, 0 on H100; MXFP8:
+    norm_fed = both = 0, saved the same, one_buffer 0.
     """
     from diffperf.workload.recompute import megatron_module_fracs
     te = training.lowp_te_quantizer
@@ -993,7 +1004,15 @@ def te_quantize_rows(model, parallel, training):
     gather = jnp.where((parallel.sequence_parallel > 0) & (parallel.tp > 1), 1.0, 0.0)
     pt, _, _ = _recipe_kinds(training)
     both = saved * pt * (1.0 - gather * _rows([zero] * 7 + [one] + [zero] * 4))
-    return norm_fed, saved, both
+    one_buffer = 0.0 if system is None else te * pt * system.fp8_non_tn_gemm
+    return norm_fed, saved, both, one_buffer
+
+
+def _copies(row, col, one_buffer):
+    """Quantized copies written for a tensor used row-wise `row` and column-wise `col` times
+    (0 / 1 each): row + col, or max(row, col) where one FP8 buffer serves both usages
+    (`te_quantize_rows` one_buffer: Blackwell per-tensor FP8 under TE)."""
+    return (1.0 - one_buffer) * (row + col) + one_buffer * jnp.maximum(row, col)
 
 
 def lowp_quantize_bytes(dense, training, te_rows=None):
@@ -1008,7 +1027,7 @@ def lowp_quantize_bytes(dense, training, te_rows=None):
                                                                    when cached, `lowp_weight_cache`)
     for each dense GEMM row r = (m x k)(k x n) done c_r times; l_r = `LOWP_LINEAR_ROWS` x
     lowp_layer_frac; f, d, w = training.lowp_fprop, lowp_dgrad, lowp_wgrad; (n_r, s_r, b_r) =
-    te_rows = `te_quantize_rows` (None: 0, 0, 0). X feeds fprop
+    te_rows = `te_quantize_rows` (None: 0, 0, 0, 0). X feeds fprop
     (row-wise) and wgrad (column-wise, X^T), dY feeds dgrad (row-wise) and wgrad
     (column-wise), W feeds fprop and dgrad (W^T). Source: Transformer Engine, "Using FP8 with
     Transformer Engine" (each GEMM's two inputs in FP8; Hopper FP8 GEMMs take only the TN
@@ -1020,20 +1039,27 @@ def lowp_quantize_bytes(dense, training, te_rows=None):
     forward; norm-fed 2^20 (2 + 2) B; saved: forward 2^20 (2 x 2 + 1), backward + 2^20 (2 x 2
     + 2) B (row- and column-wise again, b_r = 1); MXFP8 (a = 0, the column-wise copy alone):
     backward + 2^20 (2 + 1.03125) B.
+    One FP8 buffer (o = te_rows' one_buffer: Blackwell, per-tensor FP8 under TE): every copy
+    count row + col above becomes (1 - o)(row + col) + o max(row, col) (`_copies`). The FP8-CS
+    row on B200 (o = 1): forward 2^20 (2 x 2 + 1) B, dY 2^20 (2 x 2 + 1) B, weight 2^20 (2 x 2
+    + 1) B (each one FP8 copy fewer); saved input's backward + 2^20 (2 x 2 + 1) B.
+    Source: TE `create_tensor`, see `te_quantize_rows`.
     """
     f, d, w = training.lowp_fprop, training.lowp_dgrad, training.lowp_wgrad
     rows = jnp.asarray(LOWP_LINEAR_ROWS) * training.lowp_layer_frac * dense.count
     q_a, q_w = training.activation_bytes, training.weight_bytes
     if te_rows is None:
         fwd = cast_bytes(dense.m * dense.k, q_a, f + w, jnp.maximum(f, w), training)
-        again = 0.0
+        again, ob = 0.0, 0.0
     else:
-        norm_fed, saved, both = te_rows
-        fwd = cast_bytes(dense.m * dense.k, q_a, f + w * (1.0 - saved), jnp.maximum(f, w),
-                         training, training.lowp_amax_pass * (1.0 - norm_fed))
-        again = saved * cast_bytes(dense.m * dense.k, q_a, w * (1.0 + both), w, training)
-    bwd = cast_bytes(dense.m * dense.n, q_a, d + w, jnp.maximum(d, w), training)
-    wts = cast_bytes(dense.k * dense.n, q_w, f + d, jnp.maximum(f, d), training)
+        norm_fed, saved, both, ob = te_rows
+        fwd = cast_bytes(dense.m * dense.k, q_a, _copies(f, w * (1.0 - saved), ob),
+                         jnp.maximum(f, w), training,
+                         training.lowp_amax_pass * (1.0 - norm_fed))
+        again = saved * cast_bytes(dense.m * dense.k, q_a, _copies(w * both, w, ob), w,
+                                   training)
+    bwd = cast_bytes(dense.m * dense.n, q_a, _copies(d, w, ob), jnp.maximum(d, w), training)
+    wts = cast_bytes(dense.k * dense.n, q_w, _copies(f, d, ob), jnp.maximum(f, d), training)
     return jnp.sum(rows * fwd), jnp.sum(rows * (bwd + again)), jnp.sum(rows * wts)
 
 
