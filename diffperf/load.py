@@ -380,7 +380,8 @@ def system_names() -> list[str]:
 SYSTEM_KEYS = ("name", "gpu", "description", "sources", "matmul_TFLOPs", "matmul_fp32_TFLOPs",
                "matmul_fp8_TFLOPs", "matmul_fp4_TFLOPs", "matmul_sustained_frac",
                "matmul_fp8_sustained_frac", "matmul_fp4_sustained_frac", "attn_fa2_fwd_frac",
-               "attn_fa2_bwd_frac", "sfu_Texp_per_s", "fp8_non_tn_gemm", "vector_TFLOPs", "hbm_bandwidth_GBps",
+               "attn_fa2_bwd_frac", "sfu_Texp_per_s", "fp8_non_tn_gemm", "vector_TFLOPs",
+               "hbm_bandwidth_GBps",
                "hbm_capacity_GiB", "power_W", "tiers",
                "efficiency", "reliability")
 TIER_KEYS = ("name", "domain_size", "bandwidth_GBps", "latency_us", "oversubscription")

@@ -238,3 +238,14 @@ def test_fact_on_the_bridge_rows_and_not_on_torchao_rows():
         ("llama3.1-405b", "gb300-nvl72")}
     tao = list(csv.DictReader((ROOT / "data" / "published_fsdp_fp8.csv").open(newline="")))
     assert tao and all("lowp_te_quantizer" not in r["set"] for r in tao)
+
+
+def test_fp8_non_tn_gemm_refuses_other_values():
+    """System YAML key fp8_non_tn_gemm is 0/1: 2 is refused with a SpecError naming it."""
+    from diffperf.errors import SpecError
+    from diffperf.load import read_yaml, system_from_dict
+
+    d = read_yaml(ROOT / "configs" / "systems" / "gb200-nvl72.yaml")
+    assert float(system_from_dict(d, "gb200").fp8_non_tn_gemm) == 1.0
+    with pytest.raises(SpecError, match="fp8_non_tn_gemm=2"):
+        system_from_dict(d | {"fp8_non_tn_gemm": 2}, "gb200")
