@@ -456,8 +456,8 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     # Low precision: the quantization kernels of the layer's inputs, output gradients and
     # weights (0 for 16-bit presets; costs.compute.lowp_quantize_times_s).
     # Under Training.lowp_te_quantizer each row at Transformer Engine's own count.
-    te_rows = (te_quantize_rows(model, parallel, training) if "te_quant" in features
-               else None)
+    te_rows = (te_quantize_rows(model, parallel, training, system)
+               if "te_quant" in features else None)
     quant_f, quant_b = lowp_quantize_times_s(ops.dense, system, training,
                                              parallel.n_microbatches, te_rows)
     n_f, n_b = tp_collectives_per_layer(parallel)

@@ -195,7 +195,8 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
     T = {f: _arr(getattr(training, f)) for f in (
         *(f for f, _ in MOE_TRAINING_FACTS), "lowp_fprop", "lowp_dgrad", "lowp_wgrad",
         "rope_kv_pass", "llama_eager_pointwise", "attention_fa2", "cp_torch",
-        "lowp_te_quantizer", "te_cudnn_norm", "lowp_amax_pass", "lowp_block", "lowp_fp4")}
+        "lowp_te_quantizer", "te_cudnn_norm", "te_scale_swizzle", "lowp_amax_pass",
+        "lowp_block", "lowp_fp4")}
     _dense_facts(M, where_training, pick, MOE_TRAINING_FACTS, T)
     lowp = np.maximum(np.maximum(T["lowp_fprop"], T["lowp_dgrad"]), T["lowp_wgrad"]) > 0
     name = getattr(training, "name", None)
@@ -215,6 +216,15 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
               f"(got lowp_te_quantizer={pick(T['lowp_te_quantizer'], i):g}, precision "
               f"{name or '?'!r}): it takes the amax of a LayerNormLinear's FP8 current-scaling "
               f"quantize out of Transformer Engine's norm kernel; allowed: 0"))
+    _fail(~np.isin(T["te_scale_swizzle"], (0, 1, 2)), where_training, lambda i: (
+        f"te_scale_swizzle={pick(T['te_scale_swizzle'], i):g} is not allowed (allowed: 0 none, "
+        f"1 Transformer Engine 2.7 / 2.9 every GEMM operand, 2 TE 2.12-2.16 weights and "
+        f"sequence-parallel gathered tensors)"))
+    _fail((T["te_scale_swizzle"] > 0) & ~((T["lowp_te_quantizer"] == 1)
+                                          & (T["lowp_block"] > 0)), where_training, lambda i: (
+        f"te_scale_swizzle={pick(T['te_scale_swizzle'], i):g} needs lowp_te_quantizer=1 with a "
+        f"block-scaled (MXFP8) precision (precision {name or '?'!r}): it counts Transformer "
+        f"Engine's MXFP8 scale swizzles; allowed: 0"))
     _fail((T["rope_kv_pass"] == 1) & (T["llama_eager_pointwise"] == 1), where_training,
           lambda i: (
               "rope_kv_pass=1 with llama_eager_pointwise=1: the eager term already holds the "
@@ -790,6 +800,9 @@ def check_system(system, where: str = "system") -> None:
              "measured)")
     rule(system.sfu_exp_per_s, lambda v: v >= 0, "sfu_exp_per_s",
          ">= 0 (exponentials per second of the special-function units; 0: no floor)")
+    rule(system.fp8_non_tn_gemm, lambda v: (v == 0) | (v == 1), "fp8_non_tn_gemm",
+         "0 or 1 (1: FP8 GEMMs take non-TN layouts, Blackwell sm100 / sm103)",
+         traced=False)
     prev = None
     for j, t in enumerate(system.tiers):
         rule(t.domain_size, lambda v: v >= 1, f"tiers[{j}].domain_size", ">= 1")
