@@ -223,6 +223,21 @@ def test_pipeline_rs_by_hand():
     np.testing.assert_allclose(got, [2.0e-3, 0.0], atol=1e-12)
 
 
+def test_pipeline_rs_matches_te18_stream_order():
+    """tp_pipeline_rs_s against an event simulation of TE 1.8 split_overlap_rs
+    (gemm_overlap=True): GEMM chunk i ends at (i + 1) g; the comm stream runs chunk i's
+    reduce-scatter (c each) after GEMM chunk i ends and after the previous one; exposed = the
+    last reduce-scatter's end less the GEMMs' n g."""
+    for rs, gemm, n in ((0.4, 1.2, 4), (2.0, 1.2, 4), (1.3, 1.2, 4), (0.9, 0.5, 3),
+                        (3.0, 0.1, 2)):
+        c, g, end = rs / n, gemm / n, 0.0
+        for i in range(n):
+            end = max(end, (i + 1) * g) + c
+        got = [float(x) for x in tp_pipeline_rs_s(rs, gemm, float(n))]
+        np.testing.assert_allclose(got, [end - gemm, rs - (end - gemm)], rtol=1e-5,
+                                   atol=1e-7)
+
+
 def test_pipeline_rs_gradient_contract():
     """Public cost function: x64, log-inputs, smooth form (t = 0.1): gradients finite and
     equal to finite differences; exposed grows with the reduce-scatter, shrinks with the GEMM

@@ -641,19 +641,22 @@ def check_tp_userbuffers_precision(parallel, training, where: str = "precision")
     MXFP8Quantizer ones, and raises "Unsupported quantizer for Userbuffers" for any other
     (fp8-blockwise's 128-element blocks, NVFP4's 1 x 16 FP4); Megatron-Bridge's NVFP4 Llama
     recipes turn the overlap off (`tp_comm_overlap = False if precision == "nvfp4"`).
-    tp_userbuffers = 2 (TE 1.8, NeMo Framework Launcher 24.07): 16-bit or per-tensor FP8 only
-    (TE 1.8 has no MXFP8 recipe; its fp8_buf userbuffers hold per-tensor FP8).
+    tp_userbuffers = 2 (TE 1.8, NeMo Framework Launcher 24.07): 16-bit or delayed-scaling FP8
+    only (TE 1.8's one FP8 recipe is DelayedScaling, transformer_engine/common/recipe/
+    __init__.py at tag v1.8: no MXFP8, and no current scaling, whose Float8CurrentScaling
+    first ships in v2.2; fp8-current is told by its separate amax pass, lowp_amax_pass).
     Batched leaves are checked element-wise; traced ones are skipped.
     """
     leaves = (parallel.tp_userbuffers, training.lowp_fprop, training.lowp_dgrad,
-              training.lowp_wgrad, training.lowp_fp4, training.lowp_block)
+              training.lowp_wgrad, training.lowp_fp4, training.lowp_block,
+              training.lowp_amax_pass)
     try:
-        u, f, d, w, fp4, block = (np.asarray(x, dtype=float) for x in leaves)
+        u, f, d, w, fp4, block, amax = (np.asarray(x, dtype=float) for x in leaves)
     except Exception:  # tracers: values unknown
         return
     lowp = np.maximum(np.maximum(f, d), w) > 0
     bad = (((u == 1) & lowp & ((fp4 > 0) | ((block > 0) & (block != 32))))
-           | ((u == 2) & lowp & ((fp4 > 0) | (block > 0))))
+           | ((u == 2) & lowp & ((fp4 > 0) | (block > 0) | (amax > 0))))
     if np.any(bad):
         bad_b, block_b, fp4_b, u_b = (np.ravel(x) for x in
                                       np.broadcast_arrays(bad, block, fp4, u))
@@ -663,9 +666,34 @@ def check_tp_userbuffers_precision(parallel, training, where: str = "precision")
             f"{block_b[i]:g}, lowp_fp4={fp4_b[i]:g}) with parallel.tp_userbuffers="
             f"{u_b[i]:g}: Transformer Engine's userbuffers all-gathers only 16-bit, per-tensor "
             f"FP8 and MXFP8 tensors (\"Unsupported quantizer for Userbuffers\" otherwise; TE "
-            f"1.8, tp_userbuffers 2: no MXFP8); allowed: tp_userbuffers 0 with this "
-            f"precision, or bf16, fp16, fp8-delayed, fp8-current, mxfp8 (tp_userbuffers 1), "
-            f"bf16, fp16, fp8-delayed, fp8-current (tp_userbuffers 2)")
+            f"1.8, tp_userbuffers 2: delayed-scaling FP8 only, no current scaling or "
+            f"MXFP8); allowed: tp_userbuffers 0 with this precision, or bf16, fp16, "
+            f"fp8-delayed, fp8-current, mxfp8 (tp_userbuffers 1), bf16, fp16, fp8-delayed "
+            f"(tp_userbuffers 2)")
+
+
+def check_tp_userbuffers_system(parallel, system, where: str = "parallel") -> None:
+    """Refuse Parallel.tp_userbuffers = 2 on a system whose GPU is not an H100:
+
+        allowed: tp_userbuffers 2 with system.gpu = 'h100'
+    Why: the pipelined reduce-scatter (`schedule.overlap.tp_pipeline_rs_s`, priced in
+    predict._tp_userbuffers_parts) is NeMo Framework Launcher 24.07's H100 FP8 configuration
+    (ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192.yaml: num_sm 24 / 16 with set_sm_margin), and
+    its GEMM runs on UB_PIPE_GPU_SMS - num_sm SMs with UB_PIPE_GPU_SMS = 132, the H100 SXM5's
+    count (TE 1.8 `_math_sms = prop.multiProcessorCount - num_comm_sm`): on another GPU the SM
+    margin would be priced with H100's SM count, and the launcher ships no such configuration
+    for it. Traced leaves are skipped."""
+    try:
+        u = np.atleast_1d(np.asarray(parallel.tp_userbuffers, dtype=np.float64))
+    except Exception:  # tracers: values unknown
+        return
+    gpu = getattr(system, "gpu", "")
+    if gpu != "h100" and np.any(u == 2):
+        raise SpecError(
+            f"{where}.tp_userbuffers=2 with system.gpu={gpu!r}: the pipelined forward "
+            f"reduce-scatter is NeMo Framework Launcher 24.07's H100 FP8 configuration (num_sm "
+            f"24 / 16 with an SM margin of the H100 SXM5's 132 SMs); allowed: tp_userbuffers 2 "
+            f"with system.gpu 'h100', or tp_userbuffers 0 or 1")
 
 
 # ------------------------------------------------------------------- model, system, training
@@ -897,6 +925,7 @@ def check_inputs(model, parallel, system, training, n_devices=None, where: str =
     check_job(parallel, system, where)
     check_precision(system, training)
     check_tp_userbuffers_precision(parallel, training)
+    check_tp_userbuffers_system(parallel, system, where)
     check_facts_act(model, parallel, training, where, "training")
 
 
