@@ -115,6 +115,17 @@ def test_system_value_not_a_number(tmp_path):
         load_system(p)
 
 
+@pytest.mark.parametrize("value", [2, 0.5, "sometimes"])
+def test_system_fp8_non_tn_gemm_is_a_flag(tmp_path, value):
+    """System key fp8_non_tn_gemm (TE nvte_is_non_tn_fp8_gemm_supported: Blackwell) is 0/1:
+    any other value is refused at load, naming the file, the key and the value."""
+    assert float(load_system(_write_yaml(tmp_path, _system_dict() | {
+        "fp8_non_tn_gemm": 1})).fp8_non_tn_gemm) == 1.0
+    p = _write_yaml(tmp_path, _system_dict() | {"fp8_non_tn_gemm": value}, "bad.yaml")
+    with _raises(f"{p}.fp8_non_tn_gemm={value!r} must be true or false"):
+        load_system(p)
+
+
 def test_system_value_not_finite(tmp_path):
     p = tmp_path / "sys.yaml"
     p.write_text(yaml.safe_dump(_system_dict()).replace("matmul_TFLOPs: 312",
