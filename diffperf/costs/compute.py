@@ -241,20 +241,23 @@ def attention_kernel_factor(head_dim, system, training, backward=False, work=Non
     forward c = 335 / 989.4 = 0.3386 -> r = 0.6005 (the paper's FA2 / cuDNN ratio at 16k:
     335 / 539 = 0.622).
 
-    FA2's own fall-off (System.attn_fa2_half_work W_f > 0 and `work` W = score elements
+    FA2's own fall-off (System.attn_fa2_half_flop F_f > 0 and `work` W = score elements
     given): FA2 does not fall off with work as the set's cuDNN curve does, so
-        eta_attn r = min(eta_inf, c_pass) / (1 + (W_f / W)^gamma_f)
-        r = min(eta_inf, c_pass) / [ (1 + (W_f / W)^gamma_f) eta_attn(W, d_h) ]
-    gamma_f = System.attn_fa2_exponent. W_f, gamma_f by closed form from two bars of the
-    FA3 paper's Fig. 5(d) (FA2 forward, causal, head dim 128, 16 heads, b s = 16k: W =
-    16384 / s x 16 x s^2 x 0.5), with c = 335 / 989.4 the 16k plateau: y_i = c_TF / TF_i - 1,
-        gamma_f = ln(y_1 / y_2) / ln(W_2 / W_1),   W_f = W_1 y_1^(1 / gamma_f);
-    s = 512: 191 TFLOP/s, W_1 = 6.7109e7, y_1 = 0.75393; s = 2k: 298, W_2 = 2.6844e8,
-    y_2 = 0.12416 -> gamma_f = 1.3011, W_f = 5.401e7 (configs/systems/h100-sxm-80gb.yaml).
-    The backward takes the same shape at its own plateau (Fig. 6 has no per-length FA2
-    causal bars read here). Without W_f (0) or `work`: the set's fall-off, as above.
-    Example: H100, s = 1k causal of the paper (W = 1.3422e8): 335 / (1 + (5.401e7 /
-    1.3422e8)^1.3011) = 256.5 TFLOP/s (paper: 260).
+        eta_attn r = min(eta_inf, c_pass) / (1 + (F_f / F)^gamma_f),   F = 4 W d_h
+        r = min(eta_inf, c_pass) / [ (1 + (F_f / F)^gamma_f) eta_attn(W, d_h) ]
+    F = the forward's matmul FLOPs (QK^T and PV), gamma_f = System.attn_fa2_exponent. FLOPs,
+    not score elements: the FA3 paper's FA2 bars fall off alike with s at head dims 64 /
+    128 / 256 (32 / 16 / 8 heads, the same FLOPs; score elements 4x apart). F_f, gamma_f by
+    closed form from two bars of the FA3 paper's Fig. 5(d) (FA2 forward, causal, head dim
+    128, 16 heads, b s = 16k: F = 16384 / s x 16 x s^2 x 0.5 x 512), with c = 335 / 989.4
+    the 16k plateau: y_i = c_TF / TF_i - 1,
+        gamma_f = ln(y_1 / y_2) / ln(F_2 / F_1),   F_f = F_1 y_1^(1 / gamma_f);
+    s = 512: 191 TFLOP/s, F_1 = 3.4360e10, y_1 = 0.75393; s = 2k: 298, F_2 = 1.3744e11,
+    y_2 = 0.12416 -> gamma_f = 1.3011, F_f = 2.7655e10 (configs/systems/h100-sxm-80gb.yaml).
+    The backward takes the same shape at its own plateau (Fig. 6's per-length FA2 bars
+    were not read). Without F_f (0) or `work`: the set's fall-off, as above.
+    Example: H100, s = 1k causal of the paper (F = 6.8719e10): 335 / (1 + (2.7655e10 /
+    6.8719e10)^1.3011) = 256.5 TFLOP/s (paper: 260).
     """
     e = system.eff
     c = system.attn_fa2_bwd_frac if backward else system.attn_fa2_fwd_frac
@@ -265,9 +268,10 @@ def attention_kernel_factor(head_dim, system, training, backward=False, work=Non
     r = jnp.where(on, jnp.minimum(1.0, c_on / plateau), 1.0)
     if work is None:
         return r
-    own = on & (system.attn_fa2_half_work > 0)
-    w_f = jnp.where(own, system.attn_fa2_half_work, 1.0)
-    fa2_eta = jnp.minimum(plateau, c_on) / (1.0 + (w_f / work) ** system.attn_fa2_exponent)
+    own = on & (system.attn_fa2_half_flop > 0)
+    f_f = jnp.where(own, system.attn_fa2_half_flop, 1.0)
+    flops = 4.0 * work * head_dim
+    fa2_eta = jnp.minimum(plateau, c_on) / (1.0 + (f_f / flops) ** system.attn_fa2_exponent)
     return jnp.where(own, fa2_eta / attention_efficiency(work, head_dim, e), r)
 
 
