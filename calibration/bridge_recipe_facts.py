@@ -217,6 +217,15 @@ per container").
     their cuDNN norm writes MXFP8 itself (FULLY_FUSED), which `te_quantize_rows` does not model
     (the fact would not act). `Training.te_cudnn_norm`; docs/accuracy-bridge.md "Session 13:
     review of the TE kernel counts (branch `review13b`)".
+13. `te_scale_swizzle` (session 13, branch bwquant) on the MXFP8 rows: Transformer Engine's
+    MXFP8 scale swizzles before each GEMM. TE 2.7 (25.09) and 2.9 (25.11): both operands of
+    every GEMM (`pytorch/csrc/extensions/gemm.cpp` `swizzle_scaling_factors`): value 1. TE 2.12
+    (26.02, 26.02.01), 2.14 (26.04, 26.04.01), 2.16 (26.06, 26.06.01): only the weights and
+    the tensors gathered under sequence parallelism (`swizzle_scales_for_gemm` skips scales
+    the `optimize_for_gemm` quantizers wrote GEMM-ready): value 2. Not set on the 26.06+ rows
+    with `cutedsl_fused_grouped_mlp` (TE's fused grouped MLP op, not read) nor on 26.08 (TE
+    version not read). `Training.te_scale_swizzle`, `workload.flops.te_quantize_rows`;
+    docs/accuracy-bridge.md "Session 13: Blackwell FP8 buffers and MXFP8 swizzles".
 """
 
 from __future__ import annotations
@@ -310,7 +319,7 @@ MODULES = ("core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "shared_ex
 OWNED = ("ep_overlap", "pp_first_layers", "pp_last_layers", "attn_tile",
          "moe_eager_clamp_bias", "moe_quant_pad", "recompute_layer_frac", "gemm_wave_split",
          "moe_expert_loop",
-         "tp_userbuffers", "lowp_te_quantizer", "te_cudnn_norm",
+         "tp_userbuffers", "lowp_te_quantizer", "te_cudnn_norm", "te_scale_swizzle",
          *(f"recompute_{m}" for m in MODULES))
 # Models of the CSV with sliding-window layers, and the fused kernel's score tile (fact 4)
 SLIDING_WINDOW_MODELS = ("gpt-oss-120b",)
@@ -349,6 +358,10 @@ CUDNN_NORM_CONTAINERS = ("25.11", "26.02", "26.02.01", "26.04", "26.04.01", "26.
 CUDNN_NORM_ROWS = (("llama3-8b", "h100-sxm-80gb", "fp8-current"),
                    *((m, s, "fp8-current") for m in ("llama3-70b", "llama3.1-405b")
                      for s in ("gb200-nvl72", "gb300-nvl72")))
+# Transformer Engine per container (Megatron-Bridge docs/releases/software-versions.md) ->
+# te_scale_swizzle (fact 13): 1 = TE 2.7 / 2.9, 2 = TE 2.12-2.16
+SWIZZLE_BY_CONTAINER = {"25.09": 1, "25.11": 1, "26.02": 2, "26.02.01": 2, "26.04": 2,
+                        "26.04.01": 2, "26.06": 2, "26.06.01": 2}
 # DeepSeek-V3 (pp, vp) -> (decoder layers on the first device, on the last device)
 DSV3_LAYOUT = {("16", "1"): (4, 1), ("8", "2"): (8, 5), ("8", "1"): (8, 5),
                ("4", "4"): (16, 13), ("4", "2"): (16, 13)}
@@ -415,6 +428,11 @@ def row_facts(row, facts) -> list[str]:
     if ("cudnn_norm" in facts and "te_quant" in facts and key[:3] in CUDNN_NORM_ROWS
             and row["container"] in CUDNN_NORM_CONTAINERS):
         out.append("te_cudnn_norm=1")
+    if ("swizzle" in facts and "te_quant" in facts and row["precision"] == "mxfp8"
+            and row["container"] in SWIZZLE_BY_CONTAINER
+            and not (row["container"] in FUSED_GROUPED_MLP_CONTAINERS
+                     and key[:3] in FUSED_GROUPED_MLP)):
+        out.append(f"te_scale_swizzle={SWIZZLE_BY_CONTAINER[row['container']]}")
     if "layout" in facts and row["model"] == "deepseek-v3":
         lay = (DSV3_H100_LAYOUT if row["system"] == "h100-sxm-80gb"
                else DSV3_LAYOUT.get((row["pp"], row["vp"])))
@@ -428,7 +446,7 @@ def main(argv=None) -> int:
     p.add_argument("out")
     p.add_argument("--facts",
                    default="overlap,layout,dispatch,attn,moe_act,recompute,quant_pad,waves,"
-                           "expert_loop,tp_ub,te_quant,cudnn_norm")
+                           "expert_loop,tp_ub,te_quant,cudnn_norm,swizzle")
     args = p.parse_args(argv)
     facts = set(args.facts.split(","))
     rows = list(csv.reader(CSV.open(newline="")))

@@ -156,12 +156,29 @@ H100_2407_NOTE = ("performance_summary.md pre-training table, 24.07 (GBS, MBS, s
                   "NeMo Framework Launcher 24.07 examples/training/llama/h100 scripts of "
                   "these rows, config.yaml exports NVTE_FUSED_ATTN=0, so TE 1.8 runs "
                   "flash-attn 2")
+# TP overlap of the 70B row (Parallel.tp_userbuffers = 2; docs/accuracy-longseq.md "Session 13:
+# TP overlap of the 70B row"): NeMo Framework Launcher tag 24.07 examples/training/llama/h100/
+# llama3_70b_fp8.sh passes training/tp_overlap@training.model.ub_tp_comm_overlap_cfg=
+# ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192 (launcher_scripts/conf/training/tp_overlap/, same
+# tag; llama3_70b.yaml: ub_tp_comm_overlap true, sequence_parallel true): qkv_fprop, fc1_fprop,
+# proj_dgrad, fc2_dgrad ring_exchange (aggregate 0); proj_fprop, fc2_fprop pipeline (num_sm
+# 24 / 16, cga_size 2, num_splits 4, set_sm_margin 1, fp8_buf 1); qkv_dgrad, qkv_wgrad,
+# fc1_dgrad, fc1_wgrad bulk (num_sm 4 / 24 / 2 / 4, set_sm_margin 0). TE 1.8 (24.07's
+# container) runs pipeline as UbufCommOverlap::split_overlap_rs (pytorch/csrc/
+# comm_gemm_overlap.h, gemm_overlap=True): schedule.overlap.tp_pipeline_rs_s. The 8B row has
+# TP 1: no TP overlap.
+UB_70B = "tp_userbuffers=2"
+UB_70B_NOTE = ("; tp_userbuffers=2: NeMo Framework Launcher 24.07 llama3_70b_fp8.sh runs TE 1.8 "
+               "userbuffers with ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192 (ring exchange "
+               "fprop/dgrad all-gathers, pipelined fprop reduce-scatters with num_splits 4, "
+               "num_sm 24/16, set_sm_margin, fp8_buf; bulk backward)")
 rows += [row("nemo-24_07-dgx-h100-llama3-8b-fp8-8k", "24.07", "h100-sxm-80gb", "DGX-H100",
              "llama3-8b", 8, 128, 1, 1, 2, 4, 711, 12273, "performance_summary.md",
              H100_2407_COMMIT, H100_2407_NOTE, kind="summary", facts=FA2),
          row("nemo-24_07-dgx-h100-llama3-70b-fp8-8k", "24.07", "h100-sxm-80gb", "DGX-H100",
              "llama3-70b", 8, 128, 4, 4, 2, 2, 734, 1524, "performance_summary.md",
-             H100_2407_COMMIT, H100_2407_NOTE, vp=5, kind="summary", facts=FA2)]
+             H100_2407_COMMIT, H100_2407_NOTE + UB_70B_NOTE, vp=5, kind="summary",
+             facts=FA2 + ";" + UB_70B)]
 
 
 def write(path, out):

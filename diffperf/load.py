@@ -380,7 +380,8 @@ def system_names() -> list[str]:
 SYSTEM_KEYS = ("name", "gpu", "description", "sources", "matmul_TFLOPs", "matmul_fp32_TFLOPs",
                "matmul_fp8_TFLOPs", "matmul_fp4_TFLOPs", "matmul_sustained_frac",
                "matmul_fp8_sustained_frac", "matmul_fp4_sustained_frac", "attn_fa2_fwd_frac",
-               "attn_fa2_bwd_frac", "attn_fa2_half_GFLOP", "attn_fa2_exponent", "sfu_Texp_per_s", "vector_TFLOPs", "hbm_bandwidth_GBps",
+               "attn_fa2_bwd_frac", "attn_fa2_half_GFLOP", "attn_fa2_exponent", "sfu_Texp_per_s",
+               "fp8_non_tn_gemm", "vector_TFLOPs", "hbm_bandwidth_GBps",
                "hbm_capacity_GiB", "power_W", "tiers",
                "efficiency", "reliability")
 TIER_KEYS = ("name", "domain_size", "bandwidth_GBps", "latency_us", "oversubscription")
@@ -398,6 +399,7 @@ SYSTEM_UNITS = {"matmul_TFLOPs": ("matmul_flops_per_s", 1e12),
                 "attn_fa2_half_GFLOP": ("attn_fa2_half_flop", 1e9),
                 "attn_fa2_exponent": ("attn_fa2_exponent", 1.0),
                 "sfu_Texp_per_s": ("sfu_exp_per_s", 1e12),
+                "fp8_non_tn_gemm": ("fp8_non_tn_gemm", 1.0),
                 "vector_TFLOPs": ("vector_flops_per_s", 1e12),
                 "hbm_bandwidth_GBps": ("hbm_bandwidth_Bps", 1e9),
                 "hbm_capacity_GiB": ("hbm_capacity_bytes", 2.0**30), "power_W": ("power_W", 1.0)}
@@ -508,6 +510,8 @@ def system_from_dict(d: dict, where: str = "system") -> System:
                                          default=1.0),
             # absent: no published exponential rate of this GPU (0: no floor, no change)
             "sfu_Texp_per_s": _number(d, "sfu_Texp_per_s", where, minimum=0.0, default=0.0),
+            # absent: FP8 GEMMs take the TN layout only (Hopper): 0, no change
+            "fp8_non_tn_gemm": _flag(d, "fp8_non_tn_gemm", where, 0),
             "vector_TFLOPs": n("vector_TFLOPs", default=matmul / 16),
             "hbm_bandwidth_GBps": n("hbm_bandwidth_GBps"),
             "hbm_capacity_GiB": n("hbm_capacity_GiB"),

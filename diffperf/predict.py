@@ -31,12 +31,13 @@ from diffperf.memory.xla import select_memory, xla_device_memory
 from diffperf.result import EXPOSED_PARTS, Breakdown, Goodput, Result
 from diffperf.schedule.goodput import (checkpoint_bytes, checkpoint_write_s, daly_interval_s,
                                       job_mtbf_s, lost_fracs)
-from diffperf.schedule.overlap import (axonn_exposed_s, dp_hidden_slowdown_s,
+from diffperf.schedule.overlap import (UB_PIPE_COMM_SMS, UB_PIPE_GPU_SMS, UB_PIPE_SPLITS,
+                                       axonn_exposed_s, dp_hidden_slowdown_s,
                                        dp_step_exposed_s, ep_merged_1f1b_exposed_s,
                                        ep_merged_unpaired_frac, overlap_sigma,
-                                       ring_exposed_s, split_exposed, tp_userbuffers_block_s,
-                                       tp_userbuffers_sigmas, zero3_layer_exposed_s,
-                                       zero3_microbatch_edge_s)
+                                       ring_exposed_s, split_exposed, tp_pipeline_rs_s,
+                                       tp_userbuffers_block_s, tp_userbuffers_sigmas,
+                                       zero3_layer_exposed_s, zero3_microbatch_edge_s)
 from diffperf.schedule.pipeline import (critical_stage, p2p_exposed_s, pipeline_times_s,
                                         stage_times_s)
 from diffperf.specs import Parallel
@@ -71,7 +72,7 @@ from diffperf.workload.xla import (grad_accumulation_traffic_bytes, optimizer_by
 # Terms that are exactly 0 for most layouts, and that a caller who knows so can leave out of
 # the traced program (`features` of predict_step; `features_of` finds them from concrete specs).
 FEATURES = frozenset({"ep", "cp", "axonn", "experts", "hsdp", "xla", "tiles", "lowp", "mla",
-                      "tpub", "ep_overlap", "cp_torch", "wave_split", "te_quant"})
+                      "tpub", "ubpipe", "ep_overlap", "cp_torch", "wave_split", "te_quant"})
 _PARTS = ("compute_s", "recompute_s", "tp_exposed_s", "cp_exposed_s", "ep_exposed_s",
           "axonn_exposed_s", "overhead_s", "overlap_slowdown_s", "tp_hidden_s", "cp_hidden_s",
           "ep_hidden_s", "axonn_hidden_s")
@@ -262,6 +263,8 @@ def features_of(model, parallel, training=None) -> frozenset:
              timed)
         tpub: some parallel.tp_userbuffers > 0 (TE userbuffers TP overlap:
               `_tp_userbuffers_parts`)
+        ubpipe: some parallel.tp_userbuffers = 2 (the forward reduce-scatters as TE 1.8's
+              pipelined overlap: `schedule.overlap.tp_pipeline_rs_s`)
         ep_overlap: some parallel.ep_overlap != 0 (Megatron-Core's merged EP schedule: the
              chunk windows of `_ep_parts`; without it every window is multiplied by
              ep_overlap = 0 and they are not computed)
@@ -301,7 +304,8 @@ def features_of(model, parallel, training=None) -> frozenset:
           "hsdp": bool(np.any(np.asarray(parallel.zero_shard) > 0)),
           "xla": bool(np.any(np.asarray(xla) > 0)), "tiles": bool(np.any(np.asarray(tile) > 0)),
           "lowp": lowp, "mla": bool(np.any(np.asarray(model.kv_lora_rank) > 0)),
-          "tpub": bool(np.any(np.asarray(parallel.tp_userbuffers) > 0))}
+          "tpub": bool(np.any(np.asarray(parallel.tp_userbuffers) > 0)),
+          "ubpipe": bool(np.any(np.asarray(parallel.tp_userbuffers) == 2))}
     return frozenset(k for k, v in on.items() if v)
 
 
@@ -333,7 +337,7 @@ def _tp_host_sync_s(parallel, n_f, n_b, e):
 
 
 def _tp_userbuffers_parts(model, parallel, system, training, ops, fprop_rows, dgrad_rows,
-                          wgrad_rows, n_b, mlp_again, lowp, temperature):
+                          wgrad_rows, n_b, mlp_again, lowp, temperature, pipe=False):
     """(fwd exposed, fwd hidden, bwd exposed, bwd hidden, bwd hidden in bulk overlaps) TP
     seconds of one layer, one micro-batch, under Parallel.tp_userbuffers: the attention block
     (QKV = GEMM row 0, output projection = row 1) and the MLP block (up = row 2, down = row
@@ -355,7 +359,14 @@ def _tp_userbuffers_parts(model, parallel, system, training, ops, fprop_rows, dg
     The ring-exchange GEMMs (the four fprops, the row dgrads) run as t GEMMs of m / t token
     rows each: each chunk is timed at its own shape (`costs.compute.layer_pass_gemm_times_s`,
     the efficiency curve at m / t), and what the t chunks take beyond the whole GEMM is
-    counted with the exposed seconds (forward: the fprops, backward: the row dgrads)."""
+    counted with the exposed seconds (forward: the fprops, backward: the row dgrads).
+    pipe (static; FEATURES "ubpipe"): where tp_userbuffers = 2 the row-parallel fprops' reduce-
+    scatters run as TE 1.8's pipelined overlap of NeMo Framework Launcher 24.07's H100 FP8
+    configuration (`schedule.overlap.tp_pipeline_rs_s`): the GEMM as UB_PIPE_SPLITS chunks of
+    1/n of its output columns (each timed at its own shape), on the SMs the comm kernel leaves
+    (x sm / (sm - num_sm), set_sm_margin: TE `_math_sms`); the reduce-scatter moves the
+    quantized output (fp8_buf: the uint8 userbuffer, so the all-gather's bytes S_ag,f) and sums
+    in its kernel (no reduction R); the chunked GEMM's time beyond the whole GEMM is exposed."""
     t = parallel.tp
     s_f, s_b, s_rs = tp_ub_message_bytes(model, parallel, training)
     # ring all-gathers and the reduce-scatter on the one TP group (costs.collectives.
@@ -380,11 +391,25 @@ def _tp_userbuffers_parts(model, parallel, system, training, ops, fprop_rows, dg
     f_c, d_c = t * f_c, t * d_c
     # the two blocks at once: column rows 0, 2 and row-parallel rows 1, 3 on axis 0
     col, row = slice(0, 4, 2), slice(1, 4, 2)
+    row_extra = f_c[row] - fprop_rows[row]
+    pipe_args = None
+    if pipe:
+        on = jnp.where(parallel.tp_userbuffers == 2, 1.0, 0.0)
+        cut = jnp.asarray([0.0, 1.0, 0.0, 1.0] + [0.0] * (n_rows - 4)).reshape(split.shape)
+        sliced = ops.dense.replace(n=ops.dense.n / (1.0 + cut * (UB_PIPE_SPLITS - 1.0)))
+        f_p, _, _ = layer_pass_gemm_times_s(ops.replace(dense=sliced), system, training,
+                                            temperature, lowp, ((0, 4),))
+        margin = jnp.asarray([UB_PIPE_GPU_SMS / (UB_PIPE_GPU_SMS - x)
+                              for x in UB_PIPE_COMM_SMS]).reshape((2,) + (1,) * (f_p.ndim - 1))
+        f_p = UB_PIPE_SPLITS * margin * f_p[row]
+        e_p, h_p = tp_pipeline_rs_s(ag_f, f_p, UB_PIPE_SPLITS, temperature)
+        pipe_args = (on, e_p, h_p)
+        row_extra = jnp.where(on > 0, f_p - fprop_rows[row], row_extra)
     f, fh, b, bh, bulk = tp_userbuffers_block_s(
         ag_f, ag_b, rs, block * (sc_b + ag_b), red, f_c[col], f_c[row], dgrad_rows[col],
-        wgrad_rows[col], d_c[row], t, temperature)
+        wgrad_rows[col], d_c[row], t, temperature, pipe_args)
     # per block: the chunked GEMMs' time beyond the whole GEMMs', the exposed scale gathers
-    f = f + (f_c[col] - fprop_rows[col]) + (f_c[row] - fprop_rows[row]) + sc_f
+    f = f + (f_c[col] - fprop_rows[col]) + row_extra + sc_f
     b = b + (d_c[row] - dgrad_rows[row]) + sc_b + sc_f
     # recomputed forwards: both blocks per full-recompute pair, the MLP block (index 1) for
     # Megatron's recompute "mlp"
@@ -431,8 +456,8 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     # Low precision: the quantization kernels of the layer's inputs, output gradients and
     # weights (0 for 16-bit presets; costs.compute.lowp_quantize_times_s).
     # Under Training.lowp_te_quantizer each row at Transformer Engine's own count.
-    te_rows = (te_quantize_rows(model, parallel, training) if "te_quant" in features
-               else None)
+    te_rows = (te_quantize_rows(model, parallel, training, system)
+               if "te_quant" in features else None)
     quant_f, quant_b = lowp_quantize_times_s(ops.dense, system, training,
                                              parallel.n_microbatches, te_rows)
     n_f, n_b = tp_collectives_per_layer(parallel)
@@ -463,7 +488,7 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         ub_on = jnp.where(parallel.tp_userbuffers > 0, 1.0, 0.0)
         ub = _tp_userbuffers_parts(model, parallel, system, training, ops, dense_rows,
                                    dgrad_rows, wgrad_rows, n_b_pairs, mlp_again, lowp,
-                                   temperature)
+                                   temperature, "ubpipe" in features)
         tp_f, tp_fh, tp_b, tp_bh = (jnp.where(ub_on > 0, u, o) for u, o in
                                     zip(ub[:4], (tp_f, tp_fh, tp_b, tp_bh)))
         ub_bulk = ub_on * ub[4]
@@ -801,17 +826,20 @@ def predict_step(model, parallel, system, training, temperature=None,
     `specs.validate.check_inputs` (concrete values; it raises on a broken rule), whose rules
     include every rule of `valid_mask`: the mask is then True by construction and is not
     traced (valid = True), same result. Hard model only (temperature None or 0): there the
-    compiled value and gradient are bit-identical with and without the mask; in the smooth
-    model XLA's compiled System gradient differed by up to 1.6e-4 relative without it
-    (float64, tier leaves of a two-node case: with valid = True the backward pass is seeded
-    by a constant 1, which XLA folds into the arithmetic, an other evaluation order), so the
-    smooth model keeps the mask. Measured (XLA:CPU, predict's quick options, 2 cores; the
-    value and System gradient of the step time with every feature, llama3-8b on
-    h100-sxm-80gb): the mask, computed once (`valid_mask` ends in one division that XLA's
-    fusion does not copy), costs ~3 s of a ~22 s compile (hard, float32: 22.3 against 19.3
-    s of CPU without it); before session 13 XLA copied the whole mask into each of the ~100
-    backward fusions and the same compile took ~56 s (smooth: 49 -> 13 s; bit-identical
-    values and gradients); benchmarks/README.md "Session 13: suite time".
+    compiled value and gradient are bit-identical with and without the mask. In the smooth
+    model the compiled gradient depends on the program's structure by more than rounding: on
+    check_grads' multi-node-llama3-8b-h100 case (float64) suite3 saw tier leaves move by
+    1.6e-4 relative with the mask left out; at session 13 the program without the mask and the
+    one with it both equal the eager gradient bit for bit, but a one-compare runtime mask
+    (hbm_bandwidth > 0) in its place moves the same leaves by the same 1.6e-4 (cause not
+    found: an ill-conditioned smooth term whose compiled rounding depends on XLA's fusion is
+    the guess), so the smooth model keeps the mask. Measured (XLA:CPU, predict's quick
+    options, 2 cores; the value and System gradient of the step time with every feature,
+    llama3-8b on h100-sxm-80gb): the mask, computed once (`valid_mask` ends in one division
+    that XLA's fusion does not copy), costs ~3 s of a ~22 s compile (hard, float32: 22.3
+    against 19.3 s of CPU without it); before session 13 XLA copied the whole mask into each
+    of the ~100 backward fusions and the same compile took ~56 s (smooth: 49 -> 13 s;
+    bit-identical values and gradients); benchmarks/README.md "Session 13: suite time".
     """
     layer, free_f, free_b = _layer_parts(model, parallel, system, training, temperature,
                                          features)

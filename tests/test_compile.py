@@ -17,9 +17,10 @@ import logging
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from diffperf import Parallel, Tier, ZeroStage, predict, stack, training
+from diffperf import Parallel, Tier, Training, ZeroStage, predict, stack, training
 from diffperf.api import _predict_program
 from diffperf.search.kernel import _CPU_QUICK_OPTIONS
 
@@ -246,3 +247,32 @@ def test_jit_vmap_grad_agree_with_scalar_call():
              - float(predict(model, p, scale(system, 1 - h)).step_time_s)) / (2 * h) / t
             for p, t in zip(layouts, scalar)])
         np.testing.assert_allclose(elasticity, fd, rtol=2e-2, atol=2e-3, err_msg=name)
+
+
+def test_validity_mask_is_compiled_once_in_a_gradient_program():
+    """The rules of `valid_mask` appear once in the optimized XLA program of a value and
+    gradient whose backward pass has several fusions (specs.validate._computed_once). XLA's
+    loop fusion used to copy the whole mask into every fusion that read the cotangent of the
+    masked step, select(valid, g, 0): predict's value-and-gradient program with every
+    feature then compiled in ~56 s of CPU instead of ~22 s (benchmarks/README.md, "Session
+    13: suite time"). Counted by the mask's is-finite checks (one per finite-checked System
+    and Training leaf), which nothing else here computes."""
+    from diffperf.specs.batch import anonymous
+    from diffperf.specs.validate import valid_mask
+
+    specs = [jax.tree.map(lambda x: np.asarray(x, np.float32), anonymous(x)) for x in (
+        _model(BASE_MODEL), Parallel(**BASE_LAYOUT), _system(BASE_SYSTEM), Training())]
+
+    def masked(model, parallel, system, train):
+        # several expensive ops (each a fusion root) read the masked value's cotangent
+        t = sum(jnp.exp(-x / jnp.float32(1e12)) * jnp.log1p(x) for x in jax.tree.leaves(system))
+        return jnp.where(valid_mask(model, parallel, system, train), t, jnp.inf)
+
+    options = dict(compiler_options=_CPU_QUICK_OPTIONS) if jax.default_backend() == "cpu" else {}
+
+    def count(f):
+        return jax.jit(f, **options).lower(*specs).compile().as_text().count(" is-finite(")
+
+    alone = count(valid_mask)
+    assert alone > 0
+    assert count(jax.value_and_grad(masked, argnums=2)) == alone

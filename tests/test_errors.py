@@ -502,9 +502,14 @@ LAYOUT_RULES = [
     (dict(zero3_regather=2), None, "zero3_regather=2 is not allowed (allowed: 0, 1)"),
     (dict(zero3_copy_out=2), None, "zero3_copy_out=2 is not allowed (allowed: 0 FSDP1 / "
      "DeepSpeed flat buffers, 1 FSDP2 copy-out)"),
-    (dict(tp_userbuffers=2), None, "tp_userbuffers=2 is not allowed (allowed: 0 the "
+    (dict(tp_userbuffers=3), None, "tp_userbuffers=3 is not allowed (allowed: 0 the "
      "tp_overlap form, 1 Transformer Engine userbuffers as Megatron-Bridge's FP8 "
-     "configurations run it)"),
+     "configurations run it, 2 as NeMo Framework Launcher 24.07's H100 FP8 configuration "
+     "runs it on TE 1.8: pipelined forward reduce-scatters)"),
+    (dict(tp=2, tp_userbuffers=2), None, "tp_userbuffers=2 with sequence_parallel=0 and tp=2: "
+     "userbuffers overlaps the sequence-parallel all-gathers / reduce-scatters (Megatron-Bridge "
+     "turns it off without sequence parallelism); allowed: sequence_parallel 1, or "
+     "tp_userbuffers 0"),
     (dict(tp=2, tp_userbuffers=1), None, "tp_userbuffers=1 with sequence_parallel=0 and tp=2: "
      "userbuffers overlaps the sequence-parallel all-gathers / reduce-scatters (Megatron-Bridge "
      "turns it off without sequence parallelism); allowed: sequence_parallel 1, or "
@@ -1449,9 +1454,11 @@ def test_unknown_dataset_suggests():
     ({"tp_overlap": 2}, "parallel: tp_overlap=2 must be in [0, 1]"),
     ({"zero_shard": 0.5}, "parallel: zero_shard=0.5 must be a whole number >= 0"),
     ({"cp_ring": 3}, "parallel: cp_ring=3 is not allowed (allowed: 0, 1)"),
-    ({"tp_userbuffers": 2}, "parallel: tp_userbuffers=2 is not allowed (allowed: 0 the "
+    ({"tp_userbuffers": 3}, "parallel: tp_userbuffers=3 is not allowed (allowed: 0 the "
                             "tp_overlap form, 1 Transformer Engine userbuffers as "
-                            "Megatron-Bridge's FP8 configurations run it)"),
+                            "Megatron-Bridge's FP8 configurations run it, 2 as NeMo "
+                            "Framework Launcher 24.07's H100 FP8 configuration runs it on TE "
+                            "1.8: pipelined forward reduce-scatters)"),
 ])
 def test_search_framework_facts(facts, message):
     from diffperf.search import enumerate_layouts, search
@@ -1552,6 +1559,32 @@ def test_low_precision_needs_its_tensor_cores(precision, system, message):
 
 
 
+UB_PRECISION = ("Transformer Engine's userbuffers all-gathers only 16-bit, per-tensor FP8 "
+                "and MXFP8 tensors (\"Unsupported quantizer for Userbuffers\" otherwise; TE "
+                "1.8, tp_userbuffers 2: delayed-scaling FP8 only, no current scaling or "
+                "MXFP8); allowed: tp_userbuffers 0 with this precision, or bf16, fp16, "
+                "fp8-delayed, fp8-current, mxfp8 (tp_userbuffers 1), bf16, fp16, fp8-delayed "
+                "(tp_userbuffers 2)")
+
+
+def test_tp_userbuffers_2_refuses_mxfp8():
+    """tp_userbuffers = 2 is TE 1.8's userbuffers (NeMo Framework Launcher 24.07), whose one
+    FP8 recipe is DelayedScaling: refused with mxfp8 (on a GPU that has it) and with
+    fp8-current (Float8CurrentScaling first ships in TE 2.2), fp8-delayed passes."""
+    m = _small()
+    gb200 = diffperf.load_system("gb200-nvl72")
+    h100 = diffperf.load_system("h100-sxm-80gb")
+    ub = Parallel(tp=2, dp=1, sequence_parallel=1, tp_userbuffers=2)
+    with _raises(f"precision='mxfp8' (lowp_block=32, lowp_fp4=0) with "
+                 f"parallel.tp_userbuffers=2: {UB_PRECISION}"):
+        check_inputs(m, ub, gb200, diffperf.training("mxfp8"))
+    with _raises(f"precision='fp8-current' (lowp_block=0, lowp_fp4=0) with "
+                 f"parallel.tp_userbuffers=2: {UB_PRECISION}"):
+        check_inputs(m, ub, h100, diffperf.training("fp8-current"))
+    check_inputs(m, ub, h100, diffperf.training("fp8-delayed"))
+    check_inputs(m, ub.replace(tp_userbuffers=1), h100, diffperf.training("fp8-current"))
+
+
 @pytest.mark.parametrize("precision", ["nvfp4", "fp8-blockwise"])
 def test_tp_userbuffers_needs_a_precision_userbuffers_gathers(precision):
     """TE's userbuffers all-gathers 16-bit, per-tensor FP8 and MXFP8 tensors only
@@ -1565,11 +1598,7 @@ def test_tp_userbuffers_needs_a_precision_userbuffers_gathers(precision):
     ub = Parallel(tp=2, dp=1, sequence_parallel=1, tp_userbuffers=1)
     block, fp4 = {"nvfp4": (16, 1), "fp8-blockwise": (128, 0)}[precision]
     message = (f"precision={precision!r} (lowp_block={block}, lowp_fp4={fp4}) with "
-               f"parallel.tp_userbuffers=1: "
-               f"Transformer Engine's userbuffers all-gathers only 16-bit, per-tensor FP8 and "
-               f"MXFP8 tensors (\"Unsupported quantizer for Userbuffers\" otherwise); allowed: "
-               f"tp_userbuffers 0 with this precision, or bf16, fp16, fp8-delayed, "
-               f"fp8-current, mxfp8")
+               f"parallel.tp_userbuffers=1: {UB_PRECISION}")
     with _raises(message):
         diffperf.predict(m, ub, gb200, diffperf.training(precision))
     with _raises(message):
@@ -1577,6 +1606,28 @@ def test_tp_userbuffers_needs_a_precision_userbuffers_gathers(precision):
                parallel={"tp_userbuffers": 1})
     for ok in ("fp8-current", "mxfp8"):
         check_inputs(m, ub, gb200, diffperf.training(ok))
+
+
+def test_tp_userbuffers_2_needs_an_h100():
+    """tp_userbuffers = 2 prices the GEMM beside the pipelined reduce-scatter on 132 - num_sm
+    SMs (H100 SXM5's count, NeMo Launcher 24.07's H100 configuration): refused on another GPU
+    by predict and search before tracing, instead of pricing it with H100's SM count; an H100
+    passes (test_tp_userbuffers_2_refuses_mxfp8)."""
+    from diffperf.search import enumerate_layouts, search
+
+    m = _small()
+    b200 = diffperf.load_system("dgx-b200")
+    ub = Parallel(tp=2, dp=1, sequence_parallel=1, tp_userbuffers=2)
+    message = ("parallel.tp_userbuffers=2 with system.gpu='b200': the pipelined forward "
+               "reduce-scatter is NeMo Framework Launcher 24.07's H100 FP8 configuration "
+               "(num_sm 24 / 16 with an SM margin of the H100 SXM5's 132 SMs); allowed: "
+               "tp_userbuffers 2 with system.gpu 'h100', or tp_userbuffers 0 or 1")
+    with _raises(message):
+        diffperf.predict(m, ub, b200, diffperf.training("fp8-delayed"))
+    with _raises(message):
+        search(m, b200, diffperf.training("fp8-delayed"), enumerate_layouts(m, 2, 4)[:1],
+               parallel={"tp_userbuffers": 2})
+    check_inputs(m, ub.replace(tp_userbuffers=1), b200, diffperf.training("fp8-delayed"))
 
 # --------------------------------------------------------------------------------------------
 # Audit: predict's and search's layout options on the command line

@@ -85,6 +85,12 @@ def test_every_row_loads_and_predicts_finite():
     fa2 = {s: {float(runs.trainings[i].attention_fa2) for i in range(len(runs))
                if runs.systems[i] == s} for s in set(runs.systems)}
     assert fa2 == {"h100-sxm-80gb": {1.0}, "dgx-b200": {0.0}}
+    # TE 1.8 userbuffers with pipelined reduce-scatters on the 24.07 70B row only (NeMo
+    # Framework Launcher 24.07 ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192; the others: TP 1 or
+    # no published overlap configuration)
+    ub = {runs.rows[i]["id"]: float(runs.parallels[i].tp_userbuffers) for i in range(len(runs))}
+    assert {k for k, v in ub.items() if v} == {"nemo-24_07-dgx-h100-llama3-70b-fp8-8k"}
+    assert ub["nemo-24_07-dgx-h100-llama3-70b-fp8-8k"] == 2.0
     systems = load_systems(runs, None, "none")
     step, mem, _ = predict_runs(runs, systems)
     assert np.all(np.isfinite(step)) and np.all(step > 0)

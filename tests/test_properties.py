@@ -545,6 +545,8 @@ def test_features_of_names_each_feature():
     assert features_of(dense, Parallel(), tiled) == {"tiles"}
     assert features_of(dense, Parallel(tp=2.0, sequence_parallel=1.0, tp_userbuffers=1.0)) \
         == {"tpub"}
+    assert features_of(dense, Parallel(tp=2.0, sequence_parallel=1.0, tp_userbuffers=2.0)) \
+        == {"tpub", "ubpipe"}
     assert features_of(dense, Parallel(), training("bf16", gemm_wave_split=1.0)) == {
         "wave_split"}
     assert features_of(dense, Parallel(cp=2.0), training("bf16", cp_torch=1.0)) == {"cp",

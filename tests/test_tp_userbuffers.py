@@ -20,7 +20,8 @@ import diffperf
 from diffperf import Parallel
 from diffperf.costs.collectives import all_gather_s, reduce_scatter_s
 from diffperf.costs.compute import layer_pass_gemm_times_s, memory_time_s
-from diffperf.schedule.overlap import tp_userbuffers_block_s
+from diffperf.schedule.overlap import (UB_PIPE_COMM_SMS, UB_PIPE_GPU_SMS, UB_PIPE_SPLITS,
+                                       tp_pipeline_rs_s, tp_userbuffers_block_s)
 from diffperf.workload.flops import layer_ops
 from diffperf.workload.groups import stride
 from diffperf.workload.tp import tp_ub_message_bytes, tp_ub_reduce_bytes, tp_ub_scale_bytes
@@ -206,3 +207,114 @@ def test_search_traces_the_term_when_the_fact_is_given():
     keys = np.ones((2, len(KEYS)))
     assert "tpub" not in _table_features(L405, keys, FP8)
     assert "tpub" in _table_features(L405, keys, FP8, Parallel(tp_userbuffers=1.0))
+
+
+# ------------------------------------------------------------------ tp_userbuffers = 2 (TE 1.8)
+
+def test_pipeline_rs_by_hand():
+    """tp_pipeline_rs_s, n = 4 (ms): RS 0.4, G 1.2: c = 0.1, g = 0.3, exposed 0.1 + 3 x 0 =
+    0.1, hidden 0.3; RS 2.0: c = 0.5, exposed 0.5 + 3 (0.5 - 0.3) = 1.1, hidden 0.9; n = 1:
+    no pipeline, the whole RS exposed after the GEMM."""
+    got = [float(x) for x in tp_pipeline_rs_s(0.4e-3, 1.2e-3, 4.0)]
+    np.testing.assert_allclose(got, [0.1e-3, 0.3e-3], rtol=1e-6)
+    got = [float(x) for x in tp_pipeline_rs_s(2.0e-3, 1.2e-3, 4.0)]
+    np.testing.assert_allclose(got, [1.1e-3, 0.9e-3], rtol=1e-6)
+    got = [float(x) for x in tp_pipeline_rs_s(2.0e-3, 1.2e-3, 1.0)]
+    np.testing.assert_allclose(got, [2.0e-3, 0.0], atol=1e-12)
+
+
+def test_pipeline_rs_matches_te18_stream_order():
+    """tp_pipeline_rs_s against an event simulation of TE 1.8 split_overlap_rs
+    (gemm_overlap=True): GEMM chunk i ends at (i + 1) g; the comm stream runs chunk i's
+    reduce-scatter (c each) after GEMM chunk i ends and after the previous one; exposed = the
+    last reduce-scatter's end less the GEMMs' n g."""
+    for rs, gemm, n in ((0.4, 1.2, 4), (2.0, 1.2, 4), (1.3, 1.2, 4), (0.9, 0.5, 3),
+                        (3.0, 0.1, 2)):
+        c, g, end = rs / n, gemm / n, 0.0
+        for i in range(n):
+            end = max(end, (i + 1) * g) + c
+        got = [float(x) for x in tp_pipeline_rs_s(rs, gemm, float(n))]
+        np.testing.assert_allclose(got, [end - gemm, rs - (end - gemm)], rtol=1e-5,
+                                   atol=1e-7)
+
+
+def test_pipeline_rs_gradient_contract():
+    """Public cost function: x64, log-inputs, smooth form (t = 0.1): gradients finite and
+    equal to finite differences; exposed grows with the reduce-scatter, shrinks with the GEMM
+    (the slow case, where chunks are exposed)."""
+    from jax.test_util import check_grads
+
+    with jax.enable_x64(True):
+        def e(x):
+            v = jnp.exp(x)
+            return tp_pipeline_rs_s(v[0], v[1], 4.0, temperature=0.1)[0]
+
+        x = jnp.log(jnp.array([2.0e-3, 1.2e-3], dtype=jnp.float64))
+        check_grads(e, (x,), order=1, modes=("rev",))
+        g = np.asarray(jax.grad(e)(x))
+    assert np.all(np.isfinite(g)) and g[0] > 0 and g[1] < 0, g
+
+
+def test_block_pipe_replaces_the_forward_reduce_scatter_only():
+    """tp_userbuffers_block_s with pipe = (on, e_p, h_p): on = 1 puts e_p for e2 + R and h_p
+    for RS - e2 in the forward (docstring example: e1 = 0, so forward exposed = e_p, hidden =
+    AG_f + h_p), the backward unchanged; on = 0 is the ring-exchange form bit for bit."""
+    ring = [float(x) for x in tp_userbuffers_block_s(*EXAMPLE, 4.0)]
+    off = [float(x) for x in tp_userbuffers_block_s(*EXAMPLE, 4.0, pipe=(0.0, 7.0, 9.0))]
+    assert off == ring
+    on = [float(x) for x in tp_userbuffers_block_s(*EXAMPLE, 4.0,
+                                                   pipe=(1.0, 0.1e-3, 0.2e-3))]
+    np.testing.assert_allclose(on[:2], [0.1e-3, 0.6e-3 + 0.2e-3], rtol=1e-6)
+    assert on[2:] == ring[2:]
+
+
+def test_layer_parts_pipeline_conserve_and_gate():
+    """DGX-H100 70B layer (TP 4, CP 2, FP8 delayed; NeMo 24.07's row): "ubpipe" with
+    tp_userbuffers = 1 changes nothing (bit for bit); with 2, exposed + hidden = the
+    tp_userbuffers = 1 total less the two forward ring reduce-scatters (RS at BF16) and their
+    reductions, plus the pipelined reduce-scatters at the FP8 bytes (fp8_buf: = AG_f), less the
+    row fprops' ring chunks (t chunks of m / t tokens) plus their pipeline chunks (4 slices
+    of n / 4 output columns on 132 - num_sm SMs: x 132/108 proj, x 132/116 fc2), each
+    recomputed here from the cost functions; the pipelined chunks' time beyond the whole GEMM
+    is exposed, so the forward exposed seconds are at least that."""
+    system = _system("h100-sxm-80gb")
+    tr = diffperf.training("fp8-delayed")
+    l70 = _model("llama3-70b")
+    p = Parallel(tp=4.0, pp=4.0, cp=2.0, vp=5.0, dp=2.0, micro_batch=1.0, global_batch=128.0,
+                 sequence_parallel=1.0, tp_userbuffers=1.0)
+    feats = pr.features_of(l70, p, tr)
+    assert "tpub" in feats and "ubpipe" not in feats
+    one = pr._layer_parts(l70, p, system, tr, None, features=feats)[0]
+    same = pr._layer_parts(l70, p, system, tr, None, features=feats | {"ubpipe"})[0]
+    for k in one:
+        assert float(one[k]) == float(same[k]), k
+    p2 = p.replace(tp_userbuffers=2.0)
+    assert pr.features_of(l70, p2, tr) == feats | {"ubpipe"}
+    two = pr._layer_parts(l70, p2, system, tr, None, features=feats | {"ubpipe"})[0]
+    t = 4.0
+    st = stride(pr._placed(p2), "tp")
+    s_f, _, s_rs = tp_ub_message_bytes(l70, p2, tr)
+    ag_f = float(all_gather_s(s_f, t, st, system))
+    rs = float(reduce_scatter_s(s_rs, t, st, system))
+    rs_p = float(reduce_scatter_s(s_f, t, st, system))
+    red = float(memory_time_s(tp_ub_reduce_bytes(l70, p2, tr), system))
+    ops = layer_ops(l70, p2, tr)
+    f = np.asarray(layer_pass_gemm_times_s(ops, system, tr, None, True)[0])
+    m = np.asarray(ops.dense.m, dtype=float).copy()
+    m[:4] /= t
+    fc = np.asarray(layer_pass_gemm_times_s(
+        ops.replace(dense=ops.dense.replace(m=jnp.asarray(m))), system, tr, None, True)[0])
+    n = np.asarray(ops.dense.n, dtype=float).copy()
+    n[[1, 3]] /= UB_PIPE_SPLITS
+    fp = np.asarray(layer_pass_gemm_times_s(
+        ops.replace(dense=ops.dense.replace(n=jnp.asarray(n))), system, tr, None, True)[0])
+    margin = np.array([UB_PIPE_GPU_SMS / (UB_PIPE_GPU_SMS - x) for x in UB_PIPE_COMM_SMS])
+    assert np.allclose(margin, [132 / 108, 132 / 116])
+    pipe_gemm = UB_PIPE_SPLITS * margin * fp[[1, 3]]
+    ring_rows = t * fc[[1, 3]]
+    assert rs_p == pytest.approx(ag_f, rel=1e-6) and rs_p < 0.6 * rs  # FP8 vs BF16
+    total_one = float(one["tp_exposed_s"] + one["tp_hidden_s"])
+    want = total_one - 2 * (rs + red) + 2 * rs_p + float(np.sum(pipe_gemm - ring_rows))
+    np.testing.assert_allclose(float(two["tp_exposed_s"] + two["tp_hidden_s"]), want,
+                               rtol=1e-5)
+    assert float(two["tp_exposed_s"]) > float(np.sum(pipe_gemm - f[[1, 3]]))

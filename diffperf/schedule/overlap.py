@@ -174,7 +174,7 @@ def tp_userbuffers_sigmas(overlap_slowdown, wave_split):
 
 def tp_userbuffers_block_s(ag_f_s, ag_b_s, rs_s, ag_wgrad_s, reduce_s, col_fprop_s,
                            row_fprop_s, col_dgrad_s, col_wgrad_s, row_dgrad_s, tp,
-                           temperature=None):
+                           temperature=None, pipe=None):
     """(forward exposed, forward hidden, backward exposed, backward hidden, backward hidden in
     bulk overlaps) seconds of one tensor-parallel block (a column-parallel linear, then a
     row-parallel one: QKV -> output projection, fc1 -> fc2) under sequence parallelism, one
@@ -233,6 +233,10 @@ def tp_userbuffers_block_s(ag_f_s, ag_b_s, rs_s, ag_wgrad_s, reduce_s, col_fprop
     G_r = 1.2, D_c = 1.6, W_c = 1.6, D_r = 1.2: e1 = 3 max(0, 0.2 - 0.4) = 0, e2 = 3 max(0,
     0.4 - 0.3) = 0.3, forward exposed 0.35, hidden 1.5; e3 = 0, e5 = 0, e6 = 0, backward
     exposed 0, hidden 2.4, of it bulk 1.8.
+    pipe = (on, e_p, h_p) or None: where on > 0 the forward reduce-scatter runs as TE 1.8's
+    pipelined overlap instead (NeMo Framework Launcher 24.07's H100 FP8 configuration,
+    Parallel.tp_userbuffers = 2): its exposed and hidden seconds e_p, h_p
+    (`tp_pipeline_rs_s`) replace e2 + R and RS - e2 in the forward; the backward is unchanged.
     """
     steps = jnp.maximum(tp - 1.0, 1.0)
     e1 = steps * exposed(ag_f_s / steps, col_fprop_s / tp, temperature)
@@ -243,8 +247,51 @@ def tp_userbuffers_block_s(ag_f_s, ag_b_s, rs_s, ag_wgrad_s, reduce_s, col_fprop
     e6 = exposed(rs_s, col_wgrad_s, temperature)
     bulk = ag_f_s + rs_s - e5 - e6
     e_b = e3 + e4 + e5 + e6
-    return (e1 + e2 + reduce_s, ag_f_s + rs_s - e1 - e2, e_b,
+    e_f, h_f = e1 + e2 + reduce_s, ag_f_s + rs_s - e1 - e2
+    if pipe is not None:
+        on, e_p, h_p = pipe
+        e_f, h_f = jnp.where(on > 0, e1 + e_p, e_f), jnp.where(on > 0, ag_f_s - e1 + h_p, h_f)
+    return (e_f, h_f, e_b,
             ag_b_s + ag_wgrad_s + ag_f_s + rs_s - e_b, bulk)
+
+
+# TE 1.8's pipelined reduce-scatter as NeMo Framework Launcher 24.07 configures it for H100
+# FP8 (launcher_scripts/conf/training/tp_overlap/ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192.yaml,
+# tag 24.07: proj_fprop num_sm 24, fc2_fprop num_sm 16, both method pipeline, num_splits 4,
+# set_sm_margin 1, fp8_buf 1) on an H100 SXM5 (132 SMs: NVIDIA H100 Tensor Core GPU
+# Architecture whitepaper, "H100 SXM5 ... 132 SMs") [S]
+UB_PIPE_SPLITS = 4.0
+UB_PIPE_COMM_SMS = (24.0, 16.0)   # (proj_fprop, fc2_fprop)
+UB_PIPE_GPU_SMS = 132.0
+
+
+def tp_pipeline_rs_s(rs_s, gemm_s, n_splits, temperature=None):
+    """(exposed, hidden) seconds of a reduce-scatter that Transformer Engine's userbuffers runs
+    as a pipelined overlap ("pipeline" method) with the GEMM that produces it:
+
+        c = RS / n,   g = G / n
+        exposed = c + (n - 1) max(0, c - g),   hidden = RS - exposed
+    RS = the reduce-scatter's time, G = the producing GEMM's time as it runs in the overlap
+    (its n chunks, on the SMs the comm kernel leaves: the caller's), n = num_splits. Why
+    (TE v1.8 `UbufCommOverlap::split_overlap_rs`, transformer_engine/pytorch/csrc/
+    comm_gemm_overlap.h, called with gemm_overlap=True by cpp_extensions/gemm.py for
+    SPLIT_PIPELINED_RS): the GEMM is cut into n chunks (m / num_splits rows of the weight,
+    i.e. a 1/n slice of the output), launched back to back on the compute streams with
+    `_math_sms = sm_count - num_comm_sm` (set_sm_margin); chunk i's reduce-scatter
+    (`reducescatter2_userbuff_stridedoutput[_fp8]`, userbuffers' SM kernel on num_sm SMs, the
+    sum done in the kernel: no separate reduction) waits for chunk i's GEMM and runs on the
+    comm stream beside chunk i + 1's GEMM; the last chunk's reduce-scatter runs after the last
+    GEMM (with UB_MAX_SM SMs), exposed. A two-stage pipeline of n items: total = g + c +
+    (n - 1) max(g, c), the GEMMs alone n g. The comm kernel's rate at num_sm SMs is taken as
+    the collective's (not modelled separately, as the bulk overlaps in
+    `tp_userbuffers_block_s`).
+    Example (ms): RS = 0.4, G = 1.2, n = 4: c = 0.1, g = 0.3: exposed 0.1, hidden 0.3;
+    RS = 2.0, G = 1.2: c = 0.5, exposed 0.5 + 3 x 0.2 = 1.1, hidden 0.9.
+    """
+    n = jnp.maximum(n_splits, 1.0)
+    c, g = rs_s / n, gemm_s / n
+    e = c + (n - 1.0) * exposed(c, g, temperature)
+    return e, rs_s - e
 
 
 def dp_step_exposed_s(reduce_s, gather_s, bwd_window_s, parallel, temperature=None):

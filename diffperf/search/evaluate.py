@@ -24,7 +24,7 @@ from diffperf.specs.training import Training
 from diffperf.specs.validate import (check_facts_act, check_job, check_layout, check_model,
                                      check_precision, check_search_facts, check_system,
                                      check_training, check_tp_userbuffers_precision,
-                                     facts_act_mask)
+                                     check_tp_userbuffers_system, facts_act_mask)
 
 
 def _evaluate(args, keys, per, temperature, devices, optimize, progress, store=None,
@@ -177,6 +177,7 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
     if base is not None:
         check_search_facts(model, base)
         check_tp_userbuffers_precision(base, training)
+        check_tp_userbuffers_system(base, system)
     outs = _evaluate(args, keys, per, temperature, devices, optimize, progress and tick, store,
                      fields, base)
     return _gather(cell, outs)

@@ -74,7 +74,10 @@ class Parallel(struct.PyTreeNode):
                                 # exchange forward and output-gradient all-gathers, ring-exchange
                                 # reduce-scatters, bulk input re-gather / dgrad reduce-scatter
                                 # beside the backward GEMMs; schedule.overlap.
-                                # tp_userbuffers_block_s); tp_overlap is then not read. 0: the
+                                # tp_userbuffers_block_s); tp_overlap is then not read. 2: the
+                                # same, but the forward reduce-scatters pipelined as TE 1.8 runs
+                                # NeMo Framework Launcher 24.07's H100 FP8 configuration
+                                # (tp_pipeline_rs_s; validate: 16-bit or delayed FP8, H100). 0: the
                                 # tp_overlap form (the default)
     ep_overlap: Any = 0         # fraction of the compute the EP all-to-alls can hide behind,
                                 # as Megatron-Core's merged forward-backward EP schedule pairs

@@ -139,6 +139,13 @@ class System(struct.PyTreeNode):
     # on the fused attention kernel, one exponential per computed score element per pass
     # (costs.compute.attention_exp_floor_s). 0: no published rate, no floor (no change)
     sfu_exp_per_s: Any = 0.0
+    # 1: THIS GPU's FP8 GEMMs take every operand layout, not only TN (Transformer Engine
+    # `nvte_is_non_tn_fp8_gemm_supported()`, common/transformer_engine.cpp v2.7-v2.16: compute
+    # capability 10.x-11.x or >= 13.0, i.e. Blackwell B200 / GB200 sm100, B300 / GB300 sm103), so
+    # a per-tensor FP8 tensor keeps one data buffer for its row- and column-wise usages
+    # (workload.flops.te_quantize_rows, read under Training.lowp_te_quantizer). 0: Hopper /
+    # unknown, a transposed FP8 copy per column-wise usage (no change)
+    fp8_non_tn_gemm: Any = 0.0
     name: str = struct.field(pytree_node=False, default="system")
     gpu: str = struct.field(pytree_node=False, default="")  # GPU generation ('a100', 'h100',
     # ...; '' unknown): picks the shipped default efficiency set (diffperf.trust)

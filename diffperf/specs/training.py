@@ -144,6 +144,13 @@ class Training(struct.PyTreeNode):
                                  # FUSED_NORM_AMAX_FP8 only without the variable); acts only
                                  # with lowp_te_quantizer = 1 under FP8 current scaling
                                  # (workload.flops.te_quantize_rows); 0: TE's own norm kernel
+    te_scale_swizzle: Any = 0.0   # MXFP8 scale-swizzle kernels before Transformer Engine's GEMMs
+                                 # (read under lowp_te_quantizer): 1 = TE 2.7 / 2.9, both
+                                 # operands of every GEMM (gemm.cpp swizzle_scaling_factors);
+                                 # 2 = TE 2.12-2.16, the weights and the tensors gathered under
+                                 # sequence parallelism only (the other quantizers write
+                                 # GEMM-ready scales, optimize_for_gemm); 0: none counted
+                                 # (workload.flops.te_quantize_rows)
     name: str = struct.field(pytree_node=False, default="bf16")
 
 

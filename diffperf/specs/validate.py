@@ -117,16 +117,18 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
 
 
 def _check_tp_userbuffers(P, M, where, pick) -> None:
-    """Parallel.tp_userbuffers 0 or 1, and 1 only for dense models (the rules that hold for
-    every layout; check_layout adds the one tied to a layout's tp and sequence_parallel)."""
+    """Parallel.tp_userbuffers 0, 1 or 2, and 1 / 2 only for dense models (the rules that hold
+    for every layout; check_layout adds the one tied to a layout's tp and sequence_parallel)."""
     u = P["tp_userbuffers"]
-    _fail(~((u == 0) | (u == 1)), where, lambda i: (
+    _fail(~((u == 0) | (u == 1) | (u == 2)), where, lambda i: (
         f"tp_userbuffers={pick(u, i):g} is not allowed (allowed: 0 the tp_overlap form, 1 "
-        f"Transformer Engine userbuffers as Megatron-Bridge's FP8 configurations run it)"))
-    _fail((u == 1) & (M["n_experts"] > 0), where, lambda i: (
-        f"tp_userbuffers=1 with model.moe_experts={pick(M['n_experts'], i):g}: the userbuffers "
-        f"TP overlap is modelled for dense models only (allowed: tp_userbuffers 0 for MoE "
-        f"models)"))
+        f"Transformer Engine userbuffers as Megatron-Bridge's FP8 configurations run it, 2 "
+        f"as NeMo Framework Launcher 24.07's H100 FP8 configuration runs it on TE 1.8: "
+        f"pipelined forward reduce-scatters)"))
+    _fail((u >= 1) & (M["n_experts"] > 0), where, lambda i: (
+        f"tp_userbuffers={pick(u, i):g} with model.moe_experts={pick(M['n_experts'], i):g}: "
+        f"the userbuffers TP overlap is modelled for dense models only (allowed: "
+        f"tp_userbuffers 0 for MoE models)"))
 
 
 # Framework facts that describe MoE layers (`check_facts_act`): each acts only where the model
@@ -176,7 +178,7 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
                         current scaling (it only moves that recipe's norm-fused amax);
                       rope_kv_pass = 1 needs llama_eager_pointwise = 0 (that term holds the
                         eager forms of the same passes);
-        layout=True   cp_torch = 1 needs cp > 1; tp_userbuffers = 1 needs tp > 1;
+        layout=True   cp_torch = 1 needs cp > 1; tp_userbuffers >= 1 needs tp > 1;
         (one layout)  ep_overlap > 0 needs ep > 1 and no full recompute (Megatron-Core
                         TransformerConfig.__post_init__ asserts both for
                         overlap_moe_expert_parallel_comm); ep_dispatch = 1 needs ep > 1
@@ -193,7 +195,8 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
     T = {f: _arr(getattr(training, f)) for f in (
         *(f for f, _ in MOE_TRAINING_FACTS), "lowp_fprop", "lowp_dgrad", "lowp_wgrad",
         "rope_kv_pass", "llama_eager_pointwise", "attention_fa2", "cp_torch",
-        "lowp_te_quantizer", "te_cudnn_norm", "lowp_amax_pass", "lowp_block", "lowp_fp4")}
+        "lowp_te_quantizer", "te_cudnn_norm", "te_scale_swizzle", "lowp_amax_pass",
+        "lowp_block", "lowp_fp4")}
     _dense_facts(M, where_training, pick, MOE_TRAINING_FACTS, T)
     lowp = np.maximum(np.maximum(T["lowp_fprop"], T["lowp_dgrad"]), T["lowp_wgrad"]) > 0
     name = getattr(training, "name", None)
@@ -213,6 +216,15 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
               f"(got lowp_te_quantizer={pick(T['lowp_te_quantizer'], i):g}, precision "
               f"{name or '?'!r}): it takes the amax of a LayerNormLinear's FP8 current-scaling "
               f"quantize out of Transformer Engine's norm kernel; allowed: 0"))
+    _fail(~np.isin(T["te_scale_swizzle"], (0, 1, 2)), where_training, lambda i: (
+        f"te_scale_swizzle={pick(T['te_scale_swizzle'], i):g} is not allowed (allowed: 0 none, "
+        f"1 Transformer Engine 2.7 / 2.9 every GEMM operand, 2 TE 2.12-2.16 weights and "
+        f"sequence-parallel gathered tensors)"))
+    _fail((T["te_scale_swizzle"] > 0) & ~((T["lowp_te_quantizer"] == 1)
+                                          & (T["lowp_block"] > 0)), where_training, lambda i: (
+        f"te_scale_swizzle={pick(T['te_scale_swizzle'], i):g} needs lowp_te_quantizer=1 with a "
+        f"block-scaled (MXFP8) precision (precision {name or '?'!r}): it counts Transformer "
+        f"Engine's MXFP8 scale swizzles; allowed: 0"))
     _fail((T["rope_kv_pass"] == 1) & (T["llama_eager_pointwise"] == 1), where_training,
           lambda i: (
               "rope_kv_pass=1 with llama_eager_pointwise=1: the eager term already holds the "
@@ -240,8 +252,9 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
     _fail((T["cp_torch"] == 1) & (P["cp"] == 1), where_training, lambda i: (
         "cp_torch=1 needs context parallelism (cp > 1; got cp=1): PyTorch's "
         "context_parallel() exchanges K/V between the cp ranks; allowed: 0 with cp = 1"))
-    _fail((P["tp_userbuffers"] == 1) & (P["tp"] == 1), where_parallel, lambda i: (
-        "tp_userbuffers=1 needs tensor parallelism (tp > 1; got tp=1): userbuffers overlaps "
+    _fail((P["tp_userbuffers"] >= 1) & (P["tp"] == 1), where_parallel, lambda i: (
+        f"tp_userbuffers={pick(P['tp_userbuffers'], i):g} needs tensor parallelism (tp > 1; "
+        "got tp=1): userbuffers overlaps "
         "the TP collectives; allowed: 0 with tp = 1"))
     v = P["ep_overlap"]
     _fail(moe & (v > 0) & (P["ep"] == 1), where_parallel, lambda i: (
@@ -277,8 +290,8 @@ def check_search_facts(model, parallel, where: str = "parallel") -> None:
     table takes part in: each fact's own range (`_check_fact_ranges`: zero3_copy_out=2,
     tp_overlap=2 gave "0 fit", exit 0); the recompute_<module> fields (0 or 1; mla_up_proj
     needs multi-latent attention, moe_act an MoE model: `_check_recompute_modules`, without the
-    rules tied to one layout's recompute mode, which the table varies); tp_userbuffers 0 or 1,
-    1 only for dense models (`_check_tp_userbuffers`; its sequence-parallelism rule is the
+    rules tied to one layout's recompute mode, which the table varies); tp_userbuffers 0, 1
+    or 2, 1 / 2 only for dense models (`_check_tp_userbuffers`; its sequence-parallelism rule is the
     table's, per row). Otherwise such a fact would only make every row invalid (Result.valid
     False), the search finding no layout without saying why."""
     P = {f: _arr(getattr(parallel, f), where) for f in (
@@ -304,8 +317,8 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     zero_stage in 0..3; recompute in 0..2; recompute_policy in 0..2; recompute_layer_frac in
     (0, 1] (< 1 only with full recompute); the recompute_<module> fields
     (`_check_recompute_modules`); cp_ring and axonn_overlap in {0, 1}; placement
-    indexes ORDERS; tp_overlap and ep_overlap in [0, 1]; tp_userbuffers 0 or 1 (1 only for
-    dense models with sequence parallelism where tp > 1); the AxoNN grid rules (`_check_grid`);
+    indexes ORDERS; tp_overlap and ep_overlap in [0, 1]; tp_userbuffers 0, 1 or 2 (1 / 2 only
+    for dense models with sequence parallelism where tp > 1); the AxoNN grid rules (`_check_grid`);
     tp x cp x dp x pp x gx x gy x gz = n_devices when given; every degree, batch and
     count at most INT_MAX (and finite).
     """
@@ -335,11 +348,11 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
                     f"an index into specs.parallel.ORDERS; 0 is tp-cp-dp-pp)")
     _check_tp_userbuffers(P, M, where, pick)
     u = P["tp_userbuffers"]
-    _fail((u == 1) & (P["tp"] > 1) & (P["sequence_parallel"] == 0), where, lambda i: (
-        f"tp_userbuffers=1 with sequence_parallel=0 and tp={pick(P['tp'], i):g}: userbuffers "
-        f"overlaps the sequence-parallel all-gathers / reduce-scatters (Megatron-Bridge turns "
-        f"it off without sequence parallelism); allowed: sequence_parallel 1, or "
-        f"tp_userbuffers 0"))
+    _fail((u >= 1) & (P["tp"] > 1) & (P["sequence_parallel"] == 0), where, lambda i: (
+        f"tp_userbuffers={pick(u, i):g} with sequence_parallel=0 and "
+        f"tp={pick(P['tp'], i):g}: userbuffers overlaps the sequence-parallel all-gathers / "
+        f"reduce-scatters (Megatron-Bridge turns it off without sequence parallelism); "
+        f"allowed: sequence_parallel 1, or tp_userbuffers 0"))
     _check_recompute_modules(P, M, where, pick)
     _check_grid(P, M, where, pick)
     _check_zero(P, where, pick)
@@ -628,26 +641,59 @@ def check_tp_userbuffers_precision(parallel, training, where: str = "precision")
     MXFP8Quantizer ones, and raises "Unsupported quantizer for Userbuffers" for any other
     (fp8-blockwise's 128-element blocks, NVFP4's 1 x 16 FP4); Megatron-Bridge's NVFP4 Llama
     recipes turn the overlap off (`tp_comm_overlap = False if precision == "nvfp4"`).
+    tp_userbuffers = 2 (TE 1.8, NeMo Framework Launcher 24.07): 16-bit or delayed-scaling FP8
+    only (TE 1.8's one FP8 recipe is DelayedScaling, transformer_engine/common/recipe/
+    __init__.py at tag v1.8: no MXFP8, and no current scaling, whose Float8CurrentScaling
+    first ships in v2.2; fp8-current is told by its separate amax pass, lowp_amax_pass).
     Batched leaves are checked element-wise; traced ones are skipped.
     """
     leaves = (parallel.tp_userbuffers, training.lowp_fprop, training.lowp_dgrad,
-              training.lowp_wgrad, training.lowp_fp4, training.lowp_block)
+              training.lowp_wgrad, training.lowp_fp4, training.lowp_block,
+              training.lowp_amax_pass)
     try:
-        u, f, d, w, fp4, block = (np.asarray(x, dtype=float) for x in leaves)
+        u, f, d, w, fp4, block, amax = (np.asarray(x, dtype=float) for x in leaves)
     except Exception:  # tracers: values unknown
         return
     lowp = np.maximum(np.maximum(f, d), w) > 0
-    bad = (u == 1) & lowp & ((fp4 > 0) | ((block > 0) & (block != 32)))
+    bad = (((u == 1) & lowp & ((fp4 > 0) | ((block > 0) & (block != 32))))
+           | ((u == 2) & lowp & ((fp4 > 0) | (block > 0) | (amax > 0))))
     if np.any(bad):
-        bad_b, block_b, fp4_b = (np.ravel(x) for x in np.broadcast_arrays(bad, block, fp4))
+        bad_b, block_b, fp4_b, u_b = (np.ravel(x) for x in
+                                      np.broadcast_arrays(bad, block, fp4, u))
         i = int(np.flatnonzero(bad_b)[0])
         raise SpecError(
             f"{_recipe(where, getattr(training, 'name', None), bad)} (lowp_block="
-            f"{block_b[i]:g}, lowp_fp4={fp4_b[i]:g}) with parallel.tp_userbuffers=1: "
-            f"Transformer Engine's userbuffers all-gathers only 16-bit, per-tensor FP8 and "
-            f"MXFP8 tensors (\"Unsupported quantizer for Userbuffers\" otherwise); allowed: "
-            f"tp_userbuffers 0 with this precision, or bf16, fp16, fp8-delayed, fp8-current, "
-            f"mxfp8")
+            f"{block_b[i]:g}, lowp_fp4={fp4_b[i]:g}) with parallel.tp_userbuffers="
+            f"{u_b[i]:g}: Transformer Engine's userbuffers all-gathers only 16-bit, per-tensor "
+            f"FP8 and MXFP8 tensors (\"Unsupported quantizer for Userbuffers\" otherwise; TE "
+            f"1.8, tp_userbuffers 2: delayed-scaling FP8 only, no current scaling or "
+            f"MXFP8); allowed: tp_userbuffers 0 with this precision, or bf16, fp16, "
+            f"fp8-delayed, fp8-current, mxfp8 (tp_userbuffers 1), bf16, fp16, fp8-delayed "
+            f"(tp_userbuffers 2)")
+
+
+def check_tp_userbuffers_system(parallel, system, where: str = "parallel") -> None:
+    """Refuse Parallel.tp_userbuffers = 2 on a system whose GPU is not an H100:
+
+        allowed: tp_userbuffers 2 with system.gpu = 'h100'
+    Why: the pipelined reduce-scatter (`schedule.overlap.tp_pipeline_rs_s`, priced in
+    predict._tp_userbuffers_parts) is NeMo Framework Launcher 24.07's H100 FP8 configuration
+    (ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192.yaml: num_sm 24 / 16 with set_sm_margin), and
+    its GEMM runs on UB_PIPE_GPU_SMS - num_sm SMs with UB_PIPE_GPU_SMS = 132, the H100 SXM5's
+    count (TE 1.8 `_math_sms = prop.multiProcessorCount - num_comm_sm`): on another GPU the SM
+    margin would be priced with H100's SM count, and the launcher ships no such configuration
+    for it. Traced leaves are skipped."""
+    try:
+        u = np.atleast_1d(np.asarray(parallel.tp_userbuffers, dtype=np.float64))
+    except Exception:  # tracers: values unknown
+        return
+    gpu = getattr(system, "gpu", "")
+    if gpu != "h100" and np.any(u == 2):
+        raise SpecError(
+            f"{where}.tp_userbuffers=2 with system.gpu={gpu!r}: the pipelined forward "
+            f"reduce-scatter is NeMo Framework Launcher 24.07's H100 FP8 configuration (num_sm "
+            f"24 / 16 with an SM margin of the H100 SXM5's 132 SMs); allowed: tp_userbuffers 2 "
+            f"with system.gpu 'h100', or tp_userbuffers 0 or 1")
 
 
 # ------------------------------------------------------------------- model, system, training
@@ -786,6 +832,9 @@ def check_system(system, where: str = "system") -> None:
          "> 0 (steepness of FlashAttention-2's fall-off with work)")
     rule(system.sfu_exp_per_s, lambda v: v >= 0, "sfu_exp_per_s",
          ">= 0 (exponentials per second of the special-function units; 0: no floor)")
+    rule(system.fp8_non_tn_gemm, lambda v: (v == 0) | (v == 1), "fp8_non_tn_gemm",
+         "0 or 1 (1: FP8 GEMMs take non-TN layouts, Blackwell sm100 / sm103)",
+         traced=False)
     prev = None
     for j, t in enumerate(system.tiers):
         rule(t.domain_size, lambda v: v >= 1, f"tiers[{j}].domain_size", ">= 1")
@@ -880,6 +929,7 @@ def check_inputs(model, parallel, system, training, n_devices=None, where: str =
     check_job(parallel, system, where)
     check_precision(system, training)
     check_tp_userbuffers_precision(parallel, training)
+    check_tp_userbuffers_system(parallel, system, where)
     check_facts_act(model, parallel, training, where, "training")
 
 
@@ -920,7 +970,9 @@ def _computed_once(ok):
     either way, only compile time is at stake. Exact: 1 / 1 = 1 >
     0.75 and 1 / 2 = 0.5 < 0.75 in every float format; the compiled values and gradients are
     bit-identical (float32 and float64, hard and smooth model). An optimization barrier does
-    not do it: XLA:CPU expands barriers away before fusion."""
+    not do it (suite3 measured no gain): XLA:CPU removes barriers (none is left in the
+    optimized program); nor does jnp.all over the stacked rules: XLA's simplifier rewrites
+    the reduce of a concatenation of scalars into the same chain of ands."""
     import jax.numpy as jnp
 
     return 1.0 / jnp.where(ok, 1.0, 2.0) > 0.75

@@ -930,10 +930,11 @@ def _recipe_kinds(training):
     return per_tensor_fp8, a * per_tensor_fp8, (1.0 - a) * per_tensor_fp8
 
 
-def te_quantize_rows(model, parallel, training):
-    """(norm_fed, saved, both): per dense GEMM row of `layer_ops` (12 rows), where Transformer
-    Engine's quantization of the row's input differs from one standalone quantize, under
-    training.lowp_te_quantizer (0: all 0, the project's generic count):
+def te_quantize_rows(model, parallel, training, system=None):
+    """(norm_fed, saved, both, one_buffer): per dense GEMM row of `layer_ops` (12 rows), where
+    Transformer Engine's quantization of the row's input differs from one standalone quantize,
+    under training.lowp_te_quantizer (0: all 0, the project's generic count), and whether a
+    per-tensor FP8 tensor keeps one buffer for both usages (a scalar):
 
         norm_fed[r] = te cs (1 - cudnn) x (row 0 QKV: 1 without MLA, [q_lora_rank > 0] with
                                MLA (W^UQ); row 2 dense fc1: 1; row 11 MLA W^UK;W^UV: 1)
@@ -974,8 +975,35 @@ def te_quantize_rows(model, parallel, training):
     sp and t > 1 (Megatron turns SP off at t = 1); its FP8 transpose after the gather is not
     counted, as for the gathered inputs of rows 0 and 2.
     Not read (0 here): "layernorm" recompute's saved inputs (no quantized Bridge row runs it).
+        one_buffer = te x per-tensor FP8 x system.fp8_non_tn_gemm       (system None: 0)
+    one_buffer: on a GPU whose FP8 GEMMs take non-TN layouts (Blackwell sm100 / sm103:
+    `nvte_is_non_tn_fp8_gemm_supported()`, common/transformer_engine.cpp, v2.7-v2.16) TE's
+    per-tensor FP8 quantizers (Float8Quantizer, Float8CurrentScalingQuantizer) allocate the
+    transposed column-wise buffer only when `columnwise_usage && !non_tn_fp8_gemm_supported()`
+    (pytorch/csrc/quantizer.cpp `create_tensor`): the cast writes one FP8 copy whatever the
+    usages (same kernel count: a cast instead of a cast-transpose). `lowp_quantize_bytes`
+    then charges max(usages) copies instead of their sum. MXFP8 / NVFP4 keep both copies
+    (scaled along different directions): not affected.
+    swizzles = (x_f, w_f, x_b, w_b, y_b): per row, the MXFP8 scale-swizzle kernels of its
+    input X, weight W and output gradient dY, forward and backward, one micro-batch:
+        te_scale_swizzle 1 (TE 2.7 / 2.9): x_f = w_f = x_b = w_b = 1, y_b = 2
+        te_scale_swizzle 2 (TE 2.12-2.16): w_f = w_b = 1, x_f = x_b = col_r g, y_b = 2 row_r g
+    (0 otherwise; x te). TE 2.7 / 2.9 `pytorch/csrc/extensions/gemm.cpp` `gemm` calls
+    `swizzle_scaling_factors(A_tensor, transa)` and `(B_tensor, !transb)` before every GEMM,
+    one `nvte_swizzle_scaling_factors` kernel per MXFP8 operand (`csrc/util.cpp`); the grouped
+    GEMM (`te_general_grouped_gemm`) one `nvte_multi_tensor_swizzle_scaling_factors` per operand
+    list. fprop X, W; dgrad dY, W; wgrad X, dY. TE 2.12-2.16 `swizzle_scales_for_gemm`
+    (`csrc/extensions/swizzle.cpp`) returns early for tensors with `with_gemm_swizzled_scales`,
+    which the quantizers with `optimize_for_gemm` write: `module/linear.py` /
+    `layernorm_linear.py` `_get_quantizers` set it on the input unless column-parallel with
+    sequence parallelism and on dY unless row-parallel with it; `grouped_linear.py` on every
+    input and dY; no weight quantizer sets it. col_r = rows 0, 2, 7 (QKV, dense fc1, shared fc1:
+    column-parallel), row_r = rows 1, 3, 8 (proj, fc2, shared fc2), g = [sp and t > 1] as
+    above. MLA's rows 9-11: weights only (their gathers not read). The bytes: each swizzle reads
+    and writes the operand's scales (`lowp_quantize_bytes`).
     Example, Llama 3 70B FP8-CS: norm_fed = (1, 0, 1, 0, ..., 0), saved = both =
-    (0, 1, 0, ..., 0); MXFP8: norm_fed = both = 0, saved the same.
+    (0, 1, 0, ..., 0), one_buffer 1 on B200 / GB200 / B300 / GB300, 0 on H100; MXFP8:
+    norm_fed = both = 0, saved the same, one_buffer 0.
     """
     from diffperf.workload.recompute import megatron_module_fracs
     te = training.lowp_te_quantizer
@@ -993,7 +1021,24 @@ def te_quantize_rows(model, parallel, training):
     gather = jnp.where((parallel.sequence_parallel > 0) & (parallel.tp > 1), 1.0, 0.0)
     pt, _, _ = _recipe_kinds(training)
     both = saved * pt * (1.0 - gather * _rows([zero] * 7 + [one] + [zero] * 4))
-    return norm_fed, saved, both
+    one_buffer = 0.0 if system is None else te * pt * system.fp8_non_tn_gemm
+    # MXFP8 scale swizzles per GEMM operand (te_scale_swizzle 1: TE 2.7 / 2.9; 2: 2.12-2.16)
+    old = te * jnp.where(training.te_scale_swizzle == 1, 1.0, 0.0)
+    new = te * jnp.where(training.te_scale_swizzle == 2, 1.0, 0.0)
+    col = _rows([one, zero, one, zero, zero, zero, zero, one, zero, zero, zero, zero]) * gather
+    row = _rows([zero, one, zero, one, zero, zero, zero, zero, one, zero, zero, zero]) * gather
+    ones = _rows([one] * 12)
+    swizzles = (old * ones + new * col, (old + new) * ones,            # forward X, W
+                old * ones + new * col, (old + new) * ones,            # backward X, W
+                2.0 * old * ones + 2.0 * new * row)                    # backward dY
+    return norm_fed, saved, both, one_buffer, swizzles
+
+
+def _copies(row, col, one_buffer):
+    """Quantized copies written for a tensor used row-wise `row` and column-wise `col` times
+    (0 / 1 each): row + col, or max(row, col) where one FP8 buffer serves both usages
+    (`te_quantize_rows` one_buffer: Blackwell per-tensor FP8 under TE)."""
+    return (1.0 - one_buffer) * (row + col) + one_buffer * jnp.maximum(row, col)
 
 
 def lowp_quantize_bytes(dense, training, te_rows=None):
@@ -1008,7 +1053,7 @@ def lowp_quantize_bytes(dense, training, te_rows=None):
                                                                    when cached, `lowp_weight_cache`)
     for each dense GEMM row r = (m x k)(k x n) done c_r times; l_r = `LOWP_LINEAR_ROWS` x
     lowp_layer_frac; f, d, w = training.lowp_fprop, lowp_dgrad, lowp_wgrad; (n_r, s_r, b_r) =
-    te_rows = `te_quantize_rows` (None: 0, 0, 0). X feeds fprop
+    te_rows = `te_quantize_rows` (None: 0, 0, 0, 0). X feeds fprop
     (row-wise) and wgrad (column-wise, X^T), dY feeds dgrad (row-wise) and wgrad
     (column-wise), W feeds fprop and dgrad (W^T). Source: Transformer Engine, "Using FP8 with
     Transformer Engine" (each GEMM's two inputs in FP8; Hopper FP8 GEMMs take only the TN
@@ -1020,20 +1065,37 @@ def lowp_quantize_bytes(dense, training, te_rows=None):
     forward; norm-fed 2^20 (2 + 2) B; saved: forward 2^20 (2 x 2 + 1), backward + 2^20 (2 x 2
     + 2) B (row- and column-wise again, b_r = 1); MXFP8 (a = 0, the column-wise copy alone):
     backward + 2^20 (2 + 1.03125) B.
+    One FP8 buffer (o = te_rows' one_buffer: Blackwell, per-tensor FP8 under TE): every copy
+    count row + col above becomes (1 - o)(row + col) + o max(row, col) (`_copies`). The FP8-CS
+    row on B200 (o = 1): forward 2^20 (2 x 2 + 1) B, dY 2^20 (2 x 2 + 1) B, weight 2^20 (2 x 2
+    + 1) B (each one FP8 copy fewer); saved input's backward + 2^20 (2 x 2 + 1) B.
+    Source: TE `create_tensor`, see `te_quantize_rows`. MXFP8 scale swizzles (te_rows' fifth
+    element, `te_quantize_rows`): forward + 2 s_e c_r l_r (x_f m k + w_f k n) f, backward
+    + 2 s_e c_r l_r (w_b k n d + x_b m k w + y_b m n (d + w) / 2), s_e = lowp_scale_bytes /
+    lowp_block (each swizzle reads and writes the operand's scales).
     """
     f, d, w = training.lowp_fprop, training.lowp_dgrad, training.lowp_wgrad
     rows = jnp.asarray(LOWP_LINEAR_ROWS) * training.lowp_layer_frac * dense.count
     q_a, q_w = training.activation_bytes, training.weight_bytes
     if te_rows is None:
         fwd = cast_bytes(dense.m * dense.k, q_a, f + w, jnp.maximum(f, w), training)
-        again = 0.0
+        again, ob = 0.0, 0.0
     else:
-        norm_fed, saved, both = te_rows
-        fwd = cast_bytes(dense.m * dense.k, q_a, f + w * (1.0 - saved), jnp.maximum(f, w),
-                         training, training.lowp_amax_pass * (1.0 - norm_fed))
-        again = saved * cast_bytes(dense.m * dense.k, q_a, w * (1.0 + both), w, training)
-    bwd = cast_bytes(dense.m * dense.n, q_a, d + w, jnp.maximum(d, w), training)
-    wts = cast_bytes(dense.k * dense.n, q_w, f + d, jnp.maximum(f, d), training)
+        norm_fed, saved, both, ob = te_rows[:4]
+        fwd = cast_bytes(dense.m * dense.k, q_a, _copies(f, w * (1.0 - saved), ob),
+                         jnp.maximum(f, w), training,
+                         training.lowp_amax_pass * (1.0 - norm_fed))
+        again = saved * cast_bytes(dense.m * dense.k, q_a, _copies(w * both, w, ob), w,
+                                   training)
+    bwd = cast_bytes(dense.m * dense.n, q_a, _copies(d, w, ob), jnp.maximum(d, w), training)
+    wts = cast_bytes(dense.k * dense.n, q_w, _copies(f, d, ob), jnp.maximum(f, d), training)
+    if te_rows is not None and len(te_rows) > 4:
+        # MXFP8 scale swizzles: read and write one operand's scales (s_e bytes an element)
+        x_f, w_f, x_b, w_b, y_b = te_rows[4]
+        s_e = 2.0 * training.lowp_scale_bytes / jnp.maximum(training.lowp_block, 1.0)
+        mk, kn, mn = dense.m * dense.k, dense.k * dense.n, dense.m * dense.n
+        fwd = fwd + s_e * (x_f * mk + w_f * kn) * f
+        bwd = bwd + s_e * (w_b * kn * d + x_b * mk * w + y_b * mn * (d + w) / 2.0)
     return jnp.sum(rows * fwd), jnp.sum(rows * (bwd + again)), jnp.sum(rows * wts)
 
 
@@ -1077,7 +1139,10 @@ def lowp_quantize_kernels(dense, training, te_rows=None):
     of the fact). DeepSeek-V3 MXFP8 at e 8: 2 x 0.9508 x 32 = 60.85 quantize kernels for the
     two expert inputs in the forward, not 2; FP8 current scaling 4 x 60.85 = 243.4, not 4.
     Llama 3 70B FP8-CS under lowp_te_quantizer (4 linears, QKV and fc1 norm-fed, proj saved):
-    forward 3 + 4 + 3 + 4 = 14 (generic 8), backward 4 x 4 + 4 = 20 (generic 8), weights 16."""
+    forward 3 + 4 + 3 + 4 = 14 (generic 8), backward 4 x 4 + 4 = 20 (generic 8), weights 16.
+    MXFP8 scale swizzles (te_rows' fifth element, `te_quantize_rows`, Training.te_scale_swizzle):
+    forward + sum_r l_r on_r (x_f + w_f) f, backward + sum_r l_r on_r (w_b d + x_b w
+    + y_b (d + w) / 2); Llama 3 70B MXFP8 TP 4 SP: TE 2.7 / 2.9 + 8 / + 16, TE 2.12+ + 6 / + 10."""
     f, d, w = training.lowp_fprop, training.lowp_dgrad, training.lowp_wgrad
     a = training.lowp_amax_pass
     _, current, delayed = _recipe_kinds(training)
@@ -1092,6 +1157,12 @@ def lowp_quantize_kernels(dense, training, te_rows=None):
         wts = jnp.sum(lin * (plain + sliced))
         return act * jnp.maximum(f, w), act * jnp.maximum(d, w), wts * jnp.maximum(f, d)
     norm_fed, saved = te_rows[:2]
+    if len(te_rows) > 4:  # MXFP8 scale swizzles (te_quantize_rows)
+        x_f, w_f, x_b, w_b, y_b = te_rows[4]
+        sw_f = jnp.sum(lin * on * (x_f + w_f)) * f
+        sw_b = jnp.sum(lin * on * (w_b * d + x_b * w + y_b * (d + w) / 2.0))
+    else:
+        sw_f = sw_b = 0.0
     k_tensor = 1.0 + a + training.lowp_te_quantizer * (TE_CURRENT_SCALING_KERNELS - 2.0) * current
     plain = (1.0 - each) * on * k_tensor
     rest = (1.0 - delayed) * sliced + delayed * each * on
@@ -1099,5 +1170,6 @@ def lowp_quantize_kernels(dense, training, te_rows=None):
     act_b = jnp.sum(lin * (plain + rest))
     again = jnp.sum(lin * saved * (plain + sliced))
     wts = jnp.sum(lin * (plain + sliced))
-    return act_f * jnp.maximum(f, w), act_b * jnp.maximum(d, w) + again * w, wts * jnp.maximum(f, d)
+    return (act_f * jnp.maximum(f, w) + sw_f, act_b * jnp.maximum(d, w) + again * w + sw_b,
+            wts * jnp.maximum(f, d))
 
