@@ -380,8 +380,8 @@ def system_names() -> list[str]:
 SYSTEM_KEYS = ("name", "gpu", "description", "sources", "matmul_TFLOPs", "matmul_fp32_TFLOPs",
                "matmul_fp8_TFLOPs", "matmul_fp4_TFLOPs", "matmul_sustained_frac",
                "matmul_fp8_sustained_frac", "matmul_fp4_sustained_frac", "attn_fa2_fwd_frac",
-               "attn_fa2_bwd_frac", "sfu_Texp_per_s", "fp8_non_tn_gemm", "vector_TFLOPs",
-               "hbm_bandwidth_GBps",
+               "attn_fa2_bwd_frac", "attn_fa2_half_GFLOP", "attn_fa2_exponent", "sfu_Texp_per_s",
+               "fp8_non_tn_gemm", "vector_TFLOPs", "hbm_bandwidth_GBps",
                "hbm_capacity_GiB", "power_W", "tiers",
                "efficiency", "reliability")
 TIER_KEYS = ("name", "domain_size", "bandwidth_GBps", "latency_us", "oversubscription")
@@ -396,6 +396,8 @@ SYSTEM_UNITS = {"matmul_TFLOPs": ("matmul_flops_per_s", 1e12),
                 "matmul_fp4_sustained_frac": ("matmul_fp4_sustained_frac", 1.0),
                 "attn_fa2_fwd_frac": ("attn_fa2_fwd_frac", 1.0),
                 "attn_fa2_bwd_frac": ("attn_fa2_bwd_frac", 1.0),
+                "attn_fa2_half_GFLOP": ("attn_fa2_half_flop", 1e9),
+                "attn_fa2_exponent": ("attn_fa2_exponent", 1.0),
                 "sfu_Texp_per_s": ("sfu_exp_per_s", 1e12),
                 "fp8_non_tn_gemm": ("fp8_non_tn_gemm", 1.0),
                 "vector_TFLOPs": ("vector_flops_per_s", 1e12),
@@ -501,6 +503,11 @@ def system_from_dict(d: dict, where: str = "system") -> System:
                                                    "matmul_fp4_sustained_frac")},
             # absent: no published FlashAttention-2 rate of this GPU (0: no change)
             **{k: _fraction(d, k, where) for k in ("attn_fa2_fwd_frac", "attn_fa2_bwd_frac")},
+            # absent: FA2 keeps the set's fall-off with work (0: no change)
+            "attn_fa2_half_GFLOP": _number(d, "attn_fa2_half_GFLOP", where, minimum=0.0,
+                                           default=0.0),
+            "attn_fa2_exponent": _number(d, "attn_fa2_exponent", where, positive=True,
+                                         default=1.0),
             # absent: no published exponential rate of this GPU (0: no floor, no change)
             "sfu_Texp_per_s": _number(d, "sfu_Texp_per_s", where, minimum=0.0, default=0.0),
             # absent: FP8 GEMMs take the TN layout only (Hopper): 0, no change

@@ -50,23 +50,49 @@ def test_kernel_factor_by_hand():
 
 def test_fa2_attention_time_by_hand():
     """b = 1, 32 heads, s = 8192, d_h 128, causal (count 32 x 0.5 = 16 per row):
-    W = 16 x 8192^2 = 1.073742e9, (9e7 / W)^1.2 = 0.083820^1.2 = 0.051051;
-    FLOPs = 2 x (2 x 8192 x 8192 x 128 x 16) = 5.497558e11;
-    FA2 forward eta = 0.3386 / 1.051051 = 0.322154 (the set's work fall-off x FA2's plateau):
-    t = 5.497558e11 / (989.4e12 x 0.322154) = 1.724785 ms; backward rate 0.3254:
-    t = 5.497558e11 / (989.4e12 x 0.3254 / 1.051051) = 1.794747 ms; the set's kernel:
-    eta = 0.75 / (1.051051 x 1.3125) = 0.543674, t = 1.022035 ms."""
+    W = 16 x 8192^2 = 1.073742e9; FLOPs F = 2 x (2 x 8192 x 8192 x 128 x 16) = 5.497558e11.
+    FA2's own fall-off (F_f 2.7655e10, gamma_f 1.3011): (2.7655e10 / F)^1.3011 =
+    0.0503042^1.3011 = 0.0204483; forward eta = min(0.571429, 0.3386) / 1.0204483 = 0.331815:
+    t = 5.497558e11 / (989.4e12 x 0.331815) = 1.674565 ms; backward eta 0.3254 / 1.0204483
+    = 0.318879, t = 1.742494 ms. The set's kernel (default efficiencies, (9e7 / W)^1.2 =
+    0.051051): eta = 0.75 / (1.051051 x 1.3125) = 0.543674, t = 1.022035 ms. Without F_f
+    (the set's fall-off at FA2's plateau, the shape before fa2curve): eta = 0.3386 /
+    1.051051 = 0.322154, t = 1.724785 ms."""
     h100 = diffperf.load_system("h100-sxm-80gb").replace(eff=Efficiency())
     g = Gemms(m=np.array([8192.0, 8192.0]), n=np.array([8192.0, 128.0]),
               k=np.array([128.0, 8192.0]), count=np.array([16.0, 16.0]))
     fa2 = Training(attention_fa2=1.0)
-    assert float(attention_time_s(g, h100, fa2, 0.0)) == pytest.approx(1.724785e-3, rel=2e-5)
+    assert float(attention_time_s(g, h100, fa2, 0.0)) == pytest.approx(1.674565e-3, rel=2e-5)
     assert float(attention_time_s(g, h100, fa2, 0.0, backward=True)) == pytest.approx(
-        1.794747e-3, rel=2e-5)
+        1.742494e-3, rel=2e-5)
+    assert float(attention_time_s(g, h100.replace(attn_fa2_half_flop=0.0), fa2, 0.0)) == (
+        pytest.approx(1.724785e-3, rel=2e-5))
     assert float(attention_time_s(g, h100, Training(), 0.0)) == pytest.approx(1.022035e-3,
                                                                              rel=2e-5)
     assert float(attention_time_s(g, h100, Training(), 0.0, backward=True)) == float(
         attention_time_s(g, h100, Training(), 0.0))
+
+
+def test_fa2_own_fall_off_at_a_fa3_paper_point():
+    """The FA3 paper's Fig. 5(d) shape at s = 1k (b = 16k / s = 16, 16 heads of 128, causal:
+    count 16 x 16 x 0.5 = 128): F = 2 x (2 x 1024^2 x 128 x 128) = 6.871948e10,
+    (2.7655e10 / F)^1.3011 = 0.402433^1.3011 = 0.305962; FA2 forward 335 / 1.305962 =
+    256.52 TFLOP/s (paper: 260, a bar not used to derive F_f) -> t = 0.2678869 ms; the
+    exponential floor (1.342e8 / 3.9e12 = 34 us) does not bind. Both shipped fields are
+    the closed form of the paper's 512 and 2k bars (191, 298; F 3.436e10 and 1.374e11)."""
+    import math
+
+    h100 = diffperf.load_system("h100-sxm-80gb").replace(eff=Efficiency())
+    y1, y2 = 335 / 191 - 1, 335 / 298 - 1
+    gamma = math.log(y1 / y2) / math.log(4.0)
+    assert float(h100.attn_fa2_exponent) == pytest.approx(gamma, abs=5e-5)
+    assert float(h100.attn_fa2_half_flop) == pytest.approx(3.4359738e10 * y1 ** (1 / gamma),
+                                                           rel=1e-4)
+    g = Gemms(m=np.array([1024.0, 1024.0]), n=np.array([1024.0, 128.0]),
+              k=np.array([128.0, 1024.0]), count=np.array([128.0, 128.0]))
+    t = float(attention_time_s(g, h100, Training(attention_fa2=1.0), 0.0))
+    assert t == pytest.approx(0.2678869e-3, rel=2e-5)
+    assert 6.871948e10 / t / 1e12 == pytest.approx(256.52, abs=0.02)
 
 
 def test_fa2_slows_an_h100_step_and_leaves_an_a100_step_unchanged():
@@ -96,6 +122,12 @@ def test_fa2_rate_above_one_is_refused(tmp_path):
     p.write_text(yaml.safe_dump(d))
     with pytest.raises(SpecError, match="attn_fa2_fwd_frac=1.5 must be at most 1"):
         diffperf.load_system(str(p))
+    for key, value, rule in (("attn_fa2_half_GFLOP", -1.0, "must be >= 0"),
+                             ("attn_fa2_exponent", 0.0, "must be > 0")):
+        bad = dict(d, attn_fa2_fwd_frac=0.3386, **{key: value})
+        p.write_text(yaml.safe_dump(bad))
+        with pytest.raises(SpecError, match=f"{key}={value:g} {rule}"):
+            diffperf.load_system(str(p))
 
 
 def test_fa2_backward_rate_reaches_the_tiled_window_kernels():

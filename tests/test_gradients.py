@@ -335,6 +335,8 @@ def test_op_sac_and_eager_kernels_obey_the_physical_signs():
                      *fa2):
             g = float(functools.reduce(getattr, leaf.split("."), grad))
             assert g < 0, (label, leaf, g)
+        if fa2:  # FA2's own half-work is a cost: a later fall-off never speeds the step up
+            assert float(grad.attn_fa2_half_flop) > 0, label
         # more compute lost beside the hidden collectives never speeds the step up
         assert float(grad.eff.overlap_slowdown) > 0, label
         elasticity[label] = float(grad.hbm_bandwidth_Bps * system.hbm_bandwidth_Bps / step)

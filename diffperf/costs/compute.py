@@ -220,7 +220,7 @@ def attention_efficiency(work, head_dim, eff):
                            * (1.0 + eff.attn_half_head_dim / head_dim))
 
 
-def attention_kernel_factor(head_dim, system, training, backward=False):
+def attention_kernel_factor(head_dim, system, training, backward=False, work=None):
     """Factor on the attention efficiency for the kernel the run ran (1: the set's kernel):
 
         r = min(1, c_pass / eta_inf(d_h)),   eta_inf(d_h) = eta_max / (1 + d_half / d_h)
@@ -240,13 +240,39 @@ def attention_kernel_factor(head_dim, system, training, backward=False):
     Example: H100 set (eta_max 0.7833, d_half 49.83), d_h 128: eta_inf = 0.5638; FA2
     forward c = 335 / 989.4 = 0.3386 -> r = 0.6005 (the paper's FA2 / cuDNN ratio at 16k:
     335 / 539 = 0.622).
+
+    FA2's own fall-off (System.attn_fa2_half_flop F_f > 0 and `work` W = score elements
+    given): FA2 does not fall off with work as the set's cuDNN curve does, so
+        eta_attn r = min(eta_inf, c_pass) / (1 + (F_f / F)^gamma_f),   F = 4 W d_h
+        r = min(eta_inf, c_pass) / [ (1 + (F_f / F)^gamma_f) eta_attn(W, d_h) ]
+    F = the forward's matmul FLOPs (QK^T and PV), gamma_f = System.attn_fa2_exponent. FLOPs,
+    not score elements: the FA3 paper's FA2 bars fall off alike with s at head dims 64 /
+    128 / 256 (32 / 16 / 8 heads, the same FLOPs; score elements 4x apart). F_f, gamma_f by
+    closed form from two bars of the FA3 paper's Fig. 5(d) (FA2 forward, causal, head dim
+    128, 16 heads, b s = 16k: F = 16384 / s x 16 x s^2 x 0.5 x 512), with c = 335 / 989.4
+    the 16k plateau: y_i = c_TF / TF_i - 1,
+        gamma_f = ln(y_1 / y_2) / ln(F_2 / F_1),   F_f = F_1 y_1^(1 / gamma_f);
+    s = 512: 191 TFLOP/s, F_1 = 3.4360e10, y_1 = 0.75393; s = 2k: 298, F_2 = 1.3744e11,
+    y_2 = 0.12416 -> gamma_f = 1.3011, F_f = 2.7655e10 (configs/systems/h100-sxm-80gb.yaml).
+    The backward takes the same shape at its own plateau (Fig. 6's per-length FA2 bars
+    were not read). Without F_f (0) or `work`: the set's fall-off, as above.
+    Example: H100, s = 1k causal of the paper (F = 6.8719e10): 335 / (1 + (2.7655e10 /
+    6.8719e10)^1.3011) = 256.5 TFLOP/s (paper: 260).
     """
     e = system.eff
     c = system.attn_fa2_bwd_frac if backward else system.attn_fa2_fwd_frac
     plateau = e.attn_max / (1.0 + e.attn_half_head_dim / head_dim)
     on = (training.attention_fa2 > 0) & (c > 0)
     # double where: the unmeasured branch must give no NaN or infinite gradient
-    return jnp.where(on, jnp.minimum(1.0, jnp.where(on, c, 1.0) / plateau), 1.0)
+    c_on = jnp.where(on, c, 1.0)
+    r = jnp.where(on, jnp.minimum(1.0, c_on / plateau), 1.0)
+    if work is None:
+        return r
+    own = on & (system.attn_fa2_half_flop > 0)
+    f_f = jnp.where(own, system.attn_fa2_half_flop, 1.0)
+    flops = 4.0 * work * head_dim
+    fa2_eta = jnp.minimum(plateau, c_on) / (1.0 + (f_f / flops) ** system.attn_fa2_exponent)
+    return jnp.where(own, fa2_eta / attention_efficiency(work, head_dim, e), r)
 
 
 # Work of the flash-attention backward per unit of forward work: 2 x (dQ, dK, dV GEMMs)
@@ -307,7 +333,7 @@ def attention_time_s(attention, system, training, io_bytes, temperature=None,
     e = system.eff
     work = jnp.maximum(attention.count[0] * attention.m[0] * attention.n[0], 1.0)
     eta = attention_efficiency(work, attention.k[0], e) * attention_kernel_factor(
-        attention.k[0], system, training, backward)
+        attention.k[0], system, training, backward, work)
     flops = jnp.sum(attention.flops)
     fused = roofline_time_s(flops, io_bytes, matmul_rate(system, training), eta,
                             system.hbm_bandwidth_Bps, e.mem_eff, temperature)

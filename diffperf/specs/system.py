@@ -130,6 +130,11 @@ class System(struct.PyTreeNode):
     # and plateaus near a third of the peak (FlashAttention-3 paper, configs/systems sources)
     attn_fa2_fwd_frac: Any = 0.0
     attn_fa2_bwd_frac: Any = 0.0
+    # FlashAttention-2's own fall-off with work on THIS GPU: rate = c_pass / (1 + (F_half /
+    # F)^gamma), F = the attention forward's matmul FLOPs (costs.compute.attention_kernel_factor),
+    # from the same paper's bars at shorter sequences. 0 (F_half): the set's fall-off.
+    attn_fa2_half_flop: Any = 0.0
+    attn_fa2_exponent: Any = 1.0
     # Exponentials per second of the special-function units (MUFU.EX2) of THIS GPU: a floor
     # on the fused attention kernel, one exponential per computed score element per pass
     # (costs.compute.attention_exp_floor_s). 0: no published rate, no floor (no change)

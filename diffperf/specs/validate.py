@@ -826,6 +826,10 @@ def check_system(system, where: str = "system") -> None:
         rule(getattr(system, f), lambda v: (v >= 0) & (v <= 1), f,
              "0 to 1 (a published FlashAttention-2 throughput over the 16-bit peak; 0: not "
              "measured)")
+    rule(system.attn_fa2_half_flop, lambda v: v >= 0, "attn_fa2_half_flop",
+         ">= 0 (FlashAttention-2's half-work in forward FLOPs; 0: the set's fall-off)")
+    rule(system.attn_fa2_exponent, lambda v: v > 0, "attn_fa2_exponent",
+         "> 0 (steepness of FlashAttention-2's fall-off with work)")
     rule(system.sfu_exp_per_s, lambda v: v >= 0, "sfu_exp_per_s",
          ">= 0 (exponentials per second of the special-function units; 0: no floor)")
     rule(system.fp8_non_tn_gemm, lambda v: (v == 0) | (v == 1), "fp8_non_tn_gemm",
