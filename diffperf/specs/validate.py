@@ -331,8 +331,8 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         "sequence_parallel", "dp_overlap", "tp_overlap", "ep_overlap", "cp_ring",
         "axonn_overlap", "placement", "pp_first_layers", "pp_last_layers", "zero_shard",
         "zero3_prefetch_params", "zero3_regather", "zero3_calls_per_layer",
-        "zero3_copy_out", "zero3_root_unit", "etp", "ep_dispatch", "recompute_layer_frac", "recompute_policy",
-        "tp_userbuffers", *(f"recompute_{m}" for m in RECOMPUTE_MODULES))}
+        "zero3_copy_out", "zero3_root_unit", "etp", "ep_dispatch", "recompute_layer_frac",
+        "recompute_policy", "tp_userbuffers", *(f"recompute_{m}" for m in RECOMPUTE_MODULES))}
     M = {f: _arr(getattr(model, f), where) for f in (
         "n_heads", "n_kv_heads", "ffn_hidden", "n_layers", "seq_len", "n_experts", "hidden",
         "head_dim", "kv_lora_rank")}
@@ -541,9 +541,10 @@ FACT_FIELDS = ("dp_overlap", "cp_ring", "axonn_overlap", "zero3_regather", "reco
 
 def _check_fact_ranges(P, where, pick) -> None:
     """Each framework fact's own range (FACT_FIELDS): dp_overlap, cp_ring, axonn_overlap,
-    zero3_regather, ep_dispatch, zero3_copy_out, zero3_root_unit 0 or 1; recompute_policy 0..2; tp_overlap and
-    ep_overlap in [0, 1]; recompute_layer_frac in (0, 1]; zero_shard a whole number >= 0;
-    zero3_prefetch_params in [0, 1e18]; zero3_calls_per_layer a whole number in 1..INT_MAX."""
+    zero3_regather, ep_dispatch, zero3_copy_out, zero3_root_unit 0 or 1; recompute_policy
+    0..2; tp_overlap and ep_overlap in [0, 1]; recompute_layer_frac in (0, 1]; zero_shard a
+    whole number >= 0; zero3_prefetch_params in [0, 1e18]; zero3_calls_per_layer a whole
+    number in 1..INT_MAX."""
     xp = _xp(where)
     for f, hi in (("dp_overlap", 1), ("cp_ring", 1), ("axonn_overlap", 1), ("zero3_regather", 1),
                   ("recompute_policy", 2)):
