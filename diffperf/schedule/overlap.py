@@ -86,8 +86,11 @@ def zero3_root_unit_s(gather_s, reduce_s, copy_s, parallel):
     Sources: TorchTitan parallelize_llama.apply_fsdp at 1ea476e9f (2024-04), 3faaa1a
     (2024-08), 9dec370 (2024-12), 820504e (2025-06): every TransformerBlock gets its own
     fully_shard, then fully_shard(model) makes tok_embeddings, norm and output one root
-    unit; PyTorch FSDP2 FSDPState._root_pre_forward / _root_post_backward_final_callback;
-    Zhao et al. VLDB 2023 section 3.3 (FSDP's root unit, exposed first all-gather) [D].
+    unit; PyTorch FSDP2 `FSDPState._lazy_init` ("For the root, do not reshard after forward
+    since for training, the parameters would be freed and all-gathered immediately":
+    post_forward_mesh_info = None) and FSDP1 `_runtime_utils._post_forward_reshard` ("Do not
+    free the root's parameters in the post-forward for FULL_SHARD"); fms-fsdp main_training.py
+    (FSDP1, transformer_auto_wrap_policy on the block class) [D].
     Example: Llama 3 8B on 8 H100 (TorchTitan): Psi_root = 1.050e9, bf16 gather 2.10 GB and
     fp32 reduce-scatter 4.20 GB over NVLink: ~5 ms + ~10 ms per step.
     """
