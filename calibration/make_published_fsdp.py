@@ -21,6 +21,14 @@ COLUMNS = ["id", "source", "system", "num_gpus", "gpus_per_node", "model", "num_
 #   FSDP (both): checkpoint inside the FSDP unit, so the backward's one all-gather serves the
 #     recomputed forward (zero3_regather=0); no vocabulary padding (vocab_pad_to=0); PyTorch's
 #     F.cross_entropy (loss_bytes_per_logit=40, Training docs).
+#   FSDP's root unit (both; Parallel.zero3_root_unit=1, schedule.overlap.zero3_root_unit_s):
+#     the blocks are wrapped one by one and the model itself last, so the embedding, final
+#     norm and output form the root unit, gathered before the embedding lookup and
+#     reduce-scattered after the embedding's gradient, nothing left to hide behind: TorchTitan
+#     parallelize_llama.apply_fsdp (fully_shard per TransformerBlock, then fully_shard(model))
+#     at 1ea476e9f, 3faaa1a, 9dec370 and 820504e; fms-fsdp main_training.py FSDP(model,
+#     auto_wrap_policy=transformer_auto_wrap_policy({LLaMABlock})) (fms_fsdp/policies/
+#     wrapping.py).
 #   TorchTitan FSDP2: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32)
 #     (torchtitan config_manager.py --training.mixed_precision_reduce, default and only choice
 #     "float32"; parallelize_llama.apply_fsdp): the gradient reduce-scatter moves fp32,
@@ -64,7 +72,7 @@ COLUMNS = ["id", "source", "system", "num_gpus", "gpus_per_node", "model", "num_
 #     notes; torchtune issue 1652, 2024-09-22, nightly on H100 runs cuDNN SDPA); the date of
 #     that re-land was not found: no fact, the set's (cuDNN) curve.
 FA2 = "attention_fa2=1"
-FSDP_FACTS = "zero3_regather=0;vocab_pad_to=0;loss_bytes_per_logit=40"
+FSDP_FACTS = "zero3_regather=0;vocab_pad_to=0;loss_bytes_per_logit=40;zero3_root_unit=1"
 TITAN_FACTS = FSDP_FACTS + ";grad_bytes=4;zero3_copy_out=1"
 OP_SAC = "recompute_policy=1"
 OP_SAC_FP8 = "recompute_policy=2"

@@ -37,7 +37,8 @@ from diffperf.schedule.overlap import (UB_PIPE_COMM_SMS, UB_PIPE_GPU_SMS, UB_PIP
                                        ep_merged_unpaired_frac, overlap_sigma,
                                        ring_exposed_s, split_exposed, tp_pipeline_rs_s,
                                        tp_userbuffers_block_s, tp_userbuffers_sigmas,
-                                       zero3_layer_exposed_s, zero3_microbatch_edge_s)
+                                       zero3_layer_exposed_s, zero3_microbatch_edge_s,
+                                       zero3_root_unit_s)
 from diffperf.schedule.pipeline import (critical_stage, p2p_exposed_s, pipeline_times_s,
                                         stage_times_s)
 from diffperf.specs import Parallel
@@ -45,7 +46,8 @@ from diffperf.specs.validate import valid_mask
 from diffperf.workload.axonn import axonn_layer_volumes
 from diffperf.workload.cp import (cp_kv_bytes, cp_ring_block_bytes, cp_ring_steps,
                                   cp_torch_dkv_block_bytes, cp_torch_merge_bytes)
-from diffperf.workload.dp import (dp_volumes_bytes, product_group, zero3_copy_out_bytes,
+from diffperf.workload.dp import (dp_volumes_bytes, product_group, root_unit_params,
+                                  zero3_copy_out_bytes,
                                   zero3_prefetch_frac, zero3_rs_copy_in_bytes, zero_groups)
 from diffperf.workload.ep import (ep_a2a_bytes, ep_a2a_per_layer, ep_stride, expert_dp_degree,
                                   expert_tp, moe_mlp_on_tp)
@@ -689,7 +691,7 @@ def _dp_groups(model, parallel, stages, features=FEATURES):
     n_e = jnp.where(parallel.etp > 0, expert_dp_degree(parallel), n_e)
     s_e = jnp.where(parallel.etp > 0, expert_tp(parallel) * parallel.ep, s_e)
     groups = [(P - P_e, layer_P - layer_P_e, n_d, s_d), (P_e, layer_P_e, n_e, s_e)]
-    return P, groups if "experts" in features else groups[:1]
+    return P, groups if "experts" in features else groups[:1], pick(stages.layers)
 
 
 def _dp_times(model, parallel, system, training, stages=None, features=FEATURES) -> dict:
@@ -706,7 +708,7 @@ def _dp_times(model, parallel, system, training, stages=None, features=FEATURES)
     Groups and volumes: PAPERS.md section 5.5; shard and replica groups `workload.dp.zero_groups`.
     """
     stages = pipeline_stages(model, parallel) if stages is None else stages
-    P, groups = _dp_groups(model, parallel, stages, features)
+    P, groups, n_stage = _dp_groups(model, parallel, stages, features)
     t = dict(reduce_s=0.0, gather_s=0.0, layer_gather_s=0.0, layer_reduce_s=0.0, own=0.0)
     k = parallel.zero3_calls_per_layer
     for params, lparams, n, s in groups:
@@ -726,6 +728,13 @@ def _dp_times(model, parallel, system, training, stages=None, features=FEATURES)
         t["layer_reduce_s"] += on * (ring_phase_calls_s(shard, lg, 1.0, 1.0, k)
                                      + ring_phase_calls_s(repl, lg / n_s, 2.0, 2.0, k))
         t["own"] += params / jnp.where(parallel.zero_stage >= 1, n_s, 1.0)
+        if "root" not in t:  # the dense group: its non-layer parameters (zero3_root_unit)
+            root = root_unit_params(params, lparams, n_stage)
+            rw, rg = w / jnp.maximum(params, 1.0) * root, g / jnp.maximum(params, 1.0) * root
+            t["root"] = root
+            t["root_gather_s"] = ring_phase_s(shard, rw, 1.0, 1.0)
+            t["root_reduce_s"] = (ring_phase_s(shard, rg, 1.0, 1.0)
+                                  + ring_phase_s(repl, rg / n_s, 2.0, 2.0))
     t["prefetch"] = zero3_prefetch_frac(parallel, groups[0][1])
     t["P"] = P
     layer_params = sum(g[1] for g in groups)
@@ -733,6 +742,10 @@ def _dp_times(model, parallel, system, training, stages=None, features=FEATURES)
         layer_params, training, parallel.zero3_copy_out), system)
     t["rs_copy_in_s"] = memory_time_s(zero3_rs_copy_in_bytes(
         layer_params, training, parallel.zero3_copy_out), system)
+    t["root_s"] = zero3_root_unit_s(t["root_gather_s"], t["root_reduce_s"], memory_time_s(
+        zero3_copy_out_bytes(t["root"], training, parallel.zero3_copy_out)
+        + zero3_rs_copy_in_bytes(t["root"], training, parallel.zero3_copy_out), system),
+        parallel)
     return t
 
 
@@ -862,7 +875,7 @@ def predict_step(model, parallel, system, training, temperature=None,
                                                   n_crit * free_b, parallel, temperature)
     # ZeRO-3: the first gather and the last reduce-scatter of each micro-batch are exposed.
     edge = zero3_microbatch_edge_s(z3_fh, z3_bh, dp["layer_reduce_s"])
-    dp_exposed = m * (n_crit * (z3_f + z3_b) + edge) + step_exposed
+    dp_exposed = m * (n_crit * (z3_f + z3_b) + edge + dp["root_s"]) + step_exposed
     dp_hidden = m * (n_crit * (z3_fh + z3_bh) - edge) + step_hidden
     breakdown = Breakdown(
         **{k: crit[k] for k in _PARTS}, pp_exposed_s=p2p_exposed_s(send, parallel),

@@ -511,6 +511,7 @@ LAYOUT_RULES = [
     (dict(zero3_calls_per_layer=float("inf")), None,
      "zero3_calls_per_layer=inf must be a whole number >= 1 (at most 2147483647)"),
     (dict(zero3_regather=2), None, "zero3_regather=2 is not allowed (allowed: 0, 1)"),
+    (dict(zero3_root_unit=2), None, "zero3_root_unit=2 is not allowed (allowed: 0 root unit "),
     (dict(zero3_copy_out=2), None, "zero3_copy_out=2 is not allowed (allowed: 0 FSDP1 / "
      "DeepSpeed flat buffers, 1 FSDP2 copy-out)"),
     (dict(tp_userbuffers=3), None, "tp_userbuffers=3 is not allowed (allowed: 0 the "
@@ -1441,14 +1442,16 @@ def test_unknown_dataset_suggests():
                          "tp_userbuffers, ep_overlap, ep_dispatch, cp_ring, axonn_overlap, "
                          "zero_shard, zero3_prefetch_params, zero3_regather, "
                          "zero3_calls_per_layer, "
-                         "zero3_copy_out, recompute_layer_frac, recompute_policy, "
+                         "zero3_copy_out, zero3_root_unit, recompute_layer_frac, "
+                         "recompute_policy, "
                          "recompute_core_attn, recompute_mlp, recompute_moe_act, "
                          "recompute_layernorm, recompute_mla_up_proj, "
                          "recompute_shared_experts, pp_first_layers, pp_last_layers)"),
     ({"zz": 0}, "parallel: 'zz' is not a Parallel field (allowed: etp, dp_overlap, tp_overlap, "
                 "tp_userbuffers, ep_overlap, ep_dispatch, cp_ring, axonn_overlap, zero_shard, "
                 "zero3_prefetch_params, zero3_regather, zero3_calls_per_layer, "
-                "zero3_copy_out, recompute_layer_frac, recompute_policy, recompute_core_attn, "
+                "zero3_copy_out, zero3_root_unit, recompute_layer_frac, recompute_policy, "
+                "recompute_core_attn, "
                 "recompute_mlp, recompute_moe_act, recompute_layernorm, "
                 "recompute_mla_up_proj, recompute_shared_experts, pp_first_layers, "
                 "pp_last_layers)"),
@@ -1796,6 +1799,8 @@ ACT_RULES = [
      "with cp = 1"),
     (dict(tp_userbuffers=1), {}, "parallel: tp_userbuffers=1 needs tensor parallelism (tp > "
      "1; got tp=1): userbuffers overlaps the TP collectives; allowed: 0 with tp = 1"),
+    (dict(zero_stage=1, zero3_root_unit=1), {}, "parallel: zero3_root_unit=1 needs "
+     "zero_stage=3 (got zero_stage=1)"),
     (dict(zero_stage=1, zero3_copy_out=1), {}, "parallel: zero3_copy_out=1 needs zero_stage=3 "
      "(got zero_stage=1): FSDP2 copies out the parameters it all-gathers per layer; allowed: "
      "0 with zero_stage 0 to 2"),

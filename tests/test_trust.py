@@ -10,11 +10,13 @@ import pytest
 from diffperf import Parallel, load_model, load_runs, load_system, predict, training
 from diffperf import trust as tr
 from diffperf.cli.main import main
+from diffperf.costs.collectives import all_gather_s, reduce_scatter_s
 from diffperf.errors import SpecError
 from diffperf.predict import _dp_times
 from diffperf.schedule.overlap import (dp_hidden_slowdown_s, overlap_sigma,
-                                       tp_userbuffers_sigmas)
-from diffperf.workload.dp import zero3_copy_out_bytes, zero3_rs_copy_in_bytes
+                                       tp_userbuffers_sigmas, zero3_root_unit_s)
+from diffperf.workload.dp import (root_unit_params, zero3_copy_out_bytes,
+                                  zero3_rs_copy_in_bytes)
 from diffperf.workload.params import layer_params_per_device
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,6 +150,8 @@ def test_published_fsdp_csv_loads_with_its_row_facts():
     assert float(runs.trainings[fms].grad_bytes) == 2
     assert float(runs.parallels[fms].zero3_copy_out) == 0
     assert float(runs.parallels[fms].zero_shard) == 8 and float(runs.parallels[tt].zero_shard) == 0
+    # FSDP's root unit (embedding, final norm, output) on every row, FSDP1 and FSDP2
+    assert all(float(p.zero3_root_unit) == 1 for p in runs.parallels)
     assert float(runs.parallels[tt].recompute_policy) == 1
     assert float(runs.trainings[tt].norm_extra_bytes) == 32
     assert float(runs.trainings[tt].llama_eager_pointwise) == 1
@@ -221,6 +225,47 @@ def test_copy_out_adds_one_copy_per_gather_to_the_step():
     assert float(with_copy.step_time_s - base.step_time_s) == pytest.approx(want, rel=1e-3)
     assert float(with_copy.breakdown.dp_exposed_s - base.breakdown.dp_exposed_s) == \
         pytest.approx(want, rel=1e-3)
+
+
+def test_root_unit_adds_its_gather_and_reduce_scatter_by_hand():
+    """FSDP's root unit (zero3_root_unit): Llama 3 8B on one 8-GPU node, ZeRO-3, m = 2: the
+    root holds the untied embedding and output, 2 V h = 1,050,673,152 parameters (diffperf's
+    stage count leaves out the final norm's h); the step grows by m (AG + RS + copies)
+    exactly: a ring all-gather of the bf16 root (2 Psi bytes) and a reduce-scatter of its
+    fp32 gradients (4 Psi) over the 8 ranks, FSDP2's copy-out 4 Psi and reduce-scatter
+    copy-in 6 Psi bytes at the HBM's rate; nothing without the fact or without ZeRO-3."""
+    model, system = load_model("llama3-8b"), load_system("h100-sxm-80gb")
+    par = Parallel(dp=8, micro_batch=1, global_batch=16, zero_stage=3, recompute=2,
+                   zero3_regather=0, zero3_copy_out=1)
+    tb = training("bf16").replace(grad_bytes=4.0)
+    P_layer = float(layer_params_per_device(model, par))
+    root = 2 * 128256 * 4096
+    dp = _dp_times(model, par, system, tb)
+    assert float(root_unit_params(dp["P"], P_layer, 32.0)) == pytest.approx(root, rel=1e-6)
+    assert float(dp["root_s"]) == 0.0  # the fact is off
+    on = par.replace(zero3_root_unit=1)
+    ag = float(all_gather_s(2.0 * root, 8, 1, system))
+    rs = float(reduce_scatter_s(4.0 * root, 8, 1, system))
+    copies = 10.0 * root / (float(system.hbm_bandwidth_Bps) * float(system.eff.mem_eff))
+    assert float(_dp_times(model, on, system, tb)["root_s"]) == pytest.approx(
+        ag + rs + copies, rel=1e-5)
+    base, with_root = predict(model, par, system, tb), predict(model, on, system, tb)
+    want = 2 * (ag + rs + copies)
+    assert float(with_root.step_time_s - base.step_time_s) == pytest.approx(want, rel=1e-3)
+    assert float(with_root.breakdown.dp_exposed_s - base.breakdown.dp_exposed_s) == \
+        pytest.approx(want, rel=1e-3)
+    z1 = dict(zero_stage=1, zero3_copy_out=0)
+    assert float(_dp_times(model, on.replace(**z1), system, tb)["root_s"]) == 0.0
+    # gradient contract of zero3_root_unit_s in log coordinates under x64 (the cost function
+    # alone, no predict program): finite, matches finite differences, each part costs time
+    import jax
+    from jax.test_util import check_grads
+    with jax.enable_x64(True):
+        f = lambda x: zero3_root_unit_s(*jax.numpy.exp(x), on)  # noqa: E731
+        x = jax.numpy.log(jax.numpy.array([ag, rs, copies]))
+        check_grads(f, (x,), order=1, modes=("rev",))
+        g = jax.grad(f)(x)
+    assert np.all(np.isfinite(np.asarray(g))) and np.all(np.asarray(g) > 0)
 
 
 def test_hidden_dp_communication_slows_compute():

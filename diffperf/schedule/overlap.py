@@ -66,6 +66,38 @@ def zero3_microbatch_edge_s(fwd_hidden_s, bwd_hidden_s, reduce_s):
     return fwd_hidden_s + jnp.minimum(reduce_s, bwd_hidden_s)
 
 
+def zero3_root_unit_s(gather_s, reduce_s, copy_s, parallel):
+    """Exposed seconds per micro-batch of FSDP's root unit (Parallel.zero3_root_unit = 1),
+    the parameters outside the transformer layers (`workload.dp.root_unit_params`: embedding,
+    final norm, output layer):
+
+        T_root = r [z3] (AG_root + RS_root + C_root)
+    r = parallel.zero3_root_unit, [z3] = 1 under ZeRO-3. AG_root, RS_root = the ring all-gather
+    of the root unit's weights and reduce-scatter (+ the replicas' all-reduce under HSDP) of
+    its gradients over the shard group, C_root = its FSDP2 copy-out and reduce-scatter copy-in
+    (`zero3_copy_out_bytes` / `zero3_rs_copy_in_bytes` of Psi_root; 0 without zero3_copy_out).
+    Nothing hides them: the root's pre-forward gathers it before the embedding lookup, the
+    first kernel of the micro-batch (the first layer's own gather comes after it and is
+    counted by `zero3_microbatch_edge_s`), and the root's post-backward reduce-scatter is
+    issued from FSDP's final backward callback, after the embedding's gradient, the last
+    kernel of the backward, and the optimizer step waits for it. The root is not resharded
+    after the forward (FSDP2 keeps the root's parameters for the backward), so one gather
+    per micro-batch.
+    Sources: TorchTitan parallelize_llama.apply_fsdp at 1ea476e9f (2024-04), 3faaa1a
+    (2024-08), 9dec370 (2024-12), 820504e (2025-06): every TransformerBlock gets its own
+    fully_shard, then fully_shard(model) makes tok_embeddings, norm and output one root
+    unit; PyTorch FSDP2 `FSDPState._lazy_init` ("For the root, do not reshard after forward
+    since for training, the parameters would be freed and all-gathered immediately":
+    post_forward_mesh_info = None) and FSDP1 `_runtime_utils._post_forward_reshard` ("Do not
+    free the root's parameters in the post-forward for FULL_SHARD"); fms-fsdp main_training.py
+    (FSDP1, transformer_auto_wrap_policy on the block class) [D].
+    Example: Llama 3 8B on 8 H100 (TorchTitan): Psi_root = 1.050e9, bf16 gather 2.10 GB and
+    fp32 reduce-scatter 4.20 GB over NVLink: ~5 ms + ~10 ms per step.
+    """
+    z3 = jnp.where(parallel.zero_stage == 3, 1.0, 0.0)
+    return parallel.zero3_root_unit * z3 * (gather_s + reduce_s + copy_s)
+
+
 def dp_hidden_slowdown_s(dp_hidden_s, overlap_slowdown):
     """Compute time lost to the data-parallel / ZeRO collectives that hide behind it:
 

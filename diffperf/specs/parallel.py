@@ -114,6 +114,10 @@ class Parallel(struct.PyTreeNode):
                                 # buffer before the compute stream goes on
                                 # (workload.dp.zero3_rs_copy_in_bytes);
                                 # 0: FSDP1 / DeepSpeed flat buffers, the parameters are views
+    zero3_root_unit: Any = 0    # 1: FSDP's root unit (fully_shard(model): embedding, final
+                                # norm, output) is gathered and reduce-scattered exposed once
+                                # per micro-batch (schedule.overlap.zero3_root_unit_s);
+                                # 0: its collectives are not priced (the layers' only)
     recompute_layer_frac: Any = 1.0  # recompute = full: the fraction of the layers that are
                                 # checkpointed, the rest keeping every activation (fms-fsdp
                                 # selective AC's p, TorchTitan's selective layer AC 1/k);

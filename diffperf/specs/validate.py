@@ -234,7 +234,7 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
         return
     P = {f: _arr(getattr(parallel, f)) for f in (
         *(f for f, _ in MOE_PARALLEL_FACTS), "tp", "cp", "ep", "recompute", "zero_stage",
-        "tp_userbuffers", "zero3_copy_out", "recompute_mlp")}
+        "tp_userbuffers", "zero3_copy_out", "zero3_root_unit", "recompute_mlp")}
     _dense_facts(M, where_parallel, pick, MOE_PARALLEL_FACTS, P)
     moe = M["n_experts"] > 0
     _fail(moe & (P["recompute_shared_experts"] == 1) & (M["n_shared_experts"] == 0),
@@ -273,6 +273,9 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
     _fail((P["zero3_copy_out"] == 1) & (z < 3), where_parallel, lambda i: (
         f"zero3_copy_out=1 needs zero_stage=3 (got zero_stage={pick(z, i):g}): FSDP2 copies "
         f"out the parameters it all-gathers per layer; allowed: 0 with zero_stage 0 to 2"))
+    _fail((P["zero3_root_unit"] == 1) & (z < 3), where_parallel, lambda i: (
+        f"zero3_root_unit=1 needs zero_stage=3 (got zero_stage={pick(z, i):g}): it prices "
+        f"FSDP's root unit gather and reduce-scatter; allowed: 0 with zero_stage 0 to 2"))
 
 
 def facts_act_mask(model, parallel, training) -> np.ndarray:
@@ -328,8 +331,8 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         "sequence_parallel", "dp_overlap", "tp_overlap", "ep_overlap", "cp_ring",
         "axonn_overlap", "placement", "pp_first_layers", "pp_last_layers", "zero_shard",
         "zero3_prefetch_params", "zero3_regather", "zero3_calls_per_layer",
-        "zero3_copy_out", "etp", "ep_dispatch", "recompute_layer_frac", "recompute_policy",
-        "tp_userbuffers", *(f"recompute_{m}" for m in RECOMPUTE_MODULES))}
+        "zero3_copy_out", "zero3_root_unit", "etp", "ep_dispatch", "recompute_layer_frac",
+        "recompute_policy", "tp_userbuffers", *(f"recompute_{m}" for m in RECOMPUTE_MODULES))}
     M = {f: _arr(getattr(model, f), where) for f in (
         "n_heads", "n_kv_heads", "ffn_hidden", "n_layers", "seq_len", "n_experts", "hidden",
         "head_dim", "kv_lora_rank")}
@@ -532,14 +535,16 @@ def _check_choice(P, f, hi, where, pick) -> None:
 # layout (`_check_fact_ranges`): `check_layout` and `check_search_facts` alike.
 FACT_FIELDS = ("dp_overlap", "cp_ring", "axonn_overlap", "zero3_regather", "recompute_policy",
                "tp_overlap", "ep_overlap", "recompute_layer_frac", "ep_dispatch", "zero_shard",
-               "zero3_prefetch_params", "zero3_calls_per_layer", "zero3_copy_out")
+               "zero3_prefetch_params", "zero3_calls_per_layer", "zero3_copy_out",
+               "zero3_root_unit")
 
 
 def _check_fact_ranges(P, where, pick) -> None:
     """Each framework fact's own range (FACT_FIELDS): dp_overlap, cp_ring, axonn_overlap,
-    zero3_regather, ep_dispatch, zero3_copy_out 0 or 1; recompute_policy 0..2; tp_overlap and
-    ep_overlap in [0, 1]; recompute_layer_frac in (0, 1]; zero_shard a whole number >= 0;
-    zero3_prefetch_params in [0, 1e18]; zero3_calls_per_layer a whole number in 1..INT_MAX."""
+    zero3_regather, ep_dispatch, zero3_copy_out, zero3_root_unit 0 or 1; recompute_policy
+    0..2; tp_overlap and ep_overlap in [0, 1]; recompute_layer_frac in (0, 1]; zero_shard a
+    whole number >= 0; zero3_prefetch_params in [0, 1e18]; zero3_calls_per_layer a whole
+    number in 1..INT_MAX."""
     xp = _xp(where)
     for f, hi in (("dp_overlap", 1), ("cp_ring", 1), ("axonn_overlap", 1), ("zero3_regather", 1),
                   ("recompute_policy", 2)):
@@ -570,6 +575,10 @@ def _check_fact_ranges(P, where, pick) -> None:
     _fail((c != 0) & (c != 1), where, lambda i: (
         f"zero3_copy_out={pick(c, i):g} is not allowed (allowed: 0 FSDP1 / DeepSpeed flat "
         f"buffers, 1 FSDP2 copy-out)"))
+    r = P["zero3_root_unit"]
+    _fail((r != 0) & (r != 1), where, lambda i: (
+        f"zero3_root_unit={pick(r, i):g} is not allowed (allowed: 0 root unit not priced, "
+        f"1 FSDP's root unit gathered and reduce-scattered exposed)"))
 
 
 def _check_zero(P, where, pick) -> None:

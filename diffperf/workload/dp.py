@@ -101,6 +101,20 @@ def zero3_prefetch_frac(parallel, layer_params):
     return jnp.where(W > 0, jnp.minimum(1.0, W / safe), 1.0)
 
 
+def root_unit_params(stage_params_local, layer_params_local, n_layers_stage):
+    """Parameters of one device's stage that sit in no transformer layer (the embedding, the
+    final norm and the output layer; MTP modules count as layers):
+
+        Psi_root = Psi_stage - n_layers Psi_layer
+    FSDP's root unit (`fully_shard(model)` after each block's own `fully_shard`) holds them:
+    `schedule.overlap.zero3_root_unit_s` prices its collectives under Parallel.zero3_root_unit.
+    Example: Llama 3 8B, one device, p = t = 1: 8,030,257,152 - 32 x 218,112,000 =
+    1,050,673,152 = 2 V h (V = 128256, h = 4096: untied embedding and output; the stage
+    count `stage_params_per_device` leaves the final norm's h out).
+    """
+    return jnp.maximum(stage_params_local - n_layers_stage * layer_params_local, 0.0)
+
+
 def zero3_copy_out_bytes(layer_params_local, training, copy_out):
     """HBM bytes of FSDP2's all-gather copy-out of one layer, per gather:
 
