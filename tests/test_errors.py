@@ -994,6 +994,36 @@ def test_sensitivity_inputs_are_checked_before_tracing():
         scale_leaf(s, "hbm_bandwith_Bps", 1.1)
     with _raises("unknown System leaf 'zz' (allowed: matmul_flops_per_s, "):
         scale_leaf(s, "zz", 1.1)
+    with _raises("System leaf 'fp8_non_tn_gemm' is a switch (allowed: 0 or 1), not a parameter "
+                 "to scale (x 1.1): compare predictions at 0 and 1"):
+        scale_leaf(s, "fp8_non_tn_gemm", 1.1)
+
+
+def test_switches_are_every_system_flag():
+    """specs.system.SWITCHES (the leaves sensitivity gives no elasticity) holds every System
+    key the loader reads as a flag: each key of a system YAML, of a tier, of the efficiency
+    and reliability mappings at 0.5; the ones refused with "must be true or false" are the
+    switches."""
+    from diffperf.load import (RELIABILITY_UNITS, SYSTEM_UNITS, TIER_UNITS, EFFICIENCY_KEYS,
+                               system_from_dict)
+    from diffperf.specs.system import SWITCHES
+
+    flags = set()
+    cases = [(dict(_system_dict(), **{k: 0.5}), leaf) for k, (leaf, _) in SYSTEM_UNITS.items()]
+    for k, (leaf, _) in TIER_UNITS.items():
+        d = _system_dict()
+        d["tiers"] = [dict(d["tiers"][0], **{k: 0.5}), d["tiers"][1]]
+        cases.append((d, f"tiers[0].{leaf}"))
+    cases += [(dict(_system_dict(), efficiency={k: 0.5}), f"eff.{k}") for k in EFFICIENCY_KEYS]
+    cases += [(dict(_system_dict(), reliability={k: 0.5}), f"reliability.{leaf}")
+              for k, (leaf, _) in RELIABILITY_UNITS.items()]
+    for d, leaf in cases:
+        try:
+            system_from_dict(d, "s")
+        except SpecError as e:
+            if "must be true or false" in str(e):
+                flags.add(leaf)
+    assert flags == set(SWITCHES) == {"fp8_non_tn_gemm"}
 
 
 def test_search_inputs_are_checked_before_tracing():
