@@ -2030,6 +2030,41 @@ def test_search_keeps_the_layouts_its_facts_act_on():
         facts_act_rows(llama, training("bf16", cp_torch=1.0), one)
 
 
+def test_search_api_marks_the_rows_its_facts_cannot_act_on(monkeypatch):
+    """diffperf.search.search (the Python API) ranked the rows on which a fact cannot act
+    (cp_torch=1 at cp 1), where the CLI filters its table with facts_act_rows (review13a):
+    such rows now come back invalid (valid = fits = False, step inf, tokens/s 0: Result.valid's
+    contract), so `ranked` never offers them; sensitivity's and design's candidates leave them
+    out. The kernel is replaced by a stand-in (nothing compiles): what is checked is the
+    masking of what it returns."""
+    import diffperf.search.evaluate as ev
+    from diffperf.load import training
+    from diffperf.result import Result
+    from diffperf.search import COLUMNS, enumerate_layouts, ranked, search
+    from diffperf.sensitivity import candidates
+
+    llama, system = diffperf.load_model("llama3-8b"), load_system("h100-sxm-80gb")
+    table = enumerate_layouts(llama, 8, 128)
+    n, cp = len(table), table[:, COLUMNS.index("cp")]
+    ones = np.ones(n)
+    monkeypatch.setattr(ev, "_evaluate", lambda *a, **k: None)
+    monkeypatch.setattr(ev, "_gather", lambda cell, outs: Result(
+        step_time_s=np.arange(1.0, n + 1), breakdown=None, memory=None,
+        fits=np.ones(n, bool), fit_margin_frac=0.5 * ones, mfu=0.4 * ones,
+        tokens_per_s=ones, model_flops=ones, hardware_flops=ones, n_devices=8 * ones,
+        goodput=None, valid=True))
+    plain = search(llama, system, training("bf16"), table)
+    assert plain.valid is True and np.all(plain.fits)
+    r = search(llama, system, training("bf16", cp_torch=1.0), table)
+    assert (r.valid == (cp > 1)).all() and (r.fits == (cp > 1)).all()
+    assert np.isinf(r.step_time_s[cp == 1]).all() and (r.mfu[cp == 1] == 0).all()
+    assert (r.step_time_s[cp > 1] == np.arange(1.0, n + 1)[cp > 1]).all()
+    assert (cp[ranked(r)] > 1).all() and len(ranked(r)) == (cp > 1).sum()
+    c = candidates(llama, system, training("bf16", cp_torch=1.0), table, 0.05,
+                   max_candidates=1 << 20)
+    assert sorted(c.index) == list(np.flatnonzero(cp > 1))
+
+
 def test_capacity_factor_is_at_most_experts_over_topk(tmp_path):
     """moe_capacity_factor: each expert holds T k C_f / E tokens (Megatron-Core
     get_capacity) and never receives more than T, so C_f <= E / k (8 experts, top-2: 4)."""
