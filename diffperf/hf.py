@@ -114,6 +114,20 @@ SUPPORTED_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
 # SUPPORTED_TYPES, said in a note; another text_config type is refused by name (Llama 4's
 # llama4_text, Mllama's mllama_text_model).
 WRAPPER_TYPES = ("gemma3",)
+# The text model type a wrapper's config class assumes for a text_config dict without
+# `model_type` (transformers, each class's __init__: `text_config.get("model_type", T)`, then
+# CONFIG_MAPPING[T]): LlavaConfig, LlavaNextConfig, LlavaNextVideoConfig, VipLlavaConfig
+# "llama"; Mistral3Config "mistral"; LlavaOnevisionConfig "qwen2"; PaliGemmaConfig "gemma";
+# Gemma3Config builds Gemma3TextConfig(**text_config) whatever the dict says. Only these are
+# assumed (with a note); another wrapper's text_config without a type stays refused.
+_WRAPPER_TEXT_TYPE = {"llava": ("llama", "LlavaConfig"),
+                      "llava_next": ("llama", "LlavaNextConfig"),
+                      "llava_next_video": ("llama", "LlavaNextVideoConfig"),
+                      "vipllava": ("llama", "VipLlavaConfig"),
+                      "mistral3": ("mistral", "Mistral3Config"),
+                      "llava_onevision": ("qwen2", "LlavaOnevisionConfig"),
+                      "paligemma": ("gemma", "PaliGemmaConfig"),
+                      "gemma3": ("gemma3_text", "Gemma3Config")}
 # Read, but with no effect on the cost model (positions, numerics, routing policy, ids).
 _NO_COST = ("rope_theta", "rope_scaling", "rope_local_base_freq", "rotary_pct",
             "rotary_emb_base", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
@@ -153,14 +167,17 @@ def _check_type(mt, outer, where, notes) -> None:
     model is read when the text_config's type is supported, said in a note (only the
     WRAPPER_TYPES were checked against a published count). A config without model_type is
     read as a Llama-style decoder, said in a note; a text_config without one is refused (its
-    architecture cannot be told)."""
+    architecture cannot be told) unless its wrapper's transformers class assumes a type
+    (_WRAPPER_TEXT_TYPE: `hf_to_dict` has then filled it in, with a note)."""
     yaml = "write a diffperf model YAML (configs/README.md)"
     allowed = ", ".join(SUPPORTED_TYPES)
     wrapper = f"{printable(str(outer or '?'))!r}"
     if outer is not None and not mt:
         raise SpecError(f"{where}: the text_config of a model_type={wrapper} config names no "
                         f"model_type, so its architecture cannot be told (allowed text_config "
-                        f"model_type: {allowed}); {yaml} for its language model")
+                        f"model_type: {allowed}; assumed only for the wrappers whose "
+                        f"transformers class assumes one: {', '.join(_WRAPPER_TEXT_TYPE)}); "
+                        f"{yaml} for its language model")
     if not mt:
         notes.append("model_type absent: read as a Llama-style decoder (attention and MLP "
                      "layers)")
@@ -191,6 +208,11 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
     top = cfg
     if isinstance(cfg.get("text_config"), dict):
         text = dict(cfg["text_config"])
+        outer_mt = cfg.get("model_type")
+        if not text.get("model_type") and outer_mt in _WRAPPER_TEXT_TYPE:
+            text["model_type"], cls = _WRAPPER_TEXT_TYPE[outer_mt]
+            notes.append(f"text_config names no model_type: read as {text['model_type']}, the "
+                         f"type transformers' {cls} assumes for it")
         mt = text.get("model_type", "")
         defaults = (_TYPE_DEFAULTS.get(mt) or _TEXT_CONFIG_DEFAULTS.get(mt, {})
                     if isinstance(mt, str) else {})

@@ -33,6 +33,14 @@ checkpoints and restarts (Result.goodput, schedule.goodput), X = tokens/s x good
 so the reliability leaves (failure rate, storage bandwidth, restart time), which do not touch
 T, get their worth: "+10 % storage bandwidth gives +x % effective tokens/s"; a better MTBF is
 a lower failure rate (+10 % MTBF = failure rate / 1.1).
+
+Switches. A System leaf that is a 0/1 switch (specs.system.SWITCHES: fp8_non_tn_gemm) has no
+derivative: +10 % of it is not a value it takes. Every table here (`elasticities`,
+`goodput_elasticities`, `elasticities_at_optimum`) leaves the switches out; their worth is the
+difference of two predictions, the switch at 0 and at 1. The device counts of the tiers
+(`tiers[i].domain_size`) stay: the model reads them continuously (members of a group in a
+domain = clip(domain / stride, 1, n), costs.tiers), the relaxation `design` optimizes, and
+their elasticity is the slope of that relaxation.
 """
 
 from __future__ import annotations
@@ -48,9 +56,11 @@ from diffperf.api import _as_float, _normalize
 from diffperf.errors import SpecError, closest
 from diffperf.predict import FEATURES, features_of, predict_step
 from diffperf.search import _CPU_QUICK_OPTIONS, COLUMNS, PLACEMENTS, parallel_of, search
+from diffperf.search.evaluate import facts_act_mask_rows
 from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel, placement_index
 from diffperf.specs.paths import leaf_paths, leaf_values  # noqa: F401 - public here too
+from diffperf.specs.system import SWITCHES
 from diffperf.specs.training import Training
 from diffperf.specs.validate import check_inputs
 
@@ -94,10 +104,22 @@ def step_change_frac(elasticity, change=0.10):
     return (1.0 + change) ** np.asarray(elasticity) - 1.0
 
 
+def parameter_values(system) -> dict:
+    """{path: value} of the System leaves that have an elasticity: every leaf but the 0/1
+    switches (specs.system.SWITCHES; module docstring)."""
+    return {p: v for p, v in leaf_values(system).items() if p not in SWITCHES}
+
+
+def switch_values(system) -> dict:
+    """{path: 0.0 or 1.0} of the System's switches, which have no elasticity."""
+    return {p: v for p, v in leaf_values(system).items() if p in SWITCHES}
+
+
 def _times_theta(grad, system) -> dict:
-    """{path: theta dF/dtheta} from a gradient pytree of F = ln T."""
+    """{path: theta dF/dtheta} from a gradient pytree of F = ln T, the switches left out."""
     return {p: float(g) * float(v) for p, g, v in
-            zip(leaf_paths(system), jax.tree.leaves(grad), jax.tree.leaves(system))}
+            zip(leaf_paths(system), jax.tree.leaves(grad), jax.tree.leaves(system))
+            if p not in SWITCHES}
 
 
 def _log_step_time(system, model, parallel, training, temperature, features, checked=False):
@@ -164,7 +186,8 @@ def elasticities(model, parallel, system, training=None, temperature=None) -> di
         temperature: None for the exact model (subgradients at kinks), > 0 for the smooth one.
     Returns:
         {leaf path: elasticity}, e.g. {'tiers[0].bandwidth_Bps': -0.094, ...}; 0 for a leaf
-        that does not touch the step time (capacity, power) or whose value is 0.
+        that does not touch the step time (capacity, power) or whose value is 0. The 0/1
+        switches (specs.system.SWITCHES) are left out: they have no derivative.
     Example: GPT-3 175B, tp 8 pp 8 dp 16 on 1024 A100 80GB: matmul FLOP/s -0.84, NVLink
     bandwidth -0.094 ("+10 % NVLink bandwidth: -0.9 % step time").
     """
@@ -217,6 +240,7 @@ def candidates(model, system, training, layouts, temperature, *, placements=PLAC
     """Every layout of the table, or, where a placement order has more than
     `max_candidates`, its `max_candidates` lowest soft scores s_i (by a hard `search`).
 
+    Rows on which a fact of `training` cannot act (`search.facts_act_rows`) are left out.
     Each order's rows are padded to a fixed size (a power of two, at most max_candidates),
     so a table keeps its shapes when the hardware changes (no recompilation).
     `dropped_weight` is the soft-min weight of the rows left out (exact, from the search):
@@ -226,7 +250,11 @@ def candidates(model, system, training, layouts, temperature, *, placements=PLAC
     """
     layouts = np.asarray(layouts)
     dtype = jnp.result_type(float)
-    groups = [np.flatnonzero(layouts[:, -1] == j) for j in np.unique(layouts[:, -1])]
+    # only the rows on which the Training facts act (search.facts_act_rows), as the CLI's
+    # tables and `search` (which marks the others invalid)
+    acting = facts_act_mask_rows(model, training or Training(), layouts)
+    groups = [np.flatnonzero((layouts[:, -1] == j) & acting)
+              for j in np.unique(layouts[acting, -1])]
     dropped = 0.0
     if any(len(g) > max_candidates for g in groups):
         r = search(model, system, training, layouts, placements=placements,
@@ -280,6 +308,9 @@ def scale_leaf(system, path: str, factor):
     if path not in paths:
         raise SpecError(f"unknown System leaf '{path}'{closest(path, paths)} "
                         f"(allowed: {', '.join(paths)})")
+    if path in SWITCHES:
+        raise SpecError(f"System leaf '{path}' is a switch (allowed: 0 or 1), not a "
+                        f"parameter to scale (x {float(factor):g}): compare predictions at 0 and 1")
     leaves, treedef = jax.tree.flatten(system)
     return jax.tree.unflatten(treedef, [v * factor if p == path else v
                                         for p, v in zip(paths, leaves)])
@@ -375,7 +406,7 @@ def elasticities_at_optimum(model, system, training, layouts, temperature, *,
     row = int(cands.index[best])
     at_best = elasticities(model, parallel_of(layouts[row], placements), system, training,
                            smooth)
-    values, soft = leaf_values(system_f), _times_theta(grad, system_f)
+    values, soft = parameter_values(system_f), _times_theta(grad, system_f)
     # A memory leaf with no effect at the best layout held fixed acts only through which
     # layouts fit: its worth is the exact re-search's (module docstring).
     feasibility = {p for p in MEMORY_LEAVES if p in values and at_best[p] == 0}

@@ -611,11 +611,13 @@ def test_unknown_hf_model_type_messages_are_whole():
                  f"encoder); if they are, write a diffperf model YAML (configs/README.md)"):
         hf_to_dict({"model_type": "llama4", "text_config": base | {"model_type": "llama4_text"}},
                    "x.json")
-    with _raises("x.json: the text_config of a model_type='llava' config names no model_type, "
-                 f"so its architecture cannot be told (allowed text_config model_type: "
-                 f"{', '.join(SUPPORTED_TYPES)}); write a diffperf model YAML "
-                 f"(configs/README.md) for its language model"):
-        hf_to_dict({"model_type": "llava", "text_config": base}, "x.json")
+    with _raises("x.json: the text_config of a model_type='custom_vlm' config names no "
+                 f"model_type, so its architecture cannot be told (allowed text_config "
+                 f"model_type: {', '.join(SUPPORTED_TYPES)}; assumed only for the wrappers "
+                 f"whose transformers class assumes one: llava, llava_next, llava_next_video, "
+                 f"vipllava, mistral3, llava_onevision, paligemma, gemma3); write a diffperf "
+                 f"model YAML (configs/README.md) for its language model"):
+        hf_to_dict({"model_type": "custom_vlm", "text_config": base}, "x.json")
     with _raises(f"x.json: model_type='bert' is not an architecture diffperf reads (allowed: "
                  f"{', '.join(SUPPORTED_TYPES)}): its layers may not be the attention and "
                  f"MLP/MoE layers diffperf models (Mamba or linear-attention layers, an "
@@ -995,6 +997,36 @@ def test_sensitivity_inputs_are_checked_before_tracing():
         scale_leaf(s, "hbm_bandwith_Bps", 1.1)
     with _raises("unknown System leaf 'zz' (allowed: matmul_flops_per_s, "):
         scale_leaf(s, "zz", 1.1)
+    with _raises("System leaf 'fp8_non_tn_gemm' is a switch (allowed: 0 or 1), not a parameter "
+                 "to scale (x 1.1): compare predictions at 0 and 1"):
+        scale_leaf(s, "fp8_non_tn_gemm", 1.1)
+
+
+def test_switches_are_every_system_flag():
+    """specs.system.SWITCHES (the leaves sensitivity gives no elasticity) holds every System
+    key the loader reads as a flag: each key of a system YAML, of a tier, of the efficiency
+    and reliability mappings at 0.5; the ones refused with "must be true or false" are the
+    switches."""
+    from diffperf.load import (RELIABILITY_UNITS, SYSTEM_UNITS, TIER_UNITS, EFFICIENCY_KEYS,
+                               system_from_dict)
+    from diffperf.specs.system import SWITCHES
+
+    flags = set()
+    cases = [(dict(_system_dict(), **{k: 0.5}), leaf) for k, (leaf, _) in SYSTEM_UNITS.items()]
+    for k, (leaf, _) in TIER_UNITS.items():
+        d = _system_dict()
+        d["tiers"] = [dict(d["tiers"][0], **{k: 0.5}), d["tiers"][1]]
+        cases.append((d, f"tiers[0].{leaf}"))
+    cases += [(dict(_system_dict(), efficiency={k: 0.5}), f"eff.{k}") for k in EFFICIENCY_KEYS]
+    cases += [(dict(_system_dict(), reliability={k: 0.5}), f"reliability.{leaf}")
+              for k, (leaf, _) in RELIABILITY_UNITS.items()]
+    for d, leaf in cases:
+        try:
+            system_from_dict(d, "s")
+        except SpecError as e:
+            if "must be true or false" in str(e):
+                flags.add(leaf)
+    assert flags == set(SWITCHES) == {"fp8_non_tn_gemm"}
 
 
 def test_search_inputs_are_checked_before_tracing():
@@ -2001,6 +2033,41 @@ def test_search_keeps_the_layouts_its_facts_act_on():
                  f"(and so on every one of the {len(one)} layouts of the table: give layout "
                  f"values where it holds)"):
         facts_act_rows(llama, training("bf16", cp_torch=1.0), one)
+
+
+def test_search_api_marks_the_rows_its_facts_cannot_act_on(monkeypatch):
+    """diffperf.search.search (the Python API) ranked the rows on which a fact cannot act
+    (cp_torch=1 at cp 1), where the CLI filters its table with facts_act_rows (review13a):
+    such rows now come back invalid (valid = fits = False, step inf, tokens/s 0: Result.valid's
+    contract), so `ranked` never offers them; sensitivity's and design's candidates leave them
+    out. The kernel is replaced by a stand-in (nothing compiles): what is checked is the
+    masking of what it returns."""
+    import diffperf.search.evaluate as ev
+    from diffperf.load import training
+    from diffperf.result import Result
+    from diffperf.search import COLUMNS, enumerate_layouts, ranked, search
+    from diffperf.sensitivity import candidates
+
+    llama, system = diffperf.load_model("llama3-8b"), load_system("h100-sxm-80gb")
+    table = enumerate_layouts(llama, 8, 128)
+    n, cp = len(table), table[:, COLUMNS.index("cp")]
+    ones = np.ones(n)
+    monkeypatch.setattr(ev, "_evaluate", lambda *a, **k: None)
+    monkeypatch.setattr(ev, "_gather", lambda cell, outs: Result(
+        step_time_s=np.arange(1.0, n + 1), breakdown=None, memory=None,
+        fits=np.ones(n, bool), fit_margin_frac=0.5 * ones, mfu=0.4 * ones,
+        tokens_per_s=ones, model_flops=ones, hardware_flops=ones, n_devices=8 * ones,
+        goodput=None, valid=True))
+    plain = search(llama, system, training("bf16"), table)
+    assert plain.valid is True and np.all(plain.fits)
+    r = search(llama, system, training("bf16", cp_torch=1.0), table)
+    assert (r.valid == (cp > 1)).all() and (r.fits == (cp > 1)).all()
+    assert np.isinf(r.step_time_s[cp == 1]).all() and (r.mfu[cp == 1] == 0).all()
+    assert (r.step_time_s[cp > 1] == np.arange(1.0, n + 1)[cp > 1]).all()
+    assert (cp[ranked(r)] > 1).all() and len(ranked(r)) == (cp > 1).sum()
+    c = candidates(llama, system, training("bf16", cp_torch=1.0), table, 0.05,
+                   max_candidates=1 << 20)
+    assert sorted(c.index) == list(np.flatnonzero(cp > 1))
 
 
 def test_capacity_factor_is_at_most_experts_over_topk(tmp_path):

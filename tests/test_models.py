@@ -580,3 +580,28 @@ def test_llava_1_5_text_config_takes_llama_config_defaults():
     with pytest.raises(SpecError, match="missing intermediate_size"):
         hf_to_dict({"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 64,
                     "num_attention_heads": 4, "vocab_size": 100}, "x.json")
+    # the same text_config without its model_type: LlavaConfig assumes llama
+    # (`text_config.get("model_type", "llama")`), so diffperf does, said in a note
+    bare = {**cfg, "text_config": {k: v for k, v in cfg["text_config"].items()
+                                   if k != "model_type"}}
+    d2, notes2 = hf_to_dict(bare, "x.json")
+    assert d2 == d
+    assert "text_config names no model_type: read as llama, the type transformers' " \
+           "LlavaConfig assumes for it" in notes2
+
+
+def test_wrapper_text_config_types_are_those_transformers_assumes():
+    """A text_config without model_type takes the type its wrapper's transformers class
+    assumes (Mistral3Config: mistral, LlavaOnevisionConfig: qwen2, Gemma3Config: always
+    Gemma3TextConfig), read as the same text_config with the type written; a wrapper that
+    assumes none stays refused (tests/test_errors.py)."""
+    text = {"hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 4,
+            "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000,
+            "hidden_act": "silu", "head_dim": 64}
+    for wrapper, mt in (("mistral3", "mistral"), ("llava_onevision", "qwen2"),
+                        ("gemma3", "gemma3_text"), ("llava_next", "llama")):
+        d, notes = hf_to_dict({"model_type": wrapper, "text_config": text}, "x.json")
+        typed, _ = hf_to_dict({"model_type": wrapper, "text_config": text | {
+            "model_type": mt}}, "x.json")
+        assert d == typed, wrapper
+        assert any(f"text_config names no model_type: read as {mt}" in n for n in notes)

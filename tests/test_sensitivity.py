@@ -33,8 +33,10 @@ from diffperf.errors import SpecError
 from diffperf.search import PLACEMENTS, enumerate_layouts
 from diffperf.sensitivity import (_quick_jit, candidates, elasticities,
                                   elasticities_at_optimum, grad_of, leaf_paths, leaf_values,
-                                  scale_leaf, soft_min_and_grad, step_change_frac)
+                                  parameter_values, scale_leaf, soft_min_and_grad,
+                                  step_change_frac, step_time_and_elasticities, switch_values)
 from diffperf.specs.batch import anonymous
+from diffperf.specs.system import SWITCHES
 
 # Layouts away from every kink of the hard model (tests/test_gradients.py CHECK_GRAD_CASES):
 # no group fills a network domain exactly, no overlap window ties its communication.
@@ -100,10 +102,26 @@ def test_elasticities_match_finite_differences_of_predict(name):
     t = np.asarray(_STEP_TIMES(floats[0], floats[1], _perturbed(system, H), floats[2]),
                    dtype=np.float64)
     fd = (np.log(t[0::2]) - np.log(t[1::2])) / (2 * H)
-    assert list(elast) == leaf_paths(system)
-    for (path, e), d in zip(elast.items(), fd):
+    assert list(elast) == [p for p in leaf_paths(system) if p not in SWITCHES]
+    fd = dict(zip(leaf_paths(system), fd))
+    for path, e in elast.items():
+        d = fd[path]
         assert abs(e - d) <= 1e-2 * abs(e) + 2e-4, f"{name}: {path}: grad {e:.6g}, fd {d:.6g}"
     assert abs(elast["matmul_flops_per_s"]) > 0.1  # the check is not vacuous
+
+
+def test_switches_have_no_elasticity():
+    """A 0/1 switch (specs.system.SWITCHES) has no derivative: the tables leave it out, at 0
+    (Hopper) and at 1 (Blackwell's fp8_non_tn_gemm), the compiled program of the H100 case
+    reused (only the leaf's value changes)."""
+    name = "multi-node-llama3-8b-h100"
+    model, parallel, system = _case(name)
+    on = system.replace(fp8_non_tn_gemm=1.0)
+    t, e = step_time_and_elasticities(model, parallel, on, Training())
+    assert t > 0 and "fp8_non_tn_gemm" not in e and "fp8_non_tn_gemm" not in _elasticities(name)
+    assert e["matmul_flops_per_s"] == pytest.approx(_elasticities(name)["matmul_flops_per_s"])
+    assert switch_values(on) == {"fp8_non_tn_gemm": 1.0}
+    assert set(parameter_values(on)) == set(e)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -297,7 +315,8 @@ def test_cli_sensitivity_json(capsys):
     assert code == 0, err
     data = json.loads(out)
     rows = {r["leaf"]: r for r in data["elasticities"]}
-    assert set(rows) == set(leaf_paths(load_system("a100-sxm-80gb")))
+    assert set(rows) == set(leaf_paths(load_system("a100-sxm-80gb"))) - set(SWITCHES)
+    assert data["switches"] == {"fp8_non_tn_gemm": 0.0}  # listed apart, no elasticity
     nvlink = rows["tiers[0].bandwidth_Bps"]
     assert nvlink["label"] == "tiers[0].bandwidth_Bps (nvlink)" and nvlink["unit"] == "GB/s"
     assert nvlink["value_human"] == pytest.approx(300)

@@ -96,6 +96,8 @@ def test_sweep_arguments_are_checked(table):
     with _raises("sweep: eff.kernel_s=[] must be a finite number >= 0 (a non-empty list of "
                  "values)"):
         sweep(MODEL, SYSTEM, TRAINING, table, {"eff.kernel_s": []})
+    with _raises("sweep: fp8_non_tn_gemm=0.5 is a switch (allowed: 0 or 1)"):
+        sweep(MODEL, SYSTEM, TRAINING, table, {"fp8_non_tn_gemm": [0, 0.5, 1]})
     with _raises("sweep: tiers[1].domain_size=8 must be >= tiers[0].domain_size=16 (tiers are "
                  "nested, innermost first)"):
         sweep(MODEL, SYSTEM, TRAINING, table, {"tiers[0].domain_size": [8, 16],

@@ -27,7 +27,9 @@ def add_parser(sub):
         "'+10%% NVLink bandwidth gives x%% step time'. Layout options as for predict; with "
         "--optimum also at the best layout of --gpus and --global-batch, re-optimized "
         "(soft-min over layouts with a memory-feasibility penalty, and the exact best "
-        "layout re-searched at +-10%%). With no options: GPT-3 175B on 1024 A100 80 GB."))
+        "layout re-searched at +-10%%). The 0/1 switches of a system (fp8_non_tn_gemm) are "
+        "not differentiable parameters: listed apart, without an elasticity. With no options: "
+        "GPT-3 175B on 1024 A100 80 GB."))
     add_model_system(p)
     predict_cmd.add_layout_options(p)
     p.add_argument("--smooth", type=float, default=None, help="the model's smooth temperature "
@@ -111,7 +113,8 @@ def _finite(x):
     return None if x is None or not math.isfinite(x) else x
 
 
-def _json(model, system, args, parallel, step, elast, values, opt, layouts, placements):
+def _json(model, system, args, parallel, step, elast, values, opt, layouts, placements,
+          switches):
     from diffperf.cli.predict_cmd import layout_json
     from diffperf.cli.search_cmd import layout_dict
     from diffperf.sensitivity import METHOD_RESEARCH, METHOD_SOFT, leaf_label, step_change_frac
@@ -131,7 +134,9 @@ def _json(model, system, args, parallel, step, elast, values, opt, layouts, plac
                layout=layout_json(parallel, args.placement),
                layout_source=args.layout_source, notes=args.notes,
                objective="effective_tokens_per_s" if args.goodput else "step_time_s",
-               elasticities=rows)
+               elasticities=rows,
+               # 0/1 switches (specs.system.SWITCHES): no derivative, no elasticity
+               switches=switches)
     out["effective_tokens_per_s" if args.goodput else "step_time_s"] = step
     if opt is not None:
         out["optimum"] = dict(
@@ -149,7 +154,7 @@ def _json(model, system, args, parallel, step, elast, values, opt, layouts, plac
     print_json(out)
 
 
-def _render(model, system, args, step, elast, values, opt, layouts, placements):
+def _render(model, system, args, step, elast, values, opt, layouts, placements, switches):
     from diffperf.cli.search_cmd import _wide, layout_dict
     from diffperf.sensitivity import METHOD_RESEARCH, leaf_label
 
@@ -180,6 +185,10 @@ def _render(model, system, args, step, elast, values, opt, layouts, placements):
     none = [p for p in ranked if not big(p)]
     if none:
         out.print(f"no effect on the {what}: {', '.join(none)}", highlight=False)
+    if switches:
+        out.print(f"switches, no elasticity (0 or 1, not differentiable parameters; their "
+                  f"worth: predict with the system file's key at 0 and at 1): "
+                  f"{', '.join(f'{p} = {v:g}' for p, v in switches.items())}", highlight=False)
     out.print(f"effective tokens/s at the layout: {fmt(step)}" if args.goodput
               else f"step_time_s at the layout: {fmt(step)}")
     if opt is not None:
@@ -200,8 +209,8 @@ def run(args) -> int:
     from diffperf.cli.predict_cmd import build
     from diffperf.search import enumerate_layouts, facts_act_rows
     from diffperf.sensitivity import (MEMORY_LEAVES, elasticities_at_optimum,
-                                      goodput_elasticities, leaf_values,
-                                      step_time_and_elasticities)
+                                      goodput_elasticities, parameter_values,
+                                      step_time_and_elasticities, switch_values)
 
     _check(args)
     model, parallel, system, train = build(args)
@@ -218,13 +227,15 @@ def run(args) -> int:
                                         placements=placements)
             layouts = layouts[facts_act_rows(model, train, layouts)]  # cp_torch: cp > 1 only
             hard = None if args.reoptimize_all else [
-                p for p in leaf_values(system) if not p.startswith("eff.") or p in MEMORY_LEAVES]
+                p for p in parameter_values(system)
+                if not p.startswith("eff.") or p in MEMORY_LEAVES]
             opt = elasticities_at_optimum(model, system, train, layouts, args.temperature,
                                           placements=placements, smooth=args.smooth,
                                           max_candidates=args.max_candidates, hard_leaves=hard)
-    values = leaf_values(system)
+    values, switches = parameter_values(system), switch_values(system)
     if args.json:
-        _json(model, system, args, parallel, step, elast, values, opt, layouts, placements)
+        _json(model, system, args, parallel, step, elast, values, opt, layouts, placements,
+              switches)
     else:
-        _render(model, system, args, step, elast, values, opt, layouts, placements)
+        _render(model, system, args, step, elast, values, opt, layouts, placements, switches)
     return 0

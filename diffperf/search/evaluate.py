@@ -149,7 +149,12 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
             framework facts: tp_overlap, dp_overlap, cp_ring, ...) for every layout; None:
             Parallel's defaults. The table's columns cannot be given here.
     Returns:
-        `Result` whose leaves are numpy arrays [n_layouts] in table order.
+        `Result` whose leaves are numpy arrays [n_layouts] in table order. A row on which a
+        framework fact of `training` or `parallel` cannot act (`facts_act_rows`: cp_torch at
+        cp 1, ep_overlap under full recompute, ...) comes back invalid (valid = fits =
+        False, step_time_s = +inf), so `ranked` leaves it out, as the CLI does (it drops
+        those rows from the table first: `layouts[facts_act_rows(...)]` evaluates fewer);
+        SpecError when no row holds the facts.
     """
     if layouts is None:
         raise SpecError("search needs a layout table (see enumerate_layouts)")
@@ -178,9 +183,35 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
         check_search_facts(model, base)
         check_tp_userbuffers_precision(base, training)
         check_tp_userbuffers_system(base, system)
+    acting = facts_act_mask_rows(model, training, layouts, parallel)
     outs = _evaluate(args, keys, per, temperature, devices, optimize, progress and tick, store,
                      fields, base)
-    return _gather(cell, outs)
+    return _not_acting_invalid(_gather(cell, outs), acting)
+
+
+def facts_act_mask_rows(model, training, layouts, parallel=None) -> np.ndarray:
+    """`facts_act_rows` as a boolean mask over the table's rows (SpecError when no row holds
+    the facts)."""
+    ok = np.zeros(len(layouts), dtype=bool)
+    ok[facts_act_rows(model, training, layouts, parallel)] = True
+    return ok
+
+
+def _not_acting_invalid(result, acting):
+    """The rows on which a framework fact cannot act (`facts_act_rows`) as invalid entries,
+    as `Result.valid` describes them: valid = fits = False, step_time_s = +inf, tokens_per_s
+    = mfu = 0 (the fields computed; the others stay None). `predict` refuses such a layout,
+    the CLI leaves it out of its table, so `ranked` never offers it."""
+    if acting.all():
+        return result
+    off = ~acting
+    put = lambda v, x: None if v is None else np.where(off, x, v)  # noqa: E731
+    valid = (None if result.valid is None
+             else np.broadcast_to(np.asarray(result.valid, dtype=bool), off.shape))
+    return result.replace(valid=put(valid, False), fits=put(result.fits, False),
+                          step_time_s=put(result.step_time_s, np.inf),
+                          tokens_per_s=put(result.tokens_per_s, 0.0),
+                          mfu=put(result.mfu, 0.0))
 
 
 def search_sharded(model, system, training=None, layouts=None, *, devices=None, **kwargs):

@@ -14,6 +14,7 @@ import numpy as np
 
 from diffperf.errors import SpecError, closest
 from diffperf.specs.paths import leaf_path, leaf_paths
+from diffperf.specs.system import SWITCHES
 
 # Leaves that must stay > 0 (a rate, a capacity or a domain); every other leaf is >= 0.
 _POSITIVE = ("_Bps", "_per_s", "hbm_capacity_bytes", "domain_size")
@@ -38,6 +39,9 @@ def _check_axes(system, axes) -> tuple:
             rule = "> 0" if low > 0 else ">= 0"
             raise SpecError(f"sweep: {path}={bad[0] if len(bad) else '[]'} must be a finite "
                             f"number {rule} (a non-empty list of values)")
+        off = v[(v != 0) & (v != 1)] if path in SWITCHES else v[:0]
+        if len(off):
+            raise SpecError(f"sweep: {path}={off[0]:g} is a switch (allowed: 0 or 1)")
         out.append((path, v))
     _check_nested(system, out)
     return tuple(out)
@@ -78,7 +82,8 @@ def _check_tied(system, axes, tied) -> dict:
     """{path: (swept path, factor)}: System leaves not swept themselves, tied to swept ones."""
     paths, swept = leaf_paths(system), [p for p, _ in axes]
     for path, (src, factor) in (tied or {}).items():
-        if path not in paths or path in swept or src not in swept or not factor > 0:
+        if (path not in paths or path in swept or src not in swept or not factor > 0
+                or path in SWITCHES):
             raise SpecError(f"sweep: tied={{{path!r}: ({src!r}, {factor})}} must tie a System "
                             f"leaf that is not swept to a swept one ({', '.join(swept)}) by a "
                             f"factor > 0")

@@ -19,6 +19,7 @@ from flax import struct
 from diffperf.api import _as_float, _is_concrete
 from diffperf.errors import SpecError
 from diffperf.search.enumerate import KEYS, PLACEMENTS
+from diffperf.search.evaluate import facts_act_mask_rows
 from diffperf.search.kernel import (_CPU_COMPILER_OPTIONS, _batched, _chunk_parallel, _grid,
                                     _grid_predict_impl, _table_features)
 from diffperf.specs.batch import anonymous
@@ -67,13 +68,18 @@ def soft_best(model, system, training, layouts, temperature, *, placements=PLACE
         smooth: the model's own temperature (None: exact model) inside each prediction.
         chunk: layouts per rematerialised block of the backward pass.
     Returns:
-        `SoftBest` (step_time_s = exp J, weights = softmax(-s / tau)).
+        `SoftBest` (step_time_s = exp J, weights = softmax(-s / tau)); a row on which a
+        fact of `training` cannot act (`facts_act_rows`) has weight 0.
     """
     tau = temperature
     if not isinstance(tau, jax.core.Tracer) and not float(tau) > 0:
         raise SpecError(f"temperature={tau} must be > 0 for the soft search")
     layouts = np.asarray(layouts)
     training = Training() if training is None else training
+    # rows on which a Training fact cannot act (facts_act_rows) get no weight, as `search`
+    # marks them invalid (concrete model and training only: the rules read their values)
+    acting = (facts_act_mask_rows(model, training, layouts)
+              if _is_concrete((model, training)) else np.ones(len(layouts), dtype=bool))
     model, system, training = _as_float((anonymous(model), anonymous(system),
                                          anonymous(training)))
     dtype = jnp.result_type(float)
@@ -84,7 +90,7 @@ def soft_best(model, system, training, layouts, temperature, *, placements=PLACE
     features = _table_features(model, keys, training)
     grid = fn(model, keys.reshape(-1, per, len(KEYS)).astype(dtype), system, training, tau,
               smooth=smooth, features=features)
-    scores = grid.reshape(-1)[cell]
+    scores = jnp.where(acting, grid.reshape(-1)[cell], jnp.inf)
     logits = -scores / tau
     lse = jax.nn.logsumexp(logits)
     return SoftBest(step_time_s=jnp.exp(-tau * lse), weights=jnp.exp(logits - lse))

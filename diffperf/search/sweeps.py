@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec
 from diffperf.api import _as_float
 from diffperf.errors import SpecError
 from diffperf.search.enumerate import KEYS, PLACEMENTS
-from diffperf.search.evaluate import _check_table
+from diffperf.search.evaluate import _check_table, facts_act_mask_rows
 from diffperf.executables import executable
 from diffperf.search.hardware import (_check_axes, _check_tied, _in_axes, _points,
                                       _with_leaves)
@@ -145,13 +145,14 @@ _sweep_jit_cpu = jax.jit(_sweep_impl, static_argnames=_SWEEP_STATIC,
                          compiler_options=_CPU_COMPILER_OPTIONS)
 
 
-def _table_grid(layouts, placements, cells, dtype):
+def _table_grid(layouts, placements, cells, dtype, acting=True):
     """(outer keys [c, per, len(KEYS)], valid cells [c, per, 24], table row of each cell
-    (-1: none), features) of a table, in chunks of `cells` grid cells."""
+    (-1: none), features) of a table, in chunks of `cells` grid cells. `acting`: the rows on
+    which the framework facts act (a mask; the others are not valid cells)."""
     keys, cell, per = _grid(layouts, placements, cells, 1)
     n_cells = len(keys) * len(INNER_GRID)
     valid = np.zeros(n_cells, dtype=bool)
-    valid[cell] = True
+    valid[cell] = acting
     row_of = np.full(n_cells, -1, dtype=np.int64)
     row_of[cell] = np.arange(len(cell))
     c = len(keys) // per
@@ -193,7 +194,8 @@ def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=
         tied: {System leaf path: (swept path, factor)}: leaves that follow a swept one
             (e.g. the fp32 and vector peaks with the 16-bit matrix peak, one chip).
     Returns:
-        `Sweep` with arrays of shape [*grid] (n_fits) and [*grid, top].
+        `Sweep` with arrays of shape [*grid] (n_fits) and [*grid, top]. Rows on which a
+        fact of `training` cannot act (`facts_act_rows`) are neither counted nor ranked.
     Example: GPT-3 175B on 1024 A100 (474,720 layouts) x 32 InfiniBand bandwidths x 64 HBM
     bandwidths: 972 M points, of which the sweep keeps 2,048 x 4 numbers.
     """
@@ -214,8 +216,12 @@ def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=
     n_dev = 1 if devices is None else len(devices)
     h_dev = max(1, min(int(points_per_call), -(-n_h // n_dev)))
     h_call = h_dev * n_dev
+    # rows on which a Training fact cannot act (facts_act_rows: cp_torch at cp 1, ...) are
+    # never ranked, as `search` marks them invalid and the CLI leaves them out
+    acting = facts_act_mask_rows(model, training, layouts)
     keys, valid, row_of, flat_keys = _table_grid(layouts, placements,
-                                                 max(len(INNER_GRID), int(cells) // h_dev), dtype)
+                                                 max(len(INNER_GRID), int(cells) // h_dev), dtype,
+                                                 acting)
     features = _table_features(model_, flat_keys, training_)
     cpu = (jax.default_backend() if devices is None else devices[0].platform) == "cpu"
     fn, name = (_sweep_jit_cpu, "sweep-cpu-fusion-O1") if cpu else (_sweep_jit, "sweep-default")

@@ -149,3 +149,12 @@ class System(struct.PyTreeNode):
     name: str = struct.field(pytree_node=False, default="system")
     gpu: str = struct.field(pytree_node=False, default="")  # GPU generation ('a100', 'h100',
     # ...; '' unknown): picks the shipped default efficiency set (diffperf.trust)
+
+
+# System leaves that are switches (0 or 1, the YAML's `true` / `false`: load._flag; checked 0/1
+# by specs.validate.check_system): a switch has no derivative, so `sensitivity` lists no
+# elasticity for it and a sweep takes only 0 and 1. The cost functions still read it as a
+# number (a factor 0 or 1), so jax.grad gives it a value: one without a meaning, as
+# theta e^{+-h} is not a value the switch takes. tests/test_errors.py checks that this tuple
+# holds every System key that the loader reads as a flag.
+SWITCHES = ("fp8_non_tn_gemm",)
