@@ -511,7 +511,8 @@ LAYOUT_RULES = [
     (dict(zero3_calls_per_layer=float("inf")), None,
      "zero3_calls_per_layer=inf must be a whole number >= 1 (at most 2147483647)"),
     (dict(zero3_regather=2), None, "zero3_regather=2 is not allowed (allowed: 0, 1)"),
-    (dict(zero3_root_unit=2), None, "zero3_root_unit=2 is not allowed (allowed: 0 root unit "),
+    (dict(zero3_root_unit=2), None, "zero3_root_unit=2 is not allowed (allowed: 0 root unit "
+     "not priced, 1 FSDP's root unit gathered and reduce-scattered exposed)"),
     (dict(zero3_copy_out=2), None, "zero3_copy_out=2 is not allowed (allowed: 0 FSDP1 / "
      "DeepSpeed flat buffers, 1 FSDP2 copy-out)"),
     (dict(tp_userbuffers=3), None, "tp_userbuffers=3 is not allowed (allowed: 0 the "
@@ -1497,6 +1498,9 @@ def test_unknown_dataset_suggests():
     # each fact's own range (these gave "0 fit", exit 0, before)
     ({"zero3_copy_out": 2}, "parallel: zero3_copy_out=2 is not allowed (allowed: 0 FSDP1 / "
                             "DeepSpeed flat buffers, 1 FSDP2 copy-out)"),
+    ({"zero3_root_unit": 2}, "parallel: zero3_root_unit=2 is not allowed (allowed: 0 root "
+                             "unit not priced, 1 FSDP's root unit gathered and "
+                             "reduce-scattered exposed)"),
     ({"tp_overlap": 2}, "parallel: tp_overlap=2 must be in [0, 1]"),
     ({"zero_shard": 0.5}, "parallel: zero_shard=0.5 must be a whole number >= 0"),
     ({"cp_ring": 3}, "parallel: cp_ring=3 is not allowed (allowed: 0, 1)"),
@@ -1832,7 +1836,8 @@ ACT_RULES = [
     (dict(tp_userbuffers=1), {}, "parallel: tp_userbuffers=1 needs tensor parallelism (tp > "
      "1; got tp=1): userbuffers overlaps the TP collectives; allowed: 0 with tp = 1"),
     (dict(zero_stage=1, zero3_root_unit=1), {}, "parallel: zero3_root_unit=1 needs "
-     "zero_stage=3 (got zero_stage=1)"),
+     "zero_stage=3 (got zero_stage=1): it prices FSDP's root unit gather and reduce-scatter; "
+     "allowed: 0 with zero_stage 0 to 2"),
     (dict(zero_stage=1, zero3_copy_out=1), {}, "parallel: zero3_copy_out=1 needs zero_stage=3 "
      "(got zero_stage=1): FSDP2 copies out the parameters it all-gathers per layer; allowed: "
      "0 with zero_stage 0 to 2"),

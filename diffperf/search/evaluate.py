@@ -229,12 +229,12 @@ def facts_act_rows(model, training, layouts, parallel=None) -> np.ndarray:
     """The rows of a layout table on which the framework facts (`parallel`, a mapping of
     Parallel facts as `search` takes it, and `training`) can act: check_facts_act's per-layout
     rules (cp_torch needs cp > 1, tp_userbuffers tp > 1, ep_overlap ep > 1 and no full
-    recompute, ep_dispatch ep > 1, zero3_copy_out ZeRO-3), each row with its own tp, cp, ep,
-    zero_stage and recompute. A ranking that offered the others would offer a layout on which
-    a --set fact does nothing, or that Megatron-Core refuses (ep_overlap under full
-    recompute), and predict would then refuse the layout its own search chose.
-    Returns the row indices. SpecError, with the rule's message for the first row, when no
-    row holds it."""
+    recompute, ep_dispatch ep > 1, zero3_copy_out and zero3_root_unit ZeRO-3), each row with
+    its own tp, cp, ep, zero_stage and recompute. A ranking that offered the others would
+    offer a layout on which a --set fact does nothing, or that Megatron-Core refuses
+    (ep_overlap under full recompute), and predict would then refuse the layout its own
+    search chose. Returns the row indices. SpecError, with the rule's message for the first
+    row, when no row holds it."""
     table = np.asarray(layouts)
     base = _base_parallel(parallel) or Parallel()
     cols = {c: table[:, COLUMNS.index(c)].astype(np.float64)

@@ -184,7 +184,8 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
                         overlap_moe_expert_parallel_comm); ep_dispatch = 1 needs ep > 1
                         (the flex form is priced only for an exchange between ep ranks);
                       zero3_copy_out = 1 needs zero_stage 3 (FSDP2 copies the parameters
-                        it gathers per layer)
+                        it gathers per layer); zero3_root_unit = 1 needs zero_stage 3 (it
+                        prices FSDP's root unit gather and reduce-scatter)
     A search (layout=False, `parallel` None or its facts) varies tp, cp, ep, zero_stage and
     recompute per row, each fact acting on its own rows. Batched leaves: the first entry
     that fails, with its index.
