@@ -194,6 +194,9 @@ def test_capacity_elasticity_only_when_it_binds(soft_case):
         # only from which layouts fit.
         assert opt.at_best["hbm_capacity_bytes"] == 0
         assert opt.at_best["matmul_flops_per_s"] < -0.1
+        # a 0/1 switch (specs.system.SWITCHES) has no elasticity in any of the four tables
+        for table_ in (opt.soft, opt.hard, opt.at_best, opt.optimum, opt.method):
+            assert not set(SWITCHES) & set(table_)
 
 
 def test_optimum_is_within_two_percent_of_the_exact_best_and_capacity_is_re_searched(
