@@ -618,6 +618,19 @@ def test_unknown_hf_model_type_messages_are_whole():
                  f"vipllava, mistral3, llava_onevision, paligemma, gemma3); write a diffperf "
                  f"model YAML (configs/README.md) for its language model"):
         hf_to_dict({"model_type": "custom_vlm", "text_config": base}, "x.json")
+    # review13g: a wrapper whose model_type is no string (a list) raised TypeError
+    # ('unhashable type') in the lookup of the type its class assumes, not a SpecError
+    with _raises("x.json: the text_config of a model_type=\"['llava']\" config names no "
+                 f"model_type, so its architecture cannot be told (allowed text_config "
+                 f"model_type: {', '.join(SUPPORTED_TYPES)}; assumed only for the wrappers "
+                 f"whose transformers class assumes one: llava, llava_next, llava_next_video, "
+                 f"vipllava, mistral3, llava_onevision, paligemma, gemma3); write a diffperf "
+                 f"model YAML (configs/README.md) for its language model"):
+        hf_to_dict({"model_type": ["llava"], "text_config": base}, "x.json")
+    # transformers assumes a type only where the key is absent (`text_config.get("model_type",
+    # "llama")`): an empty one reaches CONFIG_MAPPING[""] there and is refused here
+    with _raises("x.json: the text_config of a model_type='llava' config names no model_type"):
+        hf_to_dict({"model_type": "llava", "text_config": base | {"model_type": ""}}, "x.json")
     with _raises(f"x.json: model_type='bert' is not an architecture diffperf reads (allowed: "
                  f"{', '.join(SUPPORTED_TYPES)}): its layers may not be the attention and "
                  f"MLP/MoE layers diffperf models (Mamba or linear-attention layers, an "
