@@ -310,6 +310,18 @@ def _run(capsys, *argv):
     return code, out, err
 
 
+def test_cli_sensitivity_help_names_the_switches(capsys):
+    """The help names every switch from specs.system.SWITCHES (the single list) and prints no
+    '%%' (argparse does not %-format a description: review13g)."""
+    from diffperf.cli.main import _parser
+
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["sensitivity", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "%%" not in text and "'+10% NVLink bandwidth gives x% step time'" in text
+    assert f"The 0/1 switches of a system ({', '.join(SWITCHES)}) are not differentiable" in text
+
+
 def test_cli_sensitivity_json(capsys):
     code, out, err = _run(capsys, "sensitivity", "--model", "gpt-small", "--gpus", str(GPUS),
                           "--tp", "2", "--pp", "1", "--micro-batch", "2", "--global-batch",
