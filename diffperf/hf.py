@@ -209,7 +209,11 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
     if isinstance(cfg.get("text_config"), dict):
         text = dict(cfg["text_config"])
         outer_mt = cfg.get("model_type")
-        if not text.get("model_type") and outer_mt in _WRAPPER_TEXT_TYPE:
+        # only where the key is absent, as transformers (`text_config.get("model_type", T)`:
+        # an empty or null type reaches CONFIG_MAPPING there); a wrapper type that is no
+        # string (a list) is refused by _check_type, not looked up (unhashable)
+        if ("model_type" not in text and isinstance(outer_mt, str)
+                and outer_mt in _WRAPPER_TEXT_TYPE):
             text["model_type"], cls = _WRAPPER_TEXT_TYPE[outer_mt]
             notes.append(f"text_config names no model_type: read as {text['model_type']}, the "
                          f"type transformers' {cls} assumes for it")

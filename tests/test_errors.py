@@ -619,6 +619,19 @@ def test_unknown_hf_model_type_messages_are_whole():
                  f"vipllava, mistral3, llava_onevision, paligemma, gemma3); write a diffperf "
                  f"model YAML (configs/README.md) for its language model"):
         hf_to_dict({"model_type": "custom_vlm", "text_config": base}, "x.json")
+    # review13g: a wrapper whose model_type is no string (a list) raised TypeError
+    # ('unhashable type') in the lookup of the type its class assumes, not a SpecError
+    with _raises("x.json: the text_config of a model_type=\"['llava']\" config names no "
+                 f"model_type, so its architecture cannot be told (allowed text_config "
+                 f"model_type: {', '.join(SUPPORTED_TYPES)}; assumed only for the wrappers "
+                 f"whose transformers class assumes one: llava, llava_next, llava_next_video, "
+                 f"vipllava, mistral3, llava_onevision, paligemma, gemma3); write a diffperf "
+                 f"model YAML (configs/README.md) for its language model"):
+        hf_to_dict({"model_type": ["llava"], "text_config": base}, "x.json")
+    # transformers assumes a type only where the key is absent (`text_config.get("model_type",
+    # "llama")`): an empty one reaches CONFIG_MAPPING[""] there and is refused here
+    with _raises("x.json: the text_config of a model_type='llava' config names no model_type"):
+        hf_to_dict({"model_type": "llava", "text_config": base | {"model_type": ""}}, "x.json")
     with _raises(f"x.json: model_type='bert' is not an architecture diffperf reads (allowed: "
                  f"{', '.join(SUPPORTED_TYPES)}): its layers may not be the attention and "
                  f"MLP/MoE layers diffperf models (Mamba or linear-attention layers, an "
@@ -2073,6 +2086,40 @@ def test_search_api_marks_the_rows_its_facts_cannot_act_on(monkeypatch):
     c = candidates(llama, system, training("bf16", cp_torch=1.0), table, 0.05,
                    max_candidates=1 << 20)
     assert sorted(c.index) == list(np.flatnonzero(cp > 1))
+
+
+def test_soft_best_temperature_gradient_is_finite_with_rows_left_out(monkeypatch):
+    """soft_best gives the rows on which a fact cannot act weight 0 (review13g). Masking the
+    scores with +inf made logits = -inf / tau, whose derivative in tau is inf: the cotangent
+    0 times inf gave a NaN d J / d tau whenever a row was left out. The logits are masked
+    instead. The kernel is a stand-in (nothing compiles): scores ln(1 + cell index)."""
+    import jax
+    import jax.numpy as jnp
+
+    import diffperf.search.soft as soft
+    from diffperf.load import training
+    from diffperf.search import COLUMNS, INNER_GRID, enumerate_layouts, soft_best
+
+    llama, system = diffperf.load_model("llama3-8b"), load_system("h100-sxm-80gb")
+    table = enumerate_layouts(llama, 8, 128)
+    cp = table[:, COLUMNS.index("cp")]
+    assert (cp == 1).any() and (cp > 1).any()
+
+    def stand_in(model, keys, system, training, tau, **kw):
+        shape = (*keys.shape[:2], len(INNER_GRID))
+        return jnp.log1p(jnp.arange(np.prod(shape), dtype=keys.dtype)).reshape(shape)
+
+    monkeypatch.setattr(soft, "_soft_scores", stand_in)
+    monkeypatch.setattr(soft, "_soft_scores_cpu", stand_in)
+    facts = training("bf16", cp_torch=1.0)
+    best = soft_best(llama, system, facts, table, 0.1)
+    assert (np.asarray(best.weights)[cp == 1] == 0).all()
+    assert abs(float(np.sum(best.weights)) - 1) < 1e-5
+    d_tau = jax.grad(lambda t: soft_best(llama, system, facts, table, t).step_time_s)(0.1)
+    assert np.isfinite(d_tau), d_tau
+    # the soft-min is below its smallest acting score and above it by at most tau ln n
+    # (J = -tau lse(-s / tau) <= min s): d J / d tau = -(entropy of the weights) <= 0
+    assert float(d_tau) <= 0
 
 
 def test_capacity_factor_is_at_most_experts_over_topk(tmp_path):

@@ -244,6 +244,7 @@ def test_goodput_elasticities_of_the_reliability_leaves():
     assert e["reliability.restart_s"] == pytest.approx(-R / M, rel=1e-4)
     assert e["reliability.failure_rate_per_s"] < 0 < e["reliability.storage_write_Bps"]
     assert e["matmul_flops_per_s"] > 0.1 and e["power_W"] == 0.0
+    assert "fp8_non_tn_gemm" not in e  # a 0/1 switch: no elasticity (specs.system.SWITCHES)
 
 
 def test_guide_goodput_example():

@@ -194,6 +194,9 @@ def test_capacity_elasticity_only_when_it_binds(soft_case):
         # only from which layouts fit.
         assert opt.at_best["hbm_capacity_bytes"] == 0
         assert opt.at_best["matmul_flops_per_s"] < -0.1
+        # a 0/1 switch (specs.system.SWITCHES) has no elasticity in any of the four tables
+        for table_ in (opt.soft, opt.hard, opt.at_best, opt.optimum, opt.method):
+            assert not set(SWITCHES) & set(table_)
 
 
 def test_optimum_is_within_two_percent_of_the_exact_best_and_capacity_is_re_searched(
@@ -305,6 +308,18 @@ def _run(capsys, *argv):
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def test_cli_sensitivity_help_names_the_switches(capsys):
+    """The help names every switch from specs.system.SWITCHES (the single list) and prints no
+    '%%' (argparse does not %-format a description: review13g)."""
+    from diffperf.cli.main import _parser
+
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["sensitivity", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "%%" not in text and "'+10% NVLink bandwidth gives x% step time'" in text
+    assert f"The 0/1 switches of a system ({', '.join(SWITCHES)}) are not differentiable" in text
 
 
 def test_cli_sensitivity_json(capsys):

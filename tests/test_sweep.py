@@ -251,6 +251,12 @@ def test_tied_leaves_are_checked(table):
                  "hbm_capacity_bytes) by a factor > 0"):
         sweep(MODEL, SYSTEM, TRAINING, table, AXES,
               tied={"vector_flops_per_s": ("hbm_bandwidth_Bps", 0.5)})
+    # a 0/1 switch cannot follow a swept leaf (a factor would make it 0.5, 2, ...)
+    with _raises("sweep: tied={'fp8_non_tn_gemm': ('hbm_capacity_bytes', 1.0)}: fp8_non_tn_gemm "
+                 "is a switch (allowed: 0 or 1), not a leaf that follows a swept one by a "
+                 "factor; sweep it itself over 0 and 1"):
+        sweep(MODEL, SYSTEM, TRAINING, table, AXES,
+              tied={"fp8_non_tn_gemm": ("hbm_capacity_bytes", 1.0)})
 
 
 # --------------------------------------------------------------------------------------------

@@ -19,17 +19,18 @@ _ZERO = 1e-7  # |elasticity| below this: listed as "no effect" under the table
 
 def add_parser(sub):
     from diffperf.cli import predict_cmd
+    from diffperf.specs.system import SWITCHES  # the single list of switches
 
     p = sub.add_parser("sensitivity", help="elasticities d ln T / d ln theta of every "
                        "hardware parameter, ranked", description=(
         "Elasticity of the step time to every System leaf (FLOP/s, HBM bandwidth and "
         "capacity, each tier's domain, bandwidth and latency, efficiencies) by jax.grad: "
-        "'+10%% NVLink bandwidth gives x%% step time'. Layout options as for predict; with "
+        "'+10% NVLink bandwidth gives x% step time'. Layout options as for predict; with "
         "--optimum also at the best layout of --gpus and --global-batch, re-optimized "
         "(soft-min over layouts with a memory-feasibility penalty, and the exact best "
-        "layout re-searched at +-10%%). The 0/1 switches of a system (fp8_non_tn_gemm) are "
-        "not differentiable parameters: listed apart, without an elasticity. With no options: "
-        "GPT-3 175B on 1024 A100 80 GB."))
+        "layout re-searched at +-10%). The 0/1 switches of a system "
+        f"({', '.join(SWITCHES)}) are not differentiable parameters: listed apart, without an "
+        "elasticity. With no options: GPT-3 175B on 1024 A100 80 GB."))
     add_model_system(p)
     predict_cmd.add_layout_options(p)
     p.add_argument("--smooth", type=float, default=None, help="the model's smooth temperature "

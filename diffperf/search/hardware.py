@@ -82,8 +82,11 @@ def _check_tied(system, axes, tied) -> dict:
     """{path: (swept path, factor)}: System leaves not swept themselves, tied to swept ones."""
     paths, swept = leaf_paths(system), [p for p, _ in axes]
     for path, (src, factor) in (tied or {}).items():
-        if (path not in paths or path in swept or src not in swept or not factor > 0
-                or path in SWITCHES):
+        if path in SWITCHES:
+            raise SpecError(f"sweep: tied={{{path!r}: ({src!r}, {factor})}}: {path} is a switch "
+                            f"(allowed: 0 or 1), not a leaf that follows a swept one by a "
+                            f"factor; sweep it itself over 0 and 1")
+        if path not in paths or path in swept or src not in swept or not factor > 0:
             raise SpecError(f"sweep: tied={{{path!r}: ({src!r}, {factor})}} must tie a System "
                             f"leaf that is not swept to a swept one ({', '.join(swept)}) by a "
                             f"factor > 0")

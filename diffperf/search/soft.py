@@ -90,7 +90,8 @@ def soft_best(model, system, training, layouts, temperature, *, placements=PLACE
     features = _table_features(model, keys, training)
     grid = fn(model, keys.reshape(-1, per, len(KEYS)).astype(dtype), system, training, tau,
               smooth=smooth, features=features)
-    scores = jnp.where(acting, grid.reshape(-1)[cell], jnp.inf)
-    logits = -scores / tau
+    # the mask on the logits, not the scores: -inf / tau has an infinite d/d tau, which the
+    # soft-min's zero weight turned into 0 x inf = NaN in d J / d tau (review13g)
+    logits = jnp.where(acting, -grid.reshape(-1)[cell] / tau, -jnp.inf)
     lse = jax.nn.logsumexp(logits)
     return SoftBest(step_time_s=jnp.exp(-tau * lse), weights=jnp.exp(logits - lse))
