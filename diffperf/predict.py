@@ -41,7 +41,7 @@ from diffperf.schedule.overlap import (UB_PIPE_COMM_SMS, UB_PIPE_GPU_SMS, UB_PIP
 from diffperf.schedule.pipeline import (critical_stage, p2p_exposed_s, pipeline_times_s,
                                         stage_times_s)
 from diffperf.specs import Parallel
-from diffperf.specs.validate import valid_mask
+from diffperf.specs.validate import computed_once, valid_mask
 from diffperf.workload.axonn import axonn_layer_volumes
 from diffperf.workload.cp import (cp_kv_bytes, cp_ring_block_bytes, cp_ring_steps,
                                   cp_torch_dkv_block_bytes, cp_torch_merge_bytes)
@@ -841,12 +841,14 @@ def predict_step(model, parallel, system, training, temperature=None,
     of the ~100 backward fusions and the same compile took ~56 s (smooth: 49 -> 13 s;
     bit-identical values and gradients); benchmarks/README.md "Session 13: suite time".
     """
-    layer, free_f, free_b = _layer_parts(model, parallel, system, training, temperature,
-                                         features)
-    first, last = _head_parts(model, parallel, system, training, temperature)
+    # computed_once: each part's forward chain is compiled once, not copied into every
+    # backward fusion that reads it (exact; XLA:CPU compile ~3x cheaper, validate.computed_once)
+    layer, free_f, free_b = computed_once(_layer_parts(model, parallel, system, training,
+                                                       temperature, features))
+    first, last = computed_once(_head_parts(model, parallel, system, training, temperature))
     stages = pipeline_stages(model, parallel)
     mb = system.eff.microbatch_s  # fixed time per micro-batch on every stage
-    dp = _dp_times(model, parallel, system, training, stages, features)
+    dp = computed_once(_dp_times(model, parallel, system, training, stages, features))
     z3_f, z3_fh, z3_b, z3_bh = _zero3_layer_parts(dp, parallel, free_f, free_b, temperature)
     t_fe, t_le = _exposed_sum(first), _exposed_sum(last)
     times, t_sum = stage_times_s(_exposed_sum(layer) + z3_f + z3_b, stages, model.n_layers,
