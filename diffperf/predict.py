@@ -831,9 +831,11 @@ def predict_step(model, parallel, system, training, temperature=None,
     check_grads' multi-node-llama3-8b-h100 case (float64) suite3 saw tier leaves move by
     1.6e-4 relative with the mask left out; at session 13 the program without the mask and the
     one with it both equal the eager gradient bit for bit, but a one-compare runtime mask
-    (hbm_bandwidth > 0) in its place moves the same leaves by the same 1.6e-4 (cause not
-    found: an ill-conditioned smooth term whose compiled rounding depends on XLA's fusion is
-    the guess), so the smooth model keeps the mask. Measured (XLA:CPU, predict's quick
+    (hbm_bandwidth > 0) in its place moved the same leaves by the same 1.6e-4. Cause (found
+    by branch smoothnum): `costs.smooth.exposed` computed smax(C, K) - K, which cancels when
+    C << K; rewritten without the cancellation, every program structure tried gives the
+    finite-difference gradient. The smooth model still keeps the mask (dropping it there was
+    not measured after the fix). Measured (XLA:CPU, predict's quick
     options, 2 cores; the value and System gradient of the step time with every feature,
     llama3-8b on h100-sxm-80gb): the mask, computed once (`valid_mask` ends in one division
     that XLA's fusion does not copy), costs ~3 s of a ~22 s compile (hard, float32: 22.3

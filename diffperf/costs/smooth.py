@@ -10,6 +10,7 @@ minutes).
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax import lax
 
 
 def pnorm_max(a, b, p):
@@ -18,13 +19,24 @@ def pnorm_max(a, b, p):
     Computed as m * (1 + (min/m)^p)^(1/p) with m = max(a, b), so nothing overflows for large p
     and the value is exact when one argument is zero.
     """
+    scale, hi, ratio = _scaled(a, b)
+    return scale * hi * (1.0 + ratio**p) ** (1.0 / p)
+
+
+def _scaled(a, b):
+    """(s, max(a, b) / s, min(a, b) / max(a, b)) with s = max(a, b) held constant under
+    differentiation (1 where max(a, b) = 0). Both smooth forms are homogeneous of degree 1,
+    F(a, b) = s F(a / s, b / s) for every s > 0, so differentiating s F(a / s, b / s) with s
+    held constant gives F's own gradient, and the same values bit for bit (max / s = 1). Why:
+    the ratio's derivative in the larger argument is -min / max^2, and max^2 of a time of
+    ~1e-20 s underflows float32 (inf, then NaN in the backward pass); scaled, it is
+    -ratio / 1. Double-where: the masked branch divides by 1, not by ~0."""
     hi = jnp.maximum(a, b)
     lo = jnp.minimum(a, b)
-    # Double-where: the masked branch divides by 1, not by ~0, so its gradient stays finite
-    # (a tiny denominator squares to 0 in float32 and gives 0/0 = NaN in the backward pass).
+    scale = lax.stop_gradient(jnp.where(hi > 0, hi, 1.0))
+    hi, lo = hi / scale, lo / scale
     safe_hi = jnp.where(hi > 0, hi, 1.0)
-    ratio = jnp.where(hi > 0, lo / safe_hi, 0.0)
-    return hi * (1.0 + ratio**p) ** (1.0 / p)
+    return scale, hi, jnp.where(hi > 0, lo / safe_hi, 0.0)
 
 
 def smax(a, b, temperature=None):
@@ -61,12 +73,8 @@ def exposed(comm, window, temperature=None):
     if not temperature:
         return jnp.clip(smax(comm, window, temperature) - window, 0.0, comm)
     p = 1.0 / temperature
-    hi = jnp.maximum(comm, window)
-    lo = jnp.minimum(comm, window)
-    # Double-where as in pnorm_max: the masked branch divides by 1, not by ~0.
-    safe_hi = jnp.where(hi > 0, hi, 1.0)
-    ratio = jnp.where(hi > 0, lo / safe_hi, 0.0)
-    excess = hi * jnp.expm1(jnp.log1p(ratio**p) / p)
+    scale, hi, ratio = _scaled(comm, window)  # float32-safe gradient at tiny times (_scaled)
+    excess = scale * hi * jnp.expm1(jnp.log1p(ratio**p) / p)
     return jnp.clip(jnp.maximum(comm - window, 0.0) + excess, 0.0, comm)
 
 
