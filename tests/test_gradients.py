@@ -182,6 +182,26 @@ def test_smooth_gradient_finite_when_tp_group_is_idle():
     assert not bad, f"non-finite d step / d leaf (temperature={SMOOTH}, tp=1): {bad}"
 
 
+def test_smooth_exposed_keeps_its_relative_accuracy_when_comm_is_far_below_the_window(x64):
+    """`costs.smooth.exposed` at C = 0.2 s behind K = 1 s, temperature 0.05 (p = 20), by hand:
+    exposed = (C^p + K^p)^(1/p) - K = K [(1 + r^p)^(1/p) - 1], r = 0.2, r^p = 1.048576e-14,
+    = K r^p / p (1 + O(r^p)) = 5.24288e-16 s; d/dK = (1 + r^p)^(1/p - 1) - 1 = (1/p - 1) r^p
+    = -9.961472e-15; d/dC = r^(p-1) (1 + r^p)^(1/p - 1) = 0.2^19 = 5.24288e-14 (to 1e-14
+    relative). `smax(C, K) - K` gets the value 15 % wrong and d/dK 0.3 % wrong (cancellation
+    of 1 + 5e-16 - 1), which made the compiled float64 gradient depend on XLA's fusion."""
+    from diffperf.costs.smooth import exposed
+
+    value, (d_c, d_k) = jax.value_and_grad(exposed, argnums=(0, 1))(0.2, 1.0, SMOOTH)
+    assert SMOOTH == 0.05
+    np.testing.assert_allclose(float(value), 5.24288e-16, rtol=1e-12)
+    np.testing.assert_allclose(float(d_k), -9.961472e-15, rtol=1e-12)
+    np.testing.assert_allclose(float(d_c), 5.24288e-14, rtol=1e-12)
+    # C = 0 (an idle group) and K = 0 (no window): exact values, finite gradients
+    for c, k, want in ((0.0, 1.0, 0.0), (1.0, 0.0, 1.0), (0.0, 0.0, 0.0)):
+        value, grads = jax.value_and_grad(exposed, argnums=(0, 1))(c, k, SMOOTH)
+        assert float(value) == want and all(np.isfinite(g) for g in grads), (c, k, grads)
+
+
 # ----------------------------------------------------------------- finite differences (x64)
 
 def _step_time_of(model, parallel, system, training, temperature, features):

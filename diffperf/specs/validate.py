@@ -988,6 +988,35 @@ def _computed_once(ok):
     return 1.0 / jnp.where(ok, 1.0, 2.0) > 0.75
 
 
+def computed_once(tree):
+    """`tree` (predict's parts: dicts and tuples of times), every floating-point array of it
+    behind one exact division, x / where(x == x, 1, 2) (= x / 1; NaN stays NaN): XLA computes
+    each part once per program instead of copying its forward chain into every backward
+    fusion that reads it. Python numbers and non-float arrays pass unchanged.
+
+    Why (XLA:CPU, measured; benchmarks/README.md "Session 13: the forward pass in the
+    backward fusions"): the same duplication `_computed_once` stops for the validity mask
+    happens to the forward pass: XLA's loop fusion copies a cheap element-wise producer into
+    each consumer fusion (it refuses only "expensive" ops such as a divide), so the optimized
+    value-and-gradient program held ~10.9 HLO ops per original op, every backward fusion
+    recomputing the forward chain it reads. A division on the outputs of predict's
+    `_layer_parts`, `_head_parts` and `_dp_times` (predict_step) ends each chain in one
+    fusion. Exact in every float format (x / 1 = x; d/dx = 1), so values are unchanged; the
+    compiled float64 gradients move only at the rounding level (<= 4.4e-16 relative on every
+    check_grads case of tests/test_gradients.py, hard and smooth), once `costs.smooth.exposed`
+    no longer cancels (before that fix the smooth gradient moved by up to 7.4e-4 with such a
+    change of structure)."""
+    import jax
+    import jax.numpy as jnp
+
+    def once(x):
+        if not isinstance(x, jax.Array) or not jnp.issubdtype(x.dtype, jnp.floating):
+            return x
+        return x / jnp.where(x == x, 1.0, 2.0).astype(x.dtype)
+
+    return jax.tree.map(once, tree)
+
+
 def check_finite_result(result, model, parallel, where: str = "prediction") -> None:
     """A SpecError when any number of a Result (one configuration) is not finite (NaN or
     infinite: float32 overflow of a job too large for the model's arithmetic), naming the
