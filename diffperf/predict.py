@@ -669,7 +669,8 @@ def _exposed_sum(parts):
 
 
 def _dp_groups(model, parallel, stages, features=FEATURES):
-    """[(stage params, layer params, group size, stride)] of the weights reduced together:
+    """(P, groups, n_stage): P = the stage's parameters, n_stage = its layers, groups =
+    [(stage params, layer params, group size, stride)] of the weights reduced together:
     dense weights over the d x c ranks that hold them (PAPERS.md section 3.5: CP ranks hold
     the same weights), routed experts over the d c / e expert-data-parallel ranks (section 5.8;
     ep is the innermost part of dp, so their dp members are e dp-strides apart). The stage
@@ -694,6 +695,14 @@ def _dp_groups(model, parallel, stages, features=FEATURES):
     return P, groups if "experts" in features else groups[:1], pick(stages.layers)
 
 
+def _sharded_reduce_s(shard, repl, n_shard, grad_bytes):
+    """Seconds of a sharded gradient reduction (ZeRO >= 1, HSDP): a ring reduce-scatter of
+    `grad_bytes` over the shard group, then a ring all-reduce of the 1/n_shard shard across
+    its replicas (`workload.dp.zero_groups`; PAPERS.md section 5.5)."""
+    return (ring_phase_s(shard, grad_bytes, 1.0, 1.0)
+            + ring_phase_s(repl, grad_bytes / n_shard, 2.0, 2.0))
+
+
 def _dp_times(model, parallel, system, training, stages=None, features=FEATURES) -> dict:
     """Seconds of the data-parallel collectives of one device, summed over `_dp_groups`:
 
@@ -705,13 +714,17 @@ def _dp_times(model, parallel, system, training, stages=None, features=FEATURES)
         prefetch   `workload.dp.zero3_prefetch_frac` of the dense layer
         P, own     parameters of the largest stage; those whose optimizer state this rank
                    holds (sharded over the shard group under ZeRO >= 1)
+        copy_out_s, rs_copy_in_s   FSDP2's copy-out / copy-in of one layer's parameters
+        root       the dense group's parameters outside the layers (`workload.dp.
+                   root_unit_params`); root_gather_s, root_reduce_s their AG and RS (+ AR);
+                   root_s = `schedule.overlap.zero3_root_unit_s` (with their copies)
     Groups and volumes: PAPERS.md section 5.5; shard and replica groups `workload.dp.zero_groups`.
     """
     stages = pipeline_stages(model, parallel) if stages is None else stages
     P, groups, n_stage = _dp_groups(model, parallel, stages, features)
     t = dict(reduce_s=0.0, gather_s=0.0, layer_gather_s=0.0, layer_reduce_s=0.0, own=0.0)
     k = parallel.zero3_calls_per_layer
-    for params, lparams, n, s in groups:
+    for i, (params, lparams, n, s) in enumerate(groups):
         g, w, lw, lg = dp_volumes_bytes(params, lparams, training)
         on = jnp.where(params > 0, 1.0, 0.0)  # no expert group in a dense model
         whole = ring_group(n, s, system)
@@ -720,7 +733,7 @@ def _dp_times(model, parallel, system, training, stages=None, features=FEATURES)
             shard, repl = ring_group(n_s, s_s, system), ring_group(n_r, s_r, system)
         else:  # the shard group is the whole group, no replicas (a call on one rank: 0)
             n_s, shard, repl = n, whole, whole._replace(active=0.0 * whole.active)
-        sharded = ring_phase_s(shard, g, 1.0, 1.0) + ring_phase_s(repl, g / n_s, 2.0, 2.0)
+        sharded = _sharded_reduce_s(shard, repl, n_s, g)
         t["reduce_s"] += on * jnp.where(parallel.zero_stage == 0,
                                         ring_phase_s(whole, g, 2.0, 2.0), sharded)
         t["gather_s"] += on * ring_phase_s(shard, w, 1.0, 1.0)
@@ -728,13 +741,12 @@ def _dp_times(model, parallel, system, training, stages=None, features=FEATURES)
         t["layer_reduce_s"] += on * (ring_phase_calls_s(shard, lg, 1.0, 1.0, k)
                                      + ring_phase_calls_s(repl, lg / n_s, 2.0, 2.0, k))
         t["own"] += params / jnp.where(parallel.zero_stage >= 1, n_s, 1.0)
-        if "root" not in t:  # the dense group: its non-layer parameters (zero3_root_unit)
+        if i == 0:  # the dense group: its non-layer parameters (zero3_root_unit)
             root = root_unit_params(params, lparams, n_stage)
             rw, rg = w / jnp.maximum(params, 1.0) * root, g / jnp.maximum(params, 1.0) * root
             t["root"] = root
             t["root_gather_s"] = ring_phase_s(shard, rw, 1.0, 1.0)
-            t["root_reduce_s"] = (ring_phase_s(shard, rg, 1.0, 1.0)
-                                  + ring_phase_s(repl, rg / n_s, 2.0, 2.0))
+            t["root_reduce_s"] = _sharded_reduce_s(shard, repl, n_s, rg)
     t["prefetch"] = zero3_prefetch_frac(parallel, groups[0][1])
     t["P"] = P
     layer_params = sum(g[1] for g in groups)

@@ -192,8 +192,19 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
 def facts_act_mask_rows(model, training, layouts, parallel=None) -> np.ndarray:
     """`facts_act_rows` as a boolean mask over the table's rows (SpecError when no row holds
     the facts)."""
-    ok = np.zeros(len(layouts), dtype=bool)
-    ok[facts_act_rows(model, training, layouts, parallel)] = True
+    table = np.asarray(layouts)
+    base = _base_parallel(parallel) or Parallel()
+    cols = {c: table[:, COLUMNS.index(c)].astype(np.float64)
+            for c in ("tp", "cp", "ep", "zero_stage", "recompute")}
+    ok = np.array(np.broadcast_to(facts_act_mask(model, base.replace(**cols), training),
+                                  len(table)), dtype=bool)
+    if len(table) and not ok.any():
+        try:
+            check_facts_act(model, base.replace(**{c: v[0] for c, v in cols.items()}),
+                            training)
+        except SpecError as err:
+            raise SpecError(f"{err} (and so on every one of the {len(table):,} layouts of the "
+                            f"table: give layout values where it holds)") from None
     return ok
 
 
@@ -235,19 +246,7 @@ def facts_act_rows(model, training, layouts, parallel=None) -> np.ndarray:
     (ep_overlap under full recompute), and predict would then refuse the layout its own
     search chose. Returns the row indices. SpecError, with the rule's message for the first
     row, when no row holds it."""
-    table = np.asarray(layouts)
-    base = _base_parallel(parallel) or Parallel()
-    cols = {c: table[:, COLUMNS.index(c)].astype(np.float64)
-            for c in ("tp", "cp", "ep", "zero_stage", "recompute")}
-    ok = np.broadcast_to(facts_act_mask(model, base.replace(**cols), training), len(table))
-    if len(table) and not ok.any():
-        try:
-            check_facts_act(model, base.replace(**{c: v[0] for c, v in cols.items()}),
-                            training)
-        except SpecError as err:
-            raise SpecError(f"{err} (and so on every one of the {len(table):,} layouts of the "
-                            f"table: give layout values where it holds)") from None
-    return np.flatnonzero(ok)
+    return np.flatnonzero(facts_act_mask_rows(model, training, layouts, parallel))
 
 
 def ranked(result, k=None, key=None, keep=None) -> np.ndarray:

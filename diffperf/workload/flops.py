@@ -8,6 +8,8 @@ sequence, one micro-batch of b sequences.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import jax.numpy as jnp
 
 from diffperf.workload.ops import Gemms, HeadOps, LayerOps
@@ -930,11 +932,22 @@ def _recipe_kinds(training):
     return per_tensor_fp8, a * per_tensor_fp8, (1.0 - a) * per_tensor_fp8
 
 
-def te_quantize_rows(model, parallel, training, system=None):
-    """(norm_fed, saved, both, one_buffer): per dense GEMM row of `layer_ops` (12 rows), where
-    Transformer Engine's quantization of the row's input differs from one standalone quantize,
-    under training.lowp_te_quantizer (0: all 0, the project's generic count), and whether a
-    per-tensor FP8 tensor keeps one buffer for both usages (a scalar):
+class TeRows(NamedTuple):
+    """`te_quantize_rows`' result: where Transformer Engine's quantization differs from the
+    project's generic count, per dense GEMM row of `layer_ops` (12 rows)."""
+    norm_fed: Any   # the row's input is a LayerNormLinear's: amax in the norm kernel
+    saved: Any      # the row's 16-bit input is saved and quantized again in the backward
+    both: Any       # ... and that backward quantize writes both usages (per-tensor FP8)
+    one_buffer: Any  # a scalar: one FP8 buffer serves both usages (non-TN FP8 GEMMs)
+    swizzles: Any   # (x_f, w_f, x_b, w_b, y_b): MXFP8 scale-swizzle kernels per operand
+
+
+def te_quantize_rows(model, parallel, training, system=None) -> TeRows:
+    """TeRows(norm_fed, saved, both, one_buffer, swizzles): per dense GEMM row of `layer_ops`
+    (12 rows), where Transformer Engine's quantization of the row's input differs from one
+    standalone quantize, under training.lowp_te_quantizer (0: all 0, the project's generic
+    count); whether a per-tensor FP8 tensor keeps one buffer for both usages (a scalar); the
+    MXFP8 scale swizzles per operand:
 
         norm_fed[r] = te cs (1 - cudnn) x (row 0 QKV: 1 without MLA, [q_lora_rank > 0] with
                                MLA (W^UQ); row 2 dense fc1: 1; row 11 MLA W^UK;W^UV: 1)
@@ -1007,7 +1020,7 @@ def te_quantize_rows(model, parallel, training, system=None):
     """
     from diffperf.workload.recompute import megatron_module_fracs
     te = training.lowp_te_quantizer
-    _, cs, ds = _recipe_kinds(training)
+    pt, cs, ds = _recipe_kinds(training)
     mla = is_mla(model)
     row0 = jnp.where(mla > 0, jnp.where(model.q_lora_rank > 0, 1.0, 0.0), 1.0)
     one, zero = jnp.ones_like(row0), jnp.zeros_like(row0)
@@ -1019,7 +1032,6 @@ def te_quantize_rows(model, parallel, training, system=None):
                                      (1.0 - mods["shared_experts"]) * one,
                                      zero, zero, zero, zero])
     gather = jnp.where((parallel.sequence_parallel > 0) & (parallel.tp > 1), 1.0, 0.0)
-    pt, _, _ = _recipe_kinds(training)
     both = saved * pt * (1.0 - gather * _rows([zero] * 7 + [one] + [zero] * 4))
     one_buffer = 0.0 if system is None else te * pt * system.fp8_non_tn_gemm
     # MXFP8 scale swizzles per GEMM operand (te_scale_swizzle 1: TE 2.7 / 2.9; 2: 2.12-2.16)
@@ -1031,7 +1043,7 @@ def te_quantize_rows(model, parallel, training, system=None):
     swizzles = (old * ones + new * col, (old + new) * ones,            # forward X, W
                 old * ones + new * col, (old + new) * ones,            # backward X, W
                 2.0 * old * ones + 2.0 * new * row)                    # backward dY
-    return norm_fed, saved, both, one_buffer, swizzles
+    return TeRows(norm_fed, saved, both, one_buffer, swizzles)
 
 
 def _copies(row, col, one_buffer):
@@ -1053,7 +1065,7 @@ def lowp_quantize_bytes(dense, training, te_rows=None):
                                                                    when cached, `lowp_weight_cache`)
     for each dense GEMM row r = (m x k)(k x n) done c_r times; l_r = `LOWP_LINEAR_ROWS` x
     lowp_layer_frac; f, d, w = training.lowp_fprop, lowp_dgrad, lowp_wgrad; (n_r, s_r, b_r) =
-    te_rows = `te_quantize_rows` (None: 0, 0, 0, 0). X feeds fprop
+    te_rows' (norm_fed, saved, both) (`te_quantize_rows`; None: 0, 0, 0). X feeds fprop
     (row-wise) and wgrad (column-wise, X^T), dY feeds dgrad (row-wise) and wgrad
     (column-wise), W feeds fprop and dgrad (W^T). Source: Transformer Engine, "Using FP8 with
     Transformer Engine" (each GEMM's two inputs in FP8; Hopper FP8 GEMMs take only the TN
@@ -1069,8 +1081,8 @@ def lowp_quantize_bytes(dense, training, te_rows=None):
     count row + col above becomes (1 - o)(row + col) + o max(row, col) (`_copies`). The FP8-CS
     row on B200 (o = 1): forward 2^20 (2 x 2 + 1) B, dY 2^20 (2 x 2 + 1) B, weight 2^20 (2 x 2
     + 1) B (each one FP8 copy fewer); saved input's backward + 2^20 (2 x 2 + 1) B.
-    Source: TE `create_tensor`, see `te_quantize_rows`. MXFP8 scale swizzles (te_rows' fifth
-    element, `te_quantize_rows`): forward + 2 s_e c_r l_r (x_f m k + w_f k n) f, backward
+    Source: TE `create_tensor`, see `te_quantize_rows`. MXFP8 scale swizzles (te_rows.swizzles,
+    `te_quantize_rows`): forward + 2 s_e c_r l_r (x_f m k + w_f k n) f, backward
     + 2 s_e c_r l_r (w_b k n d + x_b m k w + y_b m n (d + w) / 2), s_e = lowp_scale_bytes /
     lowp_block (each swizzle reads and writes the operand's scales).
     """
@@ -1081,7 +1093,7 @@ def lowp_quantize_bytes(dense, training, te_rows=None):
         fwd = cast_bytes(dense.m * dense.k, q_a, f + w, jnp.maximum(f, w), training)
         again, ob = 0.0, 0.0
     else:
-        norm_fed, saved, both, ob = te_rows[:4]
+        norm_fed, saved, both, ob, _ = te_rows
         fwd = cast_bytes(dense.m * dense.k, q_a, _copies(f, w * (1.0 - saved), ob),
                          jnp.maximum(f, w), training,
                          training.lowp_amax_pass * (1.0 - norm_fed))
@@ -1089,9 +1101,9 @@ def lowp_quantize_bytes(dense, training, te_rows=None):
                                    training)
     bwd = cast_bytes(dense.m * dense.n, q_a, _copies(d, w, ob), jnp.maximum(d, w), training)
     wts = cast_bytes(dense.k * dense.n, q_w, _copies(f, d, ob), jnp.maximum(f, d), training)
-    if te_rows is not None and len(te_rows) > 4:
+    if te_rows is not None:
         # MXFP8 scale swizzles: read and write one operand's scales (s_e bytes an element)
-        x_f, w_f, x_b, w_b, y_b = te_rows[4]
+        x_f, w_f, x_b, w_b, y_b = te_rows.swizzles
         s_e = 2.0 * training.lowp_scale_bytes / jnp.maximum(training.lowp_block, 1.0)
         mk, kn, mn = dense.m * dense.k, dense.k * dense.n, dense.m * dense.n
         fwd = fwd + s_e * (x_f * mk + w_f * kn) * f
@@ -1140,7 +1152,7 @@ def lowp_quantize_kernels(dense, training, te_rows=None):
     two expert inputs in the forward, not 2; FP8 current scaling 4 x 60.85 = 243.4, not 4.
     Llama 3 70B FP8-CS under lowp_te_quantizer (4 linears, QKV and fc1 norm-fed, proj saved):
     forward 3 + 4 + 3 + 4 = 14 (generic 8), backward 4 x 4 + 4 = 20 (generic 8), weights 16.
-    MXFP8 scale swizzles (te_rows' fifth element, `te_quantize_rows`, Training.te_scale_swizzle):
+    MXFP8 scale swizzles (te_rows.swizzles, `te_quantize_rows`, Training.te_scale_swizzle):
     forward + sum_r l_r on_r (x_f + w_f) f, backward + sum_r l_r on_r (w_b d + x_b w
     + y_b (d + w) / 2); Llama 3 70B MXFP8 TP 4 SP: TE 2.7 / 2.9 + 8 / + 16, TE 2.12+ + 6 / + 10."""
     f, d, w = training.lowp_fprop, training.lowp_dgrad, training.lowp_wgrad
@@ -1156,13 +1168,10 @@ def lowp_quantize_kernels(dense, training, te_rows=None):
         act = jnp.sum(lin * (plain + (1.0 - delayed) * sliced + delayed * each * on))
         wts = jnp.sum(lin * (plain + sliced))
         return act * jnp.maximum(f, w), act * jnp.maximum(d, w), wts * jnp.maximum(f, d)
-    norm_fed, saved = te_rows[:2]
-    if len(te_rows) > 4:  # MXFP8 scale swizzles (te_quantize_rows)
-        x_f, w_f, x_b, w_b, y_b = te_rows[4]
-        sw_f = jnp.sum(lin * on * (x_f + w_f)) * f
-        sw_b = jnp.sum(lin * on * (w_b * d + x_b * w + y_b * (d + w) / 2.0))
-    else:
-        sw_f = sw_b = 0.0
+    norm_fed, saved = te_rows.norm_fed, te_rows.saved
+    x_f, w_f, x_b, w_b, y_b = te_rows.swizzles  # MXFP8 scale swizzles (te_quantize_rows)
+    sw_f = jnp.sum(lin * on * (x_f + w_f)) * f
+    sw_b = jnp.sum(lin * on * (w_b * d + x_b * w + y_b * (d + w) / 2.0))
     k_tensor = 1.0 + a + training.lowp_te_quantizer * (TE_CURRENT_SCALING_KERNELS - 2.0) * current
     plain = (1.0 - each) * on * k_tensor
     rest = (1.0 - delayed) * sliced + delayed * each * on
