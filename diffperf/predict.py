@@ -850,23 +850,15 @@ def predict_step(model, parallel, system, training, temperature=None,
     `checked` (static): True when the caller has passed these inputs through
     `specs.validate.check_inputs` (concrete values; it raises on a broken rule), whose rules
     include every rule of `valid_mask`: the mask is then True by construction and is not
-    traced (valid = True), same result. Hard model only (temperature None or 0): there the
-    compiled value and gradient are bit-identical with and without the mask. In the smooth
-    model the compiled gradient depends on the program's structure by more than rounding: on
-    check_grads' multi-node-llama3-8b-h100 case (float64) suite3 saw tier leaves move by
-    1.6e-4 relative with the mask left out; at session 13 the program without the mask and the
-    one with it both equal the eager gradient bit for bit, but a one-compare runtime mask
-    (hbm_bandwidth > 0) in its place moved the same leaves by the same 1.6e-4. Cause (found
-    by branch smoothnum): `costs.smooth.exposed` computed smax(C, K) - K, which cancels when
-    C << K; rewritten without the cancellation, every program structure tried gives the
-    finite-difference gradient. The smooth model still keeps the mask (dropping it there was
-    not measured after the fix). Measured (XLA:CPU, predict's quick
-    options, 2 cores; the value and System gradient of the step time with every feature,
-    llama3-8b on h100-sxm-80gb): the mask, computed once (`valid_mask` ends in one division
-    that XLA's fusion does not copy), costs ~3 s of a ~22 s compile (hard, float32: 22.3
-    against 19.3 s of CPU without it); before session 13 XLA copied the whole mask into each
-    of the ~100 backward fusions and the same compile took ~56 s (smooth: 49 -> 13 s;
-    bit-identical values and gradients); benchmarks/README.md "Session 13: suite time".
+    traced (valid = True), same result; it saved ~3 s of a ~22 s hard value-and-gradient
+    compile (XLA:CPU, every feature, llama3-8b on h100-sxm-80gb; measured before the parts
+    were computed once, which brought that compile to ~7 s). Hard model only
+    (temperature None or 0), where the compiled value and gradient are bit-identical with
+    and without the mask; the smooth model keeps it (its gradient once depended on the
+    program's structure through a cancellation in `costs.smooth.exposed`, now removed;
+    dropping the mask there has not been measured since). The mask and the parts below are
+    each computed once per program (`specs.validate.computed_once`; benchmarks/README.md
+    "Session 13" sections).
     """
     # computed_once: each part's forward chain is compiled once, not copied into every
     # backward fusion that reads it (exact; XLA:CPU compile ~3x cheaper, validate.computed_once)

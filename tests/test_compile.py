@@ -251,7 +251,7 @@ def test_jit_vmap_grad_agree_with_scalar_call():
 
 def test_validity_mask_is_compiled_once_in_a_gradient_program():
     """The rules of `valid_mask` appear once in the optimized XLA program of a value and
-    gradient whose backward pass has several fusions (specs.validate._computed_once). XLA's
+    gradient whose backward pass has several fusions (specs.validate.computed_once). XLA's
     loop fusion used to copy the whole mask into every fusion that read the cotangent of the
     masked step, select(valid, g, 0): predict's value-and-gradient program with every
     feature then compiled in ~56 s of CPU instead of ~22 s (benchmarks/README.md, "Session

@@ -957,60 +957,48 @@ def valid_mask(model, parallel, system, training):
     check_training(training, where)
     check_layout(model, parallel, None, where)
     check_job(parallel, system, where)
-    return _computed_once(jnp.asarray(where.ok, dtype=bool))
-
-
-def _computed_once(ok):
-    """The boolean `ok`, the same value, behind one float division: XLA computes the mask
-    once per program instead of copying it into every consumer.
-
-    Why (XLA:CPU, measured; benchmarks/README.md "Session 13: suite time"): the mask is a
-    chain of ~2,300 cheap element-wise ops (compare, and, not, round, is-finite) on the
-    inputs. `predict_step` puts it in selects (`jnp.where(valid, ...)`), and the transpose
-    of the step's select, select(valid, cotangent, 0), seeds the whole backward pass. XLA's
-    loop fusion copies a cheap element-wise producer into every consumer fusion (it only
-    refuses to duplicate "expensive" ops: InstructionFusion::IsExpensive, which counts a
-    floating-point divide, exp, log, ...), so each of the ~100 backward fusions got its own
-    copy of the whole mask: the optimized program of the value and System gradient with
-    every feature had 469,174 HLO lines against 215,851 without the mask, and compiled in
-    ~56 s of CPU against ~19 s. XLA:CPU never duplicates a division, so the chain ends in one
-    fusion and every consumer reads its result (219,714 lines, ~23 s). XLA:GPU's fusion counts
-    an F32 / F16 divide as cheap (GpuInstructionFusion::IsExpensive: divide, sqrt, rsqrt, exp),
-    so there the mask may still be copied (float32; not measured): the values are the same
-    either way, only compile time is at stake. Exact: 1 / 1 = 1 >
-    0.75 and 1 / 2 = 0.5 < 0.75 in every float format; the compiled values and gradients are
-    bit-identical (float32 and float64, hard and smooth model). An optimization barrier does
-    not do it (suite3 measured no gain): XLA:CPU removes barriers (none is left in the
-    optimized program); nor does jnp.all over the stacked rules: XLA's simplifier rewrites
-    the reduce of a concatenation of scalars into the same chain of ands."""
-    import jax.numpy as jnp
-
-    return 1.0 / jnp.where(ok, 1.0, 2.0) > 0.75
+    return computed_once(jnp.asarray(where.ok, dtype=bool))
 
 
 def computed_once(tree):
-    """`tree` (predict's parts: dicts and tuples of times), every floating-point array of it
-    behind one exact division, x / where(x == x, 1, 2) (= x / 1; NaN stays NaN): XLA computes
-    each part once per program instead of copying its forward chain into every backward
-    fusion that reads it. Python numbers and non-float arrays pass unchanged.
+    """`tree` with every array behind one exact division, so that XLA computes each once per
+    program instead of copying the chain that produces it into every consumer fusion:
 
-    Why (XLA:CPU, measured; benchmarks/README.md "Session 13: the forward pass in the
-    backward fusions"): the same duplication `_computed_once` stops for the validity mask
-    happens to the forward pass: XLA's loop fusion copies a cheap element-wise producer into
-    each consumer fusion (it refuses only "expensive" ops such as a divide), so the optimized
-    value-and-gradient program held ~10.9 HLO ops per original op, every backward fusion
-    recomputing the forward chain it reads. A division on the outputs of predict's
-    `_layer_parts`, `_head_parts` and `_dp_times` (predict_step) ends each chain in one
-    fusion. Exact in every float format (x / 1 = x; d/dx = 1), so values are unchanged; the
-    compiled float64 gradients move only at the rounding level (<= 4.4e-16 relative on every
-    check_grads case of tests/test_gradients.py, hard and smooth), once `costs.smooth.exposed`
-    no longer cancels (before that fix the smooth gradient moved by up to 7.4e-4 with such a
-    change of structure)."""
+        floating x:  x / where(x == x, 1, 2)        (= x / 1; NaN stays NaN; d/dx = 1)
+        boolean b:   1 / where(b, 1, 2) > 0.75      (1 > 0.75, 0.5 < 0.75: the same boolean)
+    Python numbers and other arrays pass unchanged.
+
+    Why (XLA:CPU, measured; benchmarks/README.md "Session 13: suite time" and "Session 13:
+    the forward pass in the backward fusions"): XLA's loop fusion copies a cheap element-wise
+    producer into each consumer fusion; it refuses to duplicate only "expensive" ops
+    (InstructionFusion::IsExpensive: a floating-point divide, exp, log, ...).
+    - The validity mask (`valid_mask`, ~2,300 compares / ands on the inputs) sits in
+      `predict_step`'s selects, and the transpose of the step's select seeds the whole
+      backward pass: each of the ~100 backward fusions got its own copy (469,174 optimized
+      HLO lines against 215,851 without the mask; ~56 s of CPU against ~19 s to compile the
+      value and System gradient with every feature). Behind the division: 219,714 lines, ~23 s;
+      values and gradients bit-identical (float32 / float64, hard and smooth model).
+    - The forward pass: the value-and-gradient program held ~10.9 HLO ops per original op,
+      every backward fusion recomputing the forward chain it reads. The division on the
+      outputs of predict's `_layer_parts`, `_head_parts` and `_dp_times` cut the hard compile
+      from 26.6 to 7.1 s of CPU; the compiled float64 gradients move at the rounding level
+      (<= 4.4e-16 relative on every check_grads case of tests/test_gradients.py, hard and
+      smooth), once `costs.smooth.exposed` no longer cancels (before that fix the smooth
+      gradient moved by up to 7.4e-4 with such a change of structure).
+    Not instead: an optimization barrier (XLA:CPU removes barriers before fusion), jnp.all
+    over the stacked rules (rewritten into the same chain of ands), stop_gradient (the same
+    program before optimization). XLA:GPU counts an F32 / F16 divide as cheap
+    (GpuInstructionFusion::IsExpensive), so there the copies may remain (not measured): only
+    compile time is at stake, never a value."""
     import jax
     import jax.numpy as jnp
 
     def once(x):
-        if not isinstance(x, jax.Array) or not jnp.issubdtype(x.dtype, jnp.floating):
+        if not isinstance(x, jax.Array):
+            return x
+        if x.dtype == jnp.bool_:
+            return 1.0 / jnp.where(x, 1.0, 2.0) > 0.75
+        if not jnp.issubdtype(x.dtype, jnp.floating):
             return x
         return x / jnp.where(x == x, 1.0, 2.0).astype(x.dtype)
 
