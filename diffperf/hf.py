@@ -247,9 +247,13 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
         raise SpecError(f"{where}: model_type={mt!r} must be a string")
     outer = top.get("model_type", "") if isinstance(top.get("text_config"), dict) else None
 
-    def take(*keys):
+    def take_item(*keys):
+        """(key, value) of the first of `keys` set (`_first`); every one of them is read."""
         used.update(k for k in keys if k in cfg)  # read, even when null
-        return _first(cfg, *keys)[1]
+        return _first(cfg, *keys)
+
+    def take(*keys):
+        return take_item(*keys)[1]
 
     _check_type(mt, outer, where, notes)
     bad = [k for k in _REFUSED if cfg.get(k) not in (None, 0, [])]
@@ -337,8 +341,7 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
     # Training sequence: never max_position_embeddings (the context length) when it is longer
     # than the default; the context length when it is shorter (a model is not trained beyond
     # its positions as published), said in the note either way.
-    ctx_key, ctx = _first(cfg, "max_position_embeddings", "n_positions", "seq_length")
-    used.update(("max_position_embeddings", "n_positions", "seq_length"))
+    ctx_key, ctx = take_item("max_position_embeddings", "n_positions", "seq_length")
     learned = mt == "gpt2"
     if learned and ctx is not None:
         ctx = _whole(ctx, ctx_key, where, minimum=1)  # the position table: a hard limit
@@ -389,8 +392,7 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
         notes.append(f"{mt}: QK-norm weights (2 d_h per layer) not counted")
 
     # MoE: experts, top-k, widths, dense layers, shared experts.
-    experts_key, experts = _first(cfg, "num_local_experts", "n_routed_experts", "num_experts")
-    take("num_local_experts", "n_routed_experts", "num_experts")
+    experts_key, experts = take_item("num_local_experts", "n_routed_experts", "num_experts")
     if experts:
         d["moe_experts"] = experts
         d["moe_topk"] = take("num_experts_per_tok", "experts_per_token", "moe_topk")
