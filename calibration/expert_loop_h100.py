@@ -9,25 +9,28 @@ precision and expert loops"). The diagnostic behind docs/accuracy-bridge.md, sec
 Three tables, default efficiencies of h100-sxm-80gb (split (i), no fitting):
 
 1. The measured loop cases (E_l local experts x T tokens per expert, fc1 [2 f, h] gated and
-   fc2 [h, f], forward + dgrad + wgrad: six products per expert). Model = what predict charges
-   for the same work: the two expert rows of `layer_ops` (count E_l, m = T) in each pass at
-   the row's precision (`layer_pass_gemm_times_s`), plus the fixed time of the grouped GEMMs'
-   kernels on the GPU (6 g kernel_s, g = max(E_l / 4, 1): `moe_expert_loop_kernels`' serial
-   chain, 1 kernel per grouped GEMM without the loop). Measured: `gemms_graph_s` (the six
-   products per expert issued back to back on one stream, from a CUDA graph: GPU time, host
-   out); `one_gemm_s` (one product of the same FLOPs: the ideal); the sum of the same
-   products timed one shape at a time (h100_gemm_lowp.csv `gpu_time_s`; FP8 forward with
-   fast accumulation, dgrad / wgrad without, as Transformer Engine runs them).
-   FP8 quantize: model = 4 quantizes per expert (x, fc2's input, the two output gradients)
-   at `lowp_quantize_times_s`' per-slice price (4 kernels x kernel_s + bytes / (BW eta));
-   measured = (graph_s - gemms_graph_s) of the FP8 loop less the same of the BF16 loop (the
-   activation kernels are the same in both), per quantize.
-2. The Bridge H100 MoE rows: per MoE layer pass (forward + backward, one micro-batch) the
-   model's routed-expert GPU time (GEMMs + their fixed kernel time + per-slice quantize) and
-   the measured GPU time of the same shapes (the per-shape table summed at the row's tokens
-   per expert, the measured quantize per slice interpolated in size), their difference, and
-   the row's excess (`moe_layer_excess.py`: measured - predicted step over m_eff L_moe).
-   "left" = excess - (measured GPU - model): what the GPU-side pricing cannot explain.
+   fc2 [h, f], forward + dgrad + wgrad: six products per expert; h100_expert_loop.csv and
+   h100_expert_streams.csv). Model = what predict charges for the same work on the GPU: the
+   two expert rows of `layer_ops` (count E_l, m = T) in each pass at the row's precision
+   (`layer_pass_gemm_times_s`) plus the fixed time of the grouped GEMMs' kernels (6 g kernel_s,
+   g = max(E_l / 4, 1): `moe_expert_loop_kernels`' serial chain). Measured: `loop` = the six
+   products per expert back to back on one stream (gemms_graph_s), `4strm` = round-robin over
+   Transformer Engine's 4 streams (streams_s), `shapes` = the same products timed one shape
+   at a time (h100_gemm_lowp.csv; FP8 forward with fast accumulation, dgrad / wgrad without,
+   as TE runs them), `one` = one GEMM of the same FLOPs; all GPU time from CUDA graphs.
+   FP8 current-scaling quantize per expert slice (4 per expert and layer pass: fc1's and fc2's
+   inputs, the two output gradients): model = `lowp_quantize_kernels` x kernel_s + bytes /
+   (BW eta_mem) (weights left out); `TE-k` = TE's four kernels at their measured times
+   (`te_quantize_measured_s`, h100_quantize.csv); `loop` = (graph_s - gemms_graph_s) of the FP8
+   loop less that of the BF16 loop (their activation kernels are the same), per slice.
+2. The DGX-H100 Bridge MoE rows: per MoE layer pass (forward + backward, one micro-batch) the
+   model's routed-expert GPU charge (GEMMs + fixed + quantize) and the measured GPU time of
+   the same shapes at the row's own tokens per expert (the per-shape sum x E_l, x the
+   4-stream / serial ratio where a streams case has the same E_l, T and precision; the
+   quantize as `TE-k`); d_gemm, d_q = measured - model; the row's excess (measured - predicted
+   step) / (m_eff L_moe) as in `calibration/moe_layer_excess.py`; left = excess - d_gemm -
+   d_q, also per extra per-expert GEMM call (6 (E_l - 1)); err_if = the tokens/s error with
+   d_gemm + d_q added to every MoE layer pass (m_eff L_moe of them).
 """
 
 from __future__ import annotations
@@ -109,11 +112,11 @@ def model_charge(model, parallel, system, training, T=None, E_l=None):
     given: the expert rows' m and count replaced by them, the case in isolation)."""
     import jax.numpy as jnp
 
-    from diffperf.costs.compute import layer_pass_gemm_times_s, lowp_quantize_times_s
+    from diffperf.costs.compute import layer_pass_gemm_times_s, memory_time_s
     from diffperf.costs.xla import kernel_fixed_s
     from diffperf.workload.flops import (EXPERT_ROWS, TE_GEMM_STREAMS, layer_ops,
-                                         lowp_quantize_kernels, moe_layer_fraction,
-                                         te_quantize_rows)
+                                         lowp_quantize_bytes, lowp_quantize_kernels,
+                                         moe_layer_fraction, te_quantize_rows)
 
     ops = layer_ops(model, parallel, training)
     phi = float(moe_layer_fraction(model))
@@ -129,15 +132,14 @@ def model_charge(model, parallel, system, training, T=None, E_l=None):
     gemm = float(jnp.sum(f + d + w)) / phi
     g = max(E_l / TE_GEMM_STREAMS, 1.0) if float(training.moe_expert_loop) > 0 else 1.0
     fixed = 6.0 * g * float(kernel_fixed_s(system, training))
+    # the quantize of the expert inputs and output gradients (`lowp_quantize_times_s` less its
+    # weights' share: the loop measurement quantized its weights beforehand)
     te = te_quantize_rows(model, parallel, training, system)
-    qf, qb = lowp_quantize_times_s(only, system, training, parallel.n_microbatches, te)
+    b_f, b_b, _ = lowp_quantize_bytes(only, training, te)
     kf, kb, _ = lowp_quantize_kernels(only, training, te)
-    # the weights' share (cached once per step) is left out: the loop measurement quantizes
-    # its weights beforehand
-    wq = lowp_quantize_times_s(only.replace(count=0.0 * only.count), system, training,
-                               parallel.n_microbatches, te)
-    del wq
-    return gemm, fixed, (float(qf) + float(qb)) / phi, (float(kf) + float(kb)) / phi
+    quant = (float(memory_time_s(b_f + b_b, system))
+             + (float(kf) + float(kb)) * float(kernel_fixed_s(system, training)))
+    return gemm, fixed, quant / phi, (float(kf) + float(kb)) / phi
 
 
 def _spec_row(runs, mdl, dtype):
