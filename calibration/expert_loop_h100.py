@@ -58,6 +58,25 @@ def _read(name):
         return list(csv.DictReader(f))
 
 
+def _read_opt(name):
+    """`_read`, or [] when the file is not shipped."""
+    return _read(name) if (KERNELS / name).exists() else []
+
+
+def streams_rows():
+    """h100_expert_streams.csv, then the rows of h100_expert_streams_rows.csv (the same
+    columns at the Bridge rows' own tokens per expert), when shipped."""
+    return _read("h100_expert_streams.csv") + _read_opt("h100_expert_streams_rows.csv")
+
+
+def te_slices():
+    """{(E_l, T, h, f): GPU seconds per expert slice of the FP8 current-scaling quantize written
+    as Transformer Engine's four kernels} (h100_te_quantize_slices.csv, when shipped)."""
+    return {(int(r["local_experts"]), int(r["tokens_per_expert"]), int(r["hidden"]),
+             int(r["expert_ffn"])): float(r["te_per_slice_s"])
+            for r in _read_opt("h100_te_quantize_slices.csv")}
+
+
 def shape_table():
     """{(label, dtype, fast_accum, m, n, k): gpu_time_s} of h100_gemm_lowp.csv."""
     out = {}
@@ -169,9 +188,13 @@ def cases_table(runs, systems, table, curves, out):
           "micro-batch (ms)")
     print(f"{'case':22s} {'dt':4s} {'E_l':>3s} {'T':>5s} | {'model':>6s} {'=gemm':>6s} "
           f"{'+fixed':>6s} | {'loop':>6s} {'4strm':>6s} {'shapes':>6s} {'one':>6s} | "
-          f"{'strm/mdl':>8s} {'us/E_l':>6s} | q us/slice: {'model':>5s} {'TE-k':>5s} {'loop':>5s}")
+          f"{'strm/mdl':>8s} {'us/E_l':>6s} | q us/slice: {'model':>5s} {'TE-k':>5s} {'loop':>5s} "
+          f"{'TE-sl':>5s}")
     loops = {(r["case"], r["dtype"]): r for r in _read("h100_expert_loop.csv")}
-    streams = {(r["case"], r["dtype"]): r for r in _read("h100_expert_streams.csv")}
+    streams = {}
+    for r in streams_rows():
+        streams.setdefault((r["case"], r["dtype"]), r)
+    sliced = te_slices()
     keys = list(loops) + [k for k in streams if k not in loops]
     for key in keys:
         r = loops.get(key) or streams[key]
@@ -189,10 +212,11 @@ def cases_table(runs, systems, table, curves, out):
         loop = float(loops[key]["gemms_graph_s"]) if key in loops else float("nan")
         strm = float(streams[key]["streams_s"]) if key in streams else float("nan")
         one = float(r["one_gemm_s"])
-        q_loop = q_te = q_mod = float("nan")
+        q_loop = q_te = q_mod = q_ts = float("nan")
         if dtype == "fp8":
             q_mod = quant / (4 * E_l)
             q_te = float(np.mean([te_quantize_measured_s(n, curves) for n in slice_sizes(T, h, f)]))
+            q_ts = sliced.get((E_l, T, h, f), float("nan"))
             if key in loops and (name, "bf16") in loops:
                 b = loops[(name, "bf16")]
                 extra = ((float(r["graph_s"]) - loop)
@@ -203,12 +227,12 @@ def cases_table(runs, systems, table, curves, out):
         print(f"{name:22s} {dtype:4s} {E_l:3d} {T:5d} | {1e3*model:6.3f} {1e3*gemm:6.3f} "
               f"{1e3*fixed:6.3f} | {1e3*loop:6.3f} {1e3*strm:6.3f} {1e3*shapes:6.3f} "
               f"{1e3*one:6.3f} | {gpu/model:8.3f} {1e6*(gpu-model)/E_l:6.1f} | "
-              f"{'':11s} {1e6*q_mod:5.1f} {1e6*q_te:5.1f} {1e6*q_loop:5.1f}")
+              f"{'':11s} {1e6*q_mod:5.1f} {1e6*q_te:5.1f} {1e6*q_loop:5.1f} {1e6*q_ts:5.1f}")
         out["cases"].append(dict(case=name, dtype=dtype, E_l=E_l, T=T, model_s=model,
                                  model_gemm_s=gemm, model_fixed_s=fixed, loop_s=loop,
                                  streams_s=strm, shapes_s=shapes, one_gemm_s=one,
                                  quant_model_s=q_mod, quant_te_kernels_s=q_te,
-                                 quant_loop_s=q_loop))
+                                 quant_loop_s=q_loop, quant_te_slices_s=q_ts))
 
 
 def rows_table(runs, systems, table, curves, out):
@@ -222,7 +246,8 @@ def rows_table(runs, systems, table, curves, out):
     a = _as_float((stack(runs.models), _normalize(stack(runs.parallels)),
                    stack([systems[s] for s in runs.systems]), stack(runs.trainings)))
     step = np.asarray(_predict_rows(*a, temperature=None, features=FEATURES).step_time_s)
-    streams = _read("h100_expert_streams.csv")
+    streams = streams_rows()
+    sliced = te_slices()
     print("\n# 2. DGX-H100 MoE rows: routed experts per MoE layer pass (fwd + bwd, one "
           "micro-batch), ms; excess = (measured - predicted step) / (m_eff L_moe)")
     print(f"{'row':46s} {'err%':>6s} {'E_l':>3s} {'T':>5s} | {'model':>6s} {'meas':>6s} "
@@ -244,8 +269,13 @@ def rows_table(runs, systems, table, curves, out):
                 and int(s["tokens_per_expert"]) == int(round(T)) and s["case"].startswith(label)]
         ratio = (float(same[0]["streams_s"]) / float(same[0]["serial_s"])) if same else 1.0
         meas_g *= ratio
-        meas_q = (E_l * sum(te_quantize_measured_s(n, curves) for n in slice_sizes(T, h, f))
-                  if fp8 else 0.0)
+        key = (int(round(E_l)), int(round(T)), h, f)
+        if not fp8:
+            meas_q = 0.0
+        elif key in sliced:  # TE's four kernels timed per slice at the row's sizes
+            meas_q = 4 * E_l * sliced[key]
+        else:  # TE's four kernels, each at its measured time (`te_quantize_measured_s`)
+            meas_q = E_l * sum(te_quantize_measured_s(n, curves) for n in slice_sizes(T, h, f))
         d_g = meas_g - (gemm + fixed)
         d_q = meas_q - quant
         pp, vp = float(par.pp), max(float(par.vp), 1.0)
