@@ -182,14 +182,24 @@ def slice_sizes(T, h, f):
     return (T * h, T * f, T * h, 2 * T * f)
 
 
+def _serial_mean(r):
+    """One-stream time of a streams case: the mean of its two timings (they differ by up to
+    14 %, data/README.md)."""
+    return 0.5 * (float(r["serial_s"]) + float(r["serial_repeat_s"]))
+
+
 def cases_table(runs, systems, table, curves, out):
-    """Table 1: the measured loop cases against the model's charge for the same work."""
-    print("# 1. expert-loop cases on one H100: one MoE layer's routed experts, fwd + bwd, one "
-          "micro-batch (ms)")
+    """Table 1: the measured cases against the model's charge for the same work. GEMM times
+    are compared on one scale, the per-shape table's run (h100_gemm_lowp.csv): `meas` = the
+    per-shape sum x the 4-stream / one-stream ratio of the streams run (1 without one), `one`
+    = the per-shape sum x one GEMM / one stream of the run that timed it (the runs' GPUs
+    differed by up to 25 % in GEMM speed: only ratios travel between runs)."""
+    print("# 1. measured cases on one H100: one MoE layer's routed experts, fwd + bwd, one "
+          "micro-batch (ms; GEMM times on the per-shape run's scale)")
     print(f"{'case':22s} {'dt':4s} {'E_l':>3s} {'T':>5s} | {'model':>6s} {'=gemm':>6s} "
-          f"{'+fixed':>6s} | {'loop':>6s} {'4strm':>6s} {'shapes':>6s} {'one':>6s} | "
-          f"{'strm/mdl':>8s} {'us/E_l':>6s} | q us/slice: {'model':>5s} {'TE-k':>5s} {'loop':>5s} "
-          f"{'TE-sl':>5s}")
+          f"{'+fixed':>6s} | {'loop':>6s} {'shapes':>6s} {'x4str':>5s} {'meas':>6s} "
+          f"{'one':>6s} | {'m/mdl':>5s} {'m/one':>5s} {'us/E_l':>6s} | q us/slice: "
+          f"{'model':>5s} {'TE-sl':>5s} {'TE-k':>5s} {'loop':>5s}")
     loops = {(r["case"], r["dtype"]): r for r in _read("h100_expert_loop.csv")}
     streams = {}
     for r in streams_rows():
@@ -205,13 +215,16 @@ def cases_table(runs, systems, table, curves, out):
         gemm, fixed, quant, _ = model_charge(runs.models[i], runs.parallels[i],
                                              systems[runs.systems[i]], training, T, E_l)
         label = name.split()[0]
-        try:
-            shapes = E_l * measured_products_s(table, label, dtype, T, h, f)
-        except KeyError:  # a tokens-per-expert value the per-shape table does not hold
-            shapes = float("nan")
+        shapes = E_l * measured_products_s(table, label, dtype, T, h, f)
         loop = float(loops[key]["gemms_graph_s"]) if key in loops else float("nan")
-        strm = float(streams[key]["streams_s"]) if key in streams else float("nan")
-        one = float(r["one_gemm_s"])
+        if key in streams:
+            st = streams[key]
+            ratio = float(st["streams_s"]) / _serial_mean(st)
+            one = shapes * float(st["one_gemm_s"]) / _serial_mean(st)
+        else:  # the loop file's one GEMM (same run as the per-shape table), one stream
+            ratio = 1.0
+            one = shapes * float(r["one_gemm_s"]) / loop
+        meas = shapes * ratio
         q_loop = q_te = q_mod = q_ts = float("nan")
         if dtype == "fp8":
             q_mod = quant / (4 * E_l)
@@ -223,16 +236,16 @@ def cases_table(runs, systems, table, curves, out):
                          - (float(b["graph_s"]) - float(b["gemms_graph_s"])))
                 q_loop = extra / (4 * E_l)
         model = gemm + fixed
-        gpu = strm if np.isfinite(strm) else loop
         print(f"{name:22s} {dtype:4s} {E_l:3d} {T:5d} | {1e3*model:6.3f} {1e3*gemm:6.3f} "
-              f"{1e3*fixed:6.3f} | {1e3*loop:6.3f} {1e3*strm:6.3f} {1e3*shapes:6.3f} "
-              f"{1e3*one:6.3f} | {gpu/model:8.3f} {1e6*(gpu-model)/E_l:6.1f} | "
-              f"{'':11s} {1e6*q_mod:5.1f} {1e6*q_te:5.1f} {1e6*q_loop:5.1f} {1e6*q_ts:5.1f}")
+              f"{1e3*fixed:6.3f} | {1e3*loop:6.3f} {1e3*shapes:6.3f} {ratio:5.3f} "
+              f"{1e3*meas:6.3f} {1e3*one:6.3f} | {meas/model:5.3f} {meas/one:5.3f} "
+              f"{1e6*(meas-model)/E_l:6.1f} | {'':11s} {1e6*q_mod:5.1f} {1e6*q_ts:5.1f} "
+              f"{1e6*q_te:5.1f} {1e6*q_loop:5.1f}")
         out["cases"].append(dict(case=name, dtype=dtype, E_l=E_l, T=T, model_s=model,
                                  model_gemm_s=gemm, model_fixed_s=fixed, loop_s=loop,
-                                 streams_s=strm, shapes_s=shapes, one_gemm_s=one,
-                                 quant_model_s=q_mod, quant_te_kernels_s=q_te,
-                                 quant_loop_s=q_loop, quant_te_slices_s=q_ts))
+                                 shapes_s=shapes, streams_ratio=ratio, measured_s=meas,
+                                 one_gemm_s=one, quant_model_s=q_mod, quant_te_slices_s=q_ts,
+                                 quant_te_kernels_s=q_te, quant_loop_s=q_loop))
 
 
 def rows_table(runs, systems, table, curves, out):
@@ -267,7 +280,7 @@ def rows_table(runs, systems, table, curves, out):
         # four streams: the measured streams / serial ratio of the same (E_l, T, dtype) if any
         same = [s for s in streams if s["dtype"] == dtype and int(s["local_experts"]) == E_l
                 and int(s["tokens_per_expert"]) == int(round(T)) and s["case"].startswith(label)]
-        ratio = (float(same[0]["streams_s"]) / float(same[0]["serial_s"])) if same else 1.0
+        ratio = float(same[0]["streams_s"]) / _serial_mean(same[0]) if same else 1.0
         meas_g *= ratio
         key = (int(round(E_l)), int(round(T)), h, f)
         if not fp8:
