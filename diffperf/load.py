@@ -987,11 +987,11 @@ def _check_row_facts_act(model, parallel, training, where, command, row) -> None
     try:
         check_facts_act(model, parallel, training, where, where)
     except SpecError as err:
-        field = str(err)[len(where) + 2:].split("=", 1)[0]
+        field = err.field  # the refused fact (SpecError.field, set by the rule)
         if field in command and field not in row:
             raise SpecError(f"{err} (the command's --set {field}={command[field]:g} applies to "
                             f"every row; give a fact that holds for some rows only in their "
-                            f"'{RUN_FACTS}' cell)") from None
+                            f"'{RUN_FACTS}' cell)", field=field, value=err.value) from None
         raise
 
 

@@ -1864,6 +1864,26 @@ ACT_RULES = [
     ({}, dict(rope_kv_pass=1.0, llama_eager_pointwise=1.0), "training: rope_kv_pass=1 with "
      "llama_eager_pointwise=1: the eager term already holds the rotary and K/V expansion "
      "passes (rope_kv_pass is their compiled form); allowed: one of the two"),
+    # the older facts (session 14, branch frontdoor3): each was accepted and changed nothing
+    (dict(tp_overlap=0.5), {}, "parallel: tp_overlap=0.5 needs tensor parallelism (tp > 1; "
+     "got tp=1): it is the fraction of the TP collectives hidden behind the GEMMs, and tp = 1 "
+     "has none; allowed: 0 with tp = 1"),
+    (dict(zero_stage=1, zero3_regather=0), {}, "parallel: zero3_regather=0 needs zero_stage=3 "
+     "(got zero_stage=1): it sets whether full recompute gathers a layer's parameters again "
+     "under ZeRO-3; allowed: 1 (the default) with zero_stage 0 to 2"),
+    (dict(zero_stage=2, zero3_calls_per_layer=4), {}, "parallel: zero3_calls_per_layer=4 needs "
+     "zero_stage=3 (got zero_stage=2): it sets the gather / reduce-scatter calls per layer "
+     "pass under ZeRO-3; allowed: 1 (the default) with zero_stage 0 to 2"),
+    (dict(zero3_prefetch_params=5e7), {}, "parallel: zero3_prefetch_params=5e+07 needs "
+     "zero_stage=3 (got zero_stage=0): it sets how many parameters are gathered ahead of use "
+     "under ZeRO-3; allowed: 0 (the default) with zero_stage 0 to 2"),
+    (dict(axonn_overlap=0), {}, "parallel: axonn_overlap=0 needs an AxoNN grid (gx, gy or gz > "
+     "1; got gx=1, gy=1, gz=1): it switches the grid's overlapped collectives; allowed: 1 "
+     "(the default) without a grid"),
+    ({}, dict(lowp_param_gather=1.0), "training: lowp_param_gather=1 needs GEMMs in FP8 / FP4 "
+     "(lowp_fprop, lowp_dgrad or lowp_wgrad = 1; precision 'bf16' has none): it all-gathers "
+     "and keeps the quantized weights (Megatron --fp8-param-gather); allowed: 0 with a 16-bit "
+     "precision"),
 ]
 MOE_ACT_RULES = [
     # on Mixtral 8x7B (8 routed experts, no shared expert), 16 GPUs
@@ -1930,6 +1950,36 @@ def test_te_cudnn_norm_needs_fp8_current_scaling():
                  training("fp8-current", lowp_te_quantizer=1.0, te_cudnn_norm=1.0))
 
 
+def test_older_facts_refused_where_they_cannot_act_carry_their_field():
+    """lowp_param_gather below a sharded optimizer (Megatron-LM's validate_args refuses
+    --fp8-param-gather without the distributed optimizer or FSDP), tp_overlap beside the
+    userbuffers overlap (which does not read it); the SpecError carries the refused field and
+    its value (SpecError.field / .value), which load's runs rows use."""
+    from diffperf.load import training
+
+    system = load_system("h100-sxm-80gb")
+    with _raises("training: lowp_param_gather=1 needs a sharded optimizer (zero_stage >= 1; "
+                 "got zero_stage=0): Megatron-LM refuses --fp8-param-gather without the "
+                 "distributed optimizer or FSDP (\"--fp8-param-gather only supported with "
+                 "distributed optimizer, torch fsdp2, megatron fsdp, or inference mode\"); "
+                 "allowed: 0 with zero_stage 0"):
+        check_inputs(_small(), Parallel(), system, training("fp8-current",
+                                                            lowp_param_gather=1.0))
+    check_inputs(_small(), Parallel(zero_stage=1), system,
+                 training("fp8-current", lowp_param_gather=1.0))
+    ub = Parallel(tp=2, sequence_parallel=1, tp_userbuffers=1, tp_overlap=0.5)
+    with _raises("parallel: tp_overlap=0.5 with tp_userbuffers=1: the userbuffers overlap "
+                 "prices which TP communication hides itself and does not read tp_overlap; "
+                 "allowed: tp_overlap 0 with tp_userbuffers 1 or 2") as err:
+        check_inputs(_small(), ub, system, training("bf16"))
+    assert (err.value.field, err.value.value) == ("tp_overlap", 0.5)
+    check_inputs(_small(), ub.replace(tp_overlap=0.0), system, training("bf16"))
+    batch = stack([Parallel(zero_stage=3), Parallel(zero3_regather=0)])
+    with _raises("parallel[1]: zero3_regather=0 needs zero_stage=3") as err:
+        check_inputs(_small(), batch, system, training("bf16"), 1)
+    assert (err.value.field, err.value.value) == ("zero3_regather", 0.0)
+
+
 def test_cli_predict_refuses_a_fact_that_cannot_act(capsys):
     """Through the command line (exit 2, one line, before any tracing)."""
     assert _cli_error(capsys, "predict", "--set", "moe_expert_loop=1") == (
@@ -1939,6 +1989,11 @@ def test_cli_predict_refuses_a_fact_that_cannot_act(capsys):
                       "cp_torch=1") == (
         "training: cp_torch=1 needs context parallelism (cp > 1; got cp=1): PyTorch's "
         "context_parallel() exchanges K/V between the cp ranks; allowed: 0 with cp = 1")
+    assert _cli_error(capsys, "predict", "--model", "gpt-small", "--dp", "1", "--set",
+                      "tp_overlap=0.5") == (
+        "layout: tp_overlap=0.5 needs tensor parallelism (tp > 1; got tp=1): it is the "
+        "fraction of the TP collectives hidden behind the GEMMs, and tp = 1 has none; "
+        "allowed: 0 with tp = 1")
     # on a layout the user did not give, the message says whose it is
     assert _cli_error(capsys, "predict", "--set", "cp_torch=1") == (
         "training: cp_torch=1 needs context parallelism (cp > 1; got cp=1): PyTorch's "
@@ -1960,6 +2015,14 @@ def test_runs_row_fact_that_cannot_act_names_its_row(tmp_path):
                  f"allowed: 0 with cp = 1 (the command's --set cp_torch=1 applies to every "
                  f"row; give a fact that holds for some rows only in their 'set' cell)"):
         load_runs(p, overrides=["cp_torch=1"])
+    # the field comes from the error (SpecError.field), not from parsing its message
+    with _raises(f"{p}: row 2 (id r1): tp_overlap=0.5 needs tensor parallelism (tp > 1; got "
+                 f"tp=1): it is the fraction of the TP collectives hidden behind the GEMMs, "
+                 f"and tp = 1 has none; allowed: 0 with tp = 1 (the command's --set "
+                 f"tp_overlap=0.5 applies to every row; give a fact that holds for some rows "
+                 f"only in their 'set' cell)") as err:
+        load_runs(p, overrides=["tp_overlap=0.5"])
+    assert (err.value.field, err.value.value) == ("tp_overlap", 0.5)
 
 
 @pytest.mark.parametrize("facts,tr,message", [
@@ -2041,6 +2104,17 @@ def test_search_keeps_the_layouts_its_facts_act_on():
     assert (table[:, col["cp"]] > 1).sum() == len(kept)
     kept = table[facts_act_rows(llama, training("bf16"), table, {"zero3_copy_out": 1})]
     assert len(kept) and (kept[:, col["zero_stage"]] == 3).all()
+    # the older facts (frontdoor3): each keeps the rows it acts on
+    for facts, c, rule in (({"zero3_regather": 0}, "zero_stage", lambda v: v == 3),
+                           ({"tp_overlap": 0.5}, "tp", lambda v: v > 1)):
+        mask = facts_act_rows(llama, training("bf16"), table, facts)
+        assert len(mask) and rule(table[mask, col[c]]).all()
+        assert rule(table[:, col[c]]).sum() == len(mask)
+    kept = table[facts_act_rows(llama, training("fp8-current", lowp_param_gather=1.0), table)]
+    assert len(kept) and (kept[:, col["zero_stage"]] >= 1).all()
+    grid = np.prod(table[:, [col["gx"], col["gy"], col["gz"]]], axis=1) > 1
+    if grid.any():
+        assert grid[facts_act_rows(llama, training("bf16"), table, {"axonn_overlap": 0})].all()
     mixtral = diffperf.load_model("mixtral-8x7b")
     table = enumerate_layouts(mixtral, 16, 16)
     kept = table[facts_act_rows(mixtral, training("bf16"), table, {"ep_overlap": 1})]
