@@ -535,6 +535,10 @@ LAYOUT_RULES = [
     (dict(recompute=1, recompute_layer_frac=0.5), None,
      "recompute_layer_frac=0.5 needs recompute=2 (full; got recompute=1): only full recompute "
      "checkpoints a fraction of the layers; allowed with recompute 0 or 1: 1"),
+    (dict(recompute=2, recompute_policy=1), None,
+     "recompute_policy=1 needs recompute=1 (selective; got recompute=2): it picks the ops "
+     "selective recompute re-runs (1, 2: TorchTitan's per-op SAC); allowed with recompute 0 "
+     "or 2: 0"),
     (dict(recompute=1, recompute_mlp=2), None, "recompute_mlp=2 is not allowed (allowed: 0, 1)"),
     (dict(recompute=2, recompute_mlp=1), None,
      "recompute_mlp=1 needs Megatron's selective recompute (recompute=1, recompute_policy=0; "
@@ -1884,6 +1888,18 @@ ACT_RULES = [
      "(lowp_fprop, lowp_dgrad or lowp_wgrad = 1; precision 'bf16' has none): it all-gathers "
      "and keeps the quantized weights (Megatron --fp8-param-gather); allowed: 0 with a 16-bit "
      "precision"),
+    ({}, dict(lowp_layer_frac=0.5), "training: lowp_layer_frac=0.5 needs GEMMs in FP8 / FP4 "
+     "(lowp_fprop, lowp_dgrad or lowp_wgrad = 1; precision 'bf16' has none): it sets the "
+     "fraction of the layers whose linears run in low precision; allowed: 1 (the default) "
+     "with a 16-bit precision"),
+    ({}, dict(lowp_weight_cache=0.0), "training: lowp_weight_cache=0 needs GEMMs in FP8 / FP4 "
+     "(lowp_fprop, lowp_dgrad or lowp_wgrad = 1; precision 'bf16' has none): it sets whether "
+     "the quantized weights are cast once per step and kept; allowed: 1 (the default) with a "
+     "16-bit precision"),
+    ({}, dict(fused_softmax_max_seq=2048.0), "training: fused_softmax_max_seq=2048 needs "
+     "unfused attention (flash_attention=0; got 1): it is the longest key length Megatron's "
+     "fused scale-mask-softmax kernel takes, and fused attention runs no separate softmax; "
+     "allowed: 0 with flash_attention = 1"),
 ]
 MOE_ACT_RULES = [
     # on Mixtral 8x7B (8 routed experts, no shared expert), 16 GPUs

@@ -86,8 +86,10 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
     """Megatron-Core's recompute_modules (Parallel.recompute_<module>, workload.recompute):
     each 0 or 1; other than the default (core_attn 1, the rest 0) only under Megatron's
     selective recompute (recompute 1, recompute_policy 0), where they are read, and
-    recompute_layer_frac < 1 only under full recompute (both for one layout; not in a
-    search's table, whose --set facts act only on their own mode); mla_up_proj
+    recompute_layer_frac < 1 only under full recompute, recompute_policy > 0 only under
+    selective recompute (workload.recompute multiplies its terms by recompute = 1) (all for
+    one layout; not in a search's table, whose --set facts act only on their own mode);
+    mla_up_proj
     needs multi-latent attention and moe_act an MoE model (Megatron-Core's
     TransformerConfig.__post_init__ raises for both)."""
     megatron = (P["recompute"] == 1) & (P["recompute_policy"] == 0)
@@ -101,7 +103,13 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
         _fail((r < 1) & (P["recompute"] != 2), where, lambda i: (
             f"recompute_layer_frac={pick(r, i):g} needs recompute=2 (full; got recompute="
             f"{pick(P['recompute'], i):g}): only full recompute checkpoints a fraction of the "
-            f"layers; allowed with recompute 0 or 1: 1"))
+            f"layers; allowed with recompute 0 or 1: 1"), "recompute_layer_frac", r)
+        pol = P["recompute_policy"]
+        _fail((pol != 0) & (P["recompute"] != 1), where, lambda i: (
+            f"recompute_policy={pick(pol, i):g} needs recompute=1 (selective; got recompute="
+            f"{pick(P['recompute'], i):g}): it picks the ops selective recompute re-runs (1, 2: "
+            f"TorchTitan's per-op SAC); allowed with recompute 0 or 2: 0"),
+            "recompute_policy", pol)
     for m in RECOMPUTE_MODULES:
         f = f"recompute_{m}"
         v = P[f]
@@ -181,7 +189,11 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
                       lowp_te_quantizer = 1 needs quantized GEMMs too (it counts TE's
                         quantize kernels: workload.flops.te_quantize_rows);
                       lowp_param_gather = 1 needs quantized GEMMs (workload.dp.
-                        gathered_weight_bytes multiplies it by them);
+                        gathered_weight_bytes multiplies it by them), and so do
+                        lowp_layer_frac != 1 and lowp_weight_cache != 1 (their terms are
+                        multiplied by the low-precision passes);
+                      fused_softmax_max_seq > 0 needs flash_attention = 0
+                        (workload.flops.softmax_fallback multiplies by 1 - flash_attention);
                       te_cudnn_norm = 1 needs lowp_te_quantizer = 1 and per-tensor FP8
                         current scaling (it only moves that recipe's norm-fused amax);
                       rope_kv_pass = 1 needs llama_eager_pointwise = 0 (that term holds the
@@ -217,7 +229,8 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
         *(f for f, _ in MOE_TRAINING_FACTS), "lowp_fprop", "lowp_dgrad", "lowp_wgrad",
         "rope_kv_pass", "llama_eager_pointwise", "attention_fa2", "cp_torch",
         "lowp_te_quantizer", "te_cudnn_norm", "te_scale_swizzle", "lowp_amax_pass",
-        "lowp_block", "lowp_fp4", "lowp_param_gather")}
+        "lowp_block", "lowp_fp4", "lowp_param_gather", "lowp_layer_frac", "lowp_weight_cache",
+        "fused_softmax_max_seq", "flash_attention")}
     _dense_facts(M, where_training, pick, MOE_TRAINING_FACTS, T)
     lowp = np.maximum(np.maximum(T["lowp_fprop"], T["lowp_dgrad"]), T["lowp_wgrad"]) > 0
     name = getattr(training, "name", None)
@@ -237,6 +250,20 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
         f"lowp_dgrad or lowp_wgrad = 1; precision {name or '?'!r} has none): it all-gathers "
         f"and keeps the quantized weights (Megatron --fp8-param-gather); allowed: 0 with a "
         f"16-bit precision"), "lowp_param_gather", gather)
+    for f, what in (("lowp_layer_frac", "the fraction of the layers whose linears run in low "
+                                        "precision"),
+                    ("lowp_weight_cache", "whether the quantized weights are cast once per step "
+                                          "and kept")):
+        _fail((T[f] != 1) & ~lowp, where_training, lambda i, f=f, w=what: (
+            f"{f}={pick(T[f], i):g} needs GEMMs in FP8 / FP4 (lowp_fprop, lowp_dgrad or "
+            f"lowp_wgrad = 1; precision {name or '?'!r} has none): it sets {w}; allowed: 1 "
+            f"(the default) with a 16-bit precision"), f, T[f])
+    seq = T["fused_softmax_max_seq"]
+    _fail((seq > 0) & (T["flash_attention"] == 1), where_training, lambda i: (
+        f"fused_softmax_max_seq={pick(seq, i):g} needs unfused attention (flash_attention=0; "
+        f"got 1): it is the longest key length Megatron's fused scale-mask-softmax kernel "
+        f"takes, and fused attention runs no separate softmax; allowed: 0 with "
+        f"flash_attention = 1"), "fused_softmax_max_seq", seq)
     current = (lowp & (T["lowp_amax_pass"] > 0) & (T["lowp_block"] == 0)
                & (T["lowp_fp4"] == 0))
     _fail((T["te_cudnn_norm"] == 1) & ~((T["lowp_te_quantizer"] == 1) & current),
