@@ -1675,26 +1675,56 @@ def test_tp_userbuffers_needs_a_precision_userbuffers_gathers(precision):
         check_inputs(m, ub, gb200, diffperf.training(ok))
 
 
-def test_tp_userbuffers_2_needs_an_h100():
-    """tp_userbuffers = 2 prices the GEMM beside the pipelined reduce-scatter on 132 - num_sm
-    SMs (H100 SXM5's count, NeMo Launcher 24.07's H100 configuration): refused on another GPU
-    by predict and search before tracing, instead of pricing it with H100's SM count; an H100
-    passes (test_tp_userbuffers_2_refuses_mxfp8)."""
+def test_tp_userbuffers_2_needs_the_gpus_sm_count():
+    """tp_userbuffers = 2 prices the GEMM beside the pipelined reduce-scatter on gpu_sms -
+    num_sm SMs (schedule.overlap.ub_pipe_sm_margin): refused by predict and search before
+    tracing on a system whose SM count is not given (System.gpu_sms = 0: gb200-nvl72), where
+    it used to price it with H100's 132; a GPU with its count passes (H100, and B200's 148,
+    which the old system.gpu == 'h100' rule refused), also as a hardware sweep's batched,
+    anonymous systems (system.gpu blanked: the old rule refused even H100 there)."""
     from diffperf.search import enumerate_layouts, search
+    from diffperf.specs.batch import anonymous
+    from diffperf.specs.validate import check_tp_userbuffers_system
 
     m = _small()
-    b200 = diffperf.load_system("dgx-b200")
+    gb200 = diffperf.load_system("gb200-nvl72")
     ub = Parallel(tp=2, dp=1, sequence_parallel=1, tp_userbuffers=2)
-    message = ("parallel.tp_userbuffers=2 with system.gpu='b200': the pipelined forward "
-               "reduce-scatter is NeMo Framework Launcher 24.07's H100 FP8 configuration "
-               "(num_sm 24 / 16 with an SM margin of the H100 SXM5's 132 SMs); allowed: "
-               "tp_userbuffers 2 with system.gpu 'h100', or tp_userbuffers 0 or 1")
+    message = ("parallel.tp_userbuffers=2 with system.gpu_sms=0: the pipelined forward "
+               "reduce-scatter runs its GEMM on the SMs its comm kernels leave (gpu_sms - "
+               "num_sm, num_sm 24 / 16 as NeMo Framework Launcher 24.07's H100 FP8 "
+               "configuration sets them), so the GPU's SM count must be known; allowed: "
+               "tp_userbuffers 2 with system.gpu_sms > 24 (the system file's gpu_sms key), or "
+               "tp_userbuffers 0 or 1")
     with _raises(message):
-        diffperf.predict(m, ub, b200, diffperf.training("fp8-delayed"))
+        diffperf.predict(m, ub, gb200, diffperf.training("fp8-delayed"))
     with _raises(message):
-        search(m, b200, diffperf.training("fp8-delayed"), enumerate_layouts(m, 2, 4)[:1],
+        search(m, gb200, diffperf.training("fp8-delayed"), enumerate_layouts(m, 2, 4)[:1],
                parallel={"tp_userbuffers": 2})
-    check_inputs(m, ub.replace(tp_userbuffers=1), b200, diffperf.training("fp8-delayed"))
+    check_inputs(m, ub.replace(tp_userbuffers=1), gb200, diffperf.training("fp8-delayed"))
+    h100, b200 = load_system("h100-sxm-80gb"), load_system("dgx-b200")
+    check_inputs(m, ub, b200, diffperf.training("fp8-delayed"))
+    check_tp_userbuffers_system(ub, anonymous(h100))
+    batch = stack([h100, gb200.replace(tiers=h100.tiers)])
+    assert float(anonymous(h100).gpu_sms) == 132.0 and anonymous(h100).gpu == ""
+    with _raises("parallel[1].tp_userbuffers=2 with system.gpu_sms=0: ") as err:
+        check_tp_userbuffers_system(ub, batch)
+    assert (err.value.field, err.value.value) == ("tp_userbuffers", 2.0)
+
+
+def test_system_gpu_sms_is_a_count(tmp_path):
+    """System key gpu_sms (the GPU's streaming multiprocessors; 0: unknown): >= 0."""
+    assert float(load_system(_write_yaml(tmp_path, _system_dict() | {
+        "gpu_sms": 108})).gpu_sms) == 108.0
+    assert float(load_system(_write_yaml(tmp_path, _system_dict())).gpu_sms) == 0.0
+    p = _write_yaml(tmp_path, _system_dict() | {"gpu_sms": -1}, "bad.yaml")
+    with _raises(f"{p}.gpu_sms=-1 must be >= 0"):
+        load_system(p)
+    from diffperf.specs.validate import check_system
+
+    with _raises("system: gpu_sms=-1 is not allowed (allowed: >= 0 (streaming "
+                 "multiprocessors of the GPU; 0: unknown))"):
+        check_system(load_system("h100-sxm-80gb").replace(gpu_sms=-1.0))
+
 
 # --------------------------------------------------------------------------------------------
 # Audit: predict's and search's layout options on the command line

@@ -778,27 +778,38 @@ def check_tp_userbuffers_precision(parallel, training, where: str = "precision")
 
 
 def check_tp_userbuffers_system(parallel, system, where: str = "parallel") -> None:
-    """Refuse Parallel.tp_userbuffers = 2 on a system whose GPU is not an H100:
+    """Refuse Parallel.tp_userbuffers = 2 on a system whose GPU's SM count is not known:
 
-        allowed: tp_userbuffers 2 with system.gpu = 'h100'
+        allowed: tp_userbuffers 2 with system.gpu_sms > max(UB_PIPE_COMM_SMS) = 24
     Why: the pipelined reduce-scatter (`schedule.overlap.tp_pipeline_rs_s`, priced in
-    predict._tp_userbuffers_parts) is NeMo Framework Launcher 24.07's H100 FP8 configuration
-    (ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192.yaml: num_sm 24 / 16 with set_sm_margin), and
-    its GEMM runs on UB_PIPE_GPU_SMS - num_sm SMs with UB_PIPE_GPU_SMS = 132, the H100 SXM5's
-    count (TE 1.8 `_math_sms = prop.multiProcessorCount - num_comm_sm`): on another GPU the SM
-    margin would be priced with H100's SM count, and the launcher ships no such configuration
-    for it. Traced leaves are skipped."""
+    predict._tp_userbuffers_parts) runs its GEMM chunks on the SMs the comm kernel leaves,
+    gpu_sms - num_sm (TE 1.8 `_math_sms = prop.multiProcessorCount - num_comm_sm` with
+    set_sm_margin; num_sm 24 / 16 as NeMo Framework Launcher 24.07's H100 FP8 configuration
+    ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192.yaml sets them: UB_PIPE_COMM_SMS), so the GEMM
+    slows by gpu_sms / (gpu_sms - num_sm): without the GPU's count (System.gpu_sms = 0) that
+    margin has no value. Reads the System leaf, which batched systems keep (a hardware sweep's
+    `specs.batch.anonymous` blanks system.gpu, not gpu_sms). Batched leaves: the first entry
+    that fails, with its index. Traced leaves are skipped."""
+    from diffperf.schedule.overlap import UB_PIPE_COMM_SMS
+
     try:
-        u = np.atleast_1d(np.asarray(parallel.tp_userbuffers, dtype=np.float64))
+        u = np.asarray(parallel.tp_userbuffers, dtype=np.float64)
+        sms = np.asarray(system.gpu_sms, dtype=np.float64)
     except Exception:  # tracers: values unknown
         return
-    gpu = getattr(system, "gpu", "")
-    if gpu != "h100" and np.any(u == 2):
+    need = max(UB_PIPE_COMM_SMS)
+    u, sms = (np.ravel(x) for x in np.broadcast_arrays(u, sms))
+    bad = (u == 2) & ~(sms > need)
+    if np.any(bad):
+        i = int(np.flatnonzero(bad)[0])
+        at = f"[{i}]" if bad.size > 1 else ""
         raise SpecError(
-            f"{where}.tp_userbuffers=2 with system.gpu={gpu!r}: the pipelined forward "
-            f"reduce-scatter is NeMo Framework Launcher 24.07's H100 FP8 configuration (num_sm "
-            f"24 / 16 with an SM margin of the H100 SXM5's 132 SMs); allowed: tp_userbuffers 2 "
-            f"with system.gpu 'h100', or tp_userbuffers 0 or 1")
+            f"{where}{at}.tp_userbuffers=2 with system.gpu_sms={sms[i]:g}: the pipelined "
+            f"forward reduce-scatter runs its GEMM on the SMs its comm kernels leave (gpu_sms "
+            f"- num_sm, num_sm 24 / 16 as NeMo Framework Launcher 24.07's H100 FP8 "
+            f"configuration sets them), so the GPU's SM count must be known; allowed: "
+            f"tp_userbuffers 2 with system.gpu_sms > {need:g} (the system file's gpu_sms key), "
+            f"or tp_userbuffers 0 or 1", field="tp_userbuffers", value=2.0)
 
 
 # ------------------------------------------------------------------- model, system, training
@@ -937,6 +948,8 @@ def check_system(system, where: str = "system") -> None:
          "> 0 (steepness of FlashAttention-2's fall-off with work)")
     rule(system.sfu_exp_per_s, lambda v: v >= 0, "sfu_exp_per_s",
          ">= 0 (exponentials per second of the special-function units; 0: no floor)")
+    rule(system.gpu_sms, lambda v: v >= 0, "gpu_sms",
+         ">= 0 (streaming multiprocessors of the GPU; 0: unknown)")
     rule(system.fp8_non_tn_gemm, lambda v: (v == 0) | (v == 1), "fp8_non_tn_gemm",
          "0 or 1 (1: FP8 GEMMs take non-TN layouts, Blackwell sm100 / sm103)",
          traced=False)
