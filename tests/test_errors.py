@@ -1899,6 +1899,9 @@ ACT_RULES = [
      "llama_eager_pointwise=1: the eager term already holds the rotary and K/V expansion "
      "passes (rope_kv_pass is their compiled form); allowed: one of the two"),
     # the older facts (session 14, branch frontdoor3): each was accepted and changed nothing
+    (dict(cp_ring=0), {}, "parallel: cp_ring=0 needs context parallelism (cp > 1; got cp=1): "
+     "it picks how the cp ranks exchange K/V (1 ring, 0 all-gather); allowed: 1 (the default) "
+     "with cp = 1"),
     (dict(tp_overlap=0.5), {}, "parallel: tp_overlap=0.5 needs tensor parallelism (tp > 1; "
      "got tp=1): it is the fraction of the TP collectives hidden behind the GEMMs, and tp = 1 "
      "has none; allowed: 0 with tp = 1"),

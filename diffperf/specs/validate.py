@@ -200,7 +200,8 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
                         eager forms of the same passes);
                       tp_overlap > 0 needs tp_userbuffers = 0 (the userbuffers form does
                         not read it: predict._layer_parts replaces the tp_overlap form)
-        layout=True   cp_torch = 1 needs cp > 1; tp_userbuffers >= 1 needs tp > 1;
+        layout=True   cp_torch = 1 and cp_ring = 0 need cp > 1; tp_userbuffers >= 1 needs
+                        tp > 1;
         (one layout)  tp_overlap > 0 needs tp > 1 (it scales the TP collectives' hidden
                         part, 0 s at tp 1);
                       ep_overlap > 0 needs ep > 1 and no full recompute (Megatron-Core
@@ -294,7 +295,7 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
         *(f for f, _ in MOE_PARALLEL_FACTS), "tp", "cp", "ep", "recompute", "zero_stage",
         "tp_userbuffers", "zero3_copy_out", "zero3_root_unit", "recompute_mlp", "tp_overlap",
         "zero3_regather", "zero3_calls_per_layer", "zero3_prefetch_params", "axonn_overlap",
-        *GRID)}
+        "cp_ring", *GRID)}
     _dense_facts(M, where_parallel, pick, MOE_PARALLEL_FACTS, P)
     moe = M["n_experts"] > 0
     _fail(moe & (P["recompute_shared_experts"] == 1) & (M["n_shared_experts"] == 0),
@@ -320,6 +321,11 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
         "cp_torch=1 needs context parallelism (cp > 1; got cp=1): PyTorch's "
         "context_parallel() exchanges K/V between the cp ranks; allowed: 0 with cp = 1"),
         "cp_torch", T["cp_torch"])
+    ring = P["cp_ring"]
+    _fail((ring != 1) & (P["cp"] == 1), where_parallel, lambda i: (
+        f"cp_ring={pick(ring, i):g} needs context parallelism (cp > 1; got cp=1): it picks how "
+        f"the cp ranks exchange K/V (1 ring, 0 all-gather); allowed: 1 (the default) with "
+        f"cp = 1"), "cp_ring", ring)
     _fail((u >= 1) & (P["tp"] == 1), where_parallel, lambda i: (
         f"tp_userbuffers={pick(u, i):g} needs tensor parallelism (tp > 1; "
         "got tp=1): userbuffers overlaps "
