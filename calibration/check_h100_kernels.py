@@ -84,9 +84,10 @@ def systems() -> dict:
     return {rec["name"]: shipped, "physics": base}
 
 
-def model_times_s(m, n, k, system, precision: str):
+def model_times_s(m, n, k, system, precision: str, temperature=None):
     """(roofline seconds, kernel_fixed_s) of GEMMs [m,k] @ [k,n], one each, in `precision`
-    ('bf16': gemm_times_s; 'fp8-current': lowp_gemm_times_s)."""
+    ('bf16': gemm_times_s; 'fp8-current': lowp_gemm_times_s); temperature: the roofline's
+    smooth max (None: the hard max of predictions)."""
     import jax.numpy as jnp
 
     from diffperf import training
@@ -99,7 +100,7 @@ def model_times_s(m, n, k, system, precision: str):
     g = Gemms(m=f(m), n=f(n), k=f(k), count=jnp.ones(len(m), jnp.float32))
     e = system.eff
     fn = lowp_gemm_times_s if precision != "bf16" else gemm_times_s
-    t = fn(g, system, tr, e.mm_max, e.mm_half_dim)
+    t = fn(g, system, tr, e.mm_max, e.mm_half_dim, temperature)
     return np.asarray(t, np.float64), float(kernel_fixed_s(system, tr))
 
 
@@ -199,12 +200,92 @@ def check(d: dict | None = None) -> dict:
                     err_pct=stats(pr[s] / mr[s] - 1))
         out[name] = res
     out["reproducibility"] = reproducibility(d)
+    out["accumulation"] = accumulation(d)
+    out["best_of_grid"] = best_of_grid(d)
+    out["corner"] = corner(d, systems()["h100-default"])
+    return out
+
+
+def accumulation(d: dict) -> dict:
+    """Measured cost of split accumulation: median t_split / t_fast of the FP8 rows of one
+    shape, by class and pass. The model has one FP8 rate, from MAMF's torch._scaled_mm run
+    with its default use_fast_accum=False (configs/systems/h100-sxm-80gb.yaml,
+    matmul_fp8_sustained_frac): the split rate; Transformer Engine's Float8CurrentScaling /
+    DelayedScaling run fprop with fast accumulation (recipe fp8_gemm_fprop
+    use_split_accumulator=False; module/base.py _2X_ACC_FPROP = False), dgrad / wgrad split."""
+    fast = {_key(d, i): i for i in np.flatnonzero((d["dtype"] == "fp8") & (d["fast_accum"] == 1))}
+    split = {_key(d, i): i for i in np.flatnonzero((d["dtype"] == "fp8") & (d["fast_accum"] == 0))}
+    keys = [k for k in fast if k in split]
+    g = np.array([d["gpu_time_s"][split[k]] / d["gpu_time_s"][fast[k]] for k in keys])
+    i = np.array([fast[k] for k in keys])
+    cls, pas = size_class(d)[i], passes(d)[i]
+    out = {}
+    for c in ("grid-large", "grid-medium", "grid-small", "model", "expert"):
+        for p in ("all", "fwd", "dgrad", "wgrad"):
+            s = (cls == c) & ((pas == p) if p != "all" else True)
+            if s.any() and (p == "all" or not c.startswith("grid")):
+                q = np.percentile(g[s], [25, 50, 75])
+                out[f"{c} {p}"] = dict(n=int(s.sum()), p25=float(q[0]), median=float(q[1]),
+                                       p75=float(q[2]))
+    return out
+
+
+def best_of_grid(d: dict) -> dict:
+    """The fastest grid GEMM of each kind (TFLOP/s from gpu_time_s) and the 8192^3 and 16384^3
+    cubes: the best-of-sweep figure a MAMF-style benchmark reports against the large cubes'
+    (longer, power-bound) rate."""
+    out = {}
+    for kind, sel in (("bf16", d["dtype"] == "bf16"),
+                      ("fp8-fast", (d["dtype"] == "fp8") & (d["fast_accum"] == 1)),
+                      ("fp8-split", (d["dtype"] == "fp8") & (d["fast_accum"] == 0))):
+        sel = sel & (d["shape"] == "grid")
+        tf = 2 * d["m"] * d["n"] * d["k"] / d["gpu_time_s"] / 1e12
+        i = np.flatnonzero(sel)[np.argmax(tf[sel])]
+        cubes = {int(x): float(tf[sel & (d["m"] == x) & (d["n"] == x) & (d["k"] == x)][0])
+                 for x in (4096, 8192, 16384)}
+        out[kind] = dict(best_TFLOPs=float(tf[i]), at=[int(d[c][i]) for c in "mnk"],
+                         cubes_TFLOPs=cubes)
+    return out
+
+
+def corner(d: dict, system) -> dict:
+    """Error of the roofline near its corner: GEMMs of >= 20 us GPU time (the fixed per-kernel
+    time a small part) binned by r = memory term / compute term of the model (HBM bytes at
+    BW x mem_eff over FLOPs at F x eta), err of the hard max (what predictions use) and of the
+    library's smooth max at temperature 1/3 (p-norm, p = 3), roofline alone, h100-default set."""
+    import jax.numpy as jnp
+
+    from diffperf import training
+    from diffperf.costs.compute import lowp_rate, matmul_rate
+    from diffperf.costs.roofline import gemm_size, saturating_efficiency
+
+    e = system.eff
+    out = {}
+    for kind, dt, fa, prec in (("bf16", "bf16", 0, "bf16"), ("fp8-fast", "fp8", 1, "fp8-current"),
+                               ("fp8-split", "fp8", 0, "fp8-current")):
+        tr = training(prec)
+        s = (d["dtype"] == dt) & (d["fast_accum"] == fa) & (d["gpu_time_s"] >= 20e-6)
+        m, n, k, t = (d[c][s] for c in ("m", "n", "k", "gpu_time_s"))
+        hard, _ = model_times_s(m, n, k, system, prec)
+        p3, _ = model_times_s(m, n, k, system, prec, temperature=1.0 / 3.0)
+        eta = np.asarray(saturating_efficiency(gemm_size(jnp.asarray(m), jnp.asarray(n),
+                                                         jnp.asarray(k)),
+                                               e.mm_max, e.mm_half_dim, e.mm_exponent))
+        rate = float(matmul_rate(system, tr) if dt == "bf16" else lowp_rate(system, tr))
+        q_in = 2.0 if dt == "bf16" else 1.0
+        r = ((q_in * (m * k + k * n) + 2.0 * m * n) / (system.hbm_bandwidth_Bps * e.mem_eff)
+             / (2.0 * m * n * k / (rate * eta)))
+        for lo, hi in ((0.0, 0.25), (0.25, 0.5), (0.5, 1.0), (1.0, np.inf)):
+            w = (r >= lo) & (r < hi)
+            if w.any():
+                out[f"{kind} r in [{lo:g}, {hi:g})"] = dict(
+                    n=int(w.sum()), max=stats(hard[w] / t[w] - 1), p3=stats(p3[w] / t[w] - 1))
     return out
 
 
 def report(out: dict) -> None:
     for name, res in out.items():
-        if name == "reproducibility":
+        if name in ("reproducibility", "accumulation", "best_of_grid", "corner"):
             continue
         print(f"== efficiency set {name} (System {SYSTEM}; kernel_fixed_s "
               f"{res['kernel_fixed_s'] * 1e6:.1f} us); err = predicted / gpu_time_s - 1")
@@ -226,6 +307,20 @@ def report(out: dict) -> None:
         s = rp[k]
         print(f"  {k:18s} n {s['n']:4d}  MAPE {s['mape_pct']:5.1f} %  median {s['median_signed_pct']:+5.1f} %"
               f"  max {s['max_abs_pct']:5.1f} %")
+    print("== FP8 split accumulation cost: t_split / t_fast of the same shape (model: one FP8 rate,"
+          " MAMF's split-accumulation figure)")
+    for label, a in out["accumulation"].items():
+        print(f"  {label:18s} n {a['n']:4d}  p25 {a['p25']:.3f}  median {a['median']:.3f}  p75 {a['p75']:.3f}")
+    print("== best grid GEMM vs the large cubes (TFLOP/s from gpu_time_s)")
+    for kind, b in out["best_of_grid"].items():
+        cubes = "  ".join(f"{x}^3 {v:.0f}" for x, v in b["cubes_TFLOPs"].items())
+        print(f"  {kind:10s} best {b['best_TFLOPs']:7.1f} at {'x'.join(map(str, b['at']))}   {cubes}")
+    print("== roofline corner (GEMMs >= 20 us, h100-default set, roofline alone): r = memory / compute"
+          " term; hard max vs p-norm p = 3")
+    for label, c in out["corner"].items():
+        a, b = c["max"], c["p3"]
+        print(f"  {label:28s} n {c['n']:4d}  max: MAPE {a['mape_pct']:5.1f} % median {a['median_signed_pct']:+6.1f} %"
+              f"   p3: MAPE {b['mape_pct']:5.1f} % median {b['median_signed_pct']:+6.1f} %")
 
 
 def main(argv=None) -> int:
