@@ -203,6 +203,48 @@ def check(d: dict | None = None) -> dict:
     out["accumulation"] = accumulation(d)
     out["best_of_grid"] = best_of_grid(d)
     out["corner"] = corner(d, systems()["h100-default"])
+    out["saturation"] = saturation(d, systems()["h100-default"])
+    return out
+
+
+def saturation(d: dict, system, gamma: float | None = None) -> dict:
+    """Does FP8 saturate at larger GEMMs than bf16 (a larger mm_half_dim)? Per kind, the grid
+    GEMMs' gpu_time_s fitted (least squares in log time, a grid search: eta_max 0.50-0.90,
+    d_half 8-512 log-spaced, t0 0-6 us) by the model's own form with the hard max,
+
+        t = max(2 m n k / (F eta_max / (1 + (d_half / d)^gamma)), bytes / (BW mem_eff)) + t0
+    d = gemm_size (soft-min), F = matmul_rate / lowp_rate, gamma = the h100-default set's
+    mm_exponent, t0 a fixed GPU time per GEMM (graph replay: no launch)."""
+    from diffperf import training
+    from diffperf.costs.compute import lowp_rate, matmul_rate
+
+    e = system.eff
+    gamma = float(e.mm_exponent) if gamma is None else gamma
+    emax = np.linspace(0.50, 0.90, 41)[:, None, None, None]
+    half = np.geomspace(8.0, 512.0, 49)[None, :, None, None]
+    t0 = np.linspace(0.0, 6e-6, 31)[None, None, :, None]
+    out = {}
+    for kind, dt, fa, prec in (("bf16", "bf16", 0, "bf16"), ("fp8-fast", "fp8", 1, "fp8-current"),
+                               ("fp8-split", "fp8", 0, "fp8-current")):
+        tr = training(prec)
+        s = (d["dtype"] == dt) & (d["fast_accum"] == fa) & (d["shape"] == "grid")
+        m, n, k, t = (d[c][s] for c in ("m", "n", "k", "gpu_time_s"))
+        size = (m ** -4.0 + n ** -4.0 + k ** -4.0) ** -0.25
+        rate = float(matmul_rate(system, tr) if dt == "bf16" else lowp_rate(system, tr))
+        q_in = 2.0 if dt == "bf16" else 1.0
+        mem = (q_in * (m * k + k * n) + 2.0 * m * n) / (float(system.hbm_bandwidth_Bps)
+                                                        * float(e.mem_eff))
+        def pred(a):  # a: eta_max values [:, None, None, None] -> times [a, half, t0, row]
+            comp = 2.0 * m * n * k / rate * (1.0 + (half / size) ** gamma) / a
+            return np.maximum(comp, mem) + t0
+
+        # one eta_max at a time: the whole 4-d table would hold ~1 GB
+        loss = np.concatenate([np.mean(np.log(pred(a[None]) / t) ** 2, axis=-1) for a in emax])
+        i, j, l = np.unravel_index(np.argmin(loss), loss.shape)
+        err = pred(emax[i:i + 1])[0, j, l] / t - 1
+        out[kind] = dict(eta_max=float(emax[i, 0, 0, 0]), half_dim=float(half[0, j, 0, 0]),
+                         t0_s=float(t0[0, 0, l, 0]), gamma=gamma, n=int(s.sum()),
+                         fit=stats(err))
     return out
 
 
@@ -285,7 +327,7 @@ def corner(d: dict, system) -> dict:
 
 def report(out: dict) -> None:
     for name, res in out.items():
-        if name in ("reproducibility", "accumulation", "best_of_grid", "corner"):
+        if name in ("reproducibility", "accumulation", "best_of_grid", "corner", "saturation"):
             continue
         print(f"== efficiency set {name} (System {SYSTEM}; kernel_fixed_s "
               f"{res['kernel_fixed_s'] * 1e6:.1f} us); err = predicted / gpu_time_s - 1")
@@ -315,6 +357,12 @@ def report(out: dict) -> None:
     for kind, b in out["best_of_grid"].items():
         cubes = "  ".join(f"{x}^3 {v:.0f}" for x, v in b["cubes_TFLOPs"].items())
         print(f"  {kind:10s} best {b['best_TFLOPs']:7.1f} at {'x'.join(map(str, b['at']))}   {cubes}")
+    print("== saturation per kind: the model's form fitted to the grid's gpu_time_s (mm_exponent fixed),"
+          " fixed GPU time t0 per GEMM")
+    for kind, f in out["saturation"].items():
+        print(f"  {kind:10s} n {f['n']:4d}  eta_max {f['eta_max']:.2f}  d_half {f['half_dim']:6.1f}  "
+              f"t0 {f['t0_s'] * 1e6:.1f} us  (gamma {f['gamma']:.3f}; fit MAPE {f['fit']['mape_pct']:.1f} %, "
+              f"median {f['fit']['median_signed_pct']:+.1f} %)")
     print("== roofline corner (GEMMs >= 20 us, h100-default set, roofline alone): r = memory / compute"
           " term; hard max vs p-norm p = 3")
     for label, c in out["corner"].items():
