@@ -204,6 +204,40 @@ def check(d: dict | None = None) -> dict:
     out["best_of_grid"] = best_of_grid(d)
     out["corner"] = corner(d, systems()["h100-default"])
     out["saturation"] = saturation(d, systems()["h100-default"])
+    out["te_mix"] = te_mix(d, predict_all(d, systems()["h100-default"])[0])
+    return out
+
+
+def te_mix(d: dict, t_pred: np.ndarray) -> dict:
+    """A linear's three GEMMs as Transformer Engine runs them in FP8 (fprop with fast
+    accumulation, dgrad and wgrad split) against the same three in bf16: per linear and token
+    count, (t_fwd + t_dgrad + t_wgrad)_bf16 / (t_fwd,fast + t_dgrad,split + t_wgrad,split)_fp8,
+    measured and predicted (the model's one FP8 rate), median over the Bridge linears ('model')
+    and the routed experts ('expert'); and the predicted / measured FP8 time of the three."""
+    t = {}
+    for i in range(len(d["m"])):
+        if d["shape"][i] == "grid":
+            continue
+        lin, pas = d["shape"][i].rsplit(".", 1)
+        tokens = d["k"][i] if pas == "wgrad" else d["m"][i]
+        kind = "bf16" if d["dtype"][i] == "bf16" else ("fast" if d["fast_accum"][i] else "split")
+        t[(lin, tokens, pas, kind)] = (d["gpu_time_s"][i], t_pred[i])
+    out = {}
+    for cls in ("model", "expert"):
+        meas, pred, err = [], [], []
+        for lin, tokens in sorted({(k[0], k[1]) for k in t}):
+            if lin.startswith("llama") != (cls == "model"):
+                continue
+            b = [t[(lin, tokens, p, "bf16")] for p in ("fwd", "dgrad", "wgrad")]
+            f = [t[(lin, tokens, "fwd", "fast")], t[(lin, tokens, "dgrad", "split")],
+                 t[(lin, tokens, "wgrad", "split")]]
+            meas.append(sum(x[0] for x in b) / sum(x[0] for x in f))
+            pred.append(sum(x[1] for x in b) / sum(x[1] for x in f))
+            err.append(sum(x[1] for x in f) / sum(x[0] for x in f) - 1)
+        meas, pred = np.array(meas), np.array(pred)
+        out[cls] = dict(n=int(meas.size), measured_median=float(np.median(meas)),
+                        predicted_median=float(np.median(pred)),
+                        ratio_err=stats(pred / meas - 1), fp8_time_err=stats(np.array(err)))
     return out
 
 
@@ -327,7 +361,7 @@ def corner(d: dict, system) -> dict:
 
 def report(out: dict) -> None:
     for name, res in out.items():
-        if name in ("reproducibility", "accumulation", "best_of_grid", "corner", "saturation"):
+        if name in ("reproducibility", "accumulation", "best_of_grid", "corner", "saturation", "te_mix"):
             continue
         print(f"== efficiency set {name} (System {SYSTEM}; kernel_fixed_s "
               f"{res['kernel_fixed_s'] * 1e6:.1f} us); err = predicted / gpu_time_s - 1")
@@ -357,6 +391,13 @@ def report(out: dict) -> None:
     for kind, b in out["best_of_grid"].items():
         cubes = "  ".join(f"{x}^3 {v:.0f}" for x, v in b["cubes_TFLOPs"].items())
         print(f"  {kind:10s} best {b['best_TFLOPs']:7.1f} at {'x'.join(map(str, b['at']))}   {cubes}")
+    print("== a linear's three GEMMs as TE runs FP8 (fprop fast, dgrad / wgrad split) vs bf16;"
+          " h100-default set, roofline alone")
+    for cls, x in out["te_mix"].items():
+        print(f"  {cls:7s} n {x['n']:3d}  speed-up measured {x['measured_median']:.3f}  predicted "
+              f"{x['predicted_median']:.3f} (ratio err median {x['ratio_err']['median_signed_pct']:+.1f} %,"
+              f" MAPE {x['ratio_err']['mape_pct']:.1f} %);  FP8 time err median "
+              f"{x['fp8_time_err']['median_signed_pct']:+.1f} %, MAPE {x['fp8_time_err']['mape_pct']:.1f} %")
     print("== saturation per kind: the model's form fitted to the grid's gpu_time_s (mm_exponent fixed),"
           " fixed GPU time t0 per GEMM")
     for kind, f in out["saturation"].items():
