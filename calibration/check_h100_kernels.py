@@ -24,8 +24,12 @@ Printed: MAPE and median signed error (pred / measured - 1: + = predicted slower
 accumulation x size class (grid by min(m, n, k): large >= 4096, medium 1024-2048, small <= 512;
 'model' = the dense Llama linears of the DGX-H100 Bridge rows, 'expert' = the routed experts'
 fc1 / fc2, each also by pass fwd / dgrad / wgrad), the FP8 / bf16 time ratio predicted vs
-measured on the same shapes (the ratio cancels the GPU's clock / power state), and bf16
-reproducibility against data/kernels/h100_gemm.csv (another day, event timing) on shared shapes.
+measured on the same shapes (the ratio cancels the GPU's clock / power state), bf16
+reproducibility against data/kernels/h100_gemm.csv (another day, event timing) on shared shapes,
+the measured cost of split accumulation, the best grid GEMM against the large cubes, a linear's
+three GEMMs as Transformer Engine runs them in FP8 (fprop fast, dgrad / wgrad split), a per-kind
+fit of the model's saturation form (does FP8 saturate later?) and the roofline corner (hard max
+vs p-norm where the memory term nears the compute term). Figures: docs/kernels-h100.md.
 
 Run from the repository root:  python calibration/check_h100_kernels.py [--json out.json]
 """
