@@ -209,6 +209,48 @@ def check(d: dict | None = None) -> dict:
     out["corner"] = corner(d, systems()["h100-default"])
     out["saturation"] = saturation(d, systems()["h100-default"])
     out["te_mix"] = te_mix(d, predict_all(d, systems()["h100-default"])[0])
+    out["sustained"] = sustained()
+    return out
+
+
+SUSTAINED_CSV = ROOT / "data" / "kernels" / "h100_gemm_sustained.csv"
+
+
+def sustained(path=SUSTAINED_CSV) -> dict:
+    """Burst vs sustained (data/kernels/h100_gemm_sustained.csv: 3 s of back-to-back CUDA-graph
+    replays after a 3 s rest, calibration/device_h100_sustained.py): per GEMM and kind, TFLOP/s of
+    the first replay (the GPU at its boost clock) and the median of the last 1 s (at the 700 W
+    cap), the sustained FP8 / bf16 ratio, and the model's rate 2 m n k / roofline time at that
+    shape with each efficiency set."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    runs = {}
+    for r in rows:
+        runs.setdefault((r["shape"], r["dtype"], int(r["fast_accum"])), []).append(
+            (float(r["t_s"]), float(r["tflops"]), int(r["m"]), int(r["n"]), int(r["k"])))
+    sets = systems()
+    out = {}
+    for (shape, dt, fa), v in runs.items():
+        end = v[-1][0]
+        m, n, k = v[0][2:]
+        model = {}
+        for name, system in sets.items():
+            t, _ = model_times_s(np.array([m], float), np.array([n], float), np.array([k], float),
+                                 system, "bf16" if dt == "bf16" else "fp8-current")
+            model[name] = float(2.0 * m * n * k / t[0] / 1e12)
+        out[f"{shape} {dt}{'-fast' if fa else ('-split' if dt == 'fp8' else '')}"] = dict(
+            m=m, n=n, k=k, first_TFLOPs=v[0][1],
+            sustained_TFLOPs=float(np.median([x[1] for x in v if x[0] >= end - 1.0])),
+            model_TFLOPs=model)
+    for key in list(out):
+        if key.endswith(" bf16"):
+            shape = key[:-5]
+            for kind in ("fp8-split", "fp8-fast"):
+                if f"{shape} {kind}" in out:
+                    out[f"{shape} {kind}"]["sustained_ratio_to_bf16"] = (
+                        out[f"{shape} {kind}"]["sustained_TFLOPs"] / out[key]["sustained_TFLOPs"])
+                    out[f"{shape} {kind}"]["first_ratio_to_bf16"] = (
+                        out[f"{shape} {kind}"]["first_TFLOPs"] / out[key]["first_TFLOPs"])
     return out
 
 
@@ -365,7 +407,7 @@ def corner(d: dict, system) -> dict:
 
 def report(out: dict) -> None:
     for name, res in out.items():
-        if name in ("reproducibility", "accumulation", "best_of_grid", "corner", "saturation", "te_mix"):
+        if name in ("reproducibility", "accumulation", "best_of_grid", "corner", "saturation", "te_mix", "sustained"):
             continue
         print(f"== efficiency set {name} (System {SYSTEM}; kernel_fixed_s "
               f"{res['kernel_fixed_s'] * 1e6:.1f} us); err = predicted / gpu_time_s - 1")
@@ -402,6 +444,14 @@ def report(out: dict) -> None:
               f"{x['predicted_median']:.3f} (ratio err median {x['ratio_err']['median_signed_pct']:+.1f} %,"
               f" MAPE {x['ratio_err']['mape_pct']:.1f} %);  FP8 time err median "
               f"{x['fp8_time_err']['median_signed_pct']:+.1f} %, MAPE {x['fp8_time_err']['mape_pct']:.1f} %")
+    print("== burst vs sustained (h100_gemm_sustained.csv): TFLOP/s of the first replay and the last 1 s"
+          " (700 W cap); model = 2mnk / roofline time")
+    for key, x in out["sustained"].items():
+        ratio = (f"  FP8/bf16 first {x['first_ratio_to_bf16']:.3f} sustained {x['sustained_ratio_to_bf16']:.3f}"
+                 if "sustained_ratio_to_bf16" in x else "")
+        model = "  ".join(f"{n} {v:.0f}" for n, v in x["model_TFLOPs"].items())
+        print(f"  {key:36s} first {x['first_TFLOPs']:7.1f}  sustained {x['sustained_TFLOPs']:7.1f}   "
+              f"model: {model}{ratio}")
     print("== saturation per kind: the model's form fitted to the grid's gpu_time_s (mm_exponent fixed),"
           " fixed GPU time t0 per GEMM")
     for kind, f in out["saturation"].items():
