@@ -2072,6 +2072,22 @@ def test_runs_row_fact_that_cannot_act_names_its_row(tmp_path):
                  f"only in their 'set' cell)") as err:
         load_runs(p, overrides=["tp_overlap=0.5"])
     assert (err.value.field, err.value.value) == ("tp_overlap", 0.5)
+    # a recompute fact of the command's --set, refused by the layout's own rules (check_layout:
+    # one layout's recompute mode), says the same (was: the plain rule, no word of the --set)
+    with _raises(f"{p}: row 2 (id r1): recompute_policy=1 needs recompute=1 (selective; got "
+                 f"recompute=0): it picks the ops selective recompute re-runs (1, 2: "
+                 f"TorchTitan's per-op SAC); allowed with recompute 0 or 2: 0 (the command's "
+                 f"--set recompute_policy=1 applies to every row; give a fact that holds for "
+                 f"some rows only in their 'set' cell)") as err:
+        load_runs(p, overrides=["recompute_policy=1"])
+    assert (err.value.field, err.value.value) == ("recompute_policy", 1.0)
+    # the row's own cell: the plain rule
+    p = _write_csv(tmp_path, [GOOD_ROW | {"set": "recompute_policy=1"}], RUN_COLUMNS + ["set"])
+    with _raises(f"{p}: row 2 (id r1): recompute_policy=1 needs recompute=1 (selective; got "
+                 f"recompute=0): it picks the ops selective recompute re-runs (1, 2: "
+                 f"TorchTitan's per-op SAC); allowed with recompute 0 or 2: 0") as err:
+        load_runs(p)
+    assert str(err.value).endswith("allowed with recompute 0 or 2: 0")
 
 
 @pytest.mark.parametrize("facts,tr,message", [
