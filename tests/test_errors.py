@@ -1471,6 +1471,39 @@ def test_cli_calibration_overlay_facts(capsys, tmp_path, fitted_on, message):
     assert _cli_error(capsys, "predict", "--calibration", p) == f"{p}{message}"
 
 
+SOFTMAX_FA = ("fused_softmax_max_seq=2048 needs unfused attention (flash_attention=0; got 1): "
+              "it is the longest key length Megatron's fused scale-mask-softmax kernel takes, "
+              "and fused attention runs no separate softmax; allowed: 0 with flash_attention = 1")
+OVERLAY_SOFTMAX = (" (--set fused_softmax_max_seq=2048 was applied from --calibration "
+                   "vtrain-a100, which was fitted under it: give --set "
+                   "fused_softmax_max_seq=VALUE to override it)")
+
+
+def test_cli_fact_the_overlay_applied_says_so(capsys):
+    """The shipped vtrain-a100 overlay applies its fitted_on.set (fused_softmax_max_seq=2048
+    with flash_attention=0); a user's --set flash_attention=1 makes the overlay's fact one
+    that cannot act, refused (check_facts_act): the message says the user did not give it,
+    where it came from and how to override it (was: the rule alone, naming a fact the user
+    never typed). Every path keeps SpecError.field: predict (given and default layouts),
+    search (facts_act_mask_rows' whole-table refusal), validate (a runs row)."""
+    a100 = ("--system", "a100-sxm-80gb", "--calibration", "vtrain-a100", "--set",
+            "flash_attention=1")
+    assert _cli_error(capsys, "predict", "--model", "gpt-small", "--dp", "1", *a100) == (
+        f"training: {SOFTMAX_FA}{OVERLAY_SOFTMAX}")
+    assert _cli_error(capsys, "predict", *a100) == f"training: {SOFTMAX_FA}{OVERLAY_SOFTMAX}"
+    msg = _cli_error(capsys, "search", "--model", "gpt-small", "--gpus", "1",
+                     "--global-batch", "8", *a100)
+    assert msg.startswith(f"training: {SOFTMAX_FA} (and so on every one of the ")
+    assert msg.endswith(f"layouts of the table: give layout values where it holds)"
+                        f"{OVERLAY_SOFTMAX}")
+    assert _cli_error(capsys, "validate", "vtrain_a100", *a100[2:]).endswith(
+        f"{SOFTMAX_FA} (the command's --set fused_softmax_max_seq=2048 applies to every row; "
+        f"give a fact that holds for some rows only in their 'set' cell){OVERLAY_SOFTMAX}")
+    # the user's own fact: the rule alone
+    assert _cli_error(capsys, "predict", "--model", "gpt-small", "--dp", "1", *a100,
+                      "--set", "fused_softmax_max_seq=2048") == f"training: {SOFTMAX_FA}"
+
+
 def test_unknown_dataset_suggests():
     from diffperf.resources import dataset_files
 

@@ -204,7 +204,8 @@ def facts_act_mask_rows(model, training, layouts, parallel=None) -> np.ndarray:
                             training)
         except SpecError as err:
             raise SpecError(f"{err} (and so on every one of the {len(table):,} layouts of the "
-                            f"table: give layout values where it holds)") from None
+                            f"table: give layout values where it holds)", field=err.field,
+                            value=err.value) from None
     return ok
 
 
