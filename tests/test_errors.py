@@ -1739,9 +1739,14 @@ def test_tp_userbuffers_2_needs_the_gpus_sm_count():
     check_tp_userbuffers_system(ub, anonymous(h100))
     batch = stack([h100, gb200.replace(tiers=h100.tiers)])
     assert float(anonymous(h100).gpu_sms) == 132.0 and anonymous(h100).gpu == ""
-    with _raises("parallel[1].tp_userbuffers=2 with system.gpu_sms=0: ") as err:
+    # the index on the batched one: the systems of a sweep (was: 'parallel[1]', a layout
+    # that is not batched), the layouts of a runs CSV
+    rest = message.split(": ", 1)[1]
+    with _raises(f"parallel.tp_userbuffers=2 with system[1].gpu_sms=0: {rest}") as err:
         check_tp_userbuffers_system(ub, batch)
     assert (err.value.field, err.value.value) == ("tp_userbuffers", 2.0)
+    with _raises(f"parallel[1].tp_userbuffers=2 with system.gpu_sms=0: {rest}"):
+        check_tp_userbuffers_system(stack([ub.replace(tp_userbuffers=1), ub]), gb200)
 
 
 def test_system_gpu_sms_is_a_count(tmp_path):

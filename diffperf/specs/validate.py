@@ -804,15 +804,17 @@ def check_tp_userbuffers_system(parallel, system, where: str = "parallel") -> No
     except Exception:  # tracers: values unknown
         return
     need = max(UB_PIPE_COMM_SMS)
+    # the index goes on the batched one: layouts (a runs CSV) or systems (a hardware sweep)
+    u_at, s_at = u.size > 1, sms.size > 1
     u, sms = (np.ravel(x) for x in np.broadcast_arrays(u, sms))
     bad = (u == 2) & ~(sms > need)
     if np.any(bad):
         i = int(np.flatnonzero(bad)[0])
-        at = f"[{i}]" if bad.size > 1 else ""
+        at = lambda batched: f"[{i}]" if batched else ""  # noqa: E731
         raise SpecError(
-            f"{where}{at}.tp_userbuffers=2 with system.gpu_sms={sms[i]:g}: the pipelined "
-            f"forward reduce-scatter runs its GEMM on the SMs its comm kernels leave (gpu_sms "
-            f"- num_sm, num_sm 24 / 16 as NeMo Framework Launcher 24.07's H100 FP8 "
+            f"{where}{at(u_at)}.tp_userbuffers=2 with system{at(s_at)}.gpu_sms={sms[i]:g}: the "
+            f"pipelined forward reduce-scatter runs its GEMM on the SMs its comm kernels leave "
+            f"(gpu_sms - num_sm, num_sm 24 / 16 as NeMo Framework Launcher 24.07's H100 FP8 "
             f"configuration sets them), so the GPU's SM count must be known; allowed: "
             f"tp_userbuffers 2 with system.gpu_sms > {need:g} (the system file's gpu_sms key), "
             f"or tp_userbuffers 0 or 1", field="tp_userbuffers", value=2.0)
