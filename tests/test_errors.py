@@ -1491,11 +1491,9 @@ def test_cli_fact_the_overlay_applied_says_so(capsys):
     assert _cli_error(capsys, "predict", "--model", "gpt-small", "--dp", "1", *a100) == (
         f"training: {SOFTMAX_FA}{OVERLAY_SOFTMAX}")
     assert _cli_error(capsys, "predict", *a100) == f"training: {SOFTMAX_FA}{OVERLAY_SOFTMAX}"
-    msg = _cli_error(capsys, "search", "--model", "gpt-small", "--gpus", "1",
-                     "--global-batch", "8", *a100)
-    assert msg.startswith(f"training: {SOFTMAX_FA} (and so on every one of the ")
-    assert msg.endswith(f"layouts of the table: give layout values where it holds)"
-                        f"{OVERLAY_SOFTMAX}")
+    assert _cli_error(capsys, "search", "--model", "gpt-small", "--gpus", "1",
+                      "--global-batch", "8", *a100) == (
+        f"training: {SOFTMAX_FA}{OVERLAY_SOFTMAX}")
     assert _cli_error(capsys, "validate", "vtrain_a100", *a100[2:]).endswith(
         f"{SOFTMAX_FA} (the command's --set fused_softmax_max_seq=2048 applies to every row; "
         f"give a fact that holds for some rows only in their 'set' cell){OVERLAY_SOFTMAX}")
@@ -2228,6 +2226,18 @@ def test_search_keeps_the_layouts_its_facts_act_on():
                  f"(and so on every one of the {len(one)} layouts of the table: give layout "
                  f"values where it holds)"):
         facts_act_rows(llama, training("bf16", cp_torch=1.0), one)
+    # a rule no layout meets: its own message, without the advice on layouts (was: "(and so
+    # on every one of the N layouts of the table: give layout values where it holds)")
+    with _raises("training: lowp_layer_frac=0.5 needs GEMMs in FP8 / FP4 (lowp_fprop, "
+                 "lowp_dgrad or lowp_wgrad = 1; precision 'bf16' has none): it sets the "
+                 "fraction of the layers whose linears run in low precision; allowed: 1 (the "
+                 "default) with a 16-bit precision") as err:
+        facts_act_rows(llama, training("bf16", lowp_layer_frac=0.5), one)
+    assert str(err.value).endswith("with a 16-bit precision")
+    with _raises(f"parallel: ep_overlap=0.5 acts only on MoE layers (the merged EP schedule "
+                 f"that hides the expert all-to-alls); {DENSE_FACT}") as err:
+        facts_act_rows(llama, training("bf16"), one, {"ep_overlap": 0.5})
+    assert str(err.value).endswith(DENSE_FACT)
 
 
 def test_search_api_marks_the_rows_its_facts_cannot_act_on(monkeypatch):
