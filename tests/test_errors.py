@@ -1969,6 +1969,11 @@ ACT_RULES = [
      "unfused attention (flash_attention=0; got 1): it is the longest key length Megatron's "
      "fused scale-mask-softmax kernel takes, and fused attention runs no separate softmax; "
      "allowed: 0 with flash_attention = 1"),
+    # review14a: FlashAttention-2's rate applies to the fused kernel only
+    ({}, dict(attention_fa2=1.0, flash_attention=0.0), "training: attention_fa2=1 needs fused "
+     "attention (flash_attention=1; got 0): it prices the fused attention kernel as "
+     "FlashAttention-2, and unfused attention runs batched GEMMs and a separate softmax; "
+     "allowed: 0 with flash_attention = 0"),
 ]
 MOE_ACT_RULES = [
     # on Mixtral 8x7B (8 routed experts, no shared expert), 16 GPUs

@@ -194,6 +194,9 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
                         multiplied by the low-precision passes);
                       fused_softmax_max_seq > 0 needs flash_attention = 0
                         (workload.flops.softmax_fallback multiplies by 1 - flash_attention);
+                      attention_fa2 = 1 needs flash_attention = 1 (costs.compute.
+                        attention_time_s multiplies the fused kernel, the only one it
+                        prices, by flash_attention);
                       te_cudnn_norm = 1 needs lowp_te_quantizer = 1 and per-tensor FP8
                         current scaling (it only moves that recipe's norm-fused amax);
                       rope_kv_pass = 1 needs llama_eager_pointwise = 0 (that term holds the
@@ -265,6 +268,12 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
         f"got 1): it is the longest key length Megatron's fused scale-mask-softmax kernel "
         f"takes, and fused attention runs no separate softmax; allowed: 0 with "
         f"flash_attention = 1"), "fused_softmax_max_seq", seq)
+    fa2 = T["attention_fa2"]
+    _fail((fa2 > 0) & (T["flash_attention"] == 0), where_training, lambda i: (
+        f"attention_fa2={pick(fa2, i):g} needs fused attention (flash_attention=1; got 0): it "
+        f"prices the fused attention kernel as FlashAttention-2, and unfused attention runs "
+        f"batched GEMMs and a separate softmax; allowed: 0 with flash_attention = 0"),
+        "attention_fa2", fa2)
     current = (lowp & (T["lowp_amax_pass"] > 0) & (T["lowp_block"] == 0)
                & (T["lowp_fp4"] == 0))
     _fail((T["te_cudnn_norm"] == 1) & ~((T["lowp_te_quantizer"] == 1) & current),
