@@ -2122,6 +2122,19 @@ def test_runs_row_fact_that_cannot_act_names_its_row(tmp_path):
                  f"some rows only in their 'set' cell)") as err:
         load_runs(p, overrides=["recompute_policy=1"])
     assert (err.value.field, err.value.value) == ("recompute_policy", 1.0)
+    # so do check_layout's other rules that read the row's layout (recompute modules, ZeRO
+    # sharding, userbuffers' sequence parallelism): each carries its field
+    for fact, rule in (
+            ("recompute_mlp=1", "recompute_mlp=1 needs Megatron's selective recompute "
+             "(recompute=1, recompute_policy=0; got recompute=0, recompute_policy=0); allowed "
+             "otherwise: 0"),
+            ("zero_shard=2", "zero_shard=2 needs zero_stage >= 1 (got zero_stage=0: nothing "
+             "is sharded)")):
+        with _raises(f"{p}: row 2 (id r1): {rule} (the command's --set {fact} applies to "
+                     f"every row; give a fact that holds for some rows only in their 'set' "
+                     f"cell)") as err:
+            load_runs(p, overrides=[fact])
+        assert err.value.field == fact.split("=")[0]
     # the row's own cell: the plain rule
     p = _write_csv(tmp_path, [GOOD_ROW | {"set": "recompute_policy=1"}], RUN_COLUMNS + ["set"])
     with _raises(f"{p}: row 2 (id r1): recompute_policy=1 needs recompute=1 (selective; got "

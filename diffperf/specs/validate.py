@@ -121,7 +121,7 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
                 f"{f}={pick(P[f], i):g} needs Megatron's selective recompute (recompute=1, "
                 f"recompute_policy=0; got recompute={pick(P['recompute'], i):g}, "
                 f"recompute_policy={pick(P['recompute_policy'], i):g}); allowed otherwise: "
-                f"{d}"))
+                f"{d}"), f, v)
     _fail((P["recompute_mla_up_proj"] == 1) & (M["kv_lora_rank"] == 0), where, lambda i: (
         "recompute_mla_up_proj=1 needs multi-latent attention (model.kv_lora_rank > 0; got "
         "0); allowed: 0"))
@@ -466,7 +466,7 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         f"tp_userbuffers={pick(u, i):g} with sequence_parallel=0 and "
         f"tp={pick(P['tp'], i):g}: userbuffers overlaps the sequence-parallel all-gathers / "
         f"reduce-scatters (Megatron-Bridge turns it off without sequence parallelism); "
-        f"allowed: sequence_parallel 1, or tp_userbuffers 0"))
+        f"allowed: sequence_parallel 1, or tp_userbuffers 0"), "tp_userbuffers", u)
     _check_recompute_modules(P, M, where, pick)
     _check_grid(P, M, where, pick)
     _check_zero(P, where, pick)
@@ -700,10 +700,10 @@ def _check_zero(P, where, pick) -> None:
     g, n = P["zero_shard"], P["dp"] * P["cp"]
     _fail((g > 0) & (P["zero_stage"] < 1), where, lambda i: (
         f"zero_shard={pick(g, i):g} needs zero_stage >= 1 (got zero_stage="
-        f"{pick(P['zero_stage'], i):g}: nothing is sharded)"))
+        f"{pick(P['zero_stage'], i):g}: nothing is sharded)"), "zero_shard", g)
     _fail((g > 0) & ~_divides(g, n, xp), where, lambda i: (
         f"zero_shard={pick(g, i):g} must divide dp x cp={pick(n, i):g} (the ranks that hold "
-        f"the same weights); allowed: {_divisors(pick(n, i))}"))
+        f"the same weights); allowed: {_divisors(pick(n, i))}"), "zero_shard", g)
 
 
 def _recipe(where: str, name, bad) -> str:
