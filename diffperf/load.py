@@ -958,7 +958,10 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
             raise SpecError(f"{where}.set (the row's framework facts): {err}") from None
         p = Parallel(**{k: float(v) for k, v in par.items() if k != "num_gpus"} | par_over
                      | row_par)
-        check_layout(m, p, par["num_gpus"], where, devices_field="num_gpus")
+        try:
+            check_layout(m, p, par["num_gpus"], where, devices_field="num_gpus")
+        except SpecError as err:  # a recompute fact of the command's --set (one layout's rules)
+            _command_fact_hint(err, par_over, row_par)
         mem = (row.get("peak_memory_GB") or "").strip()
         if status == "oom" and step:
             raise SpecError(f"{where}.step_time_s={step!r}: a run with status oom has no step "
@@ -990,12 +993,20 @@ def _check_row_facts_act(model, parallel, training, where, command, row) -> None
     try:
         check_facts_act(model, parallel, training, where, where)
     except SpecError as err:
-        field = err.field  # the refused fact (SpecError.field, set by the rule)
-        if field in command and field not in row:
-            raise SpecError(f"{err} (the command's --set {field}={command[field]:g} applies to "
-                            f"every row; give a fact that holds for some rows only in their "
-                            f"'{RUN_FACTS}' cell)", field=field, value=err.value) from None
-        raise
+        _command_fact_hint(err, command, row)
+
+
+def _command_fact_hint(err, command, row):
+    """Re-raise `err` (a SpecError on one row of a runs CSV); when the refused field
+    (SpecError.field, set by the rule) came from the command's --set, which applies to every
+    row, rather than the row's `set` cell, the message says so and where to put a fact meant
+    for some rows only."""
+    field = err.field
+    if field in command and field not in row:
+        raise SpecError(f"{err} (the command's --set {field}={command[field]:g} applies to "
+                        f"every row; give a fact that holds for some rows only in their "
+                        f"'{RUN_FACTS}' cell)", field=field, value=err.value) from None
+    raise err
 
 
 def load_table(path, required) -> dict:

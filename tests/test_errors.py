@@ -1471,6 +1471,37 @@ def test_cli_calibration_overlay_facts(capsys, tmp_path, fitted_on, message):
     assert _cli_error(capsys, "predict", "--calibration", p) == f"{p}{message}"
 
 
+SOFTMAX_FA = ("fused_softmax_max_seq=2048 needs unfused attention (flash_attention=0; got 1): "
+              "it is the longest key length Megatron's fused scale-mask-softmax kernel takes, "
+              "and fused attention runs no separate softmax; allowed: 0 with flash_attention = 1")
+OVERLAY_SOFTMAX = (" (--set fused_softmax_max_seq=2048 was applied from --calibration "
+                   "vtrain-a100, which was fitted under it: give --set "
+                   "fused_softmax_max_seq=VALUE to override it)")
+
+
+def test_cli_fact_the_overlay_applied_says_so(capsys):
+    """The shipped vtrain-a100 overlay applies its fitted_on.set (fused_softmax_max_seq=2048
+    with flash_attention=0); a user's --set flash_attention=1 makes the overlay's fact one
+    that cannot act, refused (check_facts_act): the message says the user did not give it,
+    where it came from and how to override it (was: the rule alone, naming a fact the user
+    never typed). Every path keeps SpecError.field: predict (given and default layouts),
+    search (facts_act_mask_rows' whole-table refusal), validate (a runs row)."""
+    a100 = ("--system", "a100-sxm-80gb", "--calibration", "vtrain-a100", "--set",
+            "flash_attention=1")
+    assert _cli_error(capsys, "predict", "--model", "gpt-small", "--dp", "1", *a100) == (
+        f"training: {SOFTMAX_FA}{OVERLAY_SOFTMAX}")
+    assert _cli_error(capsys, "predict", *a100) == f"training: {SOFTMAX_FA}{OVERLAY_SOFTMAX}"
+    assert _cli_error(capsys, "search", "--model", "gpt-small", "--gpus", "1",
+                      "--global-batch", "8", *a100) == (
+        f"training: {SOFTMAX_FA}{OVERLAY_SOFTMAX}")
+    assert _cli_error(capsys, "validate", "vtrain_a100", *a100[2:]).endswith(
+        f"{SOFTMAX_FA} (the command's --set fused_softmax_max_seq=2048 applies to every row; "
+        f"give a fact that holds for some rows only in their 'set' cell){OVERLAY_SOFTMAX}")
+    # the user's own fact: the rule alone
+    assert _cli_error(capsys, "predict", "--model", "gpt-small", "--dp", "1", *a100,
+                      "--set", "fused_softmax_max_seq=2048") == f"training: {SOFTMAX_FA}"
+
+
 def test_unknown_dataset_suggests():
     from diffperf.resources import dataset_files
 
@@ -1706,9 +1737,14 @@ def test_tp_userbuffers_2_needs_the_gpus_sm_count():
     check_tp_userbuffers_system(ub, anonymous(h100))
     batch = stack([h100, gb200.replace(tiers=h100.tiers)])
     assert float(anonymous(h100).gpu_sms) == 132.0 and anonymous(h100).gpu == ""
-    with _raises("parallel[1].tp_userbuffers=2 with system.gpu_sms=0: ") as err:
+    # the index on the batched one: the systems of a sweep (was: 'parallel[1]', a layout
+    # that is not batched), the layouts of a runs CSV
+    rest = message.split(": ", 1)[1]
+    with _raises(f"parallel.tp_userbuffers=2 with system[1].gpu_sms=0: {rest}") as err:
         check_tp_userbuffers_system(ub, batch)
     assert (err.value.field, err.value.value) == ("tp_userbuffers", 2.0)
+    with _raises(f"parallel[1].tp_userbuffers=2 with system.gpu_sms=0: {rest}"):
+        check_tp_userbuffers_system(stack([ub.replace(tp_userbuffers=1), ub]), gb200)
 
 
 def test_system_gpu_sms_is_a_count(tmp_path):
@@ -1933,6 +1969,11 @@ ACT_RULES = [
      "unfused attention (flash_attention=0; got 1): it is the longest key length Megatron's "
      "fused scale-mask-softmax kernel takes, and fused attention runs no separate softmax; "
      "allowed: 0 with flash_attention = 1"),
+    # review14a: FlashAttention-2's rate applies to the fused kernel only
+    ({}, dict(attention_fa2=1.0, flash_attention=0.0), "training: attention_fa2=1 needs fused "
+     "attention (flash_attention=1; got 0): it prices the fused attention kernel as "
+     "FlashAttention-2, and unfused attention runs batched GEMMs and a separate softmax; "
+     "allowed: 0 with flash_attention = 0"),
 ]
 MOE_ACT_RULES = [
     # on Mixtral 8x7B (8 routed experts, no shared expert), 16 GPUs
@@ -2072,6 +2113,35 @@ def test_runs_row_fact_that_cannot_act_names_its_row(tmp_path):
                  f"only in their 'set' cell)") as err:
         load_runs(p, overrides=["tp_overlap=0.5"])
     assert (err.value.field, err.value.value) == ("tp_overlap", 0.5)
+    # a recompute fact of the command's --set, refused by the layout's own rules (check_layout:
+    # one layout's recompute mode), says the same (was: the plain rule, no word of the --set)
+    with _raises(f"{p}: row 2 (id r1): recompute_policy=1 needs recompute=1 (selective; got "
+                 f"recompute=0): it picks the ops selective recompute re-runs (1, 2: "
+                 f"TorchTitan's per-op SAC); allowed with recompute 0 or 2: 0 (the command's "
+                 f"--set recompute_policy=1 applies to every row; give a fact that holds for "
+                 f"some rows only in their 'set' cell)") as err:
+        load_runs(p, overrides=["recompute_policy=1"])
+    assert (err.value.field, err.value.value) == ("recompute_policy", 1.0)
+    # so do check_layout's other rules that read the row's layout (recompute modules, ZeRO
+    # sharding, userbuffers' sequence parallelism): each carries its field
+    for fact, rule in (
+            ("recompute_mlp=1", "recompute_mlp=1 needs Megatron's selective recompute "
+             "(recompute=1, recompute_policy=0; got recompute=0, recompute_policy=0); allowed "
+             "otherwise: 0"),
+            ("zero_shard=2", "zero_shard=2 needs zero_stage >= 1 (got zero_stage=0: nothing "
+             "is sharded)")):
+        with _raises(f"{p}: row 2 (id r1): {rule} (the command's --set {fact} applies to "
+                     f"every row; give a fact that holds for some rows only in their 'set' "
+                     f"cell)") as err:
+            load_runs(p, overrides=[fact])
+        assert err.value.field == fact.split("=")[0]
+    # the row's own cell: the plain rule
+    p = _write_csv(tmp_path, [GOOD_ROW | {"set": "recompute_policy=1"}], RUN_COLUMNS + ["set"])
+    with _raises(f"{p}: row 2 (id r1): recompute_policy=1 needs recompute=1 (selective; got "
+                 f"recompute=0): it picks the ops selective recompute re-runs (1, 2: "
+                 f"TorchTitan's per-op SAC); allowed with recompute 0 or 2: 0") as err:
+        load_runs(p)
+    assert str(err.value).endswith("allowed with recompute 0 or 2: 0")
 
 
 @pytest.mark.parametrize("facts,tr,message", [
@@ -2174,6 +2244,18 @@ def test_search_keeps_the_layouts_its_facts_act_on():
                  f"(and so on every one of the {len(one)} layouts of the table: give layout "
                  f"values where it holds)"):
         facts_act_rows(llama, training("bf16", cp_torch=1.0), one)
+    # a rule no layout meets: its own message, without the advice on layouts (was: "(and so
+    # on every one of the N layouts of the table: give layout values where it holds)")
+    with _raises("training: lowp_layer_frac=0.5 needs GEMMs in FP8 / FP4 (lowp_fprop, "
+                 "lowp_dgrad or lowp_wgrad = 1; precision 'bf16' has none): it sets the "
+                 "fraction of the layers whose linears run in low precision; allowed: 1 (the "
+                 "default) with a 16-bit precision") as err:
+        facts_act_rows(llama, training("bf16", lowp_layer_frac=0.5), one)
+    assert str(err.value).endswith("with a 16-bit precision")
+    with _raises(f"parallel: ep_overlap=0.5 acts only on MoE layers (the merged EP schedule "
+                 f"that hides the expert all-to-alls); {DENSE_FACT}") as err:
+        facts_act_rows(llama, training("bf16"), one, {"ep_overlap": 0.5})
+    assert str(err.value).endswith(DENSE_FACT)
 
 
 def test_search_api_marks_the_rows_its_facts_cannot_act_on(monkeypatch):

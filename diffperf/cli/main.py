@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
 def _run(argv) -> int:
     from diffperf.cli.output import err_console
 
+    args = None
     try:
         try:
             args = _parser().parse_args(argv)
@@ -56,7 +57,10 @@ def _run(argv) -> int:
     except SpecError as err:
         from rich.markup import escape
 
-        message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(err))
+        from diffperf.cli.options import overlay_fact_hint
+
+        text = str(err) + overlay_fact_hint(err, args)  # a fact the overlay applied: say so
+        message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
         err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False,
                           soft_wrap=True)
         return 2

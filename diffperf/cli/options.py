@@ -118,6 +118,9 @@ def framework_facts(args) -> tuple[list, list]:
     facts, precision = overlay_facts(args.calibration)
     mine = {item.split("=", 1)[0].strip() for item in given}
     applied = [f for f in facts if f.split("=", 1)[0].strip() not in mine]
+    # {field: 'FIELD=VALUE'} of the facts the user did not type: a refusal of one of them
+    # says where it came from (cli.main, `overlay_fact_hint`)
+    args.overlay_applied = {f.split("=", 1)[0].strip(): f.strip() for f in applied}
     notes = []
     if applied:
         notes.append(f"--calibration {args.calibration} was fitted under --set "
@@ -129,6 +132,19 @@ def framework_facts(args) -> tuple[list, list]:
                      f"{precision}; this run uses " + (f"--precision {used}" if used else
                                                        "each row's precision column"))
     return applied + given, notes
+
+
+def overlay_fact_hint(err, args) -> str:
+    """The text to append to a SpecError (`err`) that refuses a framework fact the user did not
+    give but the --calibration overlay applied (`framework_facts`, its fitted_on.set: e.g.
+    vtrain-a100's fused_softmax_max_seq=2048 under the user's --set flash_attention=1); ''
+    otherwise. Reads SpecError.field."""
+    applied = getattr(args, "overlay_applied", None) or {}
+    field = getattr(err, "field", None)
+    if field not in applied:
+        return ""
+    return (f" (--set {applied[field]} was applied from --calibration {args.calibration}, "
+            f"which was fitted under it: give --set {field}=VALUE to override it)")
 
 
 def print_notes(notes) -> None:

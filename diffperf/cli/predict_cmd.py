@@ -218,7 +218,8 @@ def build(args):
         whose = ("predict's search chose" if args.layout_source == "search" else
                  "is GPT-3 175B's shipped default")
         raise SpecError(f"{err} (the layout {whose}: give the layout options, --tp, --cp, "
-                        f"--ep, --pp, --dp, ..., for one where this holds)") from None
+                        f"--ep, --pp, --dp, ..., for one where this holds)", field=err.field,
+                        value=err.value) from None
     return model, parallel, system, train
 
 

@@ -199,12 +199,16 @@ def facts_act_mask_rows(model, training, layouts, parallel=None) -> np.ndarray:
     ok = np.array(np.broadcast_to(facts_act_mask(model, base.replace(**cols), training),
                                   len(table)), dtype=bool)
     if len(table) and not ok.any():
+        # a rule that no layout can meet (an MoE fact on a dense model, a low-precision fact
+        # with a 16-bit precision, ...): its own message, without the advice on layouts
+        check_facts_act(model, base, training, layout=False)
         try:
             check_facts_act(model, base.replace(**{c: v[0] for c, v in cols.items()}),
                             training)
         except SpecError as err:
             raise SpecError(f"{err} (and so on every one of the {len(table):,} layouts of the "
-                            f"table: give layout values where it holds)") from None
+                            f"table: give layout values where it holds)", field=err.field,
+                            value=err.value) from None
     return ok
 
 

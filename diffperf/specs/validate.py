@@ -121,7 +121,7 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
                 f"{f}={pick(P[f], i):g} needs Megatron's selective recompute (recompute=1, "
                 f"recompute_policy=0; got recompute={pick(P['recompute'], i):g}, "
                 f"recompute_policy={pick(P['recompute_policy'], i):g}); allowed otherwise: "
-                f"{d}"))
+                f"{d}"), f, v)
     _fail((P["recompute_mla_up_proj"] == 1) & (M["kv_lora_rank"] == 0), where, lambda i: (
         "recompute_mla_up_proj=1 needs multi-latent attention (model.kv_lora_rank > 0; got "
         "0); allowed: 0"))
@@ -194,6 +194,9 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
                         multiplied by the low-precision passes);
                       fused_softmax_max_seq > 0 needs flash_attention = 0
                         (workload.flops.softmax_fallback multiplies by 1 - flash_attention);
+                      attention_fa2 = 1 needs flash_attention = 1 (costs.compute.
+                        attention_time_s multiplies the fused kernel, the only one it
+                        prices, by flash_attention);
                       te_cudnn_norm = 1 needs lowp_te_quantizer = 1 and per-tensor FP8
                         current scaling (it only moves that recipe's norm-fused amax);
                       rope_kv_pass = 1 needs llama_eager_pointwise = 0 (that term holds the
@@ -265,6 +268,12 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
         f"got 1): it is the longest key length Megatron's fused scale-mask-softmax kernel "
         f"takes, and fused attention runs no separate softmax; allowed: 0 with "
         f"flash_attention = 1"), "fused_softmax_max_seq", seq)
+    fa2 = T["attention_fa2"]
+    _fail((fa2 > 0) & (T["flash_attention"] == 0), where_training, lambda i: (
+        f"attention_fa2={pick(fa2, i):g} needs fused attention (flash_attention=1; got 0): it "
+        f"prices the fused attention kernel as FlashAttention-2, and unfused attention runs "
+        f"batched GEMMs and a separate softmax; allowed: 0 with flash_attention = 0"),
+        "attention_fa2", fa2)
     current = (lowp & (T["lowp_amax_pass"] > 0) & (T["lowp_block"] == 0)
                & (T["lowp_fp4"] == 0))
     _fail((T["te_cudnn_norm"] == 1) & ~((T["lowp_te_quantizer"] == 1) & current),
@@ -457,7 +466,7 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         f"tp_userbuffers={pick(u, i):g} with sequence_parallel=0 and "
         f"tp={pick(P['tp'], i):g}: userbuffers overlaps the sequence-parallel all-gathers / "
         f"reduce-scatters (Megatron-Bridge turns it off without sequence parallelism); "
-        f"allowed: sequence_parallel 1, or tp_userbuffers 0"))
+        f"allowed: sequence_parallel 1, or tp_userbuffers 0"), "tp_userbuffers", u)
     _check_recompute_modules(P, M, where, pick)
     _check_grid(P, M, where, pick)
     _check_zero(P, where, pick)
@@ -691,10 +700,10 @@ def _check_zero(P, where, pick) -> None:
     g, n = P["zero_shard"], P["dp"] * P["cp"]
     _fail((g > 0) & (P["zero_stage"] < 1), where, lambda i: (
         f"zero_shard={pick(g, i):g} needs zero_stage >= 1 (got zero_stage="
-        f"{pick(P['zero_stage'], i):g}: nothing is sharded)"))
+        f"{pick(P['zero_stage'], i):g}: nothing is sharded)"), "zero_shard", g)
     _fail((g > 0) & ~_divides(g, n, xp), where, lambda i: (
         f"zero_shard={pick(g, i):g} must divide dp x cp={pick(n, i):g} (the ranks that hold "
-        f"the same weights); allowed: {_divisors(pick(n, i))}"))
+        f"the same weights); allowed: {_divisors(pick(n, i))}"), "zero_shard", g)
 
 
 def _recipe(where: str, name, bad) -> str:
@@ -804,15 +813,17 @@ def check_tp_userbuffers_system(parallel, system, where: str = "parallel") -> No
     except Exception:  # tracers: values unknown
         return
     need = max(UB_PIPE_COMM_SMS)
+    # the index goes on the batched one: layouts (a runs CSV) or systems (a hardware sweep)
+    u_at, s_at = u.size > 1, sms.size > 1
     u, sms = (np.ravel(x) for x in np.broadcast_arrays(u, sms))
     bad = (u == 2) & ~(sms > need)
     if np.any(bad):
         i = int(np.flatnonzero(bad)[0])
-        at = f"[{i}]" if bad.size > 1 else ""
+        at = lambda batched: f"[{i}]" if batched else ""  # noqa: E731
         raise SpecError(
-            f"{where}{at}.tp_userbuffers=2 with system.gpu_sms={sms[i]:g}: the pipelined "
-            f"forward reduce-scatter runs its GEMM on the SMs its comm kernels leave (gpu_sms "
-            f"- num_sm, num_sm 24 / 16 as NeMo Framework Launcher 24.07's H100 FP8 "
+            f"{where}{at(u_at)}.tp_userbuffers=2 with system{at(s_at)}.gpu_sms={sms[i]:g}: the "
+            f"pipelined forward reduce-scatter runs its GEMM on the SMs its comm kernels leave "
+            f"(gpu_sms - num_sm, num_sm 24 / 16 as NeMo Framework Launcher 24.07's H100 FP8 "
             f"configuration sets them), so the GPU's SM count must be known; allowed: "
             f"tp_userbuffers 2 with system.gpu_sms > {need:g} (the system file's gpu_sms key), "
             f"or tp_userbuffers 0 or 1", field="tp_userbuffers", value=2.0)
