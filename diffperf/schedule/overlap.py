@@ -8,6 +8,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from diffperf.costs.smooth import exposed, smax
+from diffperf.specs.parallel import UB_PIPE_COMM_SMS
 
 
 def split_exposed(comm_s, window_s, temperature=None):
@@ -292,7 +293,8 @@ def tp_userbuffers_block_s(ag_f_s, ag_b_s, rs_s, ag_wgrad_s, reduce_s, col_fprop
 # tag 24.07: proj_fprop num_sm 24, fc2_fprop num_sm 16, both method pipeline, num_splits 4,
 # set_sm_margin 1, fp8_buf 1) [S]; the GPU's own SM count is System.gpu_sms (ub_pipe_sm_margin)
 UB_PIPE_SPLITS = 4.0
-UB_PIPE_COMM_SMS = (24.0, 16.0)   # (proj_fprop, fc2_fprop)
+# UB_PIPE_COMM_SMS (proj_fprop, fc2_fprop) = (24, 16) lives in specs.parallel: the spec check
+# (specs.validate.check_tp_userbuffers_system) reads it too, and specs sit below schedule
 
 
 def ub_pipe_sm_margin(gpu_sms):

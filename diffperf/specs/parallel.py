@@ -16,6 +16,13 @@ from flax import struct
 
 from diffperf.errors import SpecError
 
+# TE 1.8's pipelined reduce-scatter (Parallel.tp_userbuffers = 2): the SMs its comm kernels take,
+# (proj_fprop, fc2_fprop), as NeMo Framework Launcher 24.07 configures H100 FP8
+# (launcher_scripts/conf/training/tp_overlap/ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192.yaml, tag
+# 24.07: num_sm 24 / 16) [S]. Read by schedule.overlap.ub_pipe_sm_margin and by
+# specs.validate.check_tp_userbuffers_system.
+UB_PIPE_COMM_SMS = (24.0, 16.0)
+
 
 class Recompute(enum.IntEnum):
     """Activation recomputation (Korthikanti et al. 2022, Section 5)."""

@@ -20,7 +20,7 @@ import numpy as np
 
 from diffperf.errors import SpecError
 from diffperf.specs.parallel import (DIMENSIONS, GRID, ORDERS, RECOMPUTE_MODULE_DEFAULTS,
-                                     RECOMPUTE_MODULES)
+                                     RECOMPUTE_MODULES, UB_PIPE_COMM_SMS)
 
 
 INT_MAX = 2**31 - 1  # every count (degrees, batch, layers, heads, sequence): an int32
@@ -805,8 +805,6 @@ def check_tp_userbuffers_system(parallel, system, where: str = "parallel") -> No
     margin has no value. Reads the System leaf, which batched systems keep (a hardware sweep's
     `specs.batch.anonymous` blanks system.gpu, not gpu_sms). Batched leaves: the first entry
     that fails, with its index. Traced leaves are skipped."""
-    from diffperf.schedule.overlap import UB_PIPE_COMM_SMS
-
     try:
         u = np.asarray(parallel.tp_userbuffers, dtype=np.float64)
         sms = np.asarray(system.gpu_sms, dtype=np.float64)
