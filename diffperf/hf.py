@@ -76,9 +76,20 @@ _SIZED_DEFAULTS = tuple(sorted(
 _DEFAULTS_CLASS = {"gemma3_text": "Gemma3TextConfig", "falcon": "FalconConfig",
                    "RefinedWeb": "FalconConfig", "RefinedWebModel": "FalconConfig",
                    "llama": "LlamaConfig", "mistral": "MistralConfig"}
-# Gated (GLU) MLP families whatever their activation's name: Gemma's GeGLU
-# (gelu_pytorch_tanh gate x up), GPT-OSS's clamped SwiGLU.
-_GATED_TYPES = ("gemma", "gemma2", "gemma3", "gemma3_text", "gpt_oss")
+# Whether the MLP is gated (GLU: gate x up, 3 matrices) is the family's module, not the
+# activation's name: transformers' LlamaMLP computes down_proj(act_fn(gate_proj(x)) *
+# up_proj(x)) whatever hidden_act is (transformers/models/llama/modeling_llama.py), as do
+# MistralMLP, Qwen2MLP, Qwen3MLP, Qwen2MoeMLP / Qwen3MoeMLP, MixtralBlockSparseTop2MLP
+# (w2(act(w1 x) * w3 x)), DeepseekV2MLP / DeepseekV3MLP, Phi3MLP (gate_up_proj, chunked),
+# GemmaMLP (GeGLU, gelu_pytorch_tanh gate x up) and GptOssExperts (clamped SwiGLU); GPT2MLP
+# (c_fc, act, c_proj), GPTNeoXMLP (dense_h_to_4h, act, dense_4h_to_h) and FalconMLP (the same)
+# have no gate whatever their activation. A Llama config with hidden_act "gelu" read by the
+# activation's name lost its gate matrix (8.03 -> 6.15 B for Llama 3 8B's shape). Only a
+# config without model_type (read as a Llama-style decoder) falls back to the name.
+_GATED_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+                "gemma", "gemma2", "gemma3", "gemma3_text", "deepseek_v2", "deepseek_v3",
+                "gpt_oss", "phi3")
+_UNGATED_TYPES = ("gpt2", "gpt_neox", "falcon", "RefinedWeb", "RefinedWebModel")
 _GATED_ACTS = ("silu", "swiglu", "swish")
 # PretrainedConfig's tie_word_embeddings defaults to True; these families keep it (Gemma,
 # GPT-2, Falcon's FalconForCausalLM ties lm_head to the word embeddings); the others'
@@ -361,7 +372,13 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
 
     act = take("hidden_act", "hidden_activation", "activation_function", "activation")
     act = str(act if act is not None else "gelu")
-    d["gated_mlp"] = act in _GATED_ACTS or mt in _GATED_TYPES
+    if mt in _GATED_TYPES or mt in _UNGATED_TYPES:
+        d["gated_mlp"] = mt in _GATED_TYPES
+    else:  # no model_type: a Llama-style decoder, gated when its activation is a SiLU
+        d["gated_mlp"] = act in _GATED_ACTS
+        kind = ("gated (gate x up, 3 matrices)" if d["gated_mlp"] else
+                "not gated (2 matrices)")
+        notes.append(f"MLP {kind}: hidden_act={act!r} (no model_type names the MLP module)")
     if mt in ("gemma", "gemma2", "gemma3_text"):
         notes.append(f"{mt}: GeGLU MLP ({act} gate x up, 3 matrices)")
     if "swiglu_limit" in cfg:

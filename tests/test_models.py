@@ -385,6 +385,20 @@ def test_phi3_mini_count_matches_the_report(tmp_path):
     assert float(m.sliding_window) == 2047 and float(m.sliding_layers) == 32
 
 
+def test_gated_mlp_is_the_family_module_not_the_activation_name():
+    """transformers' LlamaMLP is gate x up whatever hidden_act says (a Llama with hidden_act
+    gelu lost its gate matrix: 8.03 -> 6.15 B); GPTNeoXMLP has no gate even with silu."""
+    llama = json.loads((HF / "llama-3.1-8b.json").read_text())
+    gelu = diffperf.load_model(hf_to_dict(llama | {"hidden_act": "gelu"}, "x")[0])
+    assert float(gelu.gated_mlp) == 1
+    _within_last_digit(float(total_params(gelu)), "8.03")
+    neox = json.loads((HF / "gpt-neox-20b.json").read_text())
+    assert hf_to_dict(neox | {"hidden_act": "silu"}, "x")[0]["gated_mlp"] is False
+    # no model_type: the activation's name decides, said in a note
+    d, notes = hf_to_dict(_BASE | {"intermediate_size": 256, "hidden_act": "silu"}, "x")
+    assert d["gated_mlp"] is True and any("hidden_act='silu'" in n for n in notes)
+
+
 _BASE = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100}
 
 
