@@ -394,9 +394,21 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
         notes.append(f"tie_word_embeddings absent: {str(tied).lower()}, the default of "
                      f"transformers' {cls}")
     d["tied_embeddings"] = tied  # checked by load._flag (true or false)
-    bias = bool(take("attention_bias")) or mt in ("gpt2", "gpt_neox", "gpt_oss") or bool(
+    # LlamaConfig (and the configs copied from it: Mistral, Qwen3, Phi-3, ...): attention_bias
+    # puts biases on q/k/v/o, mlp_bias on gate/up/down (transformers' LlamaAttention /
+    # LlamaMLP `bias=config.mlp_bias`). A model with MLP biases only was read without any
+    # bias before (mlp_bias was not read).
+    attn_bias, mlp_bias = bool(take("attention_bias")), bool(take("mlp_bias"))
+    bias = attn_bias or mlp_bias or mt in ("gpt2", "gpt_neox", "gpt_oss") or bool(
         cfg.get("bias") and mt in ("falcon", "RefinedWeb", "RefinedWebModel"))
     d["biases"] = bias
+    if attn_bias != mlp_bias and "mlp_bias" in cfg:
+        extra = ("the attention's ((a + 2 a_kv) d_h + h per layer)" if mlp_bias else
+                 "the MLP's ((1 + gated) f + h per layer)")
+        notes.append(f"attention_bias={str(attn_bias).lower()}, mlp_bias="
+                     f"{str(mlp_bias).lower()}: diffperf's one `biases` switch puts biases on "
+                     f"every linear layer, so {extra} are counted too (< 0.01 % of the "
+                     f"parameters, no FLOPs of note)")
     if mt in ("qwen2", "qwen2_moe") and not bias:
         notes.append("Qwen2: the q/k/v projections' biases ((a + 2 a_kv) d_h per layer, "
                      "< 0.01 % of the parameters) are not counted")

@@ -309,7 +309,7 @@ UNREAD = {
     "gpt-neox-20b": {"attention_probs_dropout_prob", "hidden_dropout_prob"},
     "gpt-oss-120b": {"initial_context_length"},
     "llama-3-8b": {"pretraining_tp"},
-    "llama-3.1-8b": {"mlp_bias", "pretraining_tp"},  # mlp_bias false: no MLP biases
+    "llama-3.1-8b": {"pretraining_tp"},
     "mistral-7b-v0.1": set(),
     "mixtral-8x7b": set(),
     "qwen2-57b-a14b": set(),
@@ -397,6 +397,17 @@ def test_gated_mlp_is_the_family_module_not_the_activation_name():
     # no model_type: the activation's name decides, said in a note
     d, notes = hf_to_dict(_BASE | {"intermediate_size": 256, "hidden_act": "silu"}, "x")
     assert d["gated_mlp"] is True and any("hidden_act='silu'" in n for n in notes)
+
+
+def test_mlp_bias_is_read():
+    """LlamaConfig.mlp_bias puts biases on gate/up/down: read (it was left unread, so a model
+    with MLP biases only was counted without any), with a note that diffperf's one switch
+    adds the attention's biases too."""
+    llama = json.loads((HF / "llama-3.1-8b.json").read_text())
+    d, notes = hf_to_dict(llama | {"mlp_bias": True}, "x")
+    assert d["biases"] is True
+    assert any("mlp_bias=true" in n and "the attention's" in n for n in notes)
+    assert hf_to_dict(llama, "x")[0]["biases"] is False
 
 
 _BASE = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100}
