@@ -120,6 +120,13 @@ SUPPORTED_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
                    "gemma", "gemma2", "gemma3_text", "deepseek_v2", "deepseek_v3",
                    "gpt_neox", "falcon", "RefinedWeb", "RefinedWebModel", "gpt_oss", "gpt2",
                    "phi3")
+# Model types that name a supported architecture under another name, read as that type when
+# the config's `architectures` names its class (with a note): Moonshot AI's Kimi K2
+# (moonshotai/Kimi-K2-Instruct config.json: model_type "kimi_k2", architectures
+# ["DeepseekV3ForCausalLM"], auto_map AutoConfig configuration_deepseek.DeepseekV3Config; the
+# model card: "Kimi K2 ... DeepSeek-V3 architecture", MLA, 61 layers, 1 dense, 384 experts top
+# 8 + 1 shared). Kimi K2.5's wrapper (kimi_k25) nests the same text_config.
+_TYPE_ALIASES = {"kimi_k2": ("deepseek_v3", "DeepseekV3ForCausalLM")}
 # Multimodal wrappers checked against a published count (Gemma 3). Any wrapper (a config with
 # a text_config: llava, mistral3, ...) is read from its text_config when that names one of
 # SUPPORTED_TYPES, said in a note; another text_config type is refused by name (Llama 4's
@@ -256,6 +263,13 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
     mt = cfg.get("model_type", "")
     if not isinstance(mt, str):
         raise SpecError(f"{where}: model_type={mt!r} must be a string")
+    archs = cfg.get("architectures")
+    if mt in _TYPE_ALIASES and isinstance(archs, list) and _TYPE_ALIASES[mt][1] in archs:
+        alias, cls = _TYPE_ALIASES[mt]
+        notes.append(f"model_type={mt!r} with architectures [{cls!r}]: read as a {alias} "
+                     f"config (the architecture its config class and model class are)")
+        cfg = {**cfg, "model_type": alias}
+        mt = alias
     outer = top.get("model_type", "") if isinstance(top.get("text_config"), dict) else None
 
     def take_item(*keys):

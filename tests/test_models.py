@@ -385,6 +385,61 @@ def test_phi3_mini_count_matches_the_report(tmp_path):
     assert float(m.sliding_window) == 2047 and float(m.sliding_layers) == 32
 
 
+# moonshotai/Kimi-K2-Instruct config.json (https://huggingface.co/moonshotai/Kimi-K2-Instruct/
+# blob/main/config.json; copy read in ai-dynamo/aiconfigurator, aic-core/src/aiconfigurator_core/
+# model_configs/moonshotai--Kimi-K2-Instruct_config.json @ 095f58a51c4c), its architecture
+# fields as published. Not shipped as a fixture: the model's licence is a modified MIT licence
+# whose terms for redistributing its files were not checked here.
+KIMI_K2 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2",
+    "attention_bias": False, "first_k_dense_replace": 1, "hidden_act": "silu",
+    "hidden_size": 7168, "intermediate_size": 18432, "kv_lora_rank": 512,
+    "max_position_embeddings": 131072, "moe_intermediate_size": 2048, "moe_layer_freq": 1,
+    "n_group": 1, "n_routed_experts": 384, "n_shared_experts": 1, "norm_topk_prob": True,
+    "num_attention_heads": 64, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+    "num_key_value_heads": 64, "num_nextn_predict_layers": 0, "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+    "routed_scaling_factor": 2.827, "scoring_func": "sigmoid", "tie_word_embeddings": False,
+    "topk_group": 1, "topk_method": "noaux_tc", "v_head_dim": 128, "vocab_size": 163840,
+}
+
+
+def test_kimi_k2_is_read_as_the_deepseek_v3_architecture_it_names(tmp_path):
+    """Kimi K2's config.json says model_type "kimi_k2" for DeepseekV3ForCausalLM (refused by
+    its type before). Read as DeepSeek-V3, it must give the shape the model card lists (61
+    layers, 1 dense, 384 experts, top 8, 1 shared, expert width 2048, 64 heads, MLA) and the
+    count by hand (float32 sums: rel 1e-6, below one expert of one layer, 4.3e-5):
+      attention / layer: h q_c + q_c + q_c a (d_nope + d_R) + h (d_c + d_R) + d_c
+                         + d_c a (d_nope + d_v) + a d_v h;  norms 2 h
+      MoE layer: (E + 1) 3 h f_e + E h (router);  dense layer: 3 h f;  embeddings 2 V h + h
+    = 1,026.41 B total, 32.86 B active. Model card (moonshotai/Kimi-K2-Instruct): 1T total,
+    32B activated; both pinned to their last digit. The tech report (arXiv:2507.20534) says
+    1.04T / 32.6B, which this config does not give (1.04T would need the dense layer to be an
+    MoE layer too: 1.0429T)."""
+    h, V, a, E, fe = 7168, 163840, 64, 384, 2048
+    attn = (h * 1536 + 1536 + 1536 * a * 192 + h * (512 + 64) + 512 + 512 * a * 256
+            + a * 128 * h + 2 * h)
+    shared = 61 * attn + 3 * h * 18432 + 60 * (3 * h * fe + E * h) + 2 * V * h + h
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(KIMI_K2))
+    m = diffperf.load_model(p)
+    assert (float(m.n_layers), float(m.moe_dense_layers), float(m.n_experts),
+            float(m.moe_topk), float(m.n_shared_experts), float(m.moe_ffn_hidden),
+            float(m.kv_lora_rank), float(m.q_lora_rank), float(m.head_dim),
+            float(m.v_head_dim), float(m.mtp_layers)) == (61, 1, 384, 8, 1, 2048, 512, 1536,
+                                                          192, 128, 0)
+    assert float(total_params(m)) == pytest.approx(shared + 60 * E * 3 * h * fe, rel=1e-6)
+    assert float(active_params(m)) == pytest.approx(shared + 60 * 8 * 3 * h * fe, rel=1e-6)
+    _within_last_digit(float(total_params(m)) / 1000, "1")  # 1T: in thousands of billions
+    _within_last_digit(float(active_params(m)), "32")
+    notes = hf_to_dict(KIMI_K2, "x.json")[1]
+    assert any("model_type='kimi_k2' with architectures ['DeepseekV3ForCausalLM']: read as "
+               "a deepseek_v3 config" in n for n in notes)
+    # the alias needs the class it stands for; another kimi_k2 stays refused by its type
+    with pytest.raises(SpecError, match="model_type='kimi_k2' is not an architecture"):
+        hf_to_dict(KIMI_K2 | {"architectures": ["KimiLinearForCausalLM"]}, "x.json")
+
+
 def test_gated_mlp_is_the_family_module_not_the_activation_name():
     """transformers' LlamaMLP is gate x up whatever hidden_act says (a Llama with hidden_act
     gelu lost its gate matrix: 8.03 -> 6.15 B); GPTNeoXMLP has no gate even with silu."""
