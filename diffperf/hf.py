@@ -105,8 +105,11 @@ _FFN_4H_TYPES = ("gpt2", "falcon", "RefinedWeb", "RefinedWebModel")
 _OWN_EXPERT_WIDTH = ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 # Qwen2Config-style windows: use_sliding_window (default false) and max_window_layers.
 _QWEN_WINDOW_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
-# Fields whose architecture diffperf does not represent: refused by name.
-_REFUSED = ("cross_attention_layers",)
+# Fields whose architecture diffperf does not represent: refused by name when set (Mllama's
+# cross-attention layers; GPT2Config.add_cross_attention, which adds a cross-attention block
+# to every layer of a GPT-2 decoder, transformers gpt2/modeling_gpt2.py GPT2Block; an
+# encoder-decoder's is_encoder_decoder).
+_REFUSED = ("cross_attention_layers", "add_cross_attention", "is_encoder_decoder")
 # model_type values whose config.json this reader is known to read right: the families above,
 # each checked against a published parameter count (tests/test_models.py on tests/data/hf
 # and Phi-3-mini's config). Any other type is refused by name: a config of another
@@ -469,6 +472,8 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
                 sparse = sum(1 for i in range(dense, L) if i % freq == 0)
                 dense = L - sparse
         step = take("decoder_sparse_step")
+        if step is not None:  # transformers: (i + 1) % step, so 0 divides by zero there
+            step = _whole(step, "decoder_sparse_step", where, minimum=1)
         only = take("mlp_only_layers") or []
         if not isinstance(only, list):
             raise SpecError(f"{where}: mlp_only_layers={only!r} must be a list of layer indices")

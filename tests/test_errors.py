@@ -423,6 +423,15 @@ def test_hf_json_not_an_object(tmp_path):
     (dict(model_type="deepseek_v3", n_routed_experts=8, num_experts_per_tok=2,
           moe_intermediate_size=64, first_k_dense_replace=1, moe_layer_freq=-1),
      ": moe_layer_freq=-1 must be a whole number in 1..2^31"),
+    # Qwen2-MoE's MoE layers are (i + 1) % decoder_sparse_step == 0: 0 was read as 1
+    (dict(model_type="qwen2_moe", num_experts=8, num_experts_per_tok=2,
+          moe_intermediate_size=64, decoder_sparse_step=0),
+     ": decoder_sparse_step=0 must be a whole number in 1..2^31"),
+    # a GPT-2 with a cross-attention block in every layer, an encoder-decoder
+    (dict(add_cross_attention=True), ": Hugging Face fields not supported by diffperf's "
+                                     "model: add_cross_attention"),
+    (dict(is_encoder_decoder=True), ": Hugging Face fields not supported by diffperf's "
+                                    "model: is_encoder_decoder"),
 ])
 def test_hf_field_rules(tmp_path, over, message):
     p = _write_json(tmp_path, LLAMA3_8B_HF | over)
