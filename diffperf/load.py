@@ -778,8 +778,27 @@ def _read_csv(path: Path, required) -> tuple[list, list]:
         raise SpecError(f"{path}: malformed CSV ({err})") from None
     missing = [c for c in required if c not in header]
     if missing:
+        sep = next((c for c in (";", "\t", "|") if len(header) == 1 and c in header[0]), None)
+        hint = (f"; the header is one cell holding {sep!r}: diffperf reads comma-separated "
+                f"files" if sep else "")
         raise SpecError(f"{path}: missing column '{missing[0]}'{closest(missing[0], header)} "
-                        f"(have: {', '.join(header)})")
+                        f"(have: {', '.join(header)}{hint})")
+    # csv.DictReader keeps the last of two same-named columns and pads or spills a row whose
+    # cell count differs from the header's: each would be a silent misread of the file.
+    twice = next((c for c in header if header.count(c) > 1), None)
+    if twice is not None:
+        raise SpecError(f"{path}: column '{twice}' appears {header.count(twice)} times in the "
+                        f"header (allowed: each column once)")
+    for i, row in enumerate(rows):
+        extra = row.get(None) or []
+        short = [k for k, v in row.items() if k is not None and v is None]
+        if extra or short:
+            cells = len(header) + len(extra) - len(short)
+            why = (f"{len(extra)} cell(s) past the last column: an unquoted comma inside a "
+                   f"cell? quote it" if extra else
+                   f"no cell for {', '.join(short)}: write an empty cell as ,,")
+            raise SpecError(f"{path}: row {i + 2} has {cells} cells, the header "
+                            f"{len(header)} ({why})")
     return header, rows
 
 

@@ -921,6 +921,41 @@ def test_runs_malformed_csv(tmp_path):
         load_runs(p)
 
 
+def test_runs_duplicate_column_is_refused(tmp_path):
+    """csv.DictReader keeps the last of two same-named columns: a sheet with two `tp`
+    columns was read from the second without a word."""
+    p = tmp_path / "runs.csv"
+    p.write_text(",".join(RUN_COLUMNS + ["tp"]) + "\n"
+                 + ",".join(GOOD_ROW[c] for c in RUN_COLUMNS) + ",1\n")
+    with _raises(f"{p}: column 'tp' appears 2 times in the header (allowed: each column "
+                 "once)"):
+        load_runs(p)
+
+
+@pytest.mark.parametrize("cells,message", [
+    # an unquoted comma in a cell shifts the rest of the row right
+    (lambda r: r + ["pytorch 2.4, cuda 12"], "row 2 has 20 cells, the header 18 (2 cell(s) "
+     "past the last column: an unquoted comma inside a cell? quote it)"),
+    (lambda r: r[:-2], "row 2 has 16 cells, the header 18 (no cell for status, step_time_s: "
+     "write an empty cell as ,,)"),
+])
+def test_runs_ragged_row_is_refused(tmp_path, cells, message):
+    p = tmp_path / "runs.csv"
+    p.write_text(",".join(RUN_COLUMNS) + "\n"
+                 + ",".join(cells([GOOD_ROW[c] for c in RUN_COLUMNS])) + "\n")
+    with _raises(f"{p}: {message}"):
+        load_runs(p)
+
+
+def test_runs_semicolon_separated_file_says_so(tmp_path):
+    p = tmp_path / "runs.csv"
+    p.write_text(";".join(RUN_COLUMNS) + "\n" + ";".join(GOOD_ROW[c] for c in RUN_COLUMNS)
+                 + "\n")
+    with _raises(f"{p}: missing column 'id' (have: {';'.join(RUN_COLUMNS)}; the header is one "
+                 "cell holding ';': diffperf reads comma-separated files)"):
+        load_runs(p)
+
+
 def test_runs_gated_mlp_message_names_the_allowed_values(tmp_path):
     p = _write_csv(tmp_path, [GOOD_ROW | dict(gated_mlp="2")])
     with _raises(f"{p}: row 2 (id r1).gated_mlp='2' is not allowed (allowed: 0, 1)"):
