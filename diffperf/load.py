@@ -285,13 +285,10 @@ def load_model(name_or_path, seq_len=None) -> Model:
     replaces the file's training sequence (a config.json has none: hf.DEFAULT_SEQ_LEN)."""
     if isinstance(name_or_path, dict):
         model = model_from_dict(name_or_path, where="model")
-    elif Path(name_or_path).suffix == ".json":
-        path = Path(name_or_path)
-        return model_from_hf(_read_json(path), str(path), seq_len)
     else:
-        path = Path(name_or_path)
-        if path.suffix not in (".yaml", ".yml"):
-            path = _named(name_or_path, "models")
+        path = _model_file(name_or_path)
+        if path.suffix == ".json":
+            return model_from_hf(_read_json(path), str(path), seq_len)
         model = model_from_dict(read_yaml(path), str(path))
     if seq_len is None:
         return model
@@ -319,13 +316,10 @@ def default_global_batch(name_or_path, seq_len=None) -> tuple[int, str | None]:
     the nearest power of two, noted with the rule."""
     if isinstance(name_or_path, dict):
         d, where = name_or_path, "model"
-    elif Path(name_or_path).suffix == ".json":
-        d, where = {}, str(name_or_path)
     else:
-        path = Path(name_or_path)
-        if path.suffix not in (".yaml", ".yml"):
-            path = _named(name_or_path, "models")
-        d, where = read_yaml(path), str(path)
+        path = _model_file(name_or_path)
+        d = {} if path.suffix == ".json" else read_yaml(path)
+        where = str(path)
     model = load_model(name_or_path, seq_len)
     seq = int(model.seq_len)
     stated = d.get("global_batch")
@@ -349,14 +343,42 @@ def model_notes(name_or_path, seq_len=None) -> list[str]:
     """What loading the model chose or left out, for `predict` to print: for a Hugging Face
     config.json the notes of `diffperf.hf.hf_to_dict` (training sequence, defaults, fields
     read but not modeled, fields not read); for a YAML or name, where seq_len came from."""
-    if not isinstance(name_or_path, dict) and Path(name_or_path).suffix == ".json":
+    path = None if isinstance(name_or_path, dict) else _model_file(name_or_path)
+    if path is not None and path.suffix == ".json":
         from diffperf.hf import hf_to_dict
 
-        path = Path(name_or_path)
-        return hf_to_dict(_read_json(path), str(path), seq_len)[1]
+        notes = hf_to_dict(_read_json(path), str(path), seq_len)[1]
+        if path != Path(name_or_path):
+            notes.insert(0, f"read {path} (the folder's config.json)")
+        return notes
     if seq_len is not None:
         return [f"seq_len={seq_len} from --seq-len"]
     return []
+
+
+def _model_file(name_or_path) -> Path:
+    """The file a model argument names: a Hugging Face config.json (any .json), a YAML (.yaml,
+    .yml), a folder holding a config.json (a Hugging Face snapshot folder, as transformers'
+    from_pretrained takes it), or a shipped name (configs/models/NAME.yaml). A path that does
+    not exist, or a folder without config.json, is said as such rather than looked up as a
+    shipped name."""
+    path = Path(name_or_path)
+    if path.suffix in (".json", ".yaml", ".yml"):
+        return path
+    try:
+        is_dir = path.is_dir()
+    except (OSError, ValueError):  # a name too long for the file system, or with a NUL
+        is_dir = False
+    allowed = ("allowed: a shipped model name, a model .yaml, a Hugging Face config.json or "
+               "the folder holding it")
+    if is_dir and (path / "config.json").is_file():
+        return path / "config.json"
+    if is_dir and str(name_or_path) not in resources.config_files("models"):
+        raise SpecError(f"{path}: a folder without config.json ({allowed})")
+    if str(name_or_path) not in resources.config_files("models") and (
+            "/" in str(name_or_path) or "\\" in str(name_or_path)):
+        raise SpecError(f"{name_or_path}: no such file or folder ({allowed})")
+    return _named(name_or_path, "models")
 
 
 def _named(name, kind):
@@ -364,8 +386,10 @@ def _named(name, kind):
     shipped = resources.config_files(kind)
     if str(name) not in shipped:
         singular = {"models": "model", "systems": "system", "design": "cost model"}[kind]
+        path_kinds = ("a .yaml file or a Hugging Face config.json (or its folder)"
+                      if kind == "models" else "a .yaml file")
         raise SpecError(f"unknown {singular} '{name}'{closest(name, shipped)} "
-                        f"(shipped: {', '.join(shipped)}; or give a path to a .yaml file)")
+                        f"(shipped: {', '.join(shipped)}; or give a path to {path_kinds})")
     return shipped[str(name)]
 
 

@@ -899,11 +899,32 @@ def test_unknown_names_list_the_shipped_configs():
     from diffperf.load import model_names, system_names
 
     with _raises(f"unknown model 'gpt3-175'; did you mean 'gpt3-175b'? (shipped: "
-                 f"{', '.join(model_names())}; or give a path to a .yaml file)"):
+                 f"{', '.join(model_names())}; or give a path to a .yaml file or a Hugging "
+                 f"Face config.json (or its folder))"):
         load_model("gpt3-175")
     with _raises(f"unknown system 'h100-sxm'; did you mean 'h100-sxm-80gb'? (shipped: "
                  f"{', '.join(system_names())}; or give a path to a .yaml file)"):
         load_system("h100-sxm")
+
+
+def test_hf_snapshot_folder_reads_its_config_json(tmp_path):
+    """transformers' from_pretrained takes the model's folder; `--model FOLDER` was looked up
+    as a shipped name ("unknown model 'FOLDER' ... give a path to a .yaml file")."""
+    from diffperf.load import default_global_batch, model_notes
+
+    folder = tmp_path / "snapshot"
+    folder.mkdir()
+    _write_json(folder, LLAMA3_8B_HF)
+    m = load_model(str(folder))
+    assert float(m.n_layers) == 32 and float(m.ffn_hidden) == 14336
+    assert (model_notes(str(folder))[0]
+            == f"read {folder / 'config.json'} (the folder's config.json)")
+    assert default_global_batch(str(folder))[0] == 1024  # 2^22 / 4096
+    with _raises(f"{tmp_path}: a folder without config.json (allowed: a shipped model name, a "
+                 "model .yaml, a Hugging Face config.json or the folder holding it)"):
+        load_model(str(tmp_path))
+    with _raises(f"{tmp_path / 'none'}/: no such file or folder (allowed: "):
+        load_model(f"{tmp_path / 'none'}/")
 
 
 def test_runs_not_utf8(tmp_path):
