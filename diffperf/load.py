@@ -654,11 +654,17 @@ def _sweep_key(system: System, fields: dict, key: str) -> tuple[str, float]:
                     f"matmul_flops_per_s; tiers by index or name: {tiers})")
 
 
-def sweep_axes(system: System, items) -> list[tuple]:
+def sweep_axes(system: System, items, flag: str = "--sweep") -> list[tuple]:
     """`FIELD=VALUES` strings (a system YAML key in its units, or a System leaf path in SI:
     `_sweep_key`) -> [(YAML key, System leaf path, values in the YAML's units, values in
     SI)], each value checked by the rules of `system_from_dict` (a bandwidth > 0, an
-    efficiency in range, ...)."""
+    efficiency in range, ...). `flag`: the option the strings came from, named in errors
+    (`design --grid` takes the same strings)."""
+    if flag != "--sweep":
+        try:
+            return sweep_axes(system, items)
+        except SpecError as err:  # every message of the checks below starts with --sweep
+            raise SpecError(flag + str(err).removeprefix("--sweep")) from None
     fields = sweep_fields(system)
     base = system_to_dict(system)
     out, seen = [], set()
