@@ -996,6 +996,11 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
                 raise SpecError(f"{where}: blank cell in column 'step_time_s' (status ok)")
         else:
             t = float("nan")
+        config = (row.get("model_config") or "").strip()
+        if (config and not Path(config).is_absolute() and not Path(config).exists()
+                and (path.parent / config).exists()):
+            # a model file beside the CSV, named relative to it (the CSV read from elsewhere)
+            row = dict(row, model_config=str(path.parent / config))
         m, par, precision = _run_row(row, where)
         facts = [f for f in (row.get(RUN_FACTS) or "").split(";") if f.strip()]
         try:

@@ -977,6 +977,20 @@ def test_runs_semicolon_separated_file_says_so(tmp_path):
         load_runs(p)
 
 
+def test_runs_model_config_path_is_found_beside_the_csv(tmp_path, monkeypatch):
+    """A row's model_config naming a config.json beside the CSV ('configs/llama.json') was
+    looked up from the working folder only: `validate path/to/runs.csv` run from elsewhere
+    said 'no such file'. Now the CSV's folder is tried when the working folder has none."""
+    (tmp_path / "data" / "configs").mkdir(parents=True)
+    _write_json(tmp_path / "data" / "configs", LLAMA3_8B_HF, "llama.json")
+    row = GOOD_ROW | dict(model_config="configs/llama.json", num_layers="32", hidden="4096",
+                          num_heads="32", vocab="128256")
+    p = _write_csv(tmp_path / "data", [row], RUN_COLUMNS + ["model_config"])
+    monkeypatch.chdir(tmp_path)
+    runs = load_runs(p)
+    assert float(runs.models[0].ffn_hidden) == 14336 and float(runs.models[0].seq_len) == 128
+
+
 def test_runs_gated_mlp_message_names_the_allowed_values(tmp_path):
     p = _write_csv(tmp_path, [GOOD_ROW | dict(gated_mlp="2")])
     with _raises(f"{p}: row 2 (id r1).gated_mlp='2' is not allowed (allowed: 0, 1)"):
