@@ -39,6 +39,29 @@ def _check_keys(d, allowed, where):
                             f"(allowed: {', '.join(sorted(allowed))})")
 
 
+# Keys only one kind of file has. A model, system or overlay file given where another kind
+# goes (--system my-model.yaml) was refused as "unknown key 'num_layers' (allowed: <the
+# other kind's keys>)"; it is named as the kind it is, with the option it belongs to.
+_KIND_MARKS = {"model": ("num_layers", "num_heads"),
+               "Hugging Face model config": ("num_hidden_layers", "num_attention_heads"),
+               "system": ("tiers", "matmul_TFLOPs"),
+               "calibration overlay": ("fitted_on", "created_by", "heldout")}
+_KIND_OPTION = {"model": "--model", "Hugging Face model config": "--model",
+                "system": "--system", "calibration overlay": "--calibration"}
+
+
+def _check_kind(d, expected: str, where: str) -> None:
+    """Refuse a mapping that has the marks of another kind of file and none of `expected`'s,
+    naming the kind found and its option."""
+    if not isinstance(d, dict) or any(k in d for k in _KIND_MARKS[expected]):
+        return
+    for kind, marks in _KIND_MARKS.items():
+        found = [k for k in marks if k in d]
+        if kind != expected and found:
+            raise SpecError(f"{where}: a {kind} file (it has {', '.join(found)}), not a "
+                            f"{expected} file: give it to {_KIND_OPTION[kind]}")
+
+
 # Every number must be representable in float32 after the unit conversion (x 1e12 for TFLOPs):
 # a magnitude over 1e18 or a positive value under 1e-12 (in the file's units) is refused.
 _MAX_MAGNITUDE = 1e18
@@ -161,6 +184,7 @@ def model_from_dict(d: dict, where: str = "model") -> Model:
     """A validated Model from the YAML schema of configs/README.md (keys as the runs CSV).
     `global_batch` (the model's published training batch, `default_global_batch`) is checked
     here but belongs to the job, not to the Model."""
+    _check_kind(d, "model", where)
     _check_keys(d, MODEL_KEYS, where)
     _number(d, "global_batch", where, integer=True, positive=True, default=1)
     n = lambda k, **kw: _number(d, k, where, **kw)  # noqa: E731
@@ -490,6 +514,7 @@ def reliability_from_dict(d: dict, where: str) -> Reliability:
 
 def system_from_dict(d: dict, where: str = "system") -> System:
     """A validated System from the YAML schema of configs/README.md (human units -> SI)."""
+    _check_kind(d, "system", where)
     _check_keys(d, SYSTEM_KEYS, where)
     tiers_in = d.get("tiers")
     if not isinstance(tiers_in, list) or not tiers_in:
@@ -573,7 +598,7 @@ def load_system(name_or_path, calibration=None) -> System:
     calibration overlay: a shipped name (`vtrain-a100`) or a YAML whose `efficiency:` mapping
     replaces efficiency fields."""
     path = Path(name_or_path)
-    if path.suffix not in (".yaml", ".yml"):
+    if path.suffix not in (".yaml", ".yml", ".json"):  # a JSON file is YAML too
         path = _named(name_or_path, "systems")
     system = system_from_dict(read_yaml(path), str(path))
     return apply_overlay(system, calibration) if calibration else system
@@ -702,6 +727,7 @@ def apply_overlay(system: System, overlay) -> System:
         overlay = resources.overlay_path(overlay)  # a shipped name ('vtrain-a100') or a path
     where = str(overlay) if not isinstance(overlay, dict) else "overlay"
     d = overlay if isinstance(overlay, dict) else read_yaml(overlay)
+    _check_kind(d, "calibration overlay", where)
     _check_keys(d, OVERLAY_KEYS, where)
     overlay_facts(d, where)
     eff = efficiency_from_dict(d.get("efficiency") or {}, f"{where}.efficiency", system.eff)

@@ -927,6 +927,34 @@ def test_hf_snapshot_folder_reads_its_config_json(tmp_path):
         load_model(f"{tmp_path / 'none'}/")
 
 
+@pytest.mark.parametrize("load,given,message", [
+    ("system", "configs/models/llama3-8b.yaml",
+     "a model file (it has num_layers, num_heads), not a system file: give it to --model"),
+    ("model", "configs/systems/h100-sxm-80gb.yaml",
+     "a system file (it has tiers, matmul_TFLOPs), not a model file: give it to --system"),
+    ("system", "calibration/fitted/torch-h100.yaml",
+     "a calibration overlay file (it has fitted_on, created_by, heldout), not a system file: "
+     "give it to --calibration"),
+    ("calibration", "configs/systems/h100-sxm-80gb.yaml",
+     "a system file (it has tiers, matmul_TFLOPs), not a calibration overlay file: give it "
+     "to --system"),
+    ("system", "tests/data/hf/qwen3-8b.json",
+     "a Hugging Face model config file (it has num_hidden_layers, num_attention_heads), not a "
+     "system file: give it to --model"),
+])
+def test_a_file_of_another_kind_is_named_as_such(load, given, message):
+    """A model, system or overlay file given where another kind goes was refused as
+    "unknown key 'num_layers' (allowed: <the other kind's keys>)"."""
+    from pathlib import Path
+
+    path = str(Path(__file__).resolve().parents[1] / given)
+    with _raises(f"{path}: {message}"):
+        if load == "calibration":
+            load_system("h100-sxm-80gb", calibration=path)
+        else:
+            (load_system if load == "system" else load_model)(path)
+
+
 def test_runs_not_utf8(tmp_path):
     p = tmp_path / "runs.csv"
     p.write_bytes(",".join(RUN_COLUMNS).encode() + b"\n\xff\xfe\n")
