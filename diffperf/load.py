@@ -832,6 +832,9 @@ def _read_csv(path: Path, required) -> tuple[list, list]:
         raise SpecError(f"{path}: not a UTF-8 text file") from None
     except csv.Error as err:
         raise SpecError(f"{path}: malformed CSV ({err})") from None
+    if not header and required:
+        raise SpecError(f"{path}: empty file (no header row; needs the columns "
+                        f"{', '.join(required)})")
     missing = [c for c in required if c not in header]
     if missing:
         sep = next((c for c in (";", "\t", "|") if len(header) == 1 and c in header[0]), None)

@@ -996,6 +996,13 @@ def test_runs_ragged_row_is_refused(tmp_path, cells, message):
         load_runs(p)
 
 
+def test_runs_empty_file_says_so(tmp_path):
+    p = tmp_path / "runs.csv"
+    p.write_text("")
+    with _raises(f"{p}: empty file (no header row; needs the columns id, num_gpus, "):
+        load_runs(p)
+
+
 def test_runs_semicolon_separated_file_says_so(tmp_path):
     p = tmp_path / "runs.csv"
     p.write_text(";".join(RUN_COLUMNS) + "\n" + ";".join(GOOD_ROW[c] for c in RUN_COLUMNS)
