@@ -625,22 +625,22 @@ def sweep_fields(system: System) -> dict:
     return out | {f"efficiency.{k}": (f"eff.{k}", 1.0) for k in EFFICIENCY_KEYS}
 
 
-def _sweep_values(key: str, spec: str) -> np.ndarray:
+def _sweep_values(key: str, spec: str, flag: str = "--sweep") -> np.ndarray:
     """START:STOP:N (evenly spaced, ends included), START:STOP:N:log (geometric) or V1,V2,..."""
-    where = "--sweep"
+    where = flag
     parts = spec.split(":")
     if len(parts) == 1:
         return np.array([_number({key: v}, key, where) for v in spec.split(",")])
     if len(parts) not in (3, 4):
-        raise SpecError(f"--sweep {key}={spec!r} must be START:STOP:N, START:STOP:N:log or "
+        raise SpecError(f"{flag} {key}={spec!r} must be START:STOP:N, START:STOP:N:log or "
                         f"V1,V2,...")
     a, b = (_number({key: v}, key, where) for v in parts[:2])
     n = _number({f"{key} N": parts[2]}, f"{key} N", where, integer=True, positive=True)
     spacing = parts[3] if len(parts) == 4 else "lin"
     if spacing not in ("lin", "log"):
-        raise SpecError(f"--sweep {key}: spacing {spacing!r} is not allowed (allowed: lin, log)")
+        raise SpecError(f"{flag} {key}: spacing {spacing!r} is not allowed (allowed: lin, log)")
     if spacing == "log" and not (a > 0 and b > 0):
-        raise SpecError(f"--sweep {key}={spec}: a log grid needs START > 0 and STOP > 0")
+        raise SpecError(f"{flag} {key}={spec}: a log grid needs START > 0 and STOP > 0")
     return np.geomspace(a, b, n) if spacing == "log" else np.linspace(a, b, n)
 
 
@@ -659,7 +659,8 @@ def _set_field(d: dict, key: str, value: float) -> dict:
     return d
 
 
-def _sweep_key(system: System, fields: dict, key: str) -> tuple[str, float]:
+def _sweep_key(system: System, fields: dict, key: str,
+               flag: str = "--sweep") -> tuple[str, float]:
     """(YAML key, SI per unit of the values given) of a --sweep field: a system YAML key in
     its units ('matmul_TFLOPs', 'tiers[1].bandwidth_GBps'), with a tier by name too
     ('tiers[infiniband].bandwidth_GBps'), or a System leaf path in SI, the names sensitivity
@@ -674,7 +675,7 @@ def _sweep_key(system: System, fields: dict, key: str) -> tuple[str, float]:
     if key in by_leaf:
         return by_leaf[key]
     tiers = ", ".join(f"{i} or {t.name}" for i, t in enumerate(system.tiers))
-    raise SpecError(f"--sweep: unknown field '{key}'{closest(key, [*fields, *by_leaf])} "
+    raise SpecError(f"{flag}: unknown field '{key}'{closest(key, [*fields, *by_leaf])} "
                     f"(allowed: {', '.join(fields)}; or a System leaf path in SI such as "
                     f"matmul_flops_per_s; tiers by index or name: {tiers})")
 
@@ -685,26 +686,21 @@ def sweep_axes(system: System, items, flag: str = "--sweep") -> list[tuple]:
     SI)], each value checked by the rules of `system_from_dict` (a bandwidth > 0, an
     efficiency in range, ...). `flag`: the option the strings came from, named in errors
     (`design --grid` takes the same strings)."""
-    if flag != "--sweep":
-        try:
-            return sweep_axes(system, items)
-        except SpecError as err:  # every message of the checks below starts with --sweep
-            raise SpecError(flag + str(err).removeprefix("--sweep")) from None
     fields = sweep_fields(system)
     base = system_to_dict(system)
     out, seen = [], set()
     for item in items or ():
         if "=" not in item:
-            raise SpecError(f"--sweep {item!r} must look like FIELD=START:STOP:N, "
+            raise SpecError(f"{flag} {item!r} must look like FIELD=START:STOP:N, "
                             f"FIELD=START:STOP:N:log or FIELD=V1,V2,...")
         key, spec = (x.strip() for x in item.split("=", 1))
-        key, per_si = _sweep_key(system, fields, key)
+        key, per_si = _sweep_key(system, fields, key, flag)
         if key in seen:
-            raise SpecError(f"--sweep {key} is given twice; give each field once")
+            raise SpecError(f"{flag} {key} is given twice; give each field once")
         seen.add(key)
-        values = _sweep_values(key, spec) / per_si
+        values = _sweep_values(key, spec, flag) / per_si
         for v in np.unique(values):
-            system_from_dict(_set_field(base, key, float(v)), "--sweep")
+            system_from_dict(_set_field(base, key, float(v)), flag)
         leaf, factor = fields[key]
         out.append((key, leaf, values, values * factor))
     return out
