@@ -247,13 +247,14 @@ fp8 = [
           1, 8 // c, s, 1, "full", t, True, False,
           f"{TT_H100}; Table 2; FSDP {8 // c} x CP {c}, full AC, Float8; TPS counts each "
           "sequence once (train.py at 9dec370 adds labels.numel() before the CP context "
-          "shards the buffers and divides by non_data_parallel_size = cp tp pp); K/V "
-          "exchange: --experimental.context_parallel_rotate_method not stated, its default "
-          "'allgather' (config_manager.py at 9dec370): cp_ring=0"
-          + ("; CP is PyTorch's experimental context_parallel() (utils.py "
-             "create_context_parallel_ctx at 9dec370; torch _attention.py: a-head K/V after "
-             "repeat_kv, fp32 dK/dV ring and merges): cp_torch=1" if c > 1 else ""),
-          cp=c, precision=FP8, facts=("cp_ring=0", *(("cp_torch=1",) if c > 1 else ())))
+          "shards the buffers and divides by non_data_parallel_size = cp tp pp)"
+          + ("; K/V exchange: --experimental.context_parallel_rotate_method not stated, its "
+             "default 'allgather' (config_manager.py at 9dec370): cp_ring=0; CP is PyTorch's "
+             "experimental context_parallel() (utils.py create_context_parallel_ctx at "
+             "9dec370; torch _attention.py: a-head K/V after repeat_kv, fp32 dK/dV ring and "
+             "merges): cp_torch=1" if c > 1 else "; CP 1: no K/V exchange, so neither cp_ring "
+             "nor cp_torch is set (validate refuses a CP fact at cp 1)"),
+          cp=c, precision=FP8, facts=(("cp_ring=0", "cp_torch=1") if c > 1 else ()))
       for c, s, t in ((1, 32768, 3890), (2, 65536, 2540), (4, 131072, 1071),
                       (8, 262144, 548))],
     row("tt-h100-l3-70b-n256-tp8-fp8", "torchtitan-h100", "grand-teton-h100", "llama3-70b", 256,

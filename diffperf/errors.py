@@ -10,7 +10,16 @@ class SpecError(ValueError):
 
     The message names the field (by its path), the value, the rule and the allowed values.
     The CLI prints it on one line and exits with code 2.
+
+    `field` and `value`: the field's name (as the message names it, without its path: e.g.
+    'zero3_regather') and its value, where the raiser knows them (specs.validate's rules that
+    name one field); None otherwise. A caller that acts on which field failed (load's runs
+    rows) reads them instead of parsing the message.
     """
+
+    def __init__(self, message="", *, field=None, value=None):
+        super().__init__(message)
+        self.field, self.value = field, value
 
 
 _CLOSEST_MAX = 64  # characters: difflib is quadratic, and a key is never longer

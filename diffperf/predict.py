@@ -31,14 +31,13 @@ from diffperf.memory.xla import select_memory, xla_device_memory
 from diffperf.result import EXPOSED_PARTS, Breakdown, Goodput, Result
 from diffperf.schedule.goodput import (checkpoint_bytes, checkpoint_write_s, daly_interval_s,
                                       job_mtbf_s, lost_fracs)
-from diffperf.schedule.overlap import (UB_PIPE_COMM_SMS, UB_PIPE_GPU_SMS, UB_PIPE_SPLITS,
-                                       axonn_exposed_s, dp_hidden_slowdown_s,
+from diffperf.schedule.overlap import (UB_PIPE_SPLITS, axonn_exposed_s, dp_hidden_slowdown_s,
                                        dp_step_exposed_s, ep_merged_1f1b_exposed_s,
                                        ep_merged_unpaired_frac, overlap_sigma,
                                        ring_exposed_s, split_exposed, tp_pipeline_rs_s,
                                        tp_userbuffers_block_s, tp_userbuffers_sigmas,
-                                       zero3_layer_exposed_s, zero3_microbatch_edge_s,
-                                       zero3_root_unit_s)
+                                       ub_pipe_sm_margin, zero3_layer_exposed_s,
+                                       zero3_microbatch_edge_s, zero3_root_unit_s)
 from diffperf.schedule.pipeline import (critical_stage, p2p_exposed_s, pipeline_times_s,
                                         stage_times_s)
 from diffperf.specs import Parallel
@@ -401,8 +400,8 @@ def _tp_userbuffers_parts(model, parallel, system, training, ops, fprop_rows, dg
         sliced = ops.dense.replace(n=ops.dense.n / (1.0 + cut * (UB_PIPE_SPLITS - 1.0)))
         f_p, _, _ = layer_pass_gemm_times_s(ops.replace(dense=sliced), system, training,
                                             temperature, lowp, ((0, 4),))
-        margin = jnp.asarray([UB_PIPE_GPU_SMS / (UB_PIPE_GPU_SMS - x)
-                              for x in UB_PIPE_COMM_SMS]).reshape((2,) + (1,) * (f_p.ndim - 1))
+        # the GEMM chunks on the SMs the comm kernels leave (System.gpu_sms)
+        margin = ub_pipe_sm_margin(system.gpu_sms).reshape((2,) + (1,) * (f_p.ndim - 1))
         f_p = UB_PIPE_SPLITS * margin * f_p[row]
         e_p, h_p = tp_pipeline_rs_s(ag_f, f_p, UB_PIPE_SPLITS, temperature)
         pipe_args = (on, e_p, h_p)

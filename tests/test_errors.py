@@ -544,6 +544,10 @@ LAYOUT_RULES = [
     (dict(recompute=1, recompute_layer_frac=0.5), None,
      "recompute_layer_frac=0.5 needs recompute=2 (full; got recompute=1): only full recompute "
      "checkpoints a fraction of the layers; allowed with recompute 0 or 1: 1"),
+    (dict(recompute=2, recompute_policy=1), None,
+     "recompute_policy=1 needs recompute=1 (selective; got recompute=2): it picks the ops "
+     "selective recompute re-runs (1, 2: TorchTitan's per-op SAC); allowed with recompute 0 "
+     "or 2: 0"),
     (dict(recompute=1, recompute_mlp=2), None, "recompute_mlp=2 is not allowed (allowed: 0, 1)"),
     (dict(recompute=2, recompute_mlp=1), None,
      "recompute_mlp=1 needs Megatron's selective recompute (recompute=1, recompute_policy=0; "
@@ -1785,26 +1789,56 @@ def test_tp_userbuffers_needs_a_precision_userbuffers_gathers(precision):
         check_inputs(m, ub, gb200, diffperf.training(ok))
 
 
-def test_tp_userbuffers_2_needs_an_h100():
-    """tp_userbuffers = 2 prices the GEMM beside the pipelined reduce-scatter on 132 - num_sm
-    SMs (H100 SXM5's count, NeMo Launcher 24.07's H100 configuration): refused on another GPU
-    by predict and search before tracing, instead of pricing it with H100's SM count; an H100
-    passes (test_tp_userbuffers_2_refuses_mxfp8)."""
+def test_tp_userbuffers_2_needs_the_gpus_sm_count():
+    """tp_userbuffers = 2 prices the GEMM beside the pipelined reduce-scatter on gpu_sms -
+    num_sm SMs (schedule.overlap.ub_pipe_sm_margin): refused by predict and search before
+    tracing on a system whose SM count is not given (System.gpu_sms = 0: gb200-nvl72), where
+    it used to price it with H100's 132; a GPU with its count passes (H100, and B200's 148,
+    which the old system.gpu == 'h100' rule refused), also as a hardware sweep's batched,
+    anonymous systems (system.gpu blanked: the old rule refused even H100 there)."""
     from diffperf.search import enumerate_layouts, search
+    from diffperf.specs.batch import anonymous
+    from diffperf.specs.validate import check_tp_userbuffers_system
 
     m = _small()
-    b200 = diffperf.load_system("dgx-b200")
+    gb200 = diffperf.load_system("gb200-nvl72")
     ub = Parallel(tp=2, dp=1, sequence_parallel=1, tp_userbuffers=2)
-    message = ("parallel.tp_userbuffers=2 with system.gpu='b200': the pipelined forward "
-               "reduce-scatter is NeMo Framework Launcher 24.07's H100 FP8 configuration "
-               "(num_sm 24 / 16 with an SM margin of the H100 SXM5's 132 SMs); allowed: "
-               "tp_userbuffers 2 with system.gpu 'h100', or tp_userbuffers 0 or 1")
+    message = ("parallel.tp_userbuffers=2 with system.gpu_sms=0: the pipelined forward "
+               "reduce-scatter runs its GEMM on the SMs its comm kernels leave (gpu_sms - "
+               "num_sm, num_sm 24 / 16 as NeMo Framework Launcher 24.07's H100 FP8 "
+               "configuration sets them), so the GPU's SM count must be known; allowed: "
+               "tp_userbuffers 2 with system.gpu_sms > 24 (the system file's gpu_sms key), or "
+               "tp_userbuffers 0 or 1")
     with _raises(message):
-        diffperf.predict(m, ub, b200, diffperf.training("fp8-delayed"))
+        diffperf.predict(m, ub, gb200, diffperf.training("fp8-delayed"))
     with _raises(message):
-        search(m, b200, diffperf.training("fp8-delayed"), enumerate_layouts(m, 2, 4)[:1],
+        search(m, gb200, diffperf.training("fp8-delayed"), enumerate_layouts(m, 2, 4)[:1],
                parallel={"tp_userbuffers": 2})
-    check_inputs(m, ub.replace(tp_userbuffers=1), b200, diffperf.training("fp8-delayed"))
+    check_inputs(m, ub.replace(tp_userbuffers=1), gb200, diffperf.training("fp8-delayed"))
+    h100, b200 = load_system("h100-sxm-80gb"), load_system("dgx-b200")
+    check_inputs(m, ub, b200, diffperf.training("fp8-delayed"))
+    check_tp_userbuffers_system(ub, anonymous(h100))
+    batch = stack([h100, gb200.replace(tiers=h100.tiers)])
+    assert float(anonymous(h100).gpu_sms) == 132.0 and anonymous(h100).gpu == ""
+    with _raises("parallel[1].tp_userbuffers=2 with system.gpu_sms=0: ") as err:
+        check_tp_userbuffers_system(ub, batch)
+    assert (err.value.field, err.value.value) == ("tp_userbuffers", 2.0)
+
+
+def test_system_gpu_sms_is_a_count(tmp_path):
+    """System key gpu_sms (the GPU's streaming multiprocessors; 0: unknown): >= 0."""
+    assert float(load_system(_write_yaml(tmp_path, _system_dict() | {
+        "gpu_sms": 108})).gpu_sms) == 108.0
+    assert float(load_system(_write_yaml(tmp_path, _system_dict())).gpu_sms) == 0.0
+    p = _write_yaml(tmp_path, _system_dict() | {"gpu_sms": -1}, "bad.yaml")
+    with _raises(f"{p}.gpu_sms=-1 must be >= 0"):
+        load_system(p)
+    from diffperf.specs.validate import check_system
+
+    with _raises("system: gpu_sms=-1 is not allowed (allowed: >= 0 (streaming "
+                 "multiprocessors of the GPU; 0: unknown))"):
+        check_system(load_system("h100-sxm-80gb").replace(gpu_sms=-1.0))
+
 
 # --------------------------------------------------------------------------------------------
 # Audit: predict's and search's layout options on the command line
@@ -1978,6 +2012,41 @@ ACT_RULES = [
     ({}, dict(rope_kv_pass=1.0, llama_eager_pointwise=1.0), "training: rope_kv_pass=1 with "
      "llama_eager_pointwise=1: the eager term already holds the rotary and K/V expansion "
      "passes (rope_kv_pass is their compiled form); allowed: one of the two"),
+    # the older facts (session 14, branch frontdoor3): each was accepted and changed nothing
+    (dict(cp_ring=0), {}, "parallel: cp_ring=0 needs context parallelism (cp > 1; got cp=1): "
+     "it picks how the cp ranks exchange K/V (1 ring, 0 all-gather); allowed: 1 (the default) "
+     "with cp = 1"),
+    (dict(tp_overlap=0.5), {}, "parallel: tp_overlap=0.5 needs tensor parallelism (tp > 1; "
+     "got tp=1): it is the fraction of the TP collectives hidden behind the GEMMs, and tp = 1 "
+     "has none; allowed: 0 with tp = 1"),
+    (dict(zero_stage=1, zero3_regather=0), {}, "parallel: zero3_regather=0 needs zero_stage=3 "
+     "(got zero_stage=1): it sets whether full recompute gathers a layer's parameters again "
+     "under ZeRO-3; allowed: 1 (the default) with zero_stage 0 to 2"),
+    (dict(zero_stage=2, zero3_calls_per_layer=4), {}, "parallel: zero3_calls_per_layer=4 needs "
+     "zero_stage=3 (got zero_stage=2): it sets the gather / reduce-scatter calls per layer "
+     "pass under ZeRO-3; allowed: 1 (the default) with zero_stage 0 to 2"),
+    (dict(zero3_prefetch_params=5e7), {}, "parallel: zero3_prefetch_params=5e+07 needs "
+     "zero_stage=3 (got zero_stage=0): it sets how many parameters are gathered ahead of use "
+     "under ZeRO-3; allowed: 0 (the default) with zero_stage 0 to 2"),
+    (dict(axonn_overlap=0), {}, "parallel: axonn_overlap=0 needs an AxoNN grid (gx, gy or gz > "
+     "1; got gx=1, gy=1, gz=1): it switches the grid's overlapped collectives; allowed: 1 "
+     "(the default) without a grid"),
+    ({}, dict(lowp_param_gather=1.0), "training: lowp_param_gather=1 needs GEMMs in FP8 / FP4 "
+     "(lowp_fprop, lowp_dgrad or lowp_wgrad = 1; precision 'bf16' has none): it all-gathers "
+     "and keeps the quantized weights (Megatron --fp8-param-gather); allowed: 0 with a 16-bit "
+     "precision"),
+    ({}, dict(lowp_layer_frac=0.5), "training: lowp_layer_frac=0.5 needs GEMMs in FP8 / FP4 "
+     "(lowp_fprop, lowp_dgrad or lowp_wgrad = 1; precision 'bf16' has none): it sets the "
+     "fraction of the layers whose linears run in low precision; allowed: 1 (the default) "
+     "with a 16-bit precision"),
+    ({}, dict(lowp_weight_cache=0.0), "training: lowp_weight_cache=0 needs GEMMs in FP8 / FP4 "
+     "(lowp_fprop, lowp_dgrad or lowp_wgrad = 1; precision 'bf16' has none): it sets whether "
+     "the quantized weights are cast once per step and kept; allowed: 1 (the default) with a "
+     "16-bit precision"),
+    ({}, dict(fused_softmax_max_seq=2048.0), "training: fused_softmax_max_seq=2048 needs "
+     "unfused attention (flash_attention=0; got 1): it is the longest key length Megatron's "
+     "fused scale-mask-softmax kernel takes, and fused attention runs no separate softmax; "
+     "allowed: 0 with flash_attention = 1"),
 ]
 MOE_ACT_RULES = [
     # on Mixtral 8x7B (8 routed experts, no shared expert), 16 GPUs
@@ -2044,6 +2113,36 @@ def test_te_cudnn_norm_needs_fp8_current_scaling():
                  training("fp8-current", lowp_te_quantizer=1.0, te_cudnn_norm=1.0))
 
 
+def test_older_facts_refused_where_they_cannot_act_carry_their_field():
+    """lowp_param_gather below a sharded optimizer (Megatron-LM's validate_args refuses
+    --fp8-param-gather without the distributed optimizer or FSDP), tp_overlap beside the
+    userbuffers overlap (which does not read it); the SpecError carries the refused field and
+    its value (SpecError.field / .value), which load's runs rows use."""
+    from diffperf.load import training
+
+    system = load_system("h100-sxm-80gb")
+    with _raises("training: lowp_param_gather=1 needs a sharded optimizer (zero_stage >= 1; "
+                 "got zero_stage=0): Megatron-LM refuses --fp8-param-gather without the "
+                 "distributed optimizer or FSDP (\"--fp8-param-gather only supported with "
+                 "distributed optimizer, torch fsdp2, megatron fsdp, or inference mode\"); "
+                 "allowed: 0 with zero_stage 0"):
+        check_inputs(_small(), Parallel(), system, training("fp8-current",
+                                                            lowp_param_gather=1.0))
+    check_inputs(_small(), Parallel(zero_stage=1), system,
+                 training("fp8-current", lowp_param_gather=1.0))
+    ub = Parallel(tp=2, sequence_parallel=1, tp_userbuffers=1, tp_overlap=0.5)
+    with _raises("parallel: tp_overlap=0.5 with tp_userbuffers=1: the userbuffers overlap "
+                 "prices which TP communication hides itself and does not read tp_overlap; "
+                 "allowed: tp_overlap 0 with tp_userbuffers 1 or 2") as err:
+        check_inputs(_small(), ub, system, training("bf16"))
+    assert (err.value.field, err.value.value) == ("tp_overlap", 0.5)
+    check_inputs(_small(), ub.replace(tp_overlap=0.0), system, training("bf16"))
+    batch = stack([Parallel(zero_stage=3), Parallel(zero3_regather=0)])
+    with _raises("parallel[1]: zero3_regather=0 needs zero_stage=3") as err:
+        check_inputs(_small(), batch, system, training("bf16"), 1)
+    assert (err.value.field, err.value.value) == ("zero3_regather", 0.0)
+
+
 def test_cli_predict_refuses_a_fact_that_cannot_act(capsys):
     """Through the command line (exit 2, one line, before any tracing)."""
     assert _cli_error(capsys, "predict", "--set", "moe_expert_loop=1") == (
@@ -2053,6 +2152,11 @@ def test_cli_predict_refuses_a_fact_that_cannot_act(capsys):
                       "cp_torch=1") == (
         "training: cp_torch=1 needs context parallelism (cp > 1; got cp=1): PyTorch's "
         "context_parallel() exchanges K/V between the cp ranks; allowed: 0 with cp = 1")
+    assert _cli_error(capsys, "predict", "--model", "gpt-small", "--dp", "1", "--set",
+                      "tp_overlap=0.5") == (
+        "layout: tp_overlap=0.5 needs tensor parallelism (tp > 1; got tp=1): it is the "
+        "fraction of the TP collectives hidden behind the GEMMs, and tp = 1 has none; "
+        "allowed: 0 with tp = 1")
     # on a layout the user did not give, the message says whose it is
     assert _cli_error(capsys, "predict", "--set", "cp_torch=1") == (
         "training: cp_torch=1 needs context parallelism (cp > 1; got cp=1): PyTorch's "
@@ -2074,6 +2178,14 @@ def test_runs_row_fact_that_cannot_act_names_its_row(tmp_path):
                  f"allowed: 0 with cp = 1 (the command's --set cp_torch=1 applies to every "
                  f"row; give a fact that holds for some rows only in their 'set' cell)"):
         load_runs(p, overrides=["cp_torch=1"])
+    # the field comes from the error (SpecError.field), not from parsing its message
+    with _raises(f"{p}: row 2 (id r1): tp_overlap=0.5 needs tensor parallelism (tp > 1; got "
+                 f"tp=1): it is the fraction of the TP collectives hidden behind the GEMMs, "
+                 f"and tp = 1 has none; allowed: 0 with tp = 1 (the command's --set "
+                 f"tp_overlap=0.5 applies to every row; give a fact that holds for some rows "
+                 f"only in their 'set' cell)") as err:
+        load_runs(p, overrides=["tp_overlap=0.5"])
+    assert (err.value.field, err.value.value) == ("tp_overlap", 0.5)
 
 
 @pytest.mark.parametrize("facts,tr,message", [
@@ -2155,6 +2267,17 @@ def test_search_keeps_the_layouts_its_facts_act_on():
     assert (table[:, col["cp"]] > 1).sum() == len(kept)
     kept = table[facts_act_rows(llama, training("bf16"), table, {"zero3_copy_out": 1})]
     assert len(kept) and (kept[:, col["zero_stage"]] == 3).all()
+    # the older facts (frontdoor3): each keeps the rows it acts on
+    for facts, c, rule in (({"zero3_regather": 0}, "zero_stage", lambda v: v == 3),
+                           ({"tp_overlap": 0.5}, "tp", lambda v: v > 1)):
+        mask = facts_act_rows(llama, training("bf16"), table, facts)
+        assert len(mask) and rule(table[mask, col[c]]).all()
+        assert rule(table[:, col[c]]).sum() == len(mask)
+    kept = table[facts_act_rows(llama, training("fp8-current", lowp_param_gather=1.0), table)]
+    assert len(kept) and (kept[:, col["zero_stage"]] >= 1).all()
+    grid = np.prod(table[:, [col["gx"], col["gy"], col["gz"]]], axis=1) > 1
+    if grid.any():
+        assert grid[facts_act_rows(llama, training("bf16"), table, {"axonn_overlap": 0})].all()
     mixtral = diffperf.load_model("mixtral-8x7b")
     table = enumerate_layouts(mixtral, 16, 16)
     kept = table[facts_act_rows(mixtral, training("bf16"), table, {"ep_overlap": 1})]

@@ -139,7 +139,7 @@ def configurations(draw):
         tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=global_batch,
         zero_stage=draw(st.integers(0, 3)), recompute=draw(st.integers(0, 2)),
         sequence_parallel=draw(st.integers(0, 1)), dp_overlap=draw(st.integers(0, 1)),
-        tp_overlap=draw(st.sampled_from((0.0, 0.5))))
+        tp_overlap=draw(st.sampled_from((0.0, 0.5))) * (tp > 1))  # acts at tp > 1 only
     try:
         check_layout(model, parallel)
     except SpecError:

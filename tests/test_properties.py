@@ -143,7 +143,8 @@ def random_layout(rng, model):
         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vp=vp, micro_batch=micro_batch,
         global_batch=micro_batch * dp * m, zero_stage=int(rng.integers(4)),
         recompute=int(rng.integers(3)), sequence_parallel=int(rng.integers(2)),
-        dp_overlap=int(rng.integers(2)), tp_overlap=_pick(rng, (0.0, 0.5, 1.0)))
+        dp_overlap=int(rng.integers(2)),
+        tp_overlap=_pick(rng, (0.0, 0.5, 1.0)) * (tp > 1))  # acts at tp > 1 only
 
 
 def random_system(rng):

@@ -20,8 +20,8 @@ import diffperf
 from diffperf import Parallel
 from diffperf.costs.collectives import all_gather_s, reduce_scatter_s
 from diffperf.costs.compute import layer_pass_gemm_times_s, memory_time_s
-from diffperf.schedule.overlap import (UB_PIPE_COMM_SMS, UB_PIPE_GPU_SMS, UB_PIPE_SPLITS,
-                                       tp_pipeline_rs_s, tp_userbuffers_block_s)
+from diffperf.schedule.overlap import (UB_PIPE_COMM_SMS, UB_PIPE_SPLITS, tp_pipeline_rs_s,
+                                       tp_userbuffers_block_s, ub_pipe_sm_margin)
 from diffperf.workload.flops import layer_ops
 from diffperf.workload.groups import stride
 from diffperf.workload.tp import tp_ub_message_bytes, tp_ub_reduce_bytes, tp_ub_scale_bytes
@@ -308,8 +308,9 @@ def test_layer_parts_pipeline_conserve_and_gate():
     n[[1, 3]] /= UB_PIPE_SPLITS
     fp = np.asarray(layer_pass_gemm_times_s(
         ops.replace(dense=ops.dense.replace(n=jnp.asarray(n))), system, tr, None, True)[0])
-    margin = np.array([UB_PIPE_GPU_SMS / (UB_PIPE_GPU_SMS - x) for x in UB_PIPE_COMM_SMS])
-    assert np.allclose(margin, [132 / 108, 132 / 116])
+    sms = float(system.gpu_sms)  # the H100 SXM5's 132 (configs/systems/h100-sxm-80gb.yaml)
+    margin = np.array([sms / (sms - x) for x in UB_PIPE_COMM_SMS])
+    assert sms == 132.0 and np.allclose(margin, [132 / 108, 132 / 116])
     pipe_gemm = UB_PIPE_SPLITS * margin * fp[[1, 3]]
     ring_rows = t * fc[[1, 3]]
     assert rs_p == pytest.approx(ag_f, rel=1e-6) and rs_p < 0.6 * rs  # FP8 vs BF16
@@ -318,3 +319,18 @@ def test_layer_parts_pipeline_conserve_and_gate():
     np.testing.assert_allclose(float(two["tp_exposed_s"] + two["tp_hidden_s"]), want,
                                rtol=1e-5)
     assert float(two["tp_exposed_s"]) > float(np.sum(pipe_gemm - f[[1, 3]]))
+
+
+def test_ub_pipe_sm_margin_by_hand():
+    """schedule.overlap.ub_pipe_sm_margin: S / (S - num_sm) for num_sm 24 (proj) and 16 (fc2),
+    S = System.gpu_sms: H100 SXM5 132 -> 132/108, 132/116; B200 148 -> 148/124, 148/132;
+    S <= num_sm (0: unknown, refused by validate) -> 1, no margin, finite. More SMs never
+    slow the GEMM: d margin / dS = -num_sm / (S - num_sm)^2 < 0."""
+    got = [np.asarray(ub_pipe_sm_margin(s)) for s in (132.0, 148.0, 0.0, 20.0)]
+    np.testing.assert_allclose(got[0], [132 / 108, 132 / 116], rtol=1e-6)
+    np.testing.assert_allclose(got[1], [148 / 124, 148 / 132], rtol=1e-6)
+    np.testing.assert_array_equal(got[2], [1.0, 1.0])
+    np.testing.assert_allclose(got[3], [1.0, 20 / 4], rtol=1e-6)
+    grad = jax.grad(lambda s: ub_pipe_sm_margin(s)[0])(132.0)
+    assert float(grad) == pytest.approx(-24 / 108**2, rel=1e-5)
+    assert float(jax.grad(lambda s: ub_pipe_sm_margin(s)[0])(0.0)) == 0.0

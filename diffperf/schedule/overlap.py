@@ -290,11 +290,31 @@ def tp_userbuffers_block_s(ag_f_s, ag_b_s, rs_s, ag_wgrad_s, reduce_s, col_fprop
 # TE 1.8's pipelined reduce-scatter as NeMo Framework Launcher 24.07 configures it for H100
 # FP8 (launcher_scripts/conf/training/tp_overlap/ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192.yaml,
 # tag 24.07: proj_fprop num_sm 24, fc2_fprop num_sm 16, both method pipeline, num_splits 4,
-# set_sm_margin 1, fp8_buf 1) on an H100 SXM5 (132 SMs: NVIDIA H100 Tensor Core GPU
-# Architecture whitepaper, "H100 SXM5 ... 132 SMs") [S]
+# set_sm_margin 1, fp8_buf 1) [S]; the GPU's own SM count is System.gpu_sms (ub_pipe_sm_margin)
 UB_PIPE_SPLITS = 4.0
 UB_PIPE_COMM_SMS = (24.0, 16.0)   # (proj_fprop, fc2_fprop)
-UB_PIPE_GPU_SMS = 132.0
+
+
+def ub_pipe_sm_margin(gpu_sms):
+    """Slowdown of the GEMM chunks beside TE 1.8's pipelined reduce-scatter, one per comm
+    kernel of UB_PIPE_COMM_SMS (proj_fprop, fc2_fprop):
+
+        margin_k = S / (S - num_sm_k)        S = System.gpu_sms > num_sm_k; else 1
+    Why: with set_sm_margin the GEMM is launched on `_math_sms = prop.multiProcessorCount -
+    num_comm_sm` SMs (TE v1.8 comm_gemm_overlap.h, UbufCommOverlap), the comm kernel taking
+    num_sm of them, and a GEMM large enough to fill the GPU runs in proportion to the SMs it
+    gets [S for the SM split, D for the proportional rate]. S <= num_sm (0: the count unknown)
+    gives 1, no margin: `specs.validate.check_tp_userbuffers_system` refuses such a system
+    for tp_userbuffers = 2 before anything is traced; the guard keeps traced values finite.
+    Example: H100 SXM5, S = 132: 132 / 108 = 1.222 (proj), 132 / 116 = 1.138 (fc2); B200,
+    S = 148: 148 / 124 = 1.194, 148 / 132 = 1.121.
+    """
+    s = jnp.asarray(gpu_sms)
+    out = []
+    for x in UB_PIPE_COMM_SMS:
+        ok = s > x
+        out.append(jnp.where(ok, s / jnp.where(ok, s - x, 1.0), 1.0))
+    return jnp.stack(out)
 
 
 def tp_pipeline_rs_s(rs_s, gemm_s, n_splits, temperature=None):

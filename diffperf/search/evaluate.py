@@ -195,7 +195,7 @@ def facts_act_mask_rows(model, training, layouts, parallel=None) -> np.ndarray:
     table = np.asarray(layouts)
     base = _base_parallel(parallel) or Parallel()
     cols = {c: table[:, COLUMNS.index(c)].astype(np.float64)
-            for c in ("tp", "cp", "ep", "zero_stage", "recompute")}
+            for c in ("tp", "cp", "ep", "gx", "gy", "gz", "zero_stage", "recompute")}
     ok = np.array(np.broadcast_to(facts_act_mask(model, base.replace(**cols), training),
                                   len(table)), dtype=bool)
     if len(table) and not ok.any():
@@ -239,9 +239,11 @@ def search_sharded(model, system, training=None, layouts=None, *, devices=None, 
 def facts_act_rows(model, training, layouts, parallel=None) -> np.ndarray:
     """The rows of a layout table on which the framework facts (`parallel`, a mapping of
     Parallel facts as `search` takes it, and `training`) can act: check_facts_act's per-layout
-    rules (cp_torch needs cp > 1, tp_userbuffers tp > 1, ep_overlap ep > 1 and no full
-    recompute, ep_dispatch ep > 1, zero3_copy_out and zero3_root_unit ZeRO-3), each row with
-    its own tp, cp, ep, zero_stage and recompute. A ranking that offered the others would
+    rules (cp_torch needs cp > 1, tp_userbuffers and tp_overlap tp > 1, ep_overlap ep > 1 and
+    no full recompute, ep_dispatch ep > 1, zero3_copy_out, zero3_root_unit, zero3_regather,
+    zero3_calls_per_layer and zero3_prefetch_params ZeRO-3, lowp_param_gather ZeRO >= 1,
+    axonn_overlap an AxoNN grid), each row with its own tp, cp, ep, grid, zero_stage and
+    recompute. A ranking that offered the others would
     offer a layout on which a --set fact does nothing, or that Megatron-Core refuses
     (ep_overlap under full recompute), and predict would then refuse the layout its own
     search chose. Returns the row indices. SpecError, with the rule's message for the first

@@ -139,6 +139,11 @@ class System(struct.PyTreeNode):
     # on the fused attention kernel, one exponential per computed score element per pass
     # (costs.compute.attention_exp_floor_s). 0: no published rate, no floor (no change)
     sfu_exp_per_s: Any = 0.0
+    # Streaming multiprocessors of THIS GPU (CUDA's multiProcessorCount, from its whitepaper /
+    # a device query: configs/systems sources), which Transformer Engine divides between a
+    # userbuffers comm kernel and the GEMM beside it (tp_userbuffers = 2: predict.
+    # _tp_userbuffers_parts' SM margin). 0: unknown (tp_userbuffers = 2 refused)
+    gpu_sms: Any = 0.0
     # 1: THIS GPU's FP8 GEMMs take every operand layout, not only TN (Transformer Engine
     # `nvte_is_non_tn_fp8_gemm_supported()`, common/transformer_engine.cpp v2.7-v2.16: compute
     # capability 10.x-11.x or >= 13.0, i.e. Blackwell B200 / GB200 sm100, B300 / GB300 sm103), so

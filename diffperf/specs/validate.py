@@ -58,9 +58,11 @@ def _divisors(x: float) -> str:
     return ", ".join(str(i) for i in divisors(x))
 
 
-def _fail(mask, where, message):
+def _fail(mask, where, message, field=None, value=None):
     """Raise SpecError for the first True entry of mask; message(i) formats it. In mask
-    mode (`where` a _Collect) record ~mask instead."""
+    mode (`where` a _Collect) record ~mask instead. `field` (the name the message leads with)
+    and `value` (its leaf: the entry of the failing index is taken) go on the error as
+    SpecError.field / .value."""
     if isinstance(where, _Collect):
         where.ok = where.ok & ~mask
         return
@@ -68,7 +70,10 @@ def _fail(mask, where, message):
     if mask.any():
         i = int(np.argmax(mask))
         at = f"[{i}]" if mask.size > 1 else ""
-        raise SpecError(f"{where}{at}: {message(i)}")
+        if value is not None:
+            v = np.ravel(np.asarray(value))
+            value = float(v[min(i, v.size - 1)])
+        raise SpecError(f"{where}{at}: {message(i)}", field=field, value=value)
 
 
 def _divides(a, b, xp=np):
@@ -81,8 +86,10 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
     """Megatron-Core's recompute_modules (Parallel.recompute_<module>, workload.recompute):
     each 0 or 1; other than the default (core_attn 1, the rest 0) only under Megatron's
     selective recompute (recompute 1, recompute_policy 0), where they are read, and
-    recompute_layer_frac < 1 only under full recompute (both for one layout; not in a
-    search's table, whose --set facts act only on their own mode); mla_up_proj
+    recompute_layer_frac < 1 only under full recompute, recompute_policy > 0 only under
+    selective recompute (workload.recompute multiplies its terms by recompute = 1) (all for
+    one layout; not in a search's table, whose --set facts act only on their own mode);
+    mla_up_proj
     needs multi-latent attention and moe_act an MoE model (Megatron-Core's
     TransformerConfig.__post_init__ raises for both)."""
     megatron = (P["recompute"] == 1) & (P["recompute_policy"] == 0)
@@ -96,7 +103,13 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
         _fail((r < 1) & (P["recompute"] != 2), where, lambda i: (
             f"recompute_layer_frac={pick(r, i):g} needs recompute=2 (full; got recompute="
             f"{pick(P['recompute'], i):g}): only full recompute checkpoints a fraction of the "
-            f"layers; allowed with recompute 0 or 1: 1"))
+            f"layers; allowed with recompute 0 or 1: 1"), "recompute_layer_frac", r)
+        pol = P["recompute_policy"]
+        _fail((pol != 0) & (P["recompute"] != 1), where, lambda i: (
+            f"recompute_policy={pick(pol, i):g} needs recompute=1 (selective; got recompute="
+            f"{pick(P['recompute'], i):g}): it picks the ops selective recompute re-runs (1, 2: "
+            f"TorchTitan's per-op SAC); allowed with recompute 0 or 2: 0"),
+            "recompute_policy", pol)
     for m in RECOMPUTE_MODULES:
         f = f"recompute_{m}"
         v = P[f]
@@ -155,7 +168,7 @@ def _dense_facts(M, where, pick, facts, leaves) -> None:
         v = leaves[f]
         _fail(dense & (v != 0), where, lambda i, f=f, v=v, w=what: (
             f"{f}={pick(v, i):g} acts only on MoE layers ({w}); allowed: 0 for a dense "
-            f"model (moe_experts = 0)"))
+            f"model (moe_experts = 0)"), f, v)
 
 
 def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
@@ -163,6 +176,7 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
     """Refuse a framework fact (a Training / Parallel 0/1 or fraction field set from what a run
     did) on an input where its term cannot act, so that no setting is silently ignored.
     Concrete values only (nothing here runs under jit: `valid_mask` does not trace it).
+    The SpecError carries the refused field and its value (SpecError.field / .value).
 
         any layout    MoE facts (MOE_TRAINING_FACTS, MOE_PARALLEL_FACTS) need moe_experts > 0;
                       recompute_shared_experts = 1 needs shared experts;
@@ -174,21 +188,40 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
                         (workload.flops.moe_quant_pad_bytes);
                       lowp_te_quantizer = 1 needs quantized GEMMs too (it counts TE's
                         quantize kernels: workload.flops.te_quantize_rows);
+                      lowp_param_gather = 1 needs quantized GEMMs (workload.dp.
+                        gathered_weight_bytes multiplies it by them), and so do
+                        lowp_layer_frac != 1 and lowp_weight_cache != 1 (their terms are
+                        multiplied by the low-precision passes);
+                      fused_softmax_max_seq > 0 needs flash_attention = 0
+                        (workload.flops.softmax_fallback multiplies by 1 - flash_attention);
                       te_cudnn_norm = 1 needs lowp_te_quantizer = 1 and per-tensor FP8
                         current scaling (it only moves that recipe's norm-fused amax);
                       rope_kv_pass = 1 needs llama_eager_pointwise = 0 (that term holds the
                         eager forms of the same passes);
-        layout=True   cp_torch = 1 needs cp > 1; tp_userbuffers >= 1 needs tp > 1;
-        (one layout)  ep_overlap > 0 needs ep > 1 and no full recompute (Megatron-Core
+                      tp_overlap > 0 needs tp_userbuffers = 0 (the userbuffers form does
+                        not read it: predict._layer_parts replaces the tp_overlap form)
+        layout=True   cp_torch = 1 and cp_ring = 0 need cp > 1; tp_userbuffers >= 1 needs
+                        tp > 1;
+        (one layout)  tp_overlap > 0 needs tp > 1 (it scales the TP collectives' hidden
+                        part, 0 s at tp 1);
+                      ep_overlap > 0 needs ep > 1 and no full recompute (Megatron-Core
                         TransformerConfig.__post_init__ asserts both for
                         overlap_moe_expert_parallel_comm); ep_dispatch = 1 needs ep > 1
                         (the flex form is priced only for an exchange between ep ranks);
                       zero3_copy_out = 1 needs zero_stage 3 (FSDP2 copies the parameters
                         it gathers per layer); zero3_root_unit = 1 needs zero_stage 3 (it
-                        prices FSDP's root unit gather and reduce-scatter)
-    A search (layout=False, `parallel` None or its facts) varies tp, cp, ep, zero_stage and
-    recompute per row, each fact acting on its own rows. Batched leaves: the first entry
-    that fails, with its index.
+                        prices FSDP's root unit gather and reduce-scatter); zero3_regather
+                        = 0, zero3_calls_per_layer != 1 and zero3_prefetch_params != 0 need
+                        zero_stage 3 (predict._zero3_layer_parts and memory.device multiply
+                        their terms by zero_stage = 3);
+                      axonn_overlap = 0 needs an AxoNN grid (gx, gy or gz > 1: the grid's
+                        collectives, 0 s without one);
+                      lowp_param_gather = 1 needs zero_stage >= 1 (Megatron-LM
+                        validate_args: "--fp8-param-gather only supported with distributed
+                        optimizer, torch fsdp2, megatron fsdp, or inference mode")
+    A search (layout=False, `parallel` None or its facts) varies tp, cp, ep, the AxoNN grid,
+    zero_stage and recompute per row, each fact acting on its own rows. Batched leaves: the
+    first entry that fails, with its index.
     """
     pick = lambda a, i: a.ravel()[min(i, a.size - 1)]  # noqa: E731
     M = {f: _arr(getattr(model, f)) for f in ("n_experts", "n_shared_experts",
@@ -197,18 +230,41 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
         *(f for f, _ in MOE_TRAINING_FACTS), "lowp_fprop", "lowp_dgrad", "lowp_wgrad",
         "rope_kv_pass", "llama_eager_pointwise", "attention_fa2", "cp_torch",
         "lowp_te_quantizer", "te_cudnn_norm", "te_scale_swizzle", "lowp_amax_pass",
-        "lowp_block", "lowp_fp4")}
+        "lowp_block", "lowp_fp4", "lowp_param_gather", "lowp_layer_frac", "lowp_weight_cache",
+        "fused_softmax_max_seq", "flash_attention")}
     _dense_facts(M, where_training, pick, MOE_TRAINING_FACTS, T)
     lowp = np.maximum(np.maximum(T["lowp_fprop"], T["lowp_dgrad"]), T["lowp_wgrad"]) > 0
     name = getattr(training, "name", None)
     _fail((T["moe_quant_pad"] == 1) & ~lowp, where_training, lambda i: (
         f"moe_quant_pad=1 needs GEMMs in FP8 / FP4 (lowp_fprop, lowp_dgrad or lowp_wgrad = 1; "
         f"precision {name or '?'!r} has none): Megatron-Core's TEGroupedMLP pads the routed "
-        f"tokens only for quantized grouped GEMMs; allowed: 0 with a 16-bit precision"))
+        f"tokens only for quantized grouped GEMMs; allowed: 0 with a 16-bit precision"),
+        "moe_quant_pad", T["moe_quant_pad"])
     _fail((T["lowp_te_quantizer"] == 1) & ~lowp, where_training, lambda i: (
         f"lowp_te_quantizer=1 needs GEMMs in FP8 / FP4 (lowp_fprop, lowp_dgrad or lowp_wgrad "
         f"= 1; precision {name or '?'!r} has none): it counts Transformer Engine's quantize "
-        f"kernels; allowed: 0 with a 16-bit precision"))
+        f"kernels; allowed: 0 with a 16-bit precision"), "lowp_te_quantizer",
+        T["lowp_te_quantizer"])
+    gather = T["lowp_param_gather"]
+    _fail((gather > 0) & ~lowp, where_training, lambda i: (
+        f"lowp_param_gather={pick(gather, i):g} needs GEMMs in FP8 / FP4 (lowp_fprop, "
+        f"lowp_dgrad or lowp_wgrad = 1; precision {name or '?'!r} has none): it all-gathers "
+        f"and keeps the quantized weights (Megatron --fp8-param-gather); allowed: 0 with a "
+        f"16-bit precision"), "lowp_param_gather", gather)
+    for f, what in (("lowp_layer_frac", "the fraction of the layers whose linears run in low "
+                                        "precision"),
+                    ("lowp_weight_cache", "whether the quantized weights are cast once per step "
+                                          "and kept")):
+        _fail((T[f] != 1) & ~lowp, where_training, lambda i, f=f, w=what: (
+            f"{f}={pick(T[f], i):g} needs GEMMs in FP8 / FP4 (lowp_fprop, lowp_dgrad or "
+            f"lowp_wgrad = 1; precision {name or '?'!r} has none): it sets {w}; allowed: 1 "
+            f"(the default) with a 16-bit precision"), f, T[f])
+    seq = T["fused_softmax_max_seq"]
+    _fail((seq > 0) & (T["flash_attention"] == 1), where_training, lambda i: (
+        f"fused_softmax_max_seq={pick(seq, i):g} needs unfused attention (flash_attention=0; "
+        f"got 1): it is the longest key length Megatron's fused scale-mask-softmax kernel "
+        f"takes, and fused attention runs no separate softmax; allowed: 0 with "
+        f"flash_attention = 1"), "fused_softmax_max_seq", seq)
     current = (lowp & (T["lowp_amax_pass"] > 0) & (T["lowp_block"] == 0)
                & (T["lowp_fp4"] == 0))
     _fail((T["te_cudnn_norm"] == 1) & ~((T["lowp_te_quantizer"] == 1) & current),
@@ -216,67 +272,112 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
               f"te_cudnn_norm=1 needs lowp_te_quantizer=1 with per-tensor FP8 current scaling "
               f"(got lowp_te_quantizer={pick(T['lowp_te_quantizer'], i):g}, precision "
               f"{name or '?'!r}): it takes the amax of a LayerNormLinear's FP8 current-scaling "
-              f"quantize out of Transformer Engine's norm kernel; allowed: 0"))
+              f"quantize out of Transformer Engine's norm kernel; allowed: 0"),
+          "te_cudnn_norm", T["te_cudnn_norm"])
     _fail(~np.isin(T["te_scale_swizzle"], (0, 1, 2)), where_training, lambda i: (
         f"te_scale_swizzle={pick(T['te_scale_swizzle'], i):g} is not allowed (allowed: 0 none, "
         f"1 Transformer Engine 2.7 / 2.9 every GEMM operand, 2 TE 2.12-2.16 weights and "
-        f"sequence-parallel gathered tensors)"))
+        f"sequence-parallel gathered tensors)"), "te_scale_swizzle", T["te_scale_swizzle"])
     _fail((T["te_scale_swizzle"] > 0) & ~((T["lowp_te_quantizer"] == 1)
                                           & (T["lowp_block"] > 0)), where_training, lambda i: (
         f"te_scale_swizzle={pick(T['te_scale_swizzle'], i):g} needs lowp_te_quantizer=1 with a "
         f"block-scaled (MXFP8) precision (precision {name or '?'!r}): it counts Transformer "
-        f"Engine's MXFP8 scale swizzles; allowed: 0"))
+        f"Engine's MXFP8 scale swizzles; allowed: 0"), "te_scale_swizzle",
+        T["te_scale_swizzle"])
     _fail((T["rope_kv_pass"] == 1) & (T["llama_eager_pointwise"] == 1), where_training,
           lambda i: (
               "rope_kv_pass=1 with llama_eager_pointwise=1: the eager term already holds the "
               "rotary and K/V expansion passes (rope_kv_pass is their compiled form); "
-              "allowed: one of the two"))
+              "allowed: one of the two"), "rope_kv_pass", T["rope_kv_pass"])
     if parallel is None:
         return
     P = {f: _arr(getattr(parallel, f)) for f in (
         *(f for f, _ in MOE_PARALLEL_FACTS), "tp", "cp", "ep", "recompute", "zero_stage",
-        "tp_userbuffers", "zero3_copy_out", "zero3_root_unit", "recompute_mlp")}
+        "tp_userbuffers", "zero3_copy_out", "zero3_root_unit", "recompute_mlp", "tp_overlap",
+        "zero3_regather", "zero3_calls_per_layer", "zero3_prefetch_params", "axonn_overlap",
+        "cp_ring", *GRID)}
     _dense_facts(M, where_parallel, pick, MOE_PARALLEL_FACTS, P)
     moe = M["n_experts"] > 0
     _fail(moe & (P["recompute_shared_experts"] == 1) & (M["n_shared_experts"] == 0),
           where_parallel, lambda i: (
               "recompute_shared_experts=1 needs shared experts (model.moe_shared_experts > 0; "
-              "got 0): there is no module to recompute; allowed: 0"))
+              "got 0): there is no module to recompute; allowed: 0"),
+          "recompute_shared_experts", P["recompute_shared_experts"])
     _fail(moe & (P["recompute_mlp"] == 1) & (M["moe_dense_layers"] == 0), where_parallel,
           lambda i: (
               f"recompute_mlp=1 needs dense MLP layers (model.moe_experts="
               f"{pick(M['n_experts'], i):g} with moe_dense_layers=0 has none): Megatron-Core's "
               f"TransformerLayer recomputes the MLP only where it is not an MoELayer (the "
-              f"experts' activation is recompute_moe_act); allowed: 0"))
+              f"experts' activation is recompute_moe_act); allowed: 0"),
+          "recompute_mlp", P["recompute_mlp"])
+    o, u = P["tp_overlap"], P["tp_userbuffers"]
+    _fail((o > 0) & (u >= 1), where_parallel, lambda i: (
+        f"tp_overlap={pick(o, i):g} with tp_userbuffers={pick(u, i):g}: the userbuffers "
+        f"overlap prices which TP communication hides itself and does not read tp_overlap; "
+        f"allowed: tp_overlap 0 with tp_userbuffers 1 or 2"), "tp_overlap", o)
     if not layout:
         return
     _fail((T["cp_torch"] == 1) & (P["cp"] == 1), where_training, lambda i: (
         "cp_torch=1 needs context parallelism (cp > 1; got cp=1): PyTorch's "
-        "context_parallel() exchanges K/V between the cp ranks; allowed: 0 with cp = 1"))
-    _fail((P["tp_userbuffers"] >= 1) & (P["tp"] == 1), where_parallel, lambda i: (
-        f"tp_userbuffers={pick(P['tp_userbuffers'], i):g} needs tensor parallelism (tp > 1; "
+        "context_parallel() exchanges K/V between the cp ranks; allowed: 0 with cp = 1"),
+        "cp_torch", T["cp_torch"])
+    ring = P["cp_ring"]
+    _fail((ring != 1) & (P["cp"] == 1), where_parallel, lambda i: (
+        f"cp_ring={pick(ring, i):g} needs context parallelism (cp > 1; got cp=1): it picks how "
+        f"the cp ranks exchange K/V (1 ring, 0 all-gather); allowed: 1 (the default) with "
+        f"cp = 1"), "cp_ring", ring)
+    _fail((u >= 1) & (P["tp"] == 1), where_parallel, lambda i: (
+        f"tp_userbuffers={pick(u, i):g} needs tensor parallelism (tp > 1; "
         "got tp=1): userbuffers overlaps "
-        "the TP collectives; allowed: 0 with tp = 1"))
+        "the TP collectives; allowed: 0 with tp = 1"), "tp_userbuffers", u)
+    _fail((o > 0) & (P["tp"] == 1), where_parallel, lambda i: (
+        f"tp_overlap={pick(o, i):g} needs tensor parallelism (tp > 1; got tp=1): it is the "
+        f"fraction of the TP collectives hidden behind the GEMMs, and tp = 1 has none; "
+        f"allowed: 0 with tp = 1"), "tp_overlap", o)
     v = P["ep_overlap"]
     _fail(moe & (v > 0) & (P["ep"] == 1), where_parallel, lambda i: (
         f"ep_overlap={pick(v, i):g} needs expert parallelism (ep > 1; got ep=1): Megatron-Core "
         f"overlaps the expert all-to-alls only between ep ranks (\"overlap_moe_expert_"
         f"parallel_comm is only supported with expert model parallelism\"); allowed: 0 with "
-        f"ep = 1"))
+        f"ep = 1"), "ep_overlap", v)
     _fail(moe & (v > 0) & (P["recompute"] == 2), where_parallel, lambda i: (
         f"ep_overlap={pick(v, i):g} with recompute=2 (full): Megatron-Core refuses the merged EP "
         f"schedule under full recompute (\"disable full recomputation when enabling "
-        f"overlap_moe_expert_parallel_comm\"); allowed: 0 with full recompute"))
+        f"overlap_moe_expert_parallel_comm\"); allowed: 0 with full recompute"), "ep_overlap", v)
     _fail(moe & (P["ep_dispatch"] == 1) & (P["ep"] == 1), where_parallel, lambda i: (
         "ep_dispatch=1 needs expert parallelism (ep > 1; got ep=1): the flex dispatcher's "
-        "exchange runs between the ep ranks; allowed: 0 with ep = 1"))
+        "exchange runs between the ep ranks; allowed: 0 with ep = 1"), "ep_dispatch",
+        P["ep_dispatch"])
     z = P["zero_stage"]
     _fail((P["zero3_copy_out"] == 1) & (z < 3), where_parallel, lambda i: (
         f"zero3_copy_out=1 needs zero_stage=3 (got zero_stage={pick(z, i):g}): FSDP2 copies "
-        f"out the parameters it all-gathers per layer; allowed: 0 with zero_stage 0 to 2"))
+        f"out the parameters it all-gathers per layer; allowed: 0 with zero_stage 0 to 2"),
+        "zero3_copy_out", P["zero3_copy_out"])
     _fail((P["zero3_root_unit"] == 1) & (z < 3), where_parallel, lambda i: (
         f"zero3_root_unit=1 needs zero_stage=3 (got zero_stage={pick(z, i):g}): it prices "
-        f"FSDP's root unit gather and reduce-scatter; allowed: 0 with zero_stage 0 to 2"))
+        f"FSDP's root unit gather and reduce-scatter; allowed: 0 with zero_stage 0 to 2"),
+        "zero3_root_unit", P["zero3_root_unit"])
+    for f, default, what in (
+            ("zero3_regather", 1, "whether full recompute gathers a layer's parameters again"),
+            ("zero3_calls_per_layer", 1, "the gather / reduce-scatter calls per layer pass"),
+            ("zero3_prefetch_params", 0, "how many parameters are gathered ahead of use")):
+        _fail((P[f] != default) & (z < 3), where_parallel, lambda i, f=f, d=default, w=what: (
+            f"{f}={pick(P[f], i):g} needs zero_stage=3 (got zero_stage={pick(z, i):g}): it "
+            f"sets {w} under ZeRO-3; allowed: {d} (the default) with zero_stage 0 to 2"),
+            f, P[f])
+    grid = (P["gx"] > 1) | (P["gy"] > 1) | (P["gz"] > 1)
+    a = P["axonn_overlap"]
+    _fail((a != 1) & ~grid, where_parallel, lambda i: (
+        f"axonn_overlap={pick(a, i):g} needs an AxoNN grid (gx, gy or gz > 1; got gx="
+        f"{pick(P['gx'], i):g}, gy={pick(P['gy'], i):g}, gz={pick(P['gz'], i):g}): it "
+        f"switches the grid's overlapped collectives; allowed: 1 (the default) without a "
+        f"grid"), "axonn_overlap", a)
+    _fail((gather > 0) & (z < 1), where_training, lambda i: (
+        f"lowp_param_gather={pick(gather, i):g} needs a sharded optimizer (zero_stage >= 1; "
+        f"got zero_stage={pick(z, i):g}): Megatron-LM refuses --fp8-param-gather without the "
+        f"distributed optimizer or FSDP (\"--fp8-param-gather only supported with distributed "
+        f"optimizer, torch fsdp2, megatron fsdp, or inference mode\"); allowed: 0 with "
+        f"zero_stage 0"), "lowp_param_gather", gather)
 
 
 def facts_act_mask(model, parallel, training) -> np.ndarray:
@@ -683,27 +784,38 @@ def check_tp_userbuffers_precision(parallel, training, where: str = "precision")
 
 
 def check_tp_userbuffers_system(parallel, system, where: str = "parallel") -> None:
-    """Refuse Parallel.tp_userbuffers = 2 on a system whose GPU is not an H100:
+    """Refuse Parallel.tp_userbuffers = 2 on a system whose GPU's SM count is not known:
 
-        allowed: tp_userbuffers 2 with system.gpu = 'h100'
+        allowed: tp_userbuffers 2 with system.gpu_sms > max(UB_PIPE_COMM_SMS) = 24
     Why: the pipelined reduce-scatter (`schedule.overlap.tp_pipeline_rs_s`, priced in
-    predict._tp_userbuffers_parts) is NeMo Framework Launcher 24.07's H100 FP8 configuration
-    (ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192.yaml: num_sm 24 / 16 with set_sm_margin), and
-    its GEMM runs on UB_PIPE_GPU_SMS - num_sm SMs with UB_PIPE_GPU_SMS = 132, the H100 SXM5's
-    count (TE 1.8 `_math_sms = prop.multiProcessorCount - num_comm_sm`): on another GPU the SM
-    margin would be priced with H100's SM count, and the launcher ships no such configuration
-    for it. Traced leaves are skipped."""
+    predict._tp_userbuffers_parts) runs its GEMM chunks on the SMs the comm kernel leaves,
+    gpu_sms - num_sm (TE 1.8 `_math_sms = prop.multiProcessorCount - num_comm_sm` with
+    set_sm_margin; num_sm 24 / 16 as NeMo Framework Launcher 24.07's H100 FP8 configuration
+    ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192.yaml sets them: UB_PIPE_COMM_SMS), so the GEMM
+    slows by gpu_sms / (gpu_sms - num_sm): without the GPU's count (System.gpu_sms = 0) that
+    margin has no value. Reads the System leaf, which batched systems keep (a hardware sweep's
+    `specs.batch.anonymous` blanks system.gpu, not gpu_sms). Batched leaves: the first entry
+    that fails, with its index. Traced leaves are skipped."""
+    from diffperf.schedule.overlap import UB_PIPE_COMM_SMS
+
     try:
-        u = np.atleast_1d(np.asarray(parallel.tp_userbuffers, dtype=np.float64))
+        u = np.asarray(parallel.tp_userbuffers, dtype=np.float64)
+        sms = np.asarray(system.gpu_sms, dtype=np.float64)
     except Exception:  # tracers: values unknown
         return
-    gpu = getattr(system, "gpu", "")
-    if gpu != "h100" and np.any(u == 2):
+    need = max(UB_PIPE_COMM_SMS)
+    u, sms = (np.ravel(x) for x in np.broadcast_arrays(u, sms))
+    bad = (u == 2) & ~(sms > need)
+    if np.any(bad):
+        i = int(np.flatnonzero(bad)[0])
+        at = f"[{i}]" if bad.size > 1 else ""
         raise SpecError(
-            f"{where}.tp_userbuffers=2 with system.gpu={gpu!r}: the pipelined forward "
-            f"reduce-scatter is NeMo Framework Launcher 24.07's H100 FP8 configuration (num_sm "
-            f"24 / 16 with an SM margin of the H100 SXM5's 132 SMs); allowed: tp_userbuffers 2 "
-            f"with system.gpu 'h100', or tp_userbuffers 0 or 1")
+            f"{where}{at}.tp_userbuffers=2 with system.gpu_sms={sms[i]:g}: the pipelined "
+            f"forward reduce-scatter runs its GEMM on the SMs its comm kernels leave (gpu_sms "
+            f"- num_sm, num_sm 24 / 16 as NeMo Framework Launcher 24.07's H100 FP8 "
+            f"configuration sets them), so the GPU's SM count must be known; allowed: "
+            f"tp_userbuffers 2 with system.gpu_sms > {need:g} (the system file's gpu_sms key), "
+            f"or tp_userbuffers 0 or 1", field="tp_userbuffers", value=2.0)
 
 
 # ------------------------------------------------------------------- model, system, training
@@ -842,6 +954,8 @@ def check_system(system, where: str = "system") -> None:
          "> 0 (steepness of FlashAttention-2's fall-off with work)")
     rule(system.sfu_exp_per_s, lambda v: v >= 0, "sfu_exp_per_s",
          ">= 0 (exponentials per second of the special-function units; 0: no floor)")
+    rule(system.gpu_sms, lambda v: v >= 0, "gpu_sms",
+         ">= 0 (streaming multiprocessors of the GPU; 0: unknown)")
     rule(system.fp8_non_tn_gemm, lambda v: (v == 0) | (v == 1), "fp8_non_tn_gemm",
          "0 or 1 (1: FP8 GEMMs take non-TN layouts, Blackwell sm100 / sm103)",
          traced=False)
