@@ -88,7 +88,7 @@ _DEFAULTS_CLASS = {"gemma3_text": "Gemma3TextConfig", "falcon": "FalconConfig",
 # config without model_type (read as a Llama-style decoder) falls back to the name.
 _GATED_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                 "gemma", "gemma2", "gemma3", "gemma3_text", "deepseek_v2", "deepseek_v3",
-                "gpt_oss", "phi3")
+                "gpt_oss", "phi3", "olmo2")
 _UNGATED_TYPES = ("gpt2", "gpt_neox", "falcon", "RefinedWeb", "RefinedWebModel")
 _GATED_ACTS = ("silu", "swiglu", "swish")
 # PretrainedConfig's tie_word_embeddings defaults to True; these families keep it (Gemma,
@@ -122,7 +122,7 @@ _REFUSED = ("cross_attention_layers", "add_cross_attention", "is_encoder_decoder
 SUPPORTED_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                    "gemma", "gemma2", "gemma3_text", "deepseek_v2", "deepseek_v3",
                    "gpt_neox", "falcon", "RefinedWeb", "RefinedWebModel", "gpt_oss", "gpt2",
-                   "phi3")
+                   "phi3", "olmo2")
 # Model types that name a supported architecture under another name, read as that type when
 # the config's `architectures` names its class (with a note): Moonshot AI's Kimi K2
 # (moonshotai/Kimi-K2-Instruct config.json: model_type "kimi_k2", architectures
@@ -436,6 +436,14 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
     d["learned_positions"] = learned
     if mt in ("qwen3", "qwen3_moe"):
         notes.append(f"{mt}: QK-norm weights (2 d_h per layer) not counted")
+    # OLMo 2 (transformers docs model_doc/olmo2.md: RMSNorm, a norm on the queries and keys,
+    # the norms after attention / feed-forward instead of before): Olmo2Attention and
+    # Olmo2MLP are Llama's (q/k/v/o, gate/up/down); the weights of allenai/OLMo-2-1124-13B
+    # (model.safetensors.index.json) are exactly those plus post_attention_layernorm,
+    # post_feedforward_layernorm, q_norm (a d_h) and k_norm (a_kv d_h) per layer.
+    if mt == "olmo2":
+        notes.append("olmo2: norms after attention and MLP (post-norm) cost as pre-norms; "
+                     "QK-norm weights ((a + a_kv) d_h per layer) not counted")
 
     # MoE: experts, top-k, widths, dense layers, shared experts.
     experts_key, experts = take_item("num_local_experts", "n_routed_experts", "num_experts")

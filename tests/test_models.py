@@ -440,6 +440,38 @@ def test_kimi_k2_is_read_as_the_deepseek_v3_architecture_it_names(tmp_path):
         hf_to_dict(KIMI_K2 | {"architectures": ["KimiLinearForCausalLM"]}, "x.json")
 
 
+# allenai/OLMo-2-1124-13B config.json (https://huggingface.co/allenai/OLMo-2-1124-13B, Apache
+# 2.0; the copy read: mauer4/Attention-From-Scratch, weights/allenai/OLMo-2-1124-13B/config.json
+# @ 381a295f1d0697f36e21decfafef5ed74006ae94), the fields as published; its
+# model.safetensors.index.json there gives total_size 54,864,793,600 bytes of float32
+# (torch_dtype) weights: 13,716,198,400 parameters.
+OLMO2_13B = {
+    "architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 5120,
+    "initializer_range": 0.02, "intermediate_size": 13824, "max_position_embeddings": 4096,
+    "model_type": "olmo2", "num_attention_heads": 40, "num_hidden_layers": 40,
+    "num_key_value_heads": 40, "pad_token_id": 100277, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 500000, "tie_word_embeddings": False,
+    "torch_dtype": "float32", "transformers_version": "4.47.0", "use_cache": True,
+    "vocab_size": 100352,
+}
+
+
+def test_olmo2_13b_count_is_its_checkpoint_less_the_qk_norms(tmp_path):
+    """OLMo 2 is Llama's attention and MLP with post-norms and a QK-norm (refused by type
+    before). Its checkpoint holds 13,716,198,400 parameters (54,864,793,600 float32 bytes / 4);
+    diffperf counts all but the q_norm / k_norm weights ((a + a_kv) d_h = 10,240 per layer,
+    said in a note): 13,715,788,800 (float32 sums: rel 1e-7)."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(OLMO2_13B))
+    m = diffperf.load_model(p)
+    assert float(m.gated_mlp) == 1 and float(m.rms_norm) == 1 and float(m.biases) == 0
+    assert float(total_params(m)) == pytest.approx(54_864_793_600 / 4 - 40 * 10_240, rel=1e-7)
+    notes = hf_to_dict(OLMO2_13B, "x.json")[1]
+    assert any("olmo2: norms after attention and MLP" in n for n in notes)
+    assert not any(n.startswith("config.json fields not read") for n in notes)
+
+
 def test_gated_mlp_is_the_family_module_not_the_activation_name():
     """transformers' LlamaMLP is gate x up whatever hidden_act says (a Llama with hidden_act
     gelu lost its gate matrix: 8.03 -> 6.15 B); GPTNeoXMLP has no gate even with silu."""
