@@ -57,7 +57,7 @@ def zero3_buffer_bytes(layer_params, parallel, training):
     return layer_params * ((1.0 + f) * gathered_weight_bytes(training) + training.grad_bytes)
 
 
-def nonlayer_unit_bytes(model, parallel, training, stages, stage_params, slack):
+def nonlayer_unit_bytes(model, parallel, training, stages, stage_params, slack, room=0.0):
     """Bytes that the parameters outside the transformer layers (embedding, final norm, output
     layer) add under ZeRO-3 / FSDP to the layers' buffers (`gathered_buffer_bytes`) at the
     memory peak, per candidate stage i ([3], `workload.stages`). Two moments of a micro-batch's
@@ -67,6 +67,10 @@ def nonlayer_unit_bytes(model, parallel, training, stages, stage_params, slack):
         end   (the embedding's backward and the root's reduce-scatter: the micro-batch's
                activations freed; `slack` = the bytes freed by then, from the caller)
         extra_i = X_i + max(0, Y_i - X_i - slack_i)
+    The output unit of the default (below) is in use at the loss, the layer units during the
+    layers' backward: where the working layer exceeds the loss's buffers by `room_i` (from
+    the caller; `device_memory` counts max(working, logits)), X_i hides in it: max(0, X_i -
+    room_i). The root unit is held throughout: no room.
     N_o = V h / t (the output matrix, tied or not: its weight is gathered whole for the
     logits), N_e = embedding / t, Psi_r = `workload.dp.root_unit_params` (stage params minus
     n_i layers), o_i / e_i = the stage holds the output / the embedding, q_w =
@@ -119,15 +123,16 @@ def nonlayer_unit_bytes(model, parallel, training, stages, stage_params, slack):
     pre = f * n_l * gathered_weight_bytes(training)
     root_on = parallel.zero3_root_unit > 0
 
-    def extra(n, o, e, psi, s):
-        x_def = o * jnp.maximum(n_out * (q_w + q_g) + pre - b_l, 0.0)
+    def extra(n, o, e, psi, s, r):
+        x_def = o * jnp.maximum(n_out * (q_w + q_g) + pre - b_l - r, 0.0)
         y_def = e * n_emb * (q_w + q_g)
         root = root_unit_params(psi, n_l, n)
         x = jnp.where(root_on, root * q_w + o * n_out * q_w, x_def)
         y = jnp.where(root_on, root * (q_w + q_g), y_def)
         return z3 * (x + jnp.maximum(y - x - s, 0.0))
 
-    return each(extra, stages.layers, stages.output, stages.embedding, stage_params, slack)
+    room = jnp.broadcast_to(room, jnp.shape(slack))
+    return each(extra, stages.layers, stages.output, stages.embedding, stage_params, slack, room)
 
 
 def gathered_buffer_bytes(model, parallel, training):
@@ -181,8 +186,14 @@ def device_memory(model, parallel, system, training, stages=None) -> Memory:
 
         total_i = weights (+ quantized weight copies, `memory.weights.lowp_weight_cache_bytes`)
                   + gradients (live at the peak) + optimizer + activations + buffers
-        activations_i = A_layer x layers_in_flight(n_i, i) + working (+ logits, last stage)
+        activations_i = A_layer x layers_in_flight(n_i, i) + max(working, [last] logits)
         working = the layer rebuilt under full recompute + CP's K/V buffers
+        logits  = the loss's buffers (`activations.logits_bytes`), live at the loss and freed
+                  once the output layer's backward has read the logits' gradient, before the
+                  last layer's backward rebuilds it: the two are never live together (the
+                  XLA model's phases A and B, memory.xla; TorchTitan's printed memory of the
+                  Llama 3 8B CP 1-8 runs is flat, 83.9-84.5 GiB, while the CP K/V buffers
+                  grow 3.9 -> 11.7 GB: docs/accuracy-hopper.md, Session 14)
         buffers = ZeRO-3: the gathered layer in use, the part (f) of the next one prefetched
                   and the layer's unsharded gradient before its reduce-scatter,
                   (1 + f) N_layer q_w + N_layer q_g (`zero3_buffer_bytes`)
@@ -200,8 +211,12 @@ def device_memory(model, parallel, system, training, stages=None) -> Memory:
     kept, rebuilt = act.layer_activation_parts(model, parallel, training)
     working = k * (rebuilt + act.cp_kv_buffer_bytes(model, parallel, training))
     logits = act.logits_bytes(model, parallel, training)
+    # The logits' buffers live at the loss (start of the backward), the working layer during a
+    # layer's backward: never together (the loss's buffers are freed before the last layer's
+    # backward starts), as the XLA model's phases A and B already say.
     activations = each(lambda n, i, o: k * kept * act.layers_in_flight(n, i, parallel)
-                       + working + o * logits, stages.layers, stages.position, stages.output)
+                       + jnp.maximum(working, o * logits), stages.layers, stages.position,
+                       stages.output)
     buffers = gathered_buffer_bytes(model, parallel, training) + system.eff.mem_reserved_bytes
     # Low precision: the quantized weight copies of the stage's layers (0 for 16-bit presets).
     cache_layer = lowp_weight_cache_params(model, parallel, training)
@@ -212,11 +227,13 @@ def device_memory(model, parallel, system, training, stages=None) -> Memory:
     # ZeRO-3: the embedding / output units (FSDP's root unit) beside the layers' buffers. What
     # the end of a micro-batch's backward no longer holds: its activations and the gradient
     # bytes that `_gradients_at_peak` lets them share.
-    one = each(lambda n, o: k * kept * n + working + o * logits, stages.layers, stages.output)
+    one = each(lambda n, o: k * kept * n + jnp.maximum(working, o * logits), stages.layers,
+               stages.output)
     grads = gradient_bytes(params, parallel, training, expert_P)
     slack = jnp.minimum(one, activations) + parts["gradients_bytes"] - grads
+    room = each(lambda o: jnp.maximum(working - o * logits, 0.0), stages.output)
     parts["buffers_bytes"] = buffers + nonlayer_unit_bytes(model, parallel, training, stages,
-                                                           params, slack)
+                                                           params, slack, room)
     total = sum(parts[k] for k in MEMORY_PARTS)
     picked, peak_total = peak_parts(parts, total)
     return Memory(**picked, total_bytes=peak_total,

@@ -162,7 +162,8 @@ def xla_device_memory(model, parallel, system, training, stages=None) -> Memory:
                  + o * loss_bytes, stages.layers, stages.output)
     buffers = (gathered_buffer_bytes(model, parallel, training) + system.eff.mem_reserved_bytes
                + nonlayer_unit_bytes(model, parallel, training, stages, params,
-                                     jnp.minimum(slack, resid + loss)))
+                                     jnp.minimum(slack, resid + loss),
+                                     jnp.maximum(working - loss, 0.0)))
     phases = tuple(dict(c, buffers_bytes=buffers) for c in phases)
     keys = MEMORY_PARTS
     # (phase, stage) flattened into one leading axis of 9 candidates; batched leaves follow.
