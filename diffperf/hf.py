@@ -76,9 +76,20 @@ _SIZED_DEFAULTS = tuple(sorted(
 _DEFAULTS_CLASS = {"gemma3_text": "Gemma3TextConfig", "falcon": "FalconConfig",
                    "RefinedWeb": "FalconConfig", "RefinedWebModel": "FalconConfig",
                    "llama": "LlamaConfig", "mistral": "MistralConfig"}
-# Gated (GLU) MLP families whatever their activation's name: Gemma's GeGLU
-# (gelu_pytorch_tanh gate x up), GPT-OSS's clamped SwiGLU.
-_GATED_TYPES = ("gemma", "gemma2", "gemma3", "gemma3_text", "gpt_oss")
+# Whether the MLP is gated (GLU: gate x up, 3 matrices) is the family's module, not the
+# activation's name: transformers' LlamaMLP computes down_proj(act_fn(gate_proj(x)) *
+# up_proj(x)) whatever hidden_act is (transformers/models/llama/modeling_llama.py), as do
+# MistralMLP, Qwen2MLP, Qwen3MLP, Qwen2MoeMLP / Qwen3MoeMLP, MixtralBlockSparseTop2MLP
+# (w2(act(w1 x) * w3 x)), DeepseekV2MLP / DeepseekV3MLP, Phi3MLP (gate_up_proj, chunked),
+# GemmaMLP (GeGLU, gelu_pytorch_tanh gate x up) and GptOssExperts (clamped SwiGLU); GPT2MLP
+# (c_fc, act, c_proj), GPTNeoXMLP (dense_h_to_4h, act, dense_4h_to_h) and FalconMLP (the same)
+# have no gate whatever their activation. A Llama config with hidden_act "gelu" read by the
+# activation's name lost its gate matrix (8.03 -> 6.15 B for Llama 3 8B's shape). Only a
+# config without model_type (read as a Llama-style decoder) falls back to the name.
+_GATED_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+                "gemma", "gemma2", "gemma3", "gemma3_text", "deepseek_v2", "deepseek_v3",
+                "gpt_oss", "phi3", "olmo2")
+_UNGATED_TYPES = ("gpt2", "gpt_neox", "falcon", "RefinedWeb", "RefinedWebModel")
 _GATED_ACTS = ("silu", "swiglu", "swish")
 # PretrainedConfig's tie_word_embeddings defaults to True; these families keep it (Gemma,
 # GPT-2, Falcon's FalconForCausalLM ties lm_head to the word embeddings); the others'
@@ -94,8 +105,11 @@ _FFN_4H_TYPES = ("gpt2", "falcon", "RefinedWeb", "RefinedWebModel")
 _OWN_EXPERT_WIDTH = ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 # Qwen2Config-style windows: use_sliding_window (default false) and max_window_layers.
 _QWEN_WINDOW_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
-# Fields whose architecture diffperf does not represent: refused by name.
-_REFUSED = ("cross_attention_layers",)
+# Fields whose architecture diffperf does not represent: refused by name when set (Mllama's
+# cross-attention layers; GPT2Config.add_cross_attention, which adds a cross-attention block
+# to every layer of a GPT-2 decoder, transformers gpt2/modeling_gpt2.py GPT2Block; an
+# encoder-decoder's is_encoder_decoder).
+_REFUSED = ("cross_attention_layers", "add_cross_attention", "is_encoder_decoder")
 # model_type values whose config.json this reader is known to read right: the families above,
 # each checked against a published parameter count (tests/test_models.py on tests/data/hf
 # and Phi-3-mini's config). Any other type is refused by name: a config of another
@@ -108,7 +122,14 @@ _REFUSED = ("cross_attention_layers",)
 SUPPORTED_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                    "gemma", "gemma2", "gemma3_text", "deepseek_v2", "deepseek_v3",
                    "gpt_neox", "falcon", "RefinedWeb", "RefinedWebModel", "gpt_oss", "gpt2",
-                   "phi3")
+                   "phi3", "olmo2")
+# Model types that name a supported architecture under another name, read as that type when
+# the config's `architectures` names its class (with a note): Moonshot AI's Kimi K2
+# (moonshotai/Kimi-K2-Instruct config.json: model_type "kimi_k2", architectures
+# ["DeepseekV3ForCausalLM"], auto_map AutoConfig configuration_deepseek.DeepseekV3Config; the
+# model card: "Kimi K2 ... DeepSeek-V3 architecture", MLA, 61 layers, 1 dense, 384 experts top
+# 8 + 1 shared). Kimi K2.5's wrapper (kimi_k25) nests the same text_config.
+_TYPE_ALIASES = {"kimi_k2": ("deepseek_v3", "DeepseekV3ForCausalLM")}
 # Multimodal wrappers checked against a published count (Gemma 3). Any wrapper (a config with
 # a text_config: llava, mistral3, ...) is read from its text_config when that names one of
 # SUPPORTED_TYPES, said in a note; another text_config type is refused by name (Llama 4's
@@ -245,6 +266,13 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
     mt = cfg.get("model_type", "")
     if not isinstance(mt, str):
         raise SpecError(f"{where}: model_type={mt!r} must be a string")
+    archs = cfg.get("architectures")
+    if mt in _TYPE_ALIASES and isinstance(archs, list) and _TYPE_ALIASES[mt][1] in archs:
+        alias, cls = _TYPE_ALIASES[mt]
+        notes.append(f"model_type={mt!r} with architectures [{cls!r}]: read as a {alias} "
+                     f"config (the architecture its config class and model class are)")
+        cfg = {**cfg, "model_type": alias}
+        mt = alias
     outer = top.get("model_type", "") if isinstance(top.get("text_config"), dict) else None
 
     def take_item(*keys):
@@ -361,7 +389,13 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
 
     act = take("hidden_act", "hidden_activation", "activation_function", "activation")
     act = str(act if act is not None else "gelu")
-    d["gated_mlp"] = act in _GATED_ACTS or mt in _GATED_TYPES
+    if mt in _GATED_TYPES or mt in _UNGATED_TYPES:
+        d["gated_mlp"] = mt in _GATED_TYPES
+    else:  # no model_type: a Llama-style decoder, gated when its activation is a SiLU
+        d["gated_mlp"] = act in _GATED_ACTS
+        kind = ("gated (gate x up, 3 matrices)" if d["gated_mlp"] else
+                "not gated (2 matrices)")
+        notes.append(f"MLP {kind}: hidden_act={act!r} (no model_type names the MLP module)")
     if mt in ("gemma", "gemma2", "gemma3_text"):
         notes.append(f"{mt}: GeGLU MLP ({act} gate x up, 3 matrices)")
     if "swiglu_limit" in cfg:
@@ -377,9 +411,21 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
         notes.append(f"tie_word_embeddings absent: {str(tied).lower()}, the default of "
                      f"transformers' {cls}")
     d["tied_embeddings"] = tied  # checked by load._flag (true or false)
-    bias = bool(take("attention_bias")) or mt in ("gpt2", "gpt_neox", "gpt_oss") or bool(
+    # LlamaConfig (and the configs copied from it: Mistral, Qwen3, Phi-3, ...): attention_bias
+    # puts biases on q/k/v/o, mlp_bias on gate/up/down (transformers' LlamaAttention /
+    # LlamaMLP `bias=config.mlp_bias`). A model with MLP biases only was read without any
+    # bias before (mlp_bias was not read).
+    attn_bias, mlp_bias = bool(take("attention_bias")), bool(take("mlp_bias"))
+    bias = attn_bias or mlp_bias or mt in ("gpt2", "gpt_neox", "gpt_oss") or bool(
         cfg.get("bias") and mt in ("falcon", "RefinedWeb", "RefinedWebModel"))
     d["biases"] = bias
+    if attn_bias != mlp_bias and "mlp_bias" in cfg:
+        extra = ("the attention's ((a + 2 a_kv) d_h + h per layer)" if mlp_bias else
+                 "the MLP's ((1 + gated) f + h per layer)")
+        notes.append(f"attention_bias={str(attn_bias).lower()}, mlp_bias="
+                     f"{str(mlp_bias).lower()}: diffperf's one `biases` switch puts biases on "
+                     f"every linear layer, so {extra} are counted too (< 0.01 % of the "
+                     f"parameters, no FLOPs of note)")
     if mt in ("qwen2", "qwen2_moe") and not bias:
         notes.append("Qwen2: the q/k/v projections' biases ((a + 2 a_kv) d_h per layer, "
                      "< 0.01 % of the parameters) are not counted")
@@ -390,6 +436,14 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
     d["learned_positions"] = learned
     if mt in ("qwen3", "qwen3_moe"):
         notes.append(f"{mt}: QK-norm weights (2 d_h per layer) not counted")
+    # OLMo 2 (transformers docs model_doc/olmo2.md: RMSNorm, a norm on the queries and keys,
+    # the norms after attention / feed-forward instead of before): Olmo2Attention and
+    # Olmo2MLP are Llama's (q/k/v/o, gate/up/down); the weights of allenai/OLMo-2-1124-13B
+    # (model.safetensors.index.json) are exactly those plus post_attention_layernorm,
+    # post_feedforward_layernorm, q_norm (a d_h) and k_norm (a_kv d_h) per layer.
+    if mt == "olmo2":
+        notes.append("olmo2: norms after attention and MLP (post-norm) cost as pre-norms; "
+                     "QK-norm weights ((a + a_kv) d_h per layer) not counted")
 
     # MoE: experts, top-k, widths, dense layers, shared experts.
     experts_key, experts = take_item("num_local_experts", "n_routed_experts", "num_experts")
@@ -426,6 +480,8 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
                 sparse = sum(1 for i in range(dense, L) if i % freq == 0)
                 dense = L - sparse
         step = take("decoder_sparse_step")
+        if step is not None:  # transformers: (i + 1) % step, so 0 divides by zero there
+            step = _whole(step, "decoder_sparse_step", where, minimum=1)
         only = take("mlp_only_layers") or []
         if not isinstance(only, list):
             raise SpecError(f"{where}: mlp_only_layers={only!r} must be a list of layer indices")

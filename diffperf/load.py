@@ -39,6 +39,29 @@ def _check_keys(d, allowed, where):
                             f"(allowed: {', '.join(sorted(allowed))})")
 
 
+# Keys only one kind of file has. A model, system or overlay file given where another kind
+# goes (--system my-model.yaml) was refused as "unknown key 'num_layers' (allowed: <the
+# other kind's keys>)"; it is named as the kind it is, with the option it belongs to.
+_KIND_MARKS = {"model": ("num_layers", "num_heads"),
+               "Hugging Face model config": ("num_hidden_layers", "num_attention_heads"),
+               "system": ("tiers", "matmul_TFLOPs"),
+               "calibration overlay": ("fitted_on", "created_by", "heldout")}
+_KIND_OPTION = {"model": "--model", "Hugging Face model config": "--model",
+                "system": "--system", "calibration overlay": "--calibration"}
+
+
+def _check_kind(d, expected: str, where: str) -> None:
+    """Refuse a mapping that has the marks of another kind of file and none of `expected`'s,
+    naming the kind found and its option."""
+    if not isinstance(d, dict) or any(k in d for k in _KIND_MARKS[expected]):
+        return
+    for kind, marks in _KIND_MARKS.items():
+        found = [k for k in marks if k in d]
+        if kind != expected and found:
+            raise SpecError(f"{where}: a {kind} file (it has {', '.join(found)}), not a "
+                            f"{expected} file: give it to {_KIND_OPTION[kind]}")
+
+
 # Every number must be representable in float32 after the unit conversion (x 1e12 for TFLOPs):
 # a magnitude over 1e18 or a positive value under 1e-12 (in the file's units) is refused.
 _MAX_MAGNITUDE = 1e18
@@ -161,6 +184,7 @@ def model_from_dict(d: dict, where: str = "model") -> Model:
     """A validated Model from the YAML schema of configs/README.md (keys as the runs CSV).
     `global_batch` (the model's published training batch, `default_global_batch`) is checked
     here but belongs to the job, not to the Model."""
+    _check_kind(d, "model", where)
     _check_keys(d, MODEL_KEYS, where)
     _number(d, "global_batch", where, integer=True, positive=True, default=1)
     n = lambda k, **kw: _number(d, k, where, **kw)  # noqa: E731
@@ -285,13 +309,10 @@ def load_model(name_or_path, seq_len=None) -> Model:
     replaces the file's training sequence (a config.json has none: hf.DEFAULT_SEQ_LEN)."""
     if isinstance(name_or_path, dict):
         model = model_from_dict(name_or_path, where="model")
-    elif Path(name_or_path).suffix == ".json":
-        path = Path(name_or_path)
-        return model_from_hf(_read_json(path), str(path), seq_len)
     else:
-        path = Path(name_or_path)
-        if path.suffix not in (".yaml", ".yml"):
-            path = _named(name_or_path, "models")
+        path = _model_file(name_or_path)
+        if path.suffix == ".json":
+            return model_from_hf(_read_json(path), str(path), seq_len)
         model = model_from_dict(read_yaml(path), str(path))
     if seq_len is None:
         return model
@@ -319,13 +340,10 @@ def default_global_batch(name_or_path, seq_len=None) -> tuple[int, str | None]:
     the nearest power of two, noted with the rule."""
     if isinstance(name_or_path, dict):
         d, where = name_or_path, "model"
-    elif Path(name_or_path).suffix == ".json":
-        d, where = {}, str(name_or_path)
     else:
-        path = Path(name_or_path)
-        if path.suffix not in (".yaml", ".yml"):
-            path = _named(name_or_path, "models")
-        d, where = read_yaml(path), str(path)
+        path = _model_file(name_or_path)
+        d = {} if path.suffix == ".json" else read_yaml(path)
+        where = str(path)
     model = load_model(name_or_path, seq_len)
     seq = int(model.seq_len)
     stated = d.get("global_batch")
@@ -349,14 +367,42 @@ def model_notes(name_or_path, seq_len=None) -> list[str]:
     """What loading the model chose or left out, for `predict` to print: for a Hugging Face
     config.json the notes of `diffperf.hf.hf_to_dict` (training sequence, defaults, fields
     read but not modeled, fields not read); for a YAML or name, where seq_len came from."""
-    if not isinstance(name_or_path, dict) and Path(name_or_path).suffix == ".json":
+    path = None if isinstance(name_or_path, dict) else _model_file(name_or_path)
+    if path is not None and path.suffix == ".json":
         from diffperf.hf import hf_to_dict
 
-        path = Path(name_or_path)
-        return hf_to_dict(_read_json(path), str(path), seq_len)[1]
+        notes = hf_to_dict(_read_json(path), str(path), seq_len)[1]
+        if path != Path(name_or_path):
+            notes.insert(0, f"read {path} (the folder's config.json)")
+        return notes
     if seq_len is not None:
         return [f"seq_len={seq_len} from --seq-len"]
     return []
+
+
+def _model_file(name_or_path) -> Path:
+    """The file a model argument names: a Hugging Face config.json (any .json), a YAML (.yaml,
+    .yml), a folder holding a config.json (a Hugging Face snapshot folder, as transformers'
+    from_pretrained takes it), or a shipped name (configs/models/NAME.yaml). A path that does
+    not exist, or a folder without config.json, is said as such rather than looked up as a
+    shipped name."""
+    path = Path(name_or_path)
+    if path.suffix in (".json", ".yaml", ".yml"):
+        return path
+    try:
+        is_dir = path.is_dir()
+    except (OSError, ValueError):  # a name too long for the file system, or with a NUL
+        is_dir = False
+    allowed = ("allowed: a shipped model name, a model .yaml, a Hugging Face config.json or "
+               "the folder holding it")
+    if is_dir and (path / "config.json").is_file():
+        return path / "config.json"
+    if is_dir and str(name_or_path) not in resources.config_files("models"):
+        raise SpecError(f"{path}: a folder without config.json ({allowed})")
+    if str(name_or_path) not in resources.config_files("models") and (
+            "/" in str(name_or_path) or "\\" in str(name_or_path)):
+        raise SpecError(f"{name_or_path}: no such file or folder ({allowed})")
+    return _named(name_or_path, "models")
 
 
 def _named(name, kind):
@@ -364,8 +410,10 @@ def _named(name, kind):
     shipped = resources.config_files(kind)
     if str(name) not in shipped:
         singular = {"models": "model", "systems": "system", "design": "cost model"}[kind]
+        path_kinds = ("a .yaml file or a Hugging Face config.json (or its folder)"
+                      if kind == "models" else "a .yaml file")
         raise SpecError(f"unknown {singular} '{name}'{closest(name, shipped)} "
-                        f"(shipped: {', '.join(shipped)}; or give a path to a .yaml file)")
+                        f"(shipped: {', '.join(shipped)}; or give a path to {path_kinds})")
     return shipped[str(name)]
 
 
@@ -467,6 +515,7 @@ def reliability_from_dict(d: dict, where: str) -> Reliability:
 
 def system_from_dict(d: dict, where: str = "system") -> System:
     """A validated System from the YAML schema of configs/README.md (human units -> SI)."""
+    _check_kind(d, "system", where)
     _check_keys(d, SYSTEM_KEYS, where)
     tiers_in = d.get("tiers")
     if not isinstance(tiers_in, list) or not tiers_in:
@@ -552,7 +601,7 @@ def load_system(name_or_path, calibration=None) -> System:
     calibration overlay: a shipped name (`vtrain-a100`) or a YAML whose `efficiency:` mapping
     replaces efficiency fields."""
     path = Path(name_or_path)
-    if path.suffix not in (".yaml", ".yml"):
+    if path.suffix not in (".yaml", ".yml", ".json"):  # a JSON file is YAML too
         path = _named(name_or_path, "systems")
     system = system_from_dict(read_yaml(path), str(path))
     return apply_overlay(system, calibration) if calibration else system
@@ -579,22 +628,22 @@ def sweep_fields(system: System) -> dict:
     return out | {f"efficiency.{k}": (f"eff.{k}", 1.0) for k in EFFICIENCY_KEYS}
 
 
-def _sweep_values(key: str, spec: str) -> np.ndarray:
+def _sweep_values(key: str, spec: str, flag: str = "--sweep") -> np.ndarray:
     """START:STOP:N (evenly spaced, ends included), START:STOP:N:log (geometric) or V1,V2,..."""
-    where = "--sweep"
+    where = flag
     parts = spec.split(":")
     if len(parts) == 1:
         return np.array([_number({key: v}, key, where) for v in spec.split(",")])
     if len(parts) not in (3, 4):
-        raise SpecError(f"--sweep {key}={spec!r} must be START:STOP:N, START:STOP:N:log or "
+        raise SpecError(f"{flag} {key}={spec!r} must be START:STOP:N, START:STOP:N:log or "
                         f"V1,V2,...")
     a, b = (_number({key: v}, key, where) for v in parts[:2])
     n = _number({f"{key} N": parts[2]}, f"{key} N", where, integer=True, positive=True)
     spacing = parts[3] if len(parts) == 4 else "lin"
     if spacing not in ("lin", "log"):
-        raise SpecError(f"--sweep {key}: spacing {spacing!r} is not allowed (allowed: lin, log)")
+        raise SpecError(f"{flag} {key}: spacing {spacing!r} is not allowed (allowed: lin, log)")
     if spacing == "log" and not (a > 0 and b > 0):
-        raise SpecError(f"--sweep {key}={spec}: a log grid needs START > 0 and STOP > 0")
+        raise SpecError(f"{flag} {key}={spec}: a log grid needs START > 0 and STOP > 0")
     return np.geomspace(a, b, n) if spacing == "log" else np.linspace(a, b, n)
 
 
@@ -613,7 +662,8 @@ def _set_field(d: dict, key: str, value: float) -> dict:
     return d
 
 
-def _sweep_key(system: System, fields: dict, key: str) -> tuple[str, float]:
+def _sweep_key(system: System, fields: dict, key: str,
+               flag: str = "--sweep") -> tuple[str, float]:
     """(YAML key, SI per unit of the values given) of a --sweep field: a system YAML key in
     its units ('matmul_TFLOPs', 'tiers[1].bandwidth_GBps'), with a tier by name too
     ('tiers[infiniband].bandwidth_GBps'), or a System leaf path in SI, the names sensitivity
@@ -628,31 +678,32 @@ def _sweep_key(system: System, fields: dict, key: str) -> tuple[str, float]:
     if key in by_leaf:
         return by_leaf[key]
     tiers = ", ".join(f"{i} or {t.name}" for i, t in enumerate(system.tiers))
-    raise SpecError(f"--sweep: unknown field '{key}'{closest(key, [*fields, *by_leaf])} "
+    raise SpecError(f"{flag}: unknown field '{key}'{closest(key, [*fields, *by_leaf])} "
                     f"(allowed: {', '.join(fields)}; or a System leaf path in SI such as "
                     f"matmul_flops_per_s; tiers by index or name: {tiers})")
 
 
-def sweep_axes(system: System, items) -> list[tuple]:
+def sweep_axes(system: System, items, flag: str = "--sweep") -> list[tuple]:
     """`FIELD=VALUES` strings (a system YAML key in its units, or a System leaf path in SI:
     `_sweep_key`) -> [(YAML key, System leaf path, values in the YAML's units, values in
     SI)], each value checked by the rules of `system_from_dict` (a bandwidth > 0, an
-    efficiency in range, ...)."""
+    efficiency in range, ...). `flag`: the option the strings came from, named in errors
+    (`design --grid` takes the same strings)."""
     fields = sweep_fields(system)
     base = system_to_dict(system)
     out, seen = [], set()
     for item in items or ():
         if "=" not in item:
-            raise SpecError(f"--sweep {item!r} must look like FIELD=START:STOP:N, "
+            raise SpecError(f"{flag} {item!r} must look like FIELD=START:STOP:N, "
                             f"FIELD=START:STOP:N:log or FIELD=V1,V2,...")
         key, spec = (x.strip() for x in item.split("=", 1))
-        key, per_si = _sweep_key(system, fields, key)
+        key, per_si = _sweep_key(system, fields, key, flag)
         if key in seen:
-            raise SpecError(f"--sweep {key} is given twice; give each field once")
+            raise SpecError(f"{flag} {key} is given twice; give each field once")
         seen.add(key)
-        values = _sweep_values(key, spec) / per_si
+        values = _sweep_values(key, spec, flag) / per_si
         for v in np.unique(values):
-            system_from_dict(_set_field(base, key, float(v)), "--sweep")
+            system_from_dict(_set_field(base, key, float(v)), flag)
         leaf, factor = fields[key]
         out.append((key, leaf, values, values * factor))
     return out
@@ -675,6 +726,7 @@ def apply_overlay(system: System, overlay) -> System:
         overlay = resources.overlay_path(overlay)  # a shipped name ('vtrain-a100') or a path
     where = str(overlay) if not isinstance(overlay, dict) else "overlay"
     d = overlay if isinstance(overlay, dict) else read_yaml(overlay)
+    _check_kind(d, "calibration overlay", where)
     _check_keys(d, OVERLAY_KEYS, where)
     overlay_facts(d, where)
     eff = efficiency_from_dict(d.get("efficiency") or {}, f"{where}.efficiency", system.eff)
@@ -779,10 +831,32 @@ def _read_csv(path: Path, required) -> tuple[list, list]:
         raise SpecError(f"{path}: not a UTF-8 text file") from None
     except csv.Error as err:
         raise SpecError(f"{path}: malformed CSV ({err})") from None
+    if not header and required:
+        raise SpecError(f"{path}: empty file (no header row; needs the columns "
+                        f"{', '.join(required)})")
     missing = [c for c in required if c not in header]
     if missing:
+        sep = next((c for c in (";", "\t", "|") if len(header) == 1 and c in header[0]), None)
+        hint = (f"; the header is one cell holding {sep!r}: diffperf reads comma-separated "
+                f"files" if sep else "")
         raise SpecError(f"{path}: missing column '{missing[0]}'{closest(missing[0], header)} "
-                        f"(have: {', '.join(header)})")
+                        f"(have: {', '.join(header)}{hint})")
+    # csv.DictReader keeps the last of two same-named columns and pads or spills a row whose
+    # cell count differs from the header's: each would be a silent misread of the file.
+    twice = next((c for c in header if header.count(c) > 1), None)
+    if twice is not None:
+        raise SpecError(f"{path}: column '{twice}' appears {header.count(twice)} times in the "
+                        f"header (allowed: each column once)")
+    for i, row in enumerate(rows):
+        extra = row.get(None) or []
+        short = [k for k, v in row.items() if k is not None and v is None]
+        if extra or short:
+            cells = len(header) + len(extra) - len(short)
+            why = (f"{len(extra)} cell(s) past the last column: an unquoted comma inside a "
+                   f"cell? quote it" if extra else
+                   f"no cell for {', '.join(short)}: write an empty cell as ,,")
+            raise SpecError(f"{path}: row {i + 2} has {cells} cells, the header "
+                            f"{len(header)} ({why})")
     return header, rows
 
 
@@ -950,6 +1024,11 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
                 raise SpecError(f"{where}: blank cell in column 'step_time_s' (status ok)")
         else:
             t = float("nan")
+        config = (row.get("model_config") or "").strip()
+        if (config and not Path(config).is_absolute() and not Path(config).exists()
+                and (path.parent / config).exists()):
+            # a model file beside the CSV, named relative to it (the CSV read from elsewhere)
+            row = dict(row, model_config=str(path.parent / config))
         m, par, precision = _run_row(row, where)
         facts = [f for f in (row.get(RUN_FACTS) or "").split(";") if f.strip()]
         try:

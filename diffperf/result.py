@@ -44,7 +44,8 @@ class Memory(struct.PyTreeNode):
     gradients_bytes: Any
     optimizer_bytes: Any      # master weights + optimizer states
     activations_bytes: Any    # in-flight micro-batches of the schedule, logits on the last stage
-    buffers_bytes: Any        # ZeRO-3 gathered layers, runtime workspace
+    buffers_bytes: Any        # ZeRO-3 gathered layers + output / embedding (FSDP root) units,
+                              # runtime workspace
     total_bytes: Any
     capacity_bytes: Any       # usable HBM: capacity x eff.mem_usable_frac
 

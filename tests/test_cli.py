@@ -49,6 +49,14 @@ def _assert_one_line_error(code, err, *fragments):
 # predict
 # --------------------------------------------------------------------------------------------
 
+def test_version_flag(capsys):
+    """`diffperf --version` said 'the following arguments are required: command'."""
+    import diffperf
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"diffperf {diffperf.__version__}"
+
+
 def test_predict_default_prints_a_table(capsys):
     code, out, err = _run(capsys, "predict")
     assert code == 0, err

@@ -423,6 +423,15 @@ def test_hf_json_not_an_object(tmp_path):
     (dict(model_type="deepseek_v3", n_routed_experts=8, num_experts_per_tok=2,
           moe_intermediate_size=64, first_k_dense_replace=1, moe_layer_freq=-1),
      ": moe_layer_freq=-1 must be a whole number in 1..2^31"),
+    # Qwen2-MoE's MoE layers are (i + 1) % decoder_sparse_step == 0: 0 was read as 1
+    (dict(model_type="qwen2_moe", num_experts=8, num_experts_per_tok=2,
+          moe_intermediate_size=64, decoder_sparse_step=0),
+     ": decoder_sparse_step=0 must be a whole number in 1..2^31"),
+    # a GPT-2 with a cross-attention block in every layer, an encoder-decoder
+    (dict(add_cross_attention=True), ": Hugging Face fields not supported by diffperf's "
+                                     "model: add_cross_attention"),
+    (dict(is_encoder_decoder=True), ": Hugging Face fields not supported by diffperf's "
+                                    "model: is_encoder_decoder"),
 ])
 def test_hf_field_rules(tmp_path, over, message):
     p = _write_json(tmp_path, LLAMA3_8B_HF | over)
@@ -894,11 +903,60 @@ def test_unknown_names_list_the_shipped_configs():
     from diffperf.load import model_names, system_names
 
     with _raises(f"unknown model 'gpt3-175'; did you mean 'gpt3-175b'? (shipped: "
-                 f"{', '.join(model_names())}; or give a path to a .yaml file)"):
+                 f"{', '.join(model_names())}; or give a path to a .yaml file or a Hugging "
+                 f"Face config.json (or its folder))"):
         load_model("gpt3-175")
     with _raises(f"unknown system 'h100-sxm'; did you mean 'h100-sxm-80gb'? (shipped: "
                  f"{', '.join(system_names())}; or give a path to a .yaml file)"):
         load_system("h100-sxm")
+
+
+def test_hf_snapshot_folder_reads_its_config_json(tmp_path):
+    """transformers' from_pretrained takes the model's folder; `--model FOLDER` was looked up
+    as a shipped name ("unknown model 'FOLDER' ... give a path to a .yaml file")."""
+    from diffperf.load import default_global_batch, model_notes
+
+    folder = tmp_path / "snapshot"
+    folder.mkdir()
+    _write_json(folder, LLAMA3_8B_HF)
+    m = load_model(str(folder))
+    assert float(m.n_layers) == 32 and float(m.ffn_hidden) == 14336
+    assert (model_notes(str(folder))[0]
+            == f"read {folder / 'config.json'} (the folder's config.json)")
+    assert default_global_batch(str(folder))[0] == 1024  # 2^22 / 4096
+    with _raises(f"{tmp_path}: a folder without config.json (allowed: a shipped model name, a "
+                 "model .yaml, a Hugging Face config.json or the folder holding it)"):
+        load_model(str(tmp_path))
+    with _raises(f"{tmp_path / 'none'}/: no such file or folder (allowed: "):
+        load_model(f"{tmp_path / 'none'}/")
+
+
+@pytest.mark.parametrize("load,given,message", [
+    ("system", "configs/models/llama3-8b.yaml",
+     "a model file (it has num_layers, num_heads), not a system file: give it to --model"),
+    ("model", "configs/systems/h100-sxm-80gb.yaml",
+     "a system file (it has tiers, matmul_TFLOPs), not a model file: give it to --system"),
+    ("system", "calibration/fitted/torch-h100.yaml",
+     "a calibration overlay file (it has fitted_on, created_by, heldout), not a system file: "
+     "give it to --calibration"),
+    ("calibration", "configs/systems/h100-sxm-80gb.yaml",
+     "a system file (it has tiers, matmul_TFLOPs), not a calibration overlay file: give it "
+     "to --system"),
+    ("system", "tests/data/hf/qwen3-8b.json",
+     "a Hugging Face model config file (it has num_hidden_layers, num_attention_heads), not a "
+     "system file: give it to --model"),
+])
+def test_a_file_of_another_kind_is_named_as_such(load, given, message):
+    """A model, system or overlay file given where another kind goes was refused as
+    "unknown key 'num_layers' (allowed: <the other kind's keys>)"."""
+    from pathlib import Path
+
+    path = str(Path(__file__).resolve().parents[1] / given)
+    with _raises(f"{path}: {message}"):
+        if load == "calibration":
+            load_system("h100-sxm-80gb", calibration=path)
+        else:
+            (load_system if load == "system" else load_model)(path)
 
 
 def test_runs_not_utf8(tmp_path):
@@ -914,6 +972,62 @@ def test_runs_malformed_csv(tmp_path):
     p.write_text("id,notes\nr1," + "x" * (limit + 1) + "\n")
     with _raises(f"{p}: malformed CSV (field larger than field limit ({limit}))"):
         load_runs(p)
+
+
+def test_runs_duplicate_column_is_refused(tmp_path):
+    """csv.DictReader keeps the last of two same-named columns: a sheet with two `tp`
+    columns was read from the second without a word."""
+    p = tmp_path / "runs.csv"
+    p.write_text(",".join(RUN_COLUMNS + ["tp"]) + "\n"
+                 + ",".join(GOOD_ROW[c] for c in RUN_COLUMNS) + ",1\n")
+    with _raises(f"{p}: column 'tp' appears 2 times in the header (allowed: each column "
+                 "once)"):
+        load_runs(p)
+
+
+@pytest.mark.parametrize("cells,message", [
+    # an unquoted comma in a cell shifts the rest of the row right
+    (lambda r: r + ["pytorch 2.4, cuda 12"], "row 2 has 20 cells, the header 18 (2 cell(s) "
+     "past the last column: an unquoted comma inside a cell? quote it)"),
+    (lambda r: r[:-2], "row 2 has 16 cells, the header 18 (no cell for status, step_time_s: "
+     "write an empty cell as ,,)"),
+])
+def test_runs_ragged_row_is_refused(tmp_path, cells, message):
+    p = tmp_path / "runs.csv"
+    p.write_text(",".join(RUN_COLUMNS) + "\n"
+                 + ",".join(cells([GOOD_ROW[c] for c in RUN_COLUMNS])) + "\n")
+    with _raises(f"{p}: {message}"):
+        load_runs(p)
+
+
+def test_runs_empty_file_says_so(tmp_path):
+    p = tmp_path / "runs.csv"
+    p.write_text("")
+    with _raises(f"{p}: empty file (no header row; needs the columns id, num_gpus, "):
+        load_runs(p)
+
+
+def test_runs_semicolon_separated_file_says_so(tmp_path):
+    p = tmp_path / "runs.csv"
+    p.write_text(";".join(RUN_COLUMNS) + "\n" + ";".join(GOOD_ROW[c] for c in RUN_COLUMNS)
+                 + "\n")
+    with _raises(f"{p}: missing column 'id' (have: {';'.join(RUN_COLUMNS)}; the header is one "
+                 "cell holding ';': diffperf reads comma-separated files)"):
+        load_runs(p)
+
+
+def test_runs_model_config_path_is_found_beside_the_csv(tmp_path, monkeypatch):
+    """A row's model_config naming a config.json beside the CSV ('configs/llama.json') was
+    looked up from the working folder only: `validate path/to/runs.csv` run from elsewhere
+    said 'no such file'. Now the CSV's folder is tried when the working folder has none."""
+    (tmp_path / "data" / "configs").mkdir(parents=True)
+    _write_json(tmp_path / "data" / "configs", LLAMA3_8B_HF, "llama.json")
+    row = GOOD_ROW | dict(model_config="configs/llama.json", num_layers="32", hidden="4096",
+                          num_heads="32", vocab="128256")
+    p = _write_csv(tmp_path / "data", [row], RUN_COLUMNS + ["model_config"])
+    monkeypatch.chdir(tmp_path)
+    runs = load_runs(p)
+    assert float(runs.models[0].ffn_hidden) == 14336 and float(runs.models[0].seq_len) == 128
 
 
 def test_runs_gated_mlp_message_names_the_allowed_values(tmp_path):

@@ -703,7 +703,7 @@ def _csv_mutations(header, rows, rng):
         k = rng.randrange(len(text))
         out.append((f"truncated at {k}", text[:k], (), False))
     out += [("header only", _csv_text(header, []), ("no runs",), True),
-            ("empty file", "", ("missing column",), True),
+            ("empty file", "", ("empty file",), True),
             ("short row", text + "x1,2\n", (), True), ("long row", text.rstrip("\n") + ",a,b\n",
                                                       (), False),
             ("unbalanced quote", text + '"x,1\n', (), True),

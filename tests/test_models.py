@@ -309,7 +309,7 @@ UNREAD = {
     "gpt-neox-20b": {"attention_probs_dropout_prob", "hidden_dropout_prob"},
     "gpt-oss-120b": {"initial_context_length"},
     "llama-3-8b": {"pretraining_tp"},
-    "llama-3.1-8b": {"mlp_bias", "pretraining_tp"},  # mlp_bias false: no MLP biases
+    "llama-3.1-8b": {"pretraining_tp"},
     "mistral-7b-v0.1": set(),
     "mixtral-8x7b": set(),
     "qwen2-57b-a14b": set(),
@@ -383,6 +383,118 @@ def test_phi3_mini_count_matches_the_report(tmp_path):
     m = diffperf.load_model(p)
     _within_last_digit(float(total_params(m)), "3.8")
     assert float(m.sliding_window) == 2047 and float(m.sliding_layers) == 32
+
+
+# moonshotai/Kimi-K2-Instruct config.json (https://huggingface.co/moonshotai/Kimi-K2-Instruct/
+# blob/main/config.json; copy read in ai-dynamo/aiconfigurator, aic-core/src/aiconfigurator_core/
+# model_configs/moonshotai--Kimi-K2-Instruct_config.json @ 095f58a51c4c), its architecture
+# fields as published. Not shipped as a fixture: the model's licence is a modified MIT licence
+# whose terms for redistributing its files were not checked here.
+KIMI_K2 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2",
+    "attention_bias": False, "first_k_dense_replace": 1, "hidden_act": "silu",
+    "hidden_size": 7168, "intermediate_size": 18432, "kv_lora_rank": 512,
+    "max_position_embeddings": 131072, "moe_intermediate_size": 2048, "moe_layer_freq": 1,
+    "n_group": 1, "n_routed_experts": 384, "n_shared_experts": 1, "norm_topk_prob": True,
+    "num_attention_heads": 64, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+    "num_key_value_heads": 64, "num_nextn_predict_layers": 0, "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+    "routed_scaling_factor": 2.827, "scoring_func": "sigmoid", "tie_word_embeddings": False,
+    "topk_group": 1, "topk_method": "noaux_tc", "v_head_dim": 128, "vocab_size": 163840,
+}
+
+
+def test_kimi_k2_is_read_as_the_deepseek_v3_architecture_it_names(tmp_path):
+    """Kimi K2's config.json says model_type "kimi_k2" for DeepseekV3ForCausalLM (refused by
+    its type before). Read as DeepSeek-V3, it must give the shape the model card lists (61
+    layers, 1 dense, 384 experts, top 8, 1 shared, expert width 2048, 64 heads, MLA) and the
+    count by hand (float32 sums: rel 1e-6, below one expert of one layer, 4.3e-5):
+      attention / layer: h q_c + q_c + q_c a (d_nope + d_R) + h (d_c + d_R) + d_c
+                         + d_c a (d_nope + d_v) + a d_v h;  norms 2 h
+      MoE layer: (E + 1) 3 h f_e + E h (router);  dense layer: 3 h f;  embeddings 2 V h + h
+    = 1,026.41 B total, 32.86 B active. Model card (moonshotai/Kimi-K2-Instruct): 1T total,
+    32B activated; both pinned to their last digit. The tech report (arXiv:2507.20534) says
+    1.04T / 32.6B, which this config does not give (1.04T would need the dense layer to be an
+    MoE layer too: 1.0429T)."""
+    h, V, a, E, fe = 7168, 163840, 64, 384, 2048
+    attn = (h * 1536 + 1536 + 1536 * a * 192 + h * (512 + 64) + 512 + 512 * a * 256
+            + a * 128 * h + 2 * h)
+    shared = 61 * attn + 3 * h * 18432 + 60 * (3 * h * fe + E * h) + 2 * V * h + h
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(KIMI_K2))
+    m = diffperf.load_model(p)
+    assert (float(m.n_layers), float(m.moe_dense_layers), float(m.n_experts),
+            float(m.moe_topk), float(m.n_shared_experts), float(m.moe_ffn_hidden),
+            float(m.kv_lora_rank), float(m.q_lora_rank), float(m.head_dim),
+            float(m.v_head_dim), float(m.mtp_layers)) == (61, 1, 384, 8, 1, 2048, 512, 1536,
+                                                          192, 128, 0)
+    assert float(total_params(m)) == pytest.approx(shared + 60 * E * 3 * h * fe, rel=1e-6)
+    assert float(active_params(m)) == pytest.approx(shared + 60 * 8 * 3 * h * fe, rel=1e-6)
+    _within_last_digit(float(total_params(m)) / 1000, "1")  # 1T: in thousands of billions
+    _within_last_digit(float(active_params(m)), "32")
+    notes = hf_to_dict(KIMI_K2, "x.json")[1]
+    assert any("model_type='kimi_k2' with architectures ['DeepseekV3ForCausalLM']: read as "
+               "a deepseek_v3 config" in n for n in notes)
+    # the alias needs the class it stands for; another kimi_k2 stays refused by its type
+    with pytest.raises(SpecError, match="model_type='kimi_k2' is not an architecture"):
+        hf_to_dict(KIMI_K2 | {"architectures": ["KimiLinearForCausalLM"]}, "x.json")
+
+
+# allenai/OLMo-2-1124-13B config.json (https://huggingface.co/allenai/OLMo-2-1124-13B, Apache
+# 2.0; the copy read: mauer4/Attention-From-Scratch, weights/allenai/OLMo-2-1124-13B/config.json
+# @ 381a295f1d0697f36e21decfafef5ed74006ae94), the fields as published; its
+# model.safetensors.index.json there gives total_size 54,864,793,600 bytes of float32
+# (torch_dtype) weights: 13,716,198,400 parameters.
+OLMO2_13B = {
+    "architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 5120,
+    "initializer_range": 0.02, "intermediate_size": 13824, "max_position_embeddings": 4096,
+    "model_type": "olmo2", "num_attention_heads": 40, "num_hidden_layers": 40,
+    "num_key_value_heads": 40, "pad_token_id": 100277, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 500000, "tie_word_embeddings": False,
+    "torch_dtype": "float32", "transformers_version": "4.47.0", "use_cache": True,
+    "vocab_size": 100352,
+}
+
+
+def test_olmo2_13b_count_is_its_checkpoint_less_the_qk_norms(tmp_path):
+    """OLMo 2 is Llama's attention and MLP with post-norms and a QK-norm (refused by type
+    before). Its checkpoint holds 13,716,198,400 parameters (54,864,793,600 float32 bytes / 4);
+    diffperf counts all but the q_norm / k_norm weights ((a + a_kv) d_h = 10,240 per layer,
+    said in a note): 13,715,788,800 (float32 sums: rel 1e-7)."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(OLMO2_13B))
+    m = diffperf.load_model(p)
+    assert float(m.gated_mlp) == 1 and float(m.rms_norm) == 1 and float(m.biases) == 0
+    assert float(total_params(m)) == pytest.approx(54_864_793_600 / 4 - 40 * 10_240, rel=1e-7)
+    notes = hf_to_dict(OLMO2_13B, "x.json")[1]
+    assert any("olmo2: norms after attention and MLP" in n for n in notes)
+    assert not any(n.startswith("config.json fields not read") for n in notes)
+
+
+def test_gated_mlp_is_the_family_module_not_the_activation_name():
+    """transformers' LlamaMLP is gate x up whatever hidden_act says (a Llama with hidden_act
+    gelu lost its gate matrix: 8.03 -> 6.15 B); GPTNeoXMLP has no gate even with silu."""
+    llama = json.loads((HF / "llama-3.1-8b.json").read_text())
+    gelu = diffperf.load_model(hf_to_dict(llama | {"hidden_act": "gelu"}, "x")[0])
+    assert float(gelu.gated_mlp) == 1
+    _within_last_digit(float(total_params(gelu)), "8.03")
+    neox = json.loads((HF / "gpt-neox-20b.json").read_text())
+    assert hf_to_dict(neox | {"hidden_act": "silu"}, "x")[0]["gated_mlp"] is False
+    # no model_type: the activation's name decides, said in a note
+    d, notes = hf_to_dict(_BASE | {"intermediate_size": 256, "hidden_act": "silu"}, "x")
+    assert d["gated_mlp"] is True and any("hidden_act='silu'" in n for n in notes)
+
+
+def test_mlp_bias_is_read():
+    """LlamaConfig.mlp_bias puts biases on gate/up/down: read (it was left unread, so a model
+    with MLP biases only was counted without any), with a note that diffperf's one switch
+    adds the attention's biases too."""
+    llama = json.loads((HF / "llama-3.1-8b.json").read_text())
+    d, notes = hf_to_dict(llama | {"mlp_bias": True}, "x")
+    assert d["biases"] is True
+    assert any("mlp_bias=true" in n and "the attention's" in n for n in notes)
+    assert hf_to_dict(llama, "x")[0]["biases"] is False
 
 
 _BASE = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100}

@@ -74,3 +74,15 @@ def test_plot_validation_names_a_missing_column(tmp_path, capsys):
     pred = _write(tmp_path / "p.csv", "id,step_time_s\na,1\n")
     assert main(["plot", "validation", pred, "--out", str(tmp_path / "v.png")]) == 2
     assert "predicted_step_time_s" in capsys.readouterr().err
+
+
+def test_plot_validation_takes_the_runs_by_their_shipped_name(tmp_path, capsys):
+    """`validate h100_single_gpu --out pred.csv` then `plot validation pred.csv
+    h100_single_gpu`: the runs CSV by the name validate took (was 'cannot read')."""
+    pred = _write(tmp_path / "pred.csv", "id,step_time_s,predicted_step_time_s\n"
+                  "h100-s1234-000,1.0,1.1\nh100-s1234-001,2.0,2.0\n")
+    fig = tmp_path / "val.png"
+    out = _json(capsys, "plot", "validation", pred, "h100_single_gpu", "--out", str(fig),
+                "--json")
+    assert out["n"] == 2 and set(out["per_source"]) == {"torch-h100"}
+    assert out["per_source"]["torch-h100"]["mape_pct"] == pytest.approx(5.0)

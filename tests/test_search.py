@@ -361,7 +361,10 @@ def test_soft_optimum_approaches_the_hard_one(soft):
     errors = []
     step = np.asarray(hard.step_time_s, dtype=np.float64)
     margin = np.asarray(hard.fit_margin_frac, dtype=np.float64)
-    for tau in (0.3, 0.1, 0.03, 0.01, 0.003):
+    # The hard best (ZeRO-2 tp 2, mb 2) fits with 0.06 % to spare since ZeRO-3 layouts hold
+    # gpt-small's output unit (V h = 38.6 M, 5x a layer: memory.device.nonlayer_unit_bytes):
+    # the soft weights settle on it once tau is well below that margin, hence 1e-4.
+    for tau in (0.3, 0.1, 0.03, 0.01, 0.003, 0.0001):
         (value, weights), _ = soft_step(1.0, tau)
         errors.append(abs(float(value) / t_hard - 1))
         assert abs(float(np.sum(weights)) - 1) < 1e-4

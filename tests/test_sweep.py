@@ -158,6 +158,17 @@ def test_sweep_field_errors(item, message):
         sweep_axes(load_system("a100-sxm-80gb"), [item])
 
 
+def test_design_grid_errors_name_the_grid_option():
+    """`design --grid` takes --sweep's strings; its errors said '--sweep'."""
+    with _raises("--grid.tiers[1].bandwidth_GBps=0 must be > 0"):
+        sweep_axes(load_system("a100-sxm-80gb"), ["tiers[1].bandwidth_GBps=0:400:3"],
+                   flag="--grid")
+    with pytest.raises(SpecError, match=r"^--grid: unknown field 'foo' \(allowed: matmul_TFLOPs"
+                       r", .*; or a System leaf path in SI such as matmul_flops_per_s; tiers by "
+                       r"index or name: 0 or nvlink, 1 or infiniband\)$"):
+        sweep_axes(load_system("a100-sxm-80gb"), ["foo=1"], flag="--grid")
+
+
 def test_sweep_field_given_twice():
     with _raises("--sweep power_W is given twice; give each field once"):
         sweep_axes(load_system("a100-sxm-80gb"), ["power_W=400", "power_W=500"])

@@ -12,6 +12,7 @@ from diffperf import trust as tr
 from diffperf.cli.main import main
 from diffperf.costs.collectives import all_gather_s, reduce_scatter_s
 from diffperf.errors import SpecError
+from diffperf.memory.device import zero3_buffer_bytes
 from diffperf.predict import _dp_times
 from diffperf.schedule.overlap import (dp_hidden_slowdown_s, overlap_sigma,
                                        tp_userbuffers_sigmas, zero3_root_unit_s)
@@ -255,6 +256,19 @@ def test_root_unit_adds_its_gather_and_reduce_scatter_by_hand():
     assert float(with_root.step_time_s - base.step_time_s) == pytest.approx(want, rel=1e-3)
     assert float(with_root.breakdown.dp_exposed_s - base.breakdown.dp_exposed_s) == \
         pytest.approx(want, rel=1e-3)
+    # memory (memory.device.nonlayer_unit_bytes): a micro-batch's activations (logits 12.6
+    # GB) exceed the end-of-backward extra, so the start of the backward is the peak. Without
+    # the fact ZeRO-3 still gathers the output whole: buffers = B_l + 6 V h + 2 N_l - B_l +
+    # workspace; the root unit holds 2 Psi_r + 2 V h instead: 6 N_l = 1,308,672,000 B more.
+    vh = 128256 * 4096
+    b_l = float(zero3_buffer_bytes(P_layer, par, tb))
+    assert float(base.memory.buffers_bytes) == pytest.approx(
+        6 * vh + 2 * P_layer + float(system.eff.mem_reserved_bytes), rel=1e-6)
+    assert float(base.memory.buffers_bytes) > b_l + float(system.eff.mem_reserved_bytes)
+    assert float(with_root.memory.total_bytes - base.memory.total_bytes) == pytest.approx(
+        6 * P_layer, rel=1e-4)
+    assert float(with_root.memory.buffers_bytes) == pytest.approx(
+        b_l + 2 * root + 2 * vh + float(system.eff.mem_reserved_bytes), rel=1e-6)
     z1 = dict(zero_stage=1, zero3_copy_out=0)
     assert float(_dp_times(model, on.replace(**z1), system, tb)["root_s"]) == 0.0
     # gradient contract of zero3_root_unit_s in log coordinates under x64 (the cost function

@@ -185,3 +185,58 @@ def test_zero3_breakdown_accounts_for_every_collective(d):
     total = sum(float(getattr(b, k)) for k in EXPOSED_PARTS)
     np.testing.assert_allclose(total, float(r.step_time_s), rtol=1e-5)
     assert float(b.dp_exposed_s) > 0 and float(b.dp_hidden_s) >= 0
+
+
+def test_nonlayer_units_at_the_memory_peak_by_hand():
+    """memory.device.nonlayer_unit_bytes, Llama 3 8B (V h = 128256 x 4096 = 525,336,576; N_l =
+    218,112,000), t = 1, q_w = 2, q_g = 4 (TorchTitan's fp32 reduce), FSDP f = 1. Root unit
+    (Psi_r = 2 V h): start X = 2 Psi_r + 2 V h, end Y = 6 Psi_r; the end wins unless the
+    micro-batch frees more than Y - X = 3.152 GB (slack). Without the fact, any ZeRO-3: the
+    output unit in place of a layer's, X = 6 V h + 2 N_l - 8 N_l, end Y = 6 V h (embedding),
+    less the room a larger working layer leaves. Two stages: the first holds the embedding,
+    the last the output."""
+    import jax
+    import jax.numpy as jnp
+
+    from diffperf import training
+    from diffperf.memory.device import nonlayer_unit_bytes
+    from diffperf.workload.params import stage_params_per_device
+    from diffperf.workload.stages import pipeline_stages
+
+    model, tb = load_model("llama3-8b"), training("bf16").replace(grad_bytes=4.0)
+    vh, n_l = 128256 * 4096, 218_112_000
+
+    def run(par, slack, room=0.0):
+        st = pipeline_stages(model, par)
+        return np.asarray(nonlayer_unit_bytes(model, par, tb, st,
+                                              stage_params_per_device(model, par, st),
+                                              jnp.full(3, slack), room))
+
+    root = Parallel(dp=8, zero_stage=3, zero3_root_unit=1)
+    x_root, y_root = 2 * vh * 2 + vh * 2, 2 * vh * 6              # 3.152 / 6.304 GB
+    np.testing.assert_allclose(run(root, 0.0), [y_root] * 3, rtol=1e-6)
+    np.testing.assert_allclose(run(root, 10e9), [x_root] * 3, rtol=1e-6)
+    off = root.replace(zero3_root_unit=0)
+    x_def = vh * 6 + n_l * 2 - n_l * (2 * 2 + 4)                  # 1,843,347,456
+    assert x_def == 1_843_347_456
+    np.testing.assert_allclose(run(off, 10e9), [x_def] * 3, rtol=1e-6)
+    np.testing.assert_allclose(run(off, 1e9), [x_def + (6 * vh - x_def - 1e9)] * 3, rtol=1e-6)
+    # a working layer 1 GB above the loss's buffers hides 1 GB of the output unit's excess;
+    # the root unit, held throughout, hides nowhere
+    np.testing.assert_allclose(run(off, 10e9, 1e9), [x_def - 1e9] * 3, rtol=1e-6)
+    np.testing.assert_allclose(run(root, 10e9, 1e9), [x_root] * 3, rtol=1e-6)
+    assert np.all(run(off.replace(zero_stage=1), 0.0) == 0.0)     # below ZeRO-3: nothing
+    two = Parallel(dp=4, pp=2, zero_stage=3, zero3_root_unit=1)    # (first, no middle, last)
+    np.testing.assert_allclose(run(two, 10e9), [2 * vh, 0.0, 4 * vh], rtol=1e-6)
+    np.testing.assert_allclose(run(two.replace(zero3_root_unit=0), 0.0),
+                               [6 * vh, 0.0, x_def], rtol=1e-6)
+    # physical sign: a larger vocabulary holds more; d X / d V = (2 q_w + q_w) h per stage
+    # (float32 gradient of the function alone, no new program)
+    def held(v):
+        m = model.replace(vocab=v)
+        st = pipeline_stages(m, root)
+        return nonlayer_unit_bytes(m, root, tb, st, stage_params_per_device(m, root, st),
+                                   jnp.full(3, 10e9)).sum()
+
+    g = float(jax.grad(held)(128256.0))
+    assert np.isfinite(g) and g == pytest.approx(3 * 6 * 4096, rel=1e-5)

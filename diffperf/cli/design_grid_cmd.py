@@ -39,7 +39,7 @@ def run_grid(args, model, system, train, cost, placements) -> int:
     from diffperf.load import sweep_axes
     from diffperf.search import enumerate_layouts
 
-    axes = sweep_axes(system, args.grid)
+    axes = sweep_axes(system, args.grid, flag="--grid")
     start = time.perf_counter()
     layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements)
     with _progress(not args.json, "evaluating the grid") as progress:

@@ -27,6 +27,9 @@ def _parser() -> argparse.ArgumentParser:
 
     p = Parser(prog="diffperf", description=(
         "Differentiable performance model of distributed Transformer training."))
+    import diffperf
+
+    p.add_argument("--version", action="version", version=f"diffperf {diffperf.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     predict_cmd.add_parser(sub)
     validate_cmd.add_parser(sub)

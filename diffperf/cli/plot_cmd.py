@@ -154,7 +154,10 @@ def _validation(args) -> int:
     preds = _read_csv(args.predictions, ("id", "step_time_s", "predicted_step_time_s"))
     sources = {}
     if args.runs:
-        runs = _read_csv(args.runs, ("id",))
+        from diffperf.resources import dataset_path
+
+        # the runs CSV as `validate` took it: a path or a shipped dataset name
+        runs = _read_csv(dataset_path(args.runs), ("id",))
         sources = {r["id"]: (r.get("source") or "all") for r in runs}
     meas, pred, src = [], [], []
     for r in preds:

@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 
 from diffperf.memory.activations import cp_kv_buffer_bytes, layers_in_flight
-from diffperf.memory.device import gathered_buffer_bytes, peak_parts, stage_states_params
+from diffperf.memory.device import (gathered_buffer_bytes, nonlayer_unit_bytes, peak_parts,
+                                   stage_states_params)
 from diffperf.memory.weights import gradient_bytes, optimizer_bytes, weight_bytes
 from diffperf.result import MEMORY_PARTS, Memory
 from diffperf.workload.flops import tokens_per_device, vocab_rows_per_rank
@@ -134,7 +135,8 @@ def xla_device_memory(model, parallel, system, training, stages=None) -> Memory:
         loss buffers on the last stage (on the only stage when p = 1)
     ZeRO shards the states as in `memory.weights`. What a sharded program holds beside its
     live sets, as the eager model does (memory.device): the parameters gathered for the layer
-    in use (ZeRO-3 / FSDP, AxoNN's depth: `gathered_buffer_bytes`) and CP's K/V buffers during
+    in use (ZeRO-3 / FSDP, AxoNN's depth: `gathered_buffer_bytes`; the output / embedding
+    units beside it: `memory.device.nonlayer_unit_bytes`) and CP's K/V buffers during
     the layer's backward (`activations.cp_kv_buffer_bytes`); the measured XLA runs are single
     GPU, so these two are not checked against XLA's own report [D].
     Example: p = 1 -> n_i = L, one micro-batch of stacked residuals: the single-GPU runs of
@@ -153,15 +155,24 @@ def xla_device_memory(model, parallel, system, training, stages=None) -> Memory:
     working = (xla_working_layer_bytes(model, parallel, training)
                + cp_kv_buffer_bytes(model, parallel, training))
     phases = _stage_phases(params, expert_P, layer_P, resid, loss, working, parallel, training)
-    keys = MEMORY_PARTS[:-1]
+    # ZeRO-3: the output / embedding units beside the layer's (`memory.device.
+    # nonlayer_unit_bytes`), per stage, the same in each phase as the layer's buffers; a
+    # micro-batch's stacked residuals and loss buffers are what its end no longer holds.
+    slack = each(lambda n, o: scan_residual_bytes(model, parallel, training) * n
+                 + o * loss_bytes, stages.layers, stages.output)
+    buffers = (gathered_buffer_bytes(model, parallel, training) + system.eff.mem_reserved_bytes
+               + nonlayer_unit_bytes(model, parallel, training, stages, params,
+                                     jnp.minimum(slack, resid + loss),
+                                     jnp.maximum(working - loss, 0.0)))
+    phases = tuple(dict(c, buffers_bytes=buffers) for c in phases)
+    keys = MEMORY_PARTS
     # (phase, stage) flattened into one leading axis of 9 candidates; batched leaves follow.
     shape = jnp.broadcast_shapes(*(jnp.shape(c[k]) for c in phases for k in keys))
     flat = lambda x: jnp.broadcast_to(x, shape).reshape((-1,) + shape[1:])  # noqa: E731
     parts = {k: jnp.concatenate([flat(c[k]) for c in phases]) for k in keys}
     total = sum(parts[k] for k in keys)
     picked, peak_total = peak_parts(parts, total)
-    buffers = gathered_buffer_bytes(model, parallel, training) + system.eff.mem_reserved_bytes
-    return Memory(**picked, buffers_bytes=buffers, total_bytes=peak_total + buffers,
+    return Memory(**picked, total_bytes=peak_total,
                   capacity_bytes=system.hbm_capacity_bytes * system.eff.mem_usable_frac)
 
 
