@@ -326,7 +326,7 @@ def test_a_fact_changes_nothing_on_a_layout_where_it_cannot_act(grid_table):
                 lay = parallel_of(row)
                 named = facts_inert(model, lay.replace(**par), facts)
                 assert ([*par, *tr][0] in named) != acting, (name, where, row)
-                a, b = (jax.tree.leaves(_reference()(m, _as_float(p), s, _as_float(t)))
+                a, b = (jax.tree.leaves(_reference()(m, _as_float(p), s, _as_float(anonymous(t))))
                         for p, t in ((lay.replace(**par), facts), (lay, plain)))
                 same = all(np.array_equal(x, y, equal_nan=True) for x, y in zip(a, b))
                 assert same or acting, (name, where, row)
