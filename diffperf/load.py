@@ -819,12 +819,15 @@ def training_from_name(precision: str = "bf16", where: str = "precision",
 
 def _read_csv(path: Path, required) -> tuple[list, list]:
     """(header, rows as dicts) of a UTF-8 CSV that has the `required` columns; clear errors
-    for a missing, unreadable, binary or malformed file and for a missing column."""
+    for a missing, unreadable, binary or malformed file, a missing or repeated column and a
+    row whose cells do not match the header. Columns without a name that are blank in every
+    row (a spreadsheet's trailing empty columns: `a,b,,`) are dropped; blank lines are
+    skipped (as csv.DictReader skips them)."""
     try:
         with path.open(newline="", encoding="utf-8-sig") as fh:  # a BOM is not a column
-            reader = csv.DictReader(fh)
-            header = reader.fieldnames or []
-            rows = list(reader)
+            reader = csv.reader(fh)
+            header = next(reader, None) or []
+            raw = [r for r in reader if r]  # a blank line is no row
     except OSError as err:
         raise SpecError(f"{path}: cannot read ({err.strerror or err})") from None
     except UnicodeDecodeError:
@@ -834,30 +837,40 @@ def _read_csv(path: Path, required) -> tuple[list, list]:
     if not header and required:
         raise SpecError(f"{path}: empty file (no header row; needs the columns "
                         f"{', '.join(required)})")
-    missing = [c for c in required if c not in header]
+    # unnamed columns blank in every row hold nothing: dropped (Excel and LibreOffice write
+    # a sheet's formatted but empty columns as trailing commas on every line)
+    unnamed = {j for j, c in enumerate(header) if not c.strip()
+               and all(j >= len(r) or not r[j].strip() for r in raw)}
+    keep = [j for j in range(len(header)) if j not in unnamed]
+    named = [header[j] for j in keep]
+    missing = [c for c in required if c not in named]
     if missing:
-        sep = next((c for c in (";", "\t", "|") if len(header) == 1 and c in header[0]), None)
+        sep = next((c for c in (";", "\t", "|") if len(named) == 1 and c in named[0]), None)
         hint = (f"; the header is one cell holding {sep!r}: diffperf reads comma-separated "
                 f"files" if sep else "")
-        raise SpecError(f"{path}: missing column '{missing[0]}'{closest(missing[0], header)} "
-                        f"(have: {', '.join(header)}{hint})")
+        raise SpecError(f"{path}: missing column '{missing[0]}'{closest(missing[0], named)} "
+                        f"(have: {', '.join(named)}{hint})")
     # csv.DictReader keeps the last of two same-named columns and pads or spills a row whose
     # cell count differs from the header's: each would be a silent misread of the file.
-    twice = next((c for c in header if header.count(c) > 1), None)
+    twice = next((c for c in named if named.count(c) > 1), None)
     if twice is not None:
-        raise SpecError(f"{path}: column '{twice}' appears {header.count(twice)} times in the "
+        raise SpecError(f"{path}: column '{twice}' appears {named.count(twice)} times in the "
                         f"header (allowed: each column once)")
-    for i, row in enumerate(rows):
-        extra = row.get(None) or []
-        short = [k for k, v in row.items() if k is not None and v is None]
+    rows = []
+    for i, r in enumerate(raw):
+        extra = r[len(header):]
+        short = [header[j] for j in keep if j >= len(r)]
         if extra or short:
-            cells = len(header) + len(extra) - len(short)
-            why = (f"{len(extra)} cell(s) past the last column: an unquoted comma inside a "
-                   f"cell? quote it" if extra else
+            cells = len(r) - sum(1 for j in unnamed if j < len(r))
+            blank = " empty" if all(not c.strip() for c in extra) else ""
+            why = (f"{len(extra)}{blank} cell(s) past the last column: "
+                   + ("trailing commas, or " if blank else "")
+                   + "an unquoted comma inside a cell? quote it" if extra else
                    f"no cell for {', '.join(short)}: write an empty cell as ,,")
             raise SpecError(f"{path}: row {i + 2} has {cells} cells, the header "
-                            f"{len(header)} ({why})")
-    return header, rows
+                            f"{len(named)} ({why})")
+        rows.append({header[j]: r[j] for j in keep})
+    return named, rows
 
 
 RUN_REQUIRED = ("id", "num_gpus", "num_layers", "hidden", "num_heads", "vocab", "seq_len",

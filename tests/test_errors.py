@@ -1000,6 +1000,26 @@ def test_runs_ragged_row_is_refused(tmp_path, cells, message):
         load_runs(p)
 
 
+def test_runs_trailing_empty_columns_are_read(tmp_path):
+    """A spreadsheet export writes a sheet's formatted but empty columns as trailing commas
+    on every line (`...,step_time_s,,` / `...,0.1,,`): the two unnamed columns were refused
+    as "column '' appears 2 times in the header" (session 14's duplicate-column rule). Blank
+    unnamed columns hold nothing and are dropped; a CRLF file with a BOM and a blank last
+    line reads the same."""
+    line = ",".join(GOOD_ROW[c] for c in RUN_COLUMNS)
+    p = tmp_path / "runs.csv"
+    p.write_bytes(("\ufeff" + ",".join(RUN_COLUMNS) + ",,\r\n" + line + ",,\r\n"
+                   + line.replace("r1", "r2", 1) + ",,\r\n\r\n").encode())
+    runs = load_runs(p)
+    assert runs.ids == ["r1", "r2"] and float(runs.step_time_s[1]) == pytest.approx(0.1)
+    # trailing commas on the rows only: refused (an unquoted comma in the last-but-one cell
+    # leaves the same empty spill), the message names both causes
+    p.write_text(",".join(RUN_COLUMNS) + "\n" + line + ",\n")
+    with _raises(f"{p}: row 2 has 19 cells, the header 18 (1 empty cell(s) past the last "
+                 "column: trailing commas, or an unquoted comma inside a cell? quote it)"):
+        load_runs(p)
+
+
 def test_runs_empty_file_says_so(tmp_path):
     p = tmp_path / "runs.csv"
     p.write_text("")
