@@ -390,17 +390,22 @@ def _model_file(name_or_path) -> Path:
     if path.suffix in (".json", ".yaml", ".yml"):
         return path
     try:
-        is_dir = path.is_dir()
+        is_dir, is_file = path.is_dir(), path.is_file()
     except (OSError, ValueError):  # a name too long for the file system, or with a NUL
-        is_dir = False
+        is_dir = is_file = False
     allowed = ("allowed: a shipped model name, a model .yaml, a Hugging Face config.json or "
                "the folder holding it")
+    shipped = str(name_or_path) in resources.config_files("models")
     if is_dir and (path / "config.json").is_file():
         return path / "config.json"
-    if is_dir and str(name_or_path) not in resources.config_files("models"):
+    if is_dir and not shipped:
         raise SpecError(f"{path}: a folder without config.json ({allowed})")
-    if str(name_or_path) not in resources.config_files("models") and (
-            "/" in str(name_or_path) or "\\" in str(name_or_path)):
+    if is_file and not shipped:  # was "no such file or folder" (a file that exists)
+        kind = f"suffix is {path.suffix!r}" if path.suffix else "name has no suffix"
+        raise SpecError(f"{name_or_path}: the file's {kind} (a model file is read by its "
+                        f"suffix: .yaml or .yml a model YAML, .json a Hugging Face "
+                        f"config.json; {allowed})")
+    if not shipped and ("/" in str(name_or_path) or "\\" in str(name_or_path)):
         raise SpecError(f"{name_or_path}: no such file or folder ({allowed})")
     return _named(name_or_path, "models")
 

@@ -929,6 +929,16 @@ def test_hf_snapshot_folder_reads_its_config_json(tmp_path):
         load_model(str(tmp_path))
     with _raises(f"{tmp_path / 'none'}/: no such file or folder (allowed: "):
         load_model(f"{tmp_path / 'none'}/")
+    # a file that exists under another suffix was said to be "no such file or folder"
+    (tmp_path / "config").write_text((folder / "config.json").read_text())
+    with _raises(f"{tmp_path / 'config'}: the file's name has no suffix (a model file is read "
+                 "by its suffix: .yaml or .yml a model YAML, .json a Hugging Face config.json; "
+                 "allowed: a shipped model name, a model .yaml, a Hugging Face config.json or "
+                 "the folder holding it)"):
+        load_model(str(tmp_path / "config"))
+    with _raises(f"{tmp_path / 'm.txt'}: the file's suffix is '.txt' (a model file is read "):
+        (tmp_path / "m.txt").write_text("num_layers: 2\n")
+        load_model(str(tmp_path / "m.txt"))
 
 
 @pytest.mark.parametrize("load,given,message", [
