@@ -57,6 +57,13 @@ def _check_kind(d, expected: str, where: str) -> None:
         return
     for kind, marks in _KIND_MARKS.items():
         found = [k for k in marks if k in d]
+        if kind == "Hugging Face model config" and expected == "model" and found:
+            # a config.json's fields in a .yaml (or a mapping): --model is the right option,
+            # the file's name is not (a Hugging Face config is read from a .json or its folder)
+            raise SpecError(f"{where}: Hugging Face config.json fields (it has "
+                            f"{', '.join(found)}), not diffperf model keys: a Hugging Face "
+                            f"config is read from a .json file or the folder holding "
+                            f"config.json (allowed: that, or the model keys of configs/README.md)")
         if kind != expected and found:
             raise SpecError(f"{where}: a {kind} file (it has {', '.join(found)}), not a "
                             f"{expected} file: give it to {_KIND_OPTION[kind]}")

@@ -969,6 +969,18 @@ def test_a_file_of_another_kind_is_named_as_such(load, given, message):
             (load_system if load == "system" else load_model)(path)
 
 
+def test_a_hugging_face_config_in_a_yaml_file_says_how_it_is_read(tmp_path):
+    """A config.json's fields in a .yaml given to --model were refused as "a Hugging Face
+    model config file ..., not a model file: give it to --model" (the option used)."""
+    p = tmp_path / "hf.yaml"
+    p.write_text(json.dumps(LLAMA3_8B_HF))
+    with _raises(f"{p}: Hugging Face config.json fields (it has num_hidden_layers, "
+                 "num_attention_heads), not diffperf model keys: a Hugging Face config is read "
+                 "from a .json file or the folder holding config.json (allowed: that, or the "
+                 "model keys of configs/README.md)"):
+        load_model(str(p))
+
+
 def test_runs_not_utf8(tmp_path):
     p = tmp_path / "runs.csv"
     p.write_bytes(",".join(RUN_COLUMNS).encode() + b"\n\xff\xfe\n")
