@@ -294,6 +294,14 @@ def model_from_hf(cfg: dict, where: str, seq_len=None) -> Model:
     hf.DEFAULT_SEQ_LEN (never max_position_embeddings)."""
     from diffperf.hf import hf_to_dict
 
+    if isinstance(cfg, dict) and not isinstance(cfg.get("text_config"), dict):
+        found = [k for k in _KIND_MARKS["model"] if k in cfg]
+        if found and not any(k in cfg for k in _KIND_MARKS["Hugging Face model config"]):
+            raise SpecError(f"{where}: diffperf model keys (it has {', '.join(found)}) in a "
+                            f".json file, which is read as a Hugging Face config.json "
+                            f"(allowed: the model keys in a .yaml or .yml file, JSON being "
+                            f"YAML too, or a Hugging Face config.json)")
+        _check_kind(cfg, "Hugging Face model config", where)  # a system / overlay .json
     return model_from_dict(hf_to_dict(cfg, where, seq_len)[0], where)
 
 

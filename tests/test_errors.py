@@ -979,6 +979,19 @@ def test_a_hugging_face_config_in_a_yaml_file_says_how_it_is_read(tmp_path):
                  "from a .json file or the folder holding config.json (allowed: that, or the "
                  "model keys of configs/README.md)"):
         load_model(str(p))
+    # the other way round: diffperf model keys, or a system, in a .json given to --model
+    # ("not a recognised Hugging Face config.json ... missing num_hidden_layers, ...")
+    p = tmp_path / "model.json"
+    p.write_text(json.dumps({"num_layers": 2, "hidden": 256, "num_heads": 4, "vocab": 1000,
+                             "seq_len": 128}))
+    with _raises(f"{p}: diffperf model keys (it has num_layers, num_heads) in a .json file, "
+                 "which is read as a Hugging Face config.json (allowed: the model keys in a "
+                 ".yaml or .yml file, JSON being YAML too, or a Hugging Face config.json)"):
+        load_model(str(p))
+    p.write_text(json.dumps(_system_dict()))
+    with _raises(f"{p}: a system file (it has tiers, matmul_TFLOPs), not a Hugging Face model "
+                 "config file: give it to --system"):
+        load_model(str(p))
 
 
 def test_runs_not_utf8(tmp_path):
