@@ -429,9 +429,11 @@ def test_hf_json_not_an_object(tmp_path):
      ": decoder_sparse_step=0 must be a whole number in 1..2^31"),
     # a GPT-2 with a cross-attention block in every layer, an encoder-decoder
     (dict(add_cross_attention=True), ": Hugging Face fields not supported by diffperf's "
-                                     "model: add_cross_attention"),
+                                     "model: add_cross_attention (write a diffperf model "
+                                     "YAML instead)"),
     (dict(is_encoder_decoder=True), ": Hugging Face fields not supported by diffperf's "
-                                    "model: is_encoder_decoder"),
+                                    "model: is_encoder_decoder (write a diffperf model YAML "
+                                    "instead)"),
 ])
 def test_hf_field_rules(tmp_path, over, message):
     p = _write_json(tmp_path, LLAMA3_8B_HF | over)
@@ -927,7 +929,8 @@ def test_hf_snapshot_folder_reads_its_config_json(tmp_path):
     with _raises(f"{tmp_path}: a folder without config.json (allowed: a shipped model name, a "
                  "model .yaml, a Hugging Face config.json or the folder holding it)"):
         load_model(str(tmp_path))
-    with _raises(f"{tmp_path / 'none'}/: no such file or folder (allowed: "):
+    with _raises(f"{tmp_path / 'none'}/: no such file or folder (allowed: a shipped model "
+                 "name, a model .yaml, a Hugging Face config.json or the folder holding it)"):
         load_model(f"{tmp_path / 'none'}/")
     # a file that exists under another suffix was said to be "no such file or folder"
     (tmp_path / "config").write_text((folder / "config.json").read_text())
@@ -1058,7 +1061,9 @@ def test_runs_trailing_empty_columns_are_read(tmp_path):
 def test_runs_empty_file_says_so(tmp_path):
     p = tmp_path / "runs.csv"
     p.write_text("")
-    with _raises(f"{p}: empty file (no header row; needs the columns id, num_gpus, "):
+    with _raises(f"{p}: empty file (no header row; needs the columns id, num_gpus, "
+                 "num_layers, hidden, num_heads, vocab, seq_len, tp, pp, dp, global_batch, "
+                 "micro_batch, step_time_s)"):
         load_runs(p)
 
 
