@@ -400,27 +400,31 @@ def _model_file(name_or_path) -> Path:
     .yml), a folder holding a config.json (a Hugging Face snapshot folder, as transformers'
     from_pretrained takes it), or a shipped name (configs/models/NAME.yaml). A path that does
     not exist, or a folder without config.json, is said as such rather than looked up as a
-    shipped name."""
+    shipped name. A shipped name is the shipped model even where the working folder has a
+    folder of that name (a snapshot downloaded as ./llama3-8b would otherwise replace the
+    shipped YAML, in a shipped dataset's rows too, without a word): give ./NAME for the
+    folder."""
     path = Path(name_or_path)
     if path.suffix in (".json", ".yaml", ".yml"):
         return path
+    if str(name_or_path) in resources.config_files("models"):
+        return _named(name_or_path, "models")
     try:
         is_dir, is_file = path.is_dir(), path.is_file()
     except (OSError, ValueError):  # a name too long for the file system, or with a NUL
         is_dir = is_file = False
     allowed = ("allowed: a shipped model name, a model .yaml, a Hugging Face config.json or "
                "the folder holding it")
-    shipped = str(name_or_path) in resources.config_files("models")
     if is_dir and (path / "config.json").is_file():
         return path / "config.json"
-    if is_dir and not shipped:
+    if is_dir:
         raise SpecError(f"{path}: a folder without config.json ({allowed})")
-    if is_file and not shipped:  # was "no such file or folder" (a file that exists)
+    if is_file:  # was "no such file or folder" (a file that exists)
         kind = f"suffix is {path.suffix!r}" if path.suffix else "name has no suffix"
         raise SpecError(f"{name_or_path}: the file's {kind} (a model file is read by its "
                         f"suffix: .yaml or .yml a model YAML, .json a Hugging Face "
                         f"config.json; {allowed})")
-    if not shipped and ("/" in str(name_or_path) or "\\" in str(name_or_path)):
+    if "/" in str(name_or_path) or "\\" in str(name_or_path):
         raise SpecError(f"{name_or_path}: no such file or folder ({allowed})")
     return _named(name_or_path, "models")
 
@@ -1059,6 +1063,7 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
             t = float("nan")
         config = (row.get("model_config") or "").strip()
         if (config and not Path(config).is_absolute() and not Path(config).exists()
+                and config not in resources.config_files("models")
                 and (path.parent / config).exists()):
             # a model file beside the CSV, named relative to it (the CSV read from elsewhere)
             row = dict(row, model_config=str(path.parent / config))

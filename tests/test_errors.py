@@ -913,7 +913,7 @@ def test_unknown_names_list_the_shipped_configs():
         load_system("h100-sxm")
 
 
-def test_hf_snapshot_folder_reads_its_config_json(tmp_path):
+def test_hf_snapshot_folder_reads_its_config_json(tmp_path, monkeypatch):
     """transformers' from_pretrained takes the model's folder; `--model FOLDER` was looked up
     as a shipped name ("unknown model 'FOLDER' ... give a path to a .yaml file")."""
     from diffperf.load import default_global_batch, model_notes
@@ -932,6 +932,14 @@ def test_hf_snapshot_folder_reads_its_config_json(tmp_path):
     with _raises(f"{tmp_path / 'none'}/: no such file or folder (allowed: a shipped model "
                  "name, a model .yaml, a Hugging Face config.json or the folder holding it)"):
         load_model(f"{tmp_path / 'none'}/")
+    # a shipped name stays the shipped model beside a folder of that name (a snapshot
+    # downloaded as ./llama3-8b replaced it, in a shipped dataset's rows too); ./NAME is the
+    # folder
+    (tmp_path / "llama3-8b").mkdir()
+    _write_json(tmp_path / "llama3-8b", LLAMA3_8B_HF | {"num_hidden_layers": 4})
+    monkeypatch.chdir(tmp_path)
+    assert float(load_model("llama3-8b").n_layers) == 32
+    assert float(load_model("./llama3-8b").n_layers) == 4
     # a file that exists under another suffix was said to be "no such file or folder"
     (tmp_path / "config").write_text((folder / "config.json").read_text())
     with _raises(f"{tmp_path / 'config'}: the file's name has no suffix (a model file is read "
