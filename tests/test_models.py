@@ -468,7 +468,8 @@ def test_olmo2_13b_count_is_its_checkpoint_less_the_qk_norms(tmp_path):
     assert float(m.gated_mlp) == 1 and float(m.rms_norm) == 1 and float(m.biases) == 0
     assert float(total_params(m)) == pytest.approx(54_864_793_600 / 4 - 40 * 10_240, rel=1e-7)
     notes = hf_to_dict(OLMO2_13B, "x.json")[1]
-    assert any("olmo2: norms after attention and MLP" in n for n in notes)
+    assert any("olmo2: norms after attention and MLP" in n and "q / k inputs it keeps for "
+               "its backward" in n for n in notes)
     assert not any(n.startswith("config.json fields not read") for n in notes)
 
 

@@ -132,6 +132,12 @@ def _read_csv(path, required) -> list:
         if missing:
             raise SpecError(f"{path}: missing column '{missing[0]}' (have: "
                             f"{', '.join(reader.fieldnames or [])})")
+        # csv.DictReader keeps the last of two same-named columns (load._read_csv's rule)
+        names = [c for c in reader.fieldnames if c.strip()]
+        twice = next((c for c in names if names.count(c) > 1), None)
+        if twice is not None:
+            raise SpecError(f"{path}: column '{twice}' appears {names.count(twice)} times in "
+                            f"the header (allowed: each column once)")
         return list(reader)
     except csv.Error as err:
         raise SpecError(f"{path}: malformed CSV ({err})") from None
