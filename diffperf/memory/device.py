@@ -84,6 +84,15 @@ def nonlayer_unit_bytes(model, parallel, training, stages, stage_params, slack, 
                                                                  last layer prefetched, in
                                                                  place of the layer unit)
         Y_i = e_i N_e (q_w + q_g)                               (the embedding unit)
+    Tied embeddings on one stage (p = 1; at p > 1 the last stage keeps its own copy,
+    `stage_params_per_device`): the output's use and the embedding's use feed one
+    parameter, whose AccumulateGrad runs once, after the embedding's backward has added its
+    gradient (the autograd engine sums a node's inputs before running it; DeepSpeed ZeRO-3's
+    reduce hook sits on that node, so nothing reduces the output's contribution earlier).
+    The output's gradient, N_o q_w (autograd's dtype is the parameter's), is therefore held
+    through the whole backward, beside the layers' buffers, where no working layer hides it:
+        X_i = max(X_i, t_e o_i e_i N_o q_w)     (t_e = model.tied_embeddings)
+    (Y_i already counts that gradient: it is the embedding unit's own.)
     FSDP's root unit (Parallel.zero3_root_unit = 1: fully_shard(model) / the FSDP1 root
     FlatParameter, `schedule.overlap.zero3_root_unit_s`):
         X_i = Psi_r q_w + o_i N_o q_w    the root stays unsharded from its pre-forward to its
@@ -124,7 +133,8 @@ def nonlayer_unit_bytes(model, parallel, training, stages, stage_params, slack, 
     root_on = parallel.zero3_root_unit > 0
 
     def extra(n, o, e, psi, s, r):
-        x_def = o * jnp.maximum(n_out * (q_w + q_g) + pre - b_l - r, 0.0)
+        held = model.tied_embeddings * o * e * n_out * q_w   # tied: the output's gradient
+        x_def = jnp.maximum(o * jnp.maximum(n_out * (q_w + q_g) + pre - b_l - r, 0.0), held)
         y_def = e * n_emb * (q_w + q_g)
         root = root_unit_params(psi, n_l, n)
         x = jnp.where(root_on, root * q_w + o * n_out * q_w, x_def)
