@@ -27,7 +27,9 @@ fc1 / fc2, each also by pass fwd / dgrad / wgrad), the FP8 / bf16 time ratio pre
 measured on the same shapes (the ratio cancels the GPU's clock / power state), bf16
 reproducibility against data/kernels/h100_gemm.csv (another day, event timing) on shared shapes,
 the measured cost of split accumulation, the best grid GEMM against the large cubes, a linear's
-three GEMMs as Transformer Engine runs them in FP8 (fprop fast, dgrad / wgrad split), a per-kind
+three GEMMs as Transformer Engine runs them in FP8 (fprop fast, dgrad / wgrad split), burst
+vs sustained throughput (data/kernels/h100_gemm_sustained.csv: the first replay's and the last
+second's TFLOP/s at the 700 W cap, beside the model's rate), a per-kind
 fit of the model's saturation form (does FP8 saturate later?) and the roofline corner (hard max
 vs p-norm where the memory term nears the compute term). Figures: docs/kernels-h100.md.
 
