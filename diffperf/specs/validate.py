@@ -392,8 +392,9 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
 
 def facts_act_mask(model, parallel, training) -> np.ndarray:
     """`check_facts_act`'s rules as a mask over batched leaves (concrete values, numpy): True
-    where every rule holds. For a search's table, whose tp, cp, ep, ZeRO stage and recompute
-    vary per row: the rows on which the framework facts act (`search.facts_act_rows`)."""
+    where every rule holds. For a search's table, whose tp, cp, ep, AxoNN grid (gx, gy, gz),
+    ZeRO stage and recompute vary per row: the rows on which the framework facts act
+    (`search.facts_act_rows`)."""
     where = _Collect(np)
     check_facts_act(model, parallel, training, where, where)
     return np.asarray(where.ok, dtype=bool)
