@@ -841,6 +841,16 @@ def training_from_name(precision: str = "bf16", where: str = "precision",
     return Training(**{k: float(v) for k, v in fields.items()}, name=precision)
 
 
+def check_columns_once(path, names) -> None:
+    """SpecError naming the first column that appears more than once in `names` (a CSV
+    header): csv.DictReader would keep the last of them silently. Used by `_read_csv` and by
+    `plot validation`'s reader."""
+    twice = next((c for c in names if names.count(c) > 1), None)
+    if twice is not None:
+        raise SpecError(f"{path}: column '{twice}' appears {names.count(twice)} times in the "
+                        f"header (allowed: each column once)")
+
+
 def _read_csv(path: Path, required) -> tuple[list, list]:
     """(header, rows as dicts) of a UTF-8 CSV that has the `required` columns; clear errors
     for a missing, unreadable, binary or malformed file, a missing or repeated column and a
@@ -876,10 +886,7 @@ def _read_csv(path: Path, required) -> tuple[list, list]:
                         f"(have: {', '.join(named)}{hint})")
     # csv.DictReader keeps the last of two same-named columns and pads or spills a row whose
     # cell count differs from the header's: each would be a silent misread of the file.
-    twice = next((c for c in named if named.count(c) > 1), None)
-    if twice is not None:
-        raise SpecError(f"{path}: column '{twice}' appears {named.count(twice)} times in the "
-                        f"header (allowed: each column once)")
+    check_columns_once(path, named)
     rows = []
     for i, r in enumerate(raw):
         extra = r[len(header):]

@@ -610,8 +610,10 @@ def test_tp_userbuffers_is_refused_on_an_moe_model():
     moe = diffperf.load_model("mixtral-8x7b")  # 8 routed experts
     with _raises("parallel: tp_userbuffers=1 with model.moe_experts=8: the userbuffers TP "
                  "overlap is modelled for dense models only (allowed: tp_userbuffers 0 for MoE "
-                 "models)"):
+                 "models)") as err:
         check_layout(moe, Parallel(tp=2, sequence_parallel=1, tp_userbuffers=1))
+    # the model decides it: the field goes on the error (a runs CSV's --set says so)
+    assert (err.value.field, err.value.value) == ("tp_userbuffers", 1.0)
 
 
 def test_unknown_hf_model_type_messages_are_whole():
@@ -2317,6 +2319,15 @@ def test_runs_row_fact_that_cannot_act_names_its_row(tmp_path):
                      f"cell)") as err:
             load_runs(p, overrides=[fact])
         assert err.value.field == fact.split("=")[0]
+    # and the model-dependent one: recompute_mla_up_proj under Megatron's selective recompute
+    # on a row without multi-latent attention (was: the plain rule, no field)
+    q = _write_csv(tmp_path, [GOOD_ROW | {"recompute": "selective"}], RUN_COLUMNS)
+    with _raises(f"{q}: row 2 (id r1): recompute_mla_up_proj=1 needs multi-latent attention "
+                 f"(model.kv_lora_rank > 0; got 0); allowed: 0 (the command's --set "
+                 f"recompute_mla_up_proj=1 applies to every row; give a fact that holds for "
+                 f"some rows only in their 'set' cell)") as err:
+        load_runs(q, overrides=["recompute_mla_up_proj=1"])
+    assert (err.value.field, err.value.value) == ("recompute_mla_up_proj", 1.0)
     # the row's own cell: the plain rule
     p = _write_csv(tmp_path, [GOOD_ROW | {"set": "recompute_policy=1"}], RUN_COLUMNS + ["set"])
     with _raises(f"{p}: row 2 (id r1): recompute_policy=1 needs recompute=1 (selective; got "

@@ -71,8 +71,9 @@ def nonlayer_unit_bytes(model, parallel, training, stages, stage_params, slack, 
     layers' backward: where the working layer exceeds the loss's buffers by `room_i` (from
     the caller; `device_memory` counts max(working, logits)), X_i hides in it: max(0, X_i -
     room_i). The root unit is held throughout: no room.
-    N_o = V h / t (the output matrix, tied or not: its weight is gathered whole for the
-    logits), N_e = embedding / t, Psi_r = `workload.dp.root_unit_params` (stage params minus
+    N_o = V h / (t G) (the output matrix, tied or not: its weight is gathered whole for the
+    logits; G = the AxoNN grid's shards, `workload.params.grid_shards`, 1 without a grid),
+    N_e = embedding / (t G), Psi_r = `workload.dp.root_unit_params` (stage params minus
     n_i layers), o_i / e_i = the stage holds the output / the embedding, q_w =
     training.weight_bytes (the 16-bit compute copy: no framework quantizes the embedding or
     the output layer), q_g = training.grad_bytes, f N_l q_gw = the prefetched last layer

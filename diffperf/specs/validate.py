@@ -89,9 +89,10 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
     recompute_layer_frac < 1 only under full recompute, recompute_policy > 0 only under
     selective recompute (workload.recompute multiplies its terms by recompute = 1) (all for
     one layout; not in a search's table, whose --set facts act only on their own mode);
-    mla_up_proj
-    needs multi-latent attention and moe_act an MoE model (Megatron-Core's
-    TransformerConfig.__post_init__ raises for both)."""
+    mla_up_proj needs multi-latent attention and moe_act an MoE model (Megatron-Core's
+    TransformerConfig.__post_init__ raises for both). The rules that depend on the layout or
+    the model carry their field (SpecError.field: load's runs rows name a command's --set);
+    the 0 / 1 range rule, wrong on every row, does not."""
     megatron = (P["recompute"] == 1) & (P["recompute_policy"] == 0)
     # One layout (predict, validate, a runs CSV): a fact of another recompute mode is an
     # inconsistent input. A layout table (mask mode: search) is not checked for it: search
@@ -124,7 +125,7 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
                 f"{d}"), f, v)
     _fail((P["recompute_mla_up_proj"] == 1) & (M["kv_lora_rank"] == 0), where, lambda i: (
         "recompute_mla_up_proj=1 needs multi-latent attention (model.kv_lora_rank > 0; got "
-        "0); allowed: 0"))
+        "0); allowed: 0"), "recompute_mla_up_proj", P["recompute_mla_up_proj"])
     _dense_facts(M, where, pick, (("recompute_moe_act",
                                    "the routed experts' activation recompute"),), P)
 
@@ -141,7 +142,7 @@ def _check_tp_userbuffers(P, M, where, pick) -> None:
     _fail((u >= 1) & (M["n_experts"] > 0), where, lambda i: (
         f"tp_userbuffers={pick(u, i):g} with model.moe_experts={pick(M['n_experts'], i):g}: "
         f"the userbuffers TP overlap is modelled for dense models only (allowed: "
-        f"tp_userbuffers 0 for MoE models)"))
+        f"tp_userbuffers 0 for MoE models)"), "tp_userbuffers", u)
 
 
 # Framework facts that describe MoE layers (`check_facts_act`): each acts only where the model
@@ -391,8 +392,9 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
 
 def facts_act_mask(model, parallel, training) -> np.ndarray:
     """`check_facts_act`'s rules as a mask over batched leaves (concrete values, numpy): True
-    where every rule holds. For a search's table, whose tp, cp, ep, ZeRO stage and recompute
-    vary per row: the rows on which the framework facts act (`search.facts_act_rows`)."""
+    where every rule holds. For a search's table, whose tp, cp, ep, AxoNN grid (gx, gy, gz),
+    ZeRO stage and recompute vary per row: the rows on which the framework facts act
+    (`search.facts_act_rows`)."""
     where = _Collect(np)
     check_facts_act(model, parallel, training, where, where)
     return np.asarray(where.ok, dtype=bool)

@@ -11,9 +11,10 @@ Parallel.recompute picks the mode (0 none, 1 selective, 2 full); two framework f
 - `recompute_policy` (selective only): 0 Megatron-LM's selective recompute of the attention
   core (Korthikanti et al. 2022, Section 5); 1 TorchTitan's per-op SAC, which saves the
   outputs of every aten.mm but every second one in each block, and of the attention kernel,
-  and recomputes all the rest (`sac_recompute_fracs`); 2 the same policy when the linears are
-  not aten.mm (Float8 linears run torch._scaled_mm, which is not in the save list): every
-  linear is recomputed, the attention kernel is saved.
+  and recomputes all the rest (`sac_recompute_fracs`; torchao's Float8 linears too: the
+  policy sees their Float8Tensor mm as aten.mm); 2 the same policy when the linears are not
+  seen as aten.mm (a linear that calls torch._scaled_mm itself, which is not in the save
+  list): every linear is recomputed, the attention kernel is saved.
 
 Under Megatron's selective recompute (recompute_policy 0) the modules re-run are Megatron-Core's
 `recompute_modules`, one 0/1 field of Parallel each (`MODULES`; default ["core_attn"], as
