@@ -27,7 +27,9 @@ fc1 / fc2, each also by pass fwd / dgrad / wgrad), the FP8 / bf16 time ratio pre
 measured on the same shapes (the ratio cancels the GPU's clock / power state), bf16
 reproducibility against data/kernels/h100_gemm.csv (another day, event timing) on shared shapes,
 the measured cost of split accumulation, the best grid GEMM against the large cubes, a linear's
-three GEMMs as Transformer Engine runs them in FP8 (fprop fast, dgrad / wgrad split), a per-kind
+three GEMMs as Transformer Engine runs them in FP8 (fprop fast, dgrad / wgrad split), burst
+vs sustained throughput (data/kernels/h100_gemm_sustained.csv: the first replay's and the last
+second's TFLOP/s at the 700 W cap, beside the model's rate), a per-kind
 fit of the model's saturation form (does FP8 saturate later?) and the roofline corner (hard max
 vs p-norm where the memory term nears the compute term). Figures: docs/kernels-h100.md.
 
@@ -125,13 +127,30 @@ def stats(err: np.ndarray) -> dict:
                 max_abs_pct=float(100 * np.max(np.abs(err))))
 
 
+# The measured kinds: (name, dtype, fast_accum, the diffperf precision that prices it).
+KINDS = (("bf16", "bf16", 0, "bf16"), ("fp8-fast", "fp8", 1, "fp8-current"),
+         ("fp8-split", "fp8", 0, "fp8-current"))
+
+
+def kind_masks(d: dict):
+    """(name, precision, row mask) of each of KINDS."""
+    for kind, dt, fa, prec in KINDS:
+        yield kind, prec, (d["dtype"] == dt) & (d["fast_accum"] == fa)
+
+
+def gemm_memory_s(m, n, k, kind: str, system):
+    """The roofline's memory term of one GEMM [m,k] @ [k,n] as the model prices it:
+    (q_in (m k + k n) + 2 m n) / (BW eta_mem), q_in = 2 B (bf16) or 1 B (FP8 inputs), a 16-bit
+    output."""
+    q_in = 2.0 if kind == "bf16" else 1.0
+    return ((q_in * (m * k + k * n) + 2.0 * m * n)
+            / (float(system.hbm_bandwidth_Bps) * float(system.eff.mem_eff)))
+
+
 def groups(d: dict):
     """(label, mask) of dtype x accumulation x class, and x pass for model / expert shapes."""
     cls, pas = size_class(d), passes(d)
-    kinds = (("bf16", d["dtype"] == "bf16"),
-             ("fp8-fast", (d["dtype"] == "fp8") & (d["fast_accum"] == 1)),
-             ("fp8-split", (d["dtype"] == "fp8") & (d["fast_accum"] == 0)))
-    for kname, kmask in kinds:
+    for kname, _, kmask in kind_masks(d):
         yield f"{kname} all", kmask
         for c in ("grid-large", "grid-medium", "grid-small", "model", "expert"):
             yield f"{kname} {c}", kmask & (cls == c)
@@ -295,8 +314,11 @@ def saturation(d: dict, system, gamma: float | None = None) -> dict:
         t = max(2 m n k / (F eta_max / (1 + (d_half / d)^gamma)), bytes / (BW mem_eff)) + t0
     d = gemm_size (soft-min), F = matmul_rate / lowp_rate, gamma = the h100-default set's
     mm_exponent, t0 a fixed GPU time per GEMM (graph replay: no launch)."""
+    import jax.numpy as jnp
+
     from diffperf import training
     from diffperf.costs.compute import lowp_rate, matmul_rate
+    from diffperf.costs.roofline import gemm_size
 
     e = system.eff
     gamma = float(e.mm_exponent) if gamma is None else gamma
@@ -304,16 +326,13 @@ def saturation(d: dict, system, gamma: float | None = None) -> dict:
     half = np.geomspace(8.0, 512.0, 49)[None, :, None, None]
     t0 = np.linspace(0.0, 6e-6, 31)[None, None, :, None]
     out = {}
-    for kind, dt, fa, prec in (("bf16", "bf16", 0, "bf16"), ("fp8-fast", "fp8", 1, "fp8-current"),
-                               ("fp8-split", "fp8", 0, "fp8-current")):
+    for kind, prec, s in kind_masks(d):
         tr = training(prec)
-        s = (d["dtype"] == dt) & (d["fast_accum"] == fa) & (d["shape"] == "grid")
+        s = s & (d["shape"] == "grid")
         m, n, k, t = (d[c][s] for c in ("m", "n", "k", "gpu_time_s"))
-        size = (m ** -4.0 + n ** -4.0 + k ** -4.0) ** -0.25
-        rate = float(matmul_rate(system, tr) if dt == "bf16" else lowp_rate(system, tr))
-        q_in = 2.0 if dt == "bf16" else 1.0
-        mem = (q_in * (m * k + k * n) + 2.0 * m * n) / (float(system.hbm_bandwidth_Bps)
-                                                        * float(e.mem_eff))
+        size = np.asarray(gemm_size(*(jnp.asarray(x) for x in (m, n, k))), dtype=np.float64)
+        rate = float(matmul_rate(system, tr) if kind == "bf16" else lowp_rate(system, tr))
+        mem = gemm_memory_s(m, n, k, kind, system)
         def pred(a):  # a: eta_max values [:, None, None, None] -> times [a, half, t0, row]
             comp = 2.0 * m * n * k / rate * (1.0 + (half / size) ** gamma) / a
             return np.maximum(comp, mem) + t0
@@ -357,9 +376,7 @@ def best_of_grid(d: dict) -> dict:
     cubes: the best-of-sweep figure a MAMF-style benchmark reports against the large cubes'
     (longer, power-bound) rate."""
     out = {}
-    for kind, sel in (("bf16", d["dtype"] == "bf16"),
-                      ("fp8-fast", (d["dtype"] == "fp8") & (d["fast_accum"] == 1)),
-                      ("fp8-split", (d["dtype"] == "fp8") & (d["fast_accum"] == 0))):
+    for kind, _, sel in kind_masks(d):
         sel = sel & (d["shape"] == "grid")
         tf = 2 * d["m"] * d["n"] * d["k"] / d["gpu_time_s"] / 1e12
         i = np.flatnonzero(sel)[np.argmax(tf[sel])]
@@ -383,20 +400,17 @@ def corner(d: dict, system) -> dict:
 
     e = system.eff
     out = {}
-    for kind, dt, fa, prec in (("bf16", "bf16", 0, "bf16"), ("fp8-fast", "fp8", 1, "fp8-current"),
-                               ("fp8-split", "fp8", 0, "fp8-current")):
+    for kind, prec, s in kind_masks(d):
         tr = training(prec)
-        s = (d["dtype"] == dt) & (d["fast_accum"] == fa) & (d["gpu_time_s"] >= 20e-6)
+        s = s & (d["gpu_time_s"] >= 20e-6)
         m, n, k, t = (d[c][s] for c in ("m", "n", "k", "gpu_time_s"))
         hard, _ = model_times_s(m, n, k, system, prec)
         p3, _ = model_times_s(m, n, k, system, prec, temperature=1.0 / 3.0)
         eta = np.asarray(saturating_efficiency(gemm_size(jnp.asarray(m), jnp.asarray(n),
                                                          jnp.asarray(k)),
                                                e.mm_max, e.mm_half_dim, e.mm_exponent))
-        rate = float(matmul_rate(system, tr) if dt == "bf16" else lowp_rate(system, tr))
-        q_in = 2.0 if dt == "bf16" else 1.0
-        r = ((q_in * (m * k + k * n) + 2.0 * m * n) / (system.hbm_bandwidth_Bps * e.mem_eff)
-             / (2.0 * m * n * k / (rate * eta)))
+        rate = float(matmul_rate(system, tr) if kind == "bf16" else lowp_rate(system, tr))
+        r = gemm_memory_s(m, n, k, kind, system) / (2.0 * m * n * k / (rate * eta))
         for lo, hi in ((0.0, 0.25), (0.25, 0.5), (0.5, 1.0), (1.0, np.inf)):
             w = (r >= lo) & (r < hi)
             if w.any():

@@ -17,7 +17,10 @@ Writes three CSVs (data/kernels/, provenance in data/README.md, "Low precision a
 
 Timing: CUDA events around each region, median (and minimum) of the timed repetitions after
 warm-up, inputs rotated among several buffers when they would fit in L2, random normal data.
-Run: ``python calibration/device_h100_lowp.py OUTDIR`` (about 3 minutes on an H100).
+Run: ``python calibration/device_h100_lowp.py OUTDIR`` (about 3 minutes on an H100; the CSVs go
+into OUTDIR, argv[1], and were copied into data/kernels/). Prints the torch / CUDA versions, the
+GPU and its SM count, one line per expert-loop case (eager and graph ms), the elapsed time after
+each CSV and a line when the GEMMs and the quantize kernels are done; a failure prints its error.
 """
 from __future__ import annotations
 

@@ -15,6 +15,8 @@ the streams win back, for the same cases, in the same run:
 
 All three from CUDA-graph replays (the GPU's time; host dispatch out), medians of 10. Writes
 ``h100_expert_streams.csv`` to argv[1]. Run: ``python calibration/device_h100_streams.py OUTDIR``.
+Prints one line per case: serial (and its repeat), 4-stream and one-GEMM ms, and the serial / one
+and streams / one ratios.
 """
 from __future__ import annotations
 

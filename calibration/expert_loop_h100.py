@@ -12,17 +12,21 @@ Three tables, default efficiencies of h100-sxm-80gb (split (i), no fitting):
    fc2 [h, f], forward + dgrad + wgrad: six products per expert; h100_expert_loop.csv and
    h100_expert_streams.csv). Model = what predict charges for the same work on the GPU: the
    two expert rows of `layer_ops` (count E_l, m = T) in each pass at the row's precision
-   (`layer_pass_gemm_times_s`) plus the fixed time of the grouped GEMMs' kernels (6 g kernel_s,
-   g = max(E_l / 4, 1): `moe_expert_loop_kernels`' serial chain). Measured: `loop` = the six
-   products per expert back to back on one stream (gemms_graph_s), `4strm` = round-robin over
-   Transformer Engine's 4 streams (streams_s), `shapes` = the same products timed one shape
-   at a time (h100_gemm_lowp.csv; FP8 forward with fast accumulation, dgrad / wgrad without,
-   as TE runs them), `one` = one GEMM of the same FLOPs; all GPU time from CUDA graphs.
-   FP8 current-scaling quantize per expert slice (4 per expert and layer pass: fc1's and fc2's
-   inputs, the two output gradients): model = `lowp_quantize_kernels` x kernel_s + bytes /
-   (BW eta_mem) (weights left out); `TE-k` = TE's four kernels at their measured times
-   (`te_quantize_measured_s`, h100_quantize.csv); `loop` = (graph_s - gemms_graph_s) of the FP8
-   loop less that of the BF16 loop (their activation kernels are the same), per slice.
+   (`layer_pass_gemm_times_s`, `=gemm`) plus the fixed time of the grouped GEMMs' kernels
+   (`+fixed`, 6 g kernel_s, g = max(E_l / 4, 1): `moe_expert_loop_kernels`' serial chain).
+   Measured: `loop` = the six products per expert back to back on one stream (gemms_graph_s),
+   `shapes` = the same products timed one shape at a time (h100_gemm_lowp.csv; FP8 forward
+   with fast accumulation, dgrad / wgrad without, as TE runs them), `x4str` = round-robin over
+   Transformer Engine's 4 streams / one stream (streams_s / serial, 1 without a streams case),
+   `meas` = shapes x x4str, `one` = one GEMM of the same FLOPs on the same scale; `m/mdl` =
+   meas / model, `m/one` = meas / one, `us/E_l` = (meas - model) per local expert; all GPU
+   time from CUDA graphs. FP8 current-scaling quantize per expert slice (4 per expert and
+   layer pass: fc1's and fc2's inputs, the two output gradients), us: `model` =
+   `lowp_quantize_kernels` x kernel_s + bytes / (BW eta_mem) (weights left out); `TE-sl` =
+   TE's kernels timed on the slice itself (h100_te_quantize_slices.csv, when shipped);
+   `TE-k` = TE's four kernels at their measured times (`te_quantize_measured_s`,
+   h100_quantize.csv); `loop` = (graph_s - gemms_graph_s) of the FP8 loop less that of the
+   BF16 loop (their activation kernels are the same), per slice.
 2. The DGX-H100 Bridge MoE rows: per MoE layer pass (forward + backward, one micro-batch) the
    model's routed-expert GPU charge (GEMMs + fixed + quantize) and the measured GPU time of
    the same shapes at the row's own tokens per expert (the per-shape sum x E_l, x the
@@ -31,6 +35,8 @@ Three tables, default efficiencies of h100-sxm-80gb (split (i), no fitting):
    step) / (m_eff L_moe) as in `calibration/moe_layer_excess.py`; left = excess - d_gemm -
    d_q, also per extra per-expert GEMM call (6 (E_l - 1)); err_if = the tokens/s error with
    d_gemm + d_q added to every MoE layer pass (m_eff L_moe of them).
+3. Per model, the tokens/s MAPE (mean signed error) of these rows as predicted, and with the
+   routed experts' GPU work priced as measured (err_if of table 2).
 """
 
 from __future__ import annotations
@@ -264,7 +270,8 @@ def rows_table(runs, systems, table, curves, out):
     print("\n# 2. DGX-H100 MoE rows: routed experts per MoE layer pass (fwd + bwd, one "
           "micro-batch), ms; excess = (measured - predicted step) / (m_eff L_moe)")
     print(f"{'row':46s} {'err%':>6s} {'E_l':>3s} {'T':>5s} | {'model':>6s} {'meas':>6s} "
-          f"{'d_gemm':>6s} {'d_q':>6s} | {'excess':>6s} {'left':>6s} {'us/call':>7s}")
+          f"{'d_gemm':>6s} {'d_q':>6s} | {'excess':>6s} {'left':>6s} {'us/call':>7s} | "
+          f"{'err_if':>6s}")
     for i, r in enumerate(runs.rows):
         model, par, training = runs.models[i], runs.parallels[i], runs.trainings[i]
         E_l = float(model.n_experts) / float(par.ep)

@@ -38,8 +38,12 @@ COLUMNS = ["id", "source", "system", "num_gpus", "gpus_per_node", "model", "num_
 #     mixed_precision.py bfSixteen): grad_bytes=2 (the preset's).
 #   Activation checkpointing beyond diffperf's none / selective / full (workload.recompute):
 #     TorchTitan "selective op" AC = recompute_policy=1 (parallelize_llama.py `_save_list`: saves
-#     every 2nd mm and SDPA, recomputes the rest), with Float8 linears recompute_policy=2 (their
-#     torch._scaled_mm is not in the save list at 9dec370: every linear recomputed);
+#     every 2nd mm and SDPA, recomputes the rest), with Float8 linears the same policy 1:
+#     torchao's Float8Linear (eab345c, the benchmark's pin) calls torch.mm on Float8Tensor
+#     operands, and SAC's _CachingTorchDispatchMode (a TorchDispatchMode: modes run before a
+#     subclass's __torch_dispatch__) sees aten.mm.default, counts it and tags what the
+#     subclass then runs (torch._scaled_mm, bf16 output) MUST_SAVE on the odd calls
+#     (docs/accuracy-hopper.md "Session 14: low-precision activations in memory");
 #     fms-fsdp "Selective AC" checkpoints a fraction p of the blocks (fms_fsdp/policies/
 #     ac_handler.py): recompute_layer_frac=p, p from the README's own HFU / MFU table (the
 #     PyTorch FLOP counter counts the recomputed forward, 1/3 of the step's model FLOPs per
@@ -75,7 +79,13 @@ FA2 = "attention_fa2=1"
 FSDP_FACTS = "zero3_regather=0;vocab_pad_to=0;loss_bytes_per_logit=40;zero3_root_unit=1"
 TITAN_FACTS = FSDP_FACTS + ";grad_bytes=4;zero3_copy_out=1"
 OP_SAC = "recompute_policy=1"
-OP_SAC_FP8 = "recompute_policy=2"
+#   torchao Float8 linears (every published_fsdp_fp8 row): no quantized weight copy held across
+#     the step (TE's is_first_microbatch cache): Float8Linear casts the weight inside each
+#     forward (torchao eab345c float8_linear.py Float8Linear.forward, cast_weight_to_float8_t),
+#     or FSDP2's fsdp_pre_all_gather casts the local shard before the all-gather
+#     (fsdp_utils.py WeightWithDynamicFloat8CastTensor); either copy is freed with the layer:
+#     lowp_weight_cache=0 (memory.weights.lowp_weight_cache_bytes).
+TORCHAO = "lowp_weight_cache=0"
 EAGER = "llama_eager_pointwise=1"
 #   Compiled rows (torch.compile; TorchTitan 9dec370 / 3faaa1a / 820504e, fms-fsdp with fms
 #     83267f4): the rotary of Q and K and the K / V expansion to the query heads stay as
@@ -237,12 +247,12 @@ FP8 = "fp8-current"  # torchao float8 tensorwise dynamic scaling (SHARED_NAMES: 
 fp8 = [
     row("tt-h100-l3-8b-n8-fp8", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 8, 1, 8,
         8192, 2, "selective", 8532, True, True, f"{TT_H100}; Table 1; Float8 linears, op SAC "
-        "with every _scaled_mm recomputed (recompute_policy=2)", precision=FP8,
-        facts=(OP_SAC_FP8,)),
+        "(recompute_policy=1: the SAC policy counts and saves torchao's Float8Tensor mm like "
+        "aten.mm)", precision=FP8, facts=(OP_SAC, TORCHAO)),
     row("tt-h100-l3-8b-n128-fp8", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 128, 1,
         128, 8192, 2, "selective", 8380, True, True, f"{TT_H100}; Table 3; Float8 linears, op "
-        "SAC with every _scaled_mm recomputed (recompute_policy=2)", precision=FP8,
-        facts=(OP_SAC_FP8,)),
+        "SAC (recompute_policy=1: the SAC policy counts and saves torchao's Float8Tensor mm "
+        "like aten.mm)", precision=FP8, facts=(OP_SAC, TORCHAO)),
     *[row(f"tt-h100-l3-8b-n8-cp{c}-fp8", "torchtitan-h100", "grand-teton-h100", "llama3-8b", 8,
           1, 8 // c, s, 1, "full", t, True, False,
           f"{TT_H100}; Table 2; FSDP {8 // c} x CP {c}, full AC, Float8; TPS counts each "
@@ -254,12 +264,13 @@ fp8 = [
              "9dec370; torch _attention.py: a-head K/V after repeat_kv, fp32 dK/dV ring and "
              "merges): cp_torch=1" if c > 1 else "; CP 1: no K/V exchange, so neither cp_ring "
              "nor cp_torch is set (validate refuses a CP fact at cp 1)"),
-          cp=c, precision=FP8, facts=(("cp_ring=0", "cp_torch=1") if c > 1 else ()))
+          cp=c, precision=FP8,
+          facts=(TORCHAO, *(("cp_ring=0", "cp_torch=1") if c > 1 else ())))
       for c, s, t in ((1, 32768, 3890), (2, 65536, 2540), (4, 131072, 1071),
                       (8, 262144, 548))],
     row("tt-h100-l3-70b-n256-tp8-fp8", "torchtitan-h100", "grand-teton-h100", "llama3-70b", 256,
         8, 32, 8192, 16, "full", 829, True, True, f"{TT_H100}; Table 4; Float8, TP not async",
-        precision=FP8),
+        precision=FP8, facts=(TORCHAO,)),
 ]
 # Left out: async-TP rows (overlap not modelled), PP rows of 405B (FSDP x TP x PP x Float8 with
 # a schedule diffperf's layout would need vp=... stated only as "interleaved"), TorchTitan's

@@ -434,8 +434,16 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
         notes.append("GPT-NeoX: parallel residual (use_parallel_residual) costs the same "
                      "FLOPs as the sequential block; partial rotary (rotary_pct) has no cost")
     d["learned_positions"] = learned
+    # QK-norm (Qwen3: per head; OLMo 2: over the whole q / k projection) keeps its inputs,
+    # the q_proj / k_proj outputs, for its backward beside the normed Q and K attention keeps:
+    # (a + a_kv) d_h 16-bit values per token per layer that memory/activations.py does not
+    # count (no recompute: 12.4 % of OLMo-2-1124-13B's layer activations, 8.1 % of Qwen3-8B's,
+    # bf16, micro-batch 1, layer_activation_parts). Said in the note; not modeled.
+    qk_saved = ("; nor the q / k inputs it keeps for its backward ((a + a_kv) d_h 16-bit "
+                "values per token per layer: about 8-12 % of a layer's activation memory "
+                "without recompute, not in the memory estimate)")
     if mt in ("qwen3", "qwen3_moe"):
-        notes.append(f"{mt}: QK-norm weights (2 d_h per layer) not counted")
+        notes.append(f"{mt}: QK-norm weights (2 d_h per layer) not counted{qk_saved}")
     # OLMo 2 (transformers docs model_doc/olmo2.md: RMSNorm, a norm on the queries and keys,
     # the norms after attention / feed-forward instead of before): Olmo2Attention and
     # Olmo2MLP are Llama's (q/k/v/o, gate/up/down); the weights of allenai/OLMo-2-1124-13B
@@ -443,7 +451,7 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
     # post_feedforward_layernorm, q_norm (a d_h) and k_norm (a_kv d_h) per layer.
     if mt == "olmo2":
         notes.append("olmo2: norms after attention and MLP (post-norm) cost as pre-norms; "
-                     "QK-norm weights ((a + a_kv) d_h per layer) not counted")
+                     f"QK-norm weights ((a + a_kv) d_h per layer) not counted{qk_saved}")
 
     # MoE: experts, top-k, widths, dense layers, shared experts.
     experts_key, experts = take_item("num_local_experts", "n_routed_experts", "num_experts")

@@ -57,6 +57,13 @@ def _check_kind(d, expected: str, where: str) -> None:
         return
     for kind, marks in _KIND_MARKS.items():
         found = [k for k in marks if k in d]
+        if kind == "Hugging Face model config" and expected == "model" and found:
+            # a config.json's fields in a .yaml (or a mapping): --model is the right option,
+            # the file's name is not (a Hugging Face config is read from a .json or its folder)
+            raise SpecError(f"{where}: Hugging Face config.json fields (it has "
+                            f"{', '.join(found)}), not diffperf model keys: a Hugging Face "
+                            f"config is read from a .json file or the folder holding "
+                            f"config.json (allowed: that, or the model keys of configs/README.md)")
         if kind != expected and found:
             raise SpecError(f"{where}: a {kind} file (it has {', '.join(found)}), not a "
                             f"{expected} file: give it to {_KIND_OPTION[kind]}")
@@ -287,6 +294,14 @@ def model_from_hf(cfg: dict, where: str, seq_len=None) -> Model:
     hf.DEFAULT_SEQ_LEN (never max_position_embeddings)."""
     from diffperf.hf import hf_to_dict
 
+    if isinstance(cfg, dict) and not isinstance(cfg.get("text_config"), dict):
+        found = [k for k in _KIND_MARKS["model"] if k in cfg]
+        if found and not any(k in cfg for k in _KIND_MARKS["Hugging Face model config"]):
+            raise SpecError(f"{where}: diffperf model keys (it has {', '.join(found)}) in a "
+                            f".json file, which is read as a Hugging Face config.json "
+                            f"(allowed: the model keys in a .yaml or .yml file, JSON being "
+                            f"YAML too, or a Hugging Face config.json)")
+        _check_kind(cfg, "Hugging Face model config", where)  # a system / overlay .json
     return model_from_dict(hf_to_dict(cfg, where, seq_len)[0], where)
 
 
@@ -385,22 +400,31 @@ def _model_file(name_or_path) -> Path:
     .yml), a folder holding a config.json (a Hugging Face snapshot folder, as transformers'
     from_pretrained takes it), or a shipped name (configs/models/NAME.yaml). A path that does
     not exist, or a folder without config.json, is said as such rather than looked up as a
-    shipped name."""
+    shipped name. A shipped name is the shipped model even where the working folder has a
+    folder of that name (a snapshot downloaded as ./llama3-8b would otherwise replace the
+    shipped YAML, in a shipped dataset's rows too, without a word): give ./NAME for the
+    folder."""
     path = Path(name_or_path)
     if path.suffix in (".json", ".yaml", ".yml"):
         return path
+    if str(name_or_path) in resources.config_files("models"):
+        return _named(name_or_path, "models")
     try:
-        is_dir = path.is_dir()
+        is_dir, is_file = path.is_dir(), path.is_file()
     except (OSError, ValueError):  # a name too long for the file system, or with a NUL
-        is_dir = False
+        is_dir = is_file = False
     allowed = ("allowed: a shipped model name, a model .yaml, a Hugging Face config.json or "
                "the folder holding it")
     if is_dir and (path / "config.json").is_file():
         return path / "config.json"
-    if is_dir and str(name_or_path) not in resources.config_files("models"):
+    if is_dir:
         raise SpecError(f"{path}: a folder without config.json ({allowed})")
-    if str(name_or_path) not in resources.config_files("models") and (
-            "/" in str(name_or_path) or "\\" in str(name_or_path)):
+    if is_file:  # was "no such file or folder" (a file that exists)
+        kind = f"suffix is {path.suffix!r}" if path.suffix else "name has no suffix"
+        raise SpecError(f"{name_or_path}: the file's {kind} (a model file is read by its "
+                        f"suffix: .yaml or .yml a model YAML, .json a Hugging Face "
+                        f"config.json; {allowed})")
+    if "/" in str(name_or_path) or "\\" in str(name_or_path):
         raise SpecError(f"{name_or_path}: no such file or folder ({allowed})")
     return _named(name_or_path, "models")
 
@@ -817,14 +841,27 @@ def training_from_name(precision: str = "bf16", where: str = "precision",
     return Training(**{k: float(v) for k, v in fields.items()}, name=precision)
 
 
+def check_columns_once(path, names) -> None:
+    """SpecError naming the first column that appears more than once in `names` (a CSV
+    header): csv.DictReader would keep the last of them silently. Used by `_read_csv` and by
+    `plot validation`'s reader."""
+    twice = next((c for c in names if names.count(c) > 1), None)
+    if twice is not None:
+        raise SpecError(f"{path}: column '{twice}' appears {names.count(twice)} times in the "
+                        f"header (allowed: each column once)")
+
+
 def _read_csv(path: Path, required) -> tuple[list, list]:
     """(header, rows as dicts) of a UTF-8 CSV that has the `required` columns; clear errors
-    for a missing, unreadable, binary or malformed file and for a missing column."""
+    for a missing, unreadable, binary or malformed file, a missing or repeated column and a
+    row whose cells do not match the header. Columns without a name that are blank in every
+    row (a spreadsheet's trailing empty columns: `a,b,,`) are dropped; blank lines are
+    skipped (as csv.DictReader skips them)."""
     try:
         with path.open(newline="", encoding="utf-8-sig") as fh:  # a BOM is not a column
-            reader = csv.DictReader(fh)
-            header = reader.fieldnames or []
-            rows = list(reader)
+            reader = csv.reader(fh)
+            header = next(reader, None) or []
+            raw = [r for r in reader if r]  # a blank line is no row
     except OSError as err:
         raise SpecError(f"{path}: cannot read ({err.strerror or err})") from None
     except UnicodeDecodeError:
@@ -834,30 +871,37 @@ def _read_csv(path: Path, required) -> tuple[list, list]:
     if not header and required:
         raise SpecError(f"{path}: empty file (no header row; needs the columns "
                         f"{', '.join(required)})")
-    missing = [c for c in required if c not in header]
+    # unnamed columns blank in every row hold nothing: dropped (Excel and LibreOffice write
+    # a sheet's formatted but empty columns as trailing commas on every line)
+    unnamed = {j for j, c in enumerate(header) if not c.strip()
+               and all(j >= len(r) or not r[j].strip() for r in raw)}
+    keep = [j for j in range(len(header)) if j not in unnamed]
+    named = [header[j] for j in keep]
+    missing = [c for c in required if c not in named]
     if missing:
-        sep = next((c for c in (";", "\t", "|") if len(header) == 1 and c in header[0]), None)
+        sep = next((c for c in (";", "\t", "|") if len(named) == 1 and c in named[0]), None)
         hint = (f"; the header is one cell holding {sep!r}: diffperf reads comma-separated "
                 f"files" if sep else "")
-        raise SpecError(f"{path}: missing column '{missing[0]}'{closest(missing[0], header)} "
-                        f"(have: {', '.join(header)}{hint})")
+        raise SpecError(f"{path}: missing column '{missing[0]}'{closest(missing[0], named)} "
+                        f"(have: {', '.join(named)}{hint})")
     # csv.DictReader keeps the last of two same-named columns and pads or spills a row whose
     # cell count differs from the header's: each would be a silent misread of the file.
-    twice = next((c for c in header if header.count(c) > 1), None)
-    if twice is not None:
-        raise SpecError(f"{path}: column '{twice}' appears {header.count(twice)} times in the "
-                        f"header (allowed: each column once)")
-    for i, row in enumerate(rows):
-        extra = row.get(None) or []
-        short = [k for k, v in row.items() if k is not None and v is None]
+    check_columns_once(path, named)
+    rows = []
+    for i, r in enumerate(raw):
+        extra = r[len(header):]
+        short = [header[j] for j in keep if j >= len(r)]
         if extra or short:
-            cells = len(header) + len(extra) - len(short)
-            why = (f"{len(extra)} cell(s) past the last column: an unquoted comma inside a "
-                   f"cell? quote it" if extra else
+            cells = len(r) - sum(1 for j in unnamed if j < len(r))
+            blank = " empty" if all(not c.strip() for c in extra) else ""
+            why = (f"{len(extra)}{blank} cell(s) past the last column: "
+                   + ("trailing commas, or " if blank else "")
+                   + "an unquoted comma inside a cell? quote it" if extra else
                    f"no cell for {', '.join(short)}: write an empty cell as ,,")
             raise SpecError(f"{path}: row {i + 2} has {cells} cells, the header "
-                            f"{len(header)} ({why})")
-    return header, rows
+                            f"{len(named)} ({why})")
+        rows.append({header[j]: r[j] for j in keep})
+    return named, rows
 
 
 RUN_REQUIRED = ("id", "num_gpus", "num_layers", "hidden", "num_heads", "vocab", "seq_len",
@@ -1026,6 +1070,7 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
             t = float("nan")
         config = (row.get("model_config") or "").strip()
         if (config and not Path(config).is_absolute() and not Path(config).exists()
+                and config not in resources.config_files("models")
                 and (path.parent / config).exists()):
             # a model file beside the CSV, named relative to it (the CSV read from elsewhere)
             row = dict(row, model_config=str(path.parent / config))

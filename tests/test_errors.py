@@ -429,9 +429,11 @@ def test_hf_json_not_an_object(tmp_path):
      ": decoder_sparse_step=0 must be a whole number in 1..2^31"),
     # a GPT-2 with a cross-attention block in every layer, an encoder-decoder
     (dict(add_cross_attention=True), ": Hugging Face fields not supported by diffperf's "
-                                     "model: add_cross_attention"),
+                                     "model: add_cross_attention (write a diffperf model "
+                                     "YAML instead)"),
     (dict(is_encoder_decoder=True), ": Hugging Face fields not supported by diffperf's "
-                                    "model: is_encoder_decoder"),
+                                    "model: is_encoder_decoder (write a diffperf model YAML "
+                                    "instead)"),
 ])
 def test_hf_field_rules(tmp_path, over, message):
     p = _write_json(tmp_path, LLAMA3_8B_HF | over)
@@ -608,8 +610,10 @@ def test_tp_userbuffers_is_refused_on_an_moe_model():
     moe = diffperf.load_model("mixtral-8x7b")  # 8 routed experts
     with _raises("parallel: tp_userbuffers=1 with model.moe_experts=8: the userbuffers TP "
                  "overlap is modelled for dense models only (allowed: tp_userbuffers 0 for MoE "
-                 "models)"):
+                 "models)") as err:
         check_layout(moe, Parallel(tp=2, sequence_parallel=1, tp_userbuffers=1))
+    # the model decides it: the field goes on the error (a runs CSV's --set says so)
+    assert (err.value.field, err.value.value) == ("tp_userbuffers", 1.0)
 
 
 def test_unknown_hf_model_type_messages_are_whole():
@@ -911,7 +915,7 @@ def test_unknown_names_list_the_shipped_configs():
         load_system("h100-sxm")
 
 
-def test_hf_snapshot_folder_reads_its_config_json(tmp_path):
+def test_hf_snapshot_folder_reads_its_config_json(tmp_path, monkeypatch):
     """transformers' from_pretrained takes the model's folder; `--model FOLDER` was looked up
     as a shipped name ("unknown model 'FOLDER' ... give a path to a .yaml file")."""
     from diffperf.load import default_global_batch, model_notes
@@ -927,8 +931,27 @@ def test_hf_snapshot_folder_reads_its_config_json(tmp_path):
     with _raises(f"{tmp_path}: a folder without config.json (allowed: a shipped model name, a "
                  "model .yaml, a Hugging Face config.json or the folder holding it)"):
         load_model(str(tmp_path))
-    with _raises(f"{tmp_path / 'none'}/: no such file or folder (allowed: "):
+    with _raises(f"{tmp_path / 'none'}/: no such file or folder (allowed: a shipped model "
+                 "name, a model .yaml, a Hugging Face config.json or the folder holding it)"):
         load_model(f"{tmp_path / 'none'}/")
+    # a shipped name stays the shipped model beside a folder of that name (a snapshot
+    # downloaded as ./llama3-8b replaced it, in a shipped dataset's rows too); ./NAME is the
+    # folder
+    (tmp_path / "llama3-8b").mkdir()
+    _write_json(tmp_path / "llama3-8b", LLAMA3_8B_HF | {"num_hidden_layers": 4})
+    monkeypatch.chdir(tmp_path)
+    assert float(load_model("llama3-8b").n_layers) == 32
+    assert float(load_model("./llama3-8b").n_layers) == 4
+    # a file that exists under another suffix was said to be "no such file or folder"
+    (tmp_path / "config").write_text((folder / "config.json").read_text())
+    with _raises(f"{tmp_path / 'config'}: the file's name has no suffix (a model file is read "
+                 "by its suffix: .yaml or .yml a model YAML, .json a Hugging Face config.json; "
+                 "allowed: a shipped model name, a model .yaml, a Hugging Face config.json or "
+                 "the folder holding it)"):
+        load_model(str(tmp_path / "config"))
+    with _raises(f"{tmp_path / 'm.txt'}: the file's suffix is '.txt' (a model file is read "):
+        (tmp_path / "m.txt").write_text("num_layers: 2\n")
+        load_model(str(tmp_path / "m.txt"))
 
 
 @pytest.mark.parametrize("load,given,message", [
@@ -957,6 +980,31 @@ def test_a_file_of_another_kind_is_named_as_such(load, given, message):
             load_system("h100-sxm-80gb", calibration=path)
         else:
             (load_system if load == "system" else load_model)(path)
+
+
+def test_a_hugging_face_config_in_a_yaml_file_says_how_it_is_read(tmp_path):
+    """A config.json's fields in a .yaml given to --model were refused as "a Hugging Face
+    model config file ..., not a model file: give it to --model" (the option used)."""
+    p = tmp_path / "hf.yaml"
+    p.write_text(json.dumps(LLAMA3_8B_HF))
+    with _raises(f"{p}: Hugging Face config.json fields (it has num_hidden_layers, "
+                 "num_attention_heads), not diffperf model keys: a Hugging Face config is read "
+                 "from a .json file or the folder holding config.json (allowed: that, or the "
+                 "model keys of configs/README.md)"):
+        load_model(str(p))
+    # the other way round: diffperf model keys, or a system, in a .json given to --model
+    # ("not a recognised Hugging Face config.json ... missing num_hidden_layers, ...")
+    p = tmp_path / "model.json"
+    p.write_text(json.dumps({"num_layers": 2, "hidden": 256, "num_heads": 4, "vocab": 1000,
+                             "seq_len": 128}))
+    with _raises(f"{p}: diffperf model keys (it has num_layers, num_heads) in a .json file, "
+                 "which is read as a Hugging Face config.json (allowed: the model keys in a "
+                 ".yaml or .yml file, JSON being YAML too, or a Hugging Face config.json)"):
+        load_model(str(p))
+    p.write_text(json.dumps(_system_dict()))
+    with _raises(f"{p}: a system file (it has tiers, matmul_TFLOPs), not a Hugging Face model "
+                 "config file: give it to --system"):
+        load_model(str(p))
 
 
 def test_runs_not_utf8(tmp_path):
@@ -1000,10 +1048,32 @@ def test_runs_ragged_row_is_refused(tmp_path, cells, message):
         load_runs(p)
 
 
+def test_runs_trailing_empty_columns_are_read(tmp_path):
+    """A spreadsheet export writes a sheet's formatted but empty columns as trailing commas
+    on every line (`...,step_time_s,,` / `...,0.1,,`): the two unnamed columns were refused
+    as "column '' appears 2 times in the header" (session 14's duplicate-column rule). Blank
+    unnamed columns hold nothing and are dropped; a CRLF file with a BOM and a blank last
+    line reads the same."""
+    line = ",".join(GOOD_ROW[c] for c in RUN_COLUMNS)
+    p = tmp_path / "runs.csv"
+    p.write_bytes(("\ufeff" + ",".join(RUN_COLUMNS) + ",,\r\n" + line + ",,\r\n"
+                   + line.replace("r1", "r2", 1) + ",,\r\n\r\n").encode())
+    runs = load_runs(p)
+    assert runs.ids == ["r1", "r2"] and float(runs.step_time_s[1]) == pytest.approx(0.1)
+    # trailing commas on the rows only: refused (an unquoted comma in the last-but-one cell
+    # leaves the same empty spill), the message names both causes
+    p.write_text(",".join(RUN_COLUMNS) + "\n" + line + ",\n")
+    with _raises(f"{p}: row 2 has 19 cells, the header 18 (1 empty cell(s) past the last "
+                 "column: trailing commas, or an unquoted comma inside a cell? quote it)"):
+        load_runs(p)
+
+
 def test_runs_empty_file_says_so(tmp_path):
     p = tmp_path / "runs.csv"
     p.write_text("")
-    with _raises(f"{p}: empty file (no header row; needs the columns id, num_gpus, "):
+    with _raises(f"{p}: empty file (no header row; needs the columns id, num_gpus, "
+                 "num_layers, hidden, num_heads, vocab, seq_len, tp, pp, dp, global_batch, "
+                 "micro_batch, step_time_s)"):
         load_runs(p)
 
 
@@ -2242,6 +2312,15 @@ def test_runs_row_fact_that_cannot_act_names_its_row(tmp_path):
                      f"cell)") as err:
             load_runs(p, overrides=[fact])
         assert err.value.field == fact.split("=")[0]
+    # and the model-dependent one: recompute_mla_up_proj under Megatron's selective recompute
+    # on a row without multi-latent attention (was: the plain rule, no field)
+    q = _write_csv(tmp_path, [GOOD_ROW | {"recompute": "selective"}], RUN_COLUMNS)
+    with _raises(f"{q}: row 2 (id r1): recompute_mla_up_proj=1 needs multi-latent attention "
+                 f"(model.kv_lora_rank > 0; got 0); allowed: 0 (the command's --set "
+                 f"recompute_mla_up_proj=1 applies to every row; give a fact that holds for "
+                 f"some rows only in their 'set' cell)") as err:
+        load_runs(q, overrides=["recompute_mla_up_proj=1"])
+    assert (err.value.field, err.value.value) == ("recompute_mla_up_proj", 1.0)
     # the row's own cell: the plain rule
     p = _write_csv(tmp_path, [GOOD_ROW | {"set": "recompute_policy=1"}], RUN_COLUMNS + ["set"])
     with _raises(f"{p}: row 2 (id r1): recompute_policy=1 needs recompute=1 (selective; got "

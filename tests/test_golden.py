@@ -667,7 +667,8 @@ def test_op_sac_recomputes_every_second_mm_of_the_block(x64):
     np.testing.assert_allclose(rho, [WK / (WQ + WK + WV), 1.0, W3 / (W1 + W3), 0.0] + [0.0] * 8)
     dense = WQ + WK + WV + WO + W1 + W3 + W2
     assert dense == 436_207_616 and WK + WO + W3 == 159_383_552  # 36.5 % of the forward
-    # Float8 linears (torch._scaled_mm is not in the save list): every linear recomputed
+    # policy 2: linears the policy does not see as aten.mm (not torchao's Float8Linear,
+    # whose Float8Tensor mm it sees and counts: policy 1): every linear recomputed
     rho2 = sac_recompute_fracs(_llama3_8b(), Parallel(recompute=1, recompute_policy=2))
     np.testing.assert_allclose(np.asarray(rho2), [1.0] * 4 + [0.0] * 8)
 
@@ -720,6 +721,39 @@ def test_op_sac_keeps_the_saved_outputs_only(x64):
                                rtol=1e-12)
 
 
+def test_llama3_8b_layer_saved_bytes_under_te_and_torchao_fp8(x64):
+    """What one Llama 3 8B layer keeps for its backward under FP8 current scaling (b 1,
+    s 8192, t 1, flash, no dropout), by hand:
+    - 16-bit, no recompute: s (8 h + 2 (2 (a + a_kv) d + 3 f)) + 4 a s = 1,141,899,264 B.
+    - TE (no recompute): the QKV and MLP-up norm outputs and the MLP-down input are saved as
+      their 1-byte column-wise FP8 copy: - s (2 h + f) (2 - 1) = - 184,549,376 B.
+    - torchao Float8Linear under TorchTitan's per-op SAC (recompute_policy 1): the policy
+      sees aten.mm on Float8Tensor operands and saves the odd GEMMs' bf16 outputs, as in
+      bf16: 521,142,272 B (test_op_sac_keeps_the_saved_outputs_only).
+    - Weight copies: TE keeps a row- and a column-wise FP8 copy of the layer's 218,103,808
+      linear weights for the step (lowp_weight_cache 1): 436,207,616 B; torchao casts per
+      forward (lowp_weight_cache 0): 0."""
+    from diffperf.load import training as training_of
+    from diffperf.memory.activations import layer_activation_parts
+    from diffperf.workload.params import lowp_weight_cache_params
+
+    s, model = 8192, _llama3_8b()
+    bf16, fp8 = training_of("bf16"), training_of("fp8-current")
+    none = Parallel(micro_batch=1, recompute=0)
+    whole = s * (8 * H8 + 2 * (2 * (A8 + KV8) * D8 + 3 * F8)) + 4 * A8 * s
+    assert whole == 1_141_899_264
+    assert float(layer_activation_parts(model, none, bf16)[0]) == whole
+    te_saving = s * (2 * H8 + F8) * (2 - 1)
+    assert te_saving == 184_549_376
+    assert float(layer_activation_parts(model, none, fp8)[0]) == whole - te_saving
+    sac = Parallel(micro_batch=1, recompute=1, recompute_policy=1)
+    assert float(layer_activation_parts(model, sac, fp8)[0]) == 521_142_272
+    linear = (WQ + WK + WV + WO + W1 + W3 + W2) // 2  # FLOPs per token / 2
+    assert linear == 218_103_808
+    assert float(lowp_weight_cache_params(model, none, fp8)) == 2 * linear
+    assert float(lowp_weight_cache_params(model, none, fp8.replace(lowp_weight_cache=0.0))) == 0
+
+
 def test_op_sac_kept_bytes_on_a_layout_table_equal_each_layout(x64):
     """The memory functions take a whole layout table (test_parallelisms evaluates every row
     at once): per-op SAC's kept bytes of a table of layouts (policies 0, 1, 2; tp 1 and 8)
@@ -738,7 +772,7 @@ def test_op_sac_kept_bytes_on_a_layout_table_equal_each_layout(x64):
     got = np.asarray(op_sac_kept_bytes(model, table, train))
     assert got.shape == (3,)
     np.testing.assert_allclose(got, each, rtol=1e-12)
-    assert each[0] != each[2]  # policy 2 (Float8 linears) saves no linear output
+    assert each[0] != each[2]  # policy 2 (linears not seen as aten.mm) saves no linear output
 
 
 def test_fraction_of_layers_checkpointed_mixes_full_and_none(x64):

@@ -362,3 +362,26 @@ def test_sharded_xla_program_holds_the_gathered_parameters_and_cp_buffers(monkey
     assert kv > 0
     # The layer backward (phase B) is this step's peak: the K/V buffers add to it in full.
     assert float(with_kv.total_bytes - without.total_bytes) == pytest.approx(kv, rel=1e-4)
+
+
+def test_sharded_xla_program_end_of_backward_holds_every_gradient():
+    """ZeRO-3 + FSDP's root unit under XLA, m = 1 (memory.xla `with_units`): the end of the
+    backward (the root's reduce-scatter, Y = Psi_r (q_w + q_g)) holds every gradient
+    (G = Psi q_g / N) and no activation, so the peak is w + opt + B_l + workspace + Y + G
+    whatever phase carries it. Llama 3 8B at s 512, dp 8, full recompute, xla-amp-bf16 (q_w =
+    q_g = 4): Y = 2 V h 8 = 8.405 GB, G = 8,030,257,152 x 4 / 8 = 4.015 GB. Before, phase A's
+    slack ignored that G grows from 0 (phase A at m = 1) to all of it: 0.34 GB short.
+    Eager ops, no compiled program."""
+    from diffperf.load import load_model
+    from diffperf.memory.device import gathered_buffer_bytes
+
+    model, system = load_model("llama3-8b").replace(seq_len=512), load_system("h100-sxm-80gb")
+    par = Parallel(dp=8, micro_batch=1, global_batch=8, zero_stage=3, zero3_root_unit=1,
+                   recompute=2)
+    mem = mem_xla.xla_device_memory(model, par, system, XLA)
+    vh, psi = 128256 * 4096, 8_030_257_152
+    end = (float(mem.weights_bytes) + float(mem.optimizer_bytes)
+           + float(gathered_buffer_bytes(model, par, XLA)) + float(system.eff.mem_reserved_bytes)
+           + 2 * vh * 8 + psi * 4 / 8)
+    assert float(mem.total_bytes) == pytest.approx(end, rel=1e-6)
+    assert float(mem.weights_bytes) == pytest.approx(psi * 4 / 8, rel=1e-6)   # sharded states

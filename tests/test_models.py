@@ -468,7 +468,8 @@ def test_olmo2_13b_count_is_its_checkpoint_less_the_qk_norms(tmp_path):
     assert float(m.gated_mlp) == 1 and float(m.rms_norm) == 1 and float(m.biases) == 0
     assert float(total_params(m)) == pytest.approx(54_864_793_600 / 4 - 40 * 10_240, rel=1e-7)
     notes = hf_to_dict(OLMO2_13B, "x.json")[1]
-    assert any("olmo2: norms after attention and MLP" in n for n in notes)
+    assert any("olmo2: norms after attention and MLP" in n and "q / k inputs it keeps for "
+               "its backward" in n for n in notes)
     assert not any(n.startswith("config.json fields not read") for n in notes)
 
 
@@ -484,6 +485,12 @@ def test_gated_mlp_is_the_family_module_not_the_activation_name():
     # no model_type: the activation's name decides, said in a note
     d, notes = hf_to_dict(_BASE | {"intermediate_size": 256, "hidden_act": "silu"}, "x")
     assert d["gated_mlp"] is True and any("hidden_act='silu'" in n for n in notes)
+    # every family read by name says whether its MLP is gated (a type added to
+    # SUPPORTED_TYPES alone would fall back to the activation's name, the bug above)
+    from diffperf.hf import _GATED_TYPES, _UNGATED_TYPES, SUPPORTED_TYPES
+
+    assert not set(SUPPORTED_TYPES) - set(_GATED_TYPES) - set(_UNGATED_TYPES)
+    assert not set(_GATED_TYPES) & set(_UNGATED_TYPES)
 
 
 def test_mlp_bias_is_read():

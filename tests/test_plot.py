@@ -86,3 +86,14 @@ def test_plot_validation_takes_the_runs_by_their_shipped_name(tmp_path, capsys):
                 "--json")
     assert out["n"] == 2 and set(out["per_source"]) == {"torch-h100"}
     assert out["per_source"]["torch-h100"]["mape_pct"] == pytest.approx(5.0)
+
+
+def test_plot_validation_refuses_a_column_given_twice(tmp_path, capsys):
+    """A predictions CSV with two predicted_step_time_s columns was read from the last one
+    without a word (the runs CSV reader refuses it since session 14; plot's did not)."""
+    pred = _write(tmp_path / "p.csv", "id,step_time_s,predicted_step_time_s,"
+                  "predicted_step_time_s\na,1,2,1.1\n")
+    assert main(["plot", "validation", pred, "--out", str(tmp_path / "v.png")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {pred}: column 'predicted_step_time_s' appears 2 times in the header "
+        f"(allowed: each column once)")

@@ -20,8 +20,9 @@ import diffperf
 from diffperf import Parallel
 from diffperf.costs.collectives import all_gather_s, reduce_scatter_s
 from diffperf.costs.compute import layer_pass_gemm_times_s, memory_time_s
-from diffperf.schedule.overlap import (UB_PIPE_COMM_SMS, UB_PIPE_SPLITS, tp_pipeline_rs_s,
-                                       tp_userbuffers_block_s, ub_pipe_sm_margin)
+from diffperf.schedule.overlap import (UB_PIPE_SPLITS, tp_pipeline_rs_s, tp_userbuffers_block_s,
+                                       ub_pipe_sm_margin)
+from diffperf.specs.parallel import UB_PIPE_COMM_SMS
 from diffperf.workload.flops import layer_ops
 from diffperf.workload.groups import stride
 from diffperf.workload.tp import tp_ub_message_bytes, tp_ub_reduce_bytes, tp_ub_scale_bytes

@@ -137,6 +137,11 @@ def test_published_fp8_rows_carry_the_kernel_and_cp_facts():
         262144 / (548 * 8), rel=1e-5)
     # torch._scaled_mm runs cuBLAS's persistent Hopper kernels beside FSDP's collectives
     assert all(float(t.gemm_wave_split) == 1 for t in runs.trainings)
+    # torchao Float8Linear: no FP8 weight copy held across the step; under op SAC the policy
+    # sees its Float8Tensor mm as aten.mm and saves the odd ones (policy 1, as bf16)
+    assert all(float(t.lowp_weight_cache) == 0 for t in runs.trainings)
+    assert [float(runs.parallels[by[r]].recompute_policy) for r in
+            ("tt-h100-l3-8b-n8-fp8", "tt-h100-l3-8b-n128-fp8")] == [1.0, 1.0]
 
 
 def test_published_fsdp_csv_loads_with_its_row_facts():

@@ -206,10 +206,10 @@ def test_nonlayer_units_at_the_memory_peak_by_hand():
     model, tb = load_model("llama3-8b"), training("bf16").replace(grad_bytes=4.0)
     vh, n_l = 128256 * 4096, 218_112_000
 
-    def run(par, slack, room=0.0):
-        st = pipeline_stages(model, par)
-        return np.asarray(nonlayer_unit_bytes(model, par, tb, st,
-                                              stage_params_per_device(model, par, st),
+    def run(par, slack, room=0.0, m=model):
+        st = pipeline_stages(m, par)
+        return np.asarray(nonlayer_unit_bytes(m, par, tb, st,
+                                              stage_params_per_device(m, par, st),
                                               jnp.full(3, slack), room))
 
     root = Parallel(dp=8, zero_stage=3, zero3_root_unit=1)
@@ -225,6 +225,14 @@ def test_nonlayer_units_at_the_memory_peak_by_hand():
     # the root unit, held throughout, hides nowhere
     np.testing.assert_allclose(run(off, 10e9, 1e9), [x_def - 1e9] * 3, rtol=1e-6)
     np.testing.assert_allclose(run(root, 10e9, 1e9), [x_root] * 3, rtol=1e-6)
+    # tied embeddings (p = 1): the output's gradient, V h q_w = 1.051 GB, waits for the
+    # embedding's in the one AccumulateGrad, through the layers' backward: no room hides it
+    tied = model.replace(tied_embeddings=1.0)
+    np.testing.assert_allclose(run(off, 10e9, 1e9, tied), [2 * vh] * 3, rtol=1e-6)
+    np.testing.assert_allclose(run(off, 10e9, 0.0, tied), [x_def] * 3, rtol=1e-6)
+    two_off = Parallel(dp=4, pp=2, zero_stage=3)                  # own copies: nothing held
+    np.testing.assert_allclose(run(two_off, 10e9, 1e9, tied), run(two_off, 10e9, 1e9),
+                               rtol=1e-6)
     assert np.all(run(off.replace(zero_stage=1), 0.0) == 0.0)     # below ZeRO-3: nothing
     two = Parallel(dp=4, pp=2, zero_stage=3, zero3_root_unit=1)    # (first, no middle, last)
     np.testing.assert_allclose(run(two, 10e9), [2 * vh, 0.0, 4 * vh], rtol=1e-6)

@@ -121,7 +121,7 @@ def _search(args) -> int:
 
 
 def _read_csv(path, required) -> list:
-    from diffperf.load import read_text
+    from diffperf.load import check_columns_once, read_text
 
     text = read_text(path).removeprefix("\ufeff")  # a UTF-8 BOM is not part of a column
     reader = csv.DictReader(text.splitlines())
@@ -130,6 +130,8 @@ def _read_csv(path, required) -> list:
         if missing:
             raise SpecError(f"{path}: missing column '{missing[0]}' (have: "
                             f"{', '.join(reader.fieldnames or [])})")
+        # csv.DictReader keeps the last of two same-named columns (load._read_csv's rule)
+        check_columns_once(path, [c for c in reader.fieldnames if c.strip()])
         return list(reader)
     except csv.Error as err:
         raise SpecError(f"{path}: malformed CSV ({err})") from None

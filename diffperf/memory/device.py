@@ -71,8 +71,9 @@ def nonlayer_unit_bytes(model, parallel, training, stages, stage_params, slack, 
     layers' backward: where the working layer exceeds the loss's buffers by `room_i` (from
     the caller; `device_memory` counts max(working, logits)), X_i hides in it: max(0, X_i -
     room_i). The root unit is held throughout: no room.
-    N_o = V h / t (the output matrix, tied or not: its weight is gathered whole for the
-    logits), N_e = embedding / t, Psi_r = `workload.dp.root_unit_params` (stage params minus
+    N_o = V h / (t G) (the output matrix, tied or not: its weight is gathered whole for the
+    logits; G = the AxoNN grid's shards, `workload.params.grid_shards`, 1 without a grid),
+    N_e = embedding / (t G), Psi_r = `workload.dp.root_unit_params` (stage params minus
     n_i layers), o_i / e_i = the stage holds the output / the embedding, q_w =
     training.weight_bytes (the 16-bit compute copy: no framework quantizes the embedding or
     the output layer), q_g = training.grad_bytes, f N_l q_gw = the prefetched last layer
@@ -84,6 +85,15 @@ def nonlayer_unit_bytes(model, parallel, training, stages, stage_params, slack, 
                                                                  last layer prefetched, in
                                                                  place of the layer unit)
         Y_i = e_i N_e (q_w + q_g)                               (the embedding unit)
+    Tied embeddings on one stage (p = 1; at p > 1 the last stage keeps its own copy,
+    `stage_params_per_device`): the output's use and the embedding's use feed one
+    parameter, whose AccumulateGrad runs once, after the embedding's backward has added its
+    gradient (the autograd engine sums a node's inputs before running it; DeepSpeed ZeRO-3's
+    reduce hook sits on that node, so nothing reduces the output's contribution earlier).
+    The output's gradient, N_o q_w (autograd's dtype is the parameter's), is therefore held
+    through the whole backward, beside the layers' buffers, where no working layer hides it:
+        X_i = max(X_i, t_e o_i e_i N_o q_w)     (t_e = model.tied_embeddings)
+    (Y_i already counts that gradient: it is the embedding unit's own.)
     FSDP's root unit (Parallel.zero3_root_unit = 1: fully_shard(model) / the FSDP1 root
     FlatParameter, `schedule.overlap.zero3_root_unit_s`):
         X_i = Psi_r q_w + o_i N_o q_w    the root stays unsharded from its pre-forward to its
@@ -124,7 +134,8 @@ def nonlayer_unit_bytes(model, parallel, training, stages, stage_params, slack, 
     root_on = parallel.zero3_root_unit > 0
 
     def extra(n, o, e, psi, s, r):
-        x_def = o * jnp.maximum(n_out * (q_w + q_g) + pre - b_l - r, 0.0)
+        held = model.tied_embeddings * o * e * n_out * q_w   # tied: the output's gradient
+        x_def = jnp.maximum(o * jnp.maximum(n_out * (q_w + q_g) + pre - b_l - r, 0.0), held)
         y_def = e * n_emb * (q_w + q_g)
         root = root_unit_params(psi, n_l, n)
         x = jnp.where(root_on, root * q_w + o * n_out * q_w, x_def)

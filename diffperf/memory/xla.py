@@ -156,15 +156,27 @@ def xla_device_memory(model, parallel, system, training, stages=None) -> Memory:
                + cp_kv_buffer_bytes(model, parallel, training))
     phases = _stage_phases(params, expert_P, layer_P, resid, loss, working, parallel, training)
     # ZeRO-3: the output / embedding units beside the layer's (`memory.device.
-    # nonlayer_unit_bytes`), per stage, the same in each phase as the layer's buffers; a
-    # micro-batch's stacked residuals and loss buffers are what its end no longer holds.
-    slack = each(lambda n, o: scan_residual_bytes(model, parallel, training) * n
-                 + o * loss_bytes, stages.layers, stages.output)
-    buffers = (gathered_buffer_bytes(model, parallel, training) + system.eff.mem_reserved_bytes
-               + nonlayer_unit_bytes(model, parallel, training, stages, params,
-                                     jnp.minimum(slack, resid + loss),
-                                     jnp.maximum(working - loss, 0.0)))
-    phases = tuple(dict(c, buffers_bytes=buffers) for c in phases)
+    # nonlayer_unit_bytes`), per stage, in the backward's phases A and B. The end of a micro-
+    # batch's backward (the embedding's / the root's reduce-scatter) is reached from each
+    # phase P by freeing that micro-batch's part of P's activations (its stacked residuals and
+    # P's loss buffers or working layer) and growing P's gradients to those of the end (phase
+    # C's: all of them at m = 1, where A holds none; the accumulated ones at m > 1):
+    #     slack_P = min(one_P, act_P) - (G_C - G_P)
+    # so that either phase, plus the units, is never below the end of the backward. Phase C
+    # (the optimizer) follows that reduce-scatter: the units are resharded by then, and only
+    # the layers' buffers and the workspace stay, as before.
+    one = each(lambda n: scan_residual_bytes(model, parallel, training) * n, stages.layers)
+    buffers = gathered_buffer_bytes(model, parallel, training) + system.eff.mem_reserved_bytes
+    room = jnp.maximum(working - loss, 0.0)
+
+    def with_units(c, held):
+        slack = (jnp.minimum(one + held, c["activations_bytes"])
+                 - (phases[2]["gradients_bytes"] - c["gradients_bytes"]))
+        return dict(c, buffers_bytes=buffers + nonlayer_unit_bytes(
+            model, parallel, training, stages, params, slack, room))
+
+    phases = (with_units(phases[0], loss), with_units(phases[1], working),
+              dict(phases[2], buffers_bytes=buffers))
     keys = MEMORY_PARTS
     # (phase, stage) flattened into one leading axis of 9 candidates; batched leaves follow.
     shape = jnp.broadcast_shapes(*(jnp.shape(c[k]) for c in phases for k in keys))

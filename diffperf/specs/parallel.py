@@ -131,8 +131,9 @@ class Parallel(struct.PyTreeNode):
                                 # workload.recompute
     recompute_policy: Any = 0   # recompute = selective: 0 Megatron (the attention core),
                                 # 1 TorchTitan per-op SAC (saves every 2nd mm and SDPA,
-                                # recomputes the rest), 2 the same with Float8 linears (no
-                                # linear saved); workload.recompute.sac_recompute_fracs
+                                # recomputes the rest; torchao Float8 linears too), 2 every
+                                # linear recomputed (a linear the policy does not see as
+                                # aten.mm); workload.recompute.sac_recompute_fracs
     # recompute = selective, recompute_policy = 0: Megatron-Core's `recompute_modules`, one 0/1
     # field per module (workload.recompute.megatron_module_fracs); the default is Megatron's
     # default list ["core_attn"]

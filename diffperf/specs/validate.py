@@ -96,9 +96,10 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
     recompute_layer_frac < 1 only under full recompute, recompute_policy > 0 only under
     selective recompute (workload.recompute multiplies its terms by recompute = 1) (all for
     one layout; not in a search's table, whose --set facts act only on their own mode);
-    mla_up_proj
-    needs multi-latent attention and moe_act an MoE model (Megatron-Core's
-    TransformerConfig.__post_init__ raises for both)."""
+    mla_up_proj needs multi-latent attention and moe_act an MoE model (Megatron-Core's
+    TransformerConfig.__post_init__ raises for both). The rules that depend on the layout or
+    the model carry their field (SpecError.field: load's runs rows name a command's --set);
+    the 0 / 1 range rule, wrong on every row, does not."""
     megatron = (P["recompute"] == 1) & (P["recompute_policy"] == 0)
     # One layout (predict, validate, a runs CSV): a fact of another recompute mode is an
     # inconsistent input. A layout table (mask mode: search) is not checked for it: search
@@ -131,7 +132,7 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
                 f"{d}"), f, v)
     _fail((P["recompute_mla_up_proj"] == 1) & (M["kv_lora_rank"] == 0), where, lambda i: (
         "recompute_mla_up_proj=1 needs multi-latent attention (model.kv_lora_rank > 0; got "
-        "0); allowed: 0"))
+        "0); allowed: 0"), "recompute_mla_up_proj", P["recompute_mla_up_proj"])
     _dense_facts(M, where, pick, (("recompute_moe_act",
                                    "the routed experts' activation recompute"),), P)
 
@@ -148,7 +149,7 @@ def _check_tp_userbuffers(P, M, where, pick) -> None:
     _fail((u >= 1) & (M["n_experts"] > 0), where, lambda i: (
         f"tp_userbuffers={pick(u, i):g} with model.moe_experts={pick(M['n_experts'], i):g}: "
         f"the userbuffers TP overlap is modelled for dense models only (allowed: "
-        f"tp_userbuffers 0 for MoE models)"))
+        f"tp_userbuffers 0 for MoE models)"), "tp_userbuffers", u)
 
 
 # Framework facts that describe MoE layers (`check_facts_act`): each acts only where the model
@@ -404,14 +405,15 @@ def facts_inert(model, parallel, training) -> dict:
     tp_userbuffers at tp 1, ep_overlap / ep_dispatch at ep 1, ep_overlap under full
     recompute, zero3_* below ZeRO-3, axonn_overlap=0 without a grid, lowp_param_gather at ZeRO
     0): {field: (mask over the batched leaves, [each failing rule's message, for its first
-    entry])}; only the facts that fail somewhere. Concrete values (numpy). The caller has checked the rules
-    that hold whatever the layout (`check_facts_act(..., layout=False)`); those would be
-    listed too.
+    entry])}; only the facts that fail somewhere. Concrete values (numpy); a search's table
+    varies tp, cp, ep, the AxoNN grid (gx, gy, gz), ZeRO stage and recompute per row. The
+    caller has checked the rules that hold whatever the layout (`check_facts_act(...,
+    layout=False)`); those would be listed too.
 
     Such a fact describes the framework, not the layout: the framework runs that layout
     without the fact's effect, and the fact's term is multiplied by zero there (tp 1 has no
     TP collective, cp 1 no K/V exchange, ep 1 no all-to-all, ZeRO < 3 no per-layer gather,
-    ...; tests/test_errors.py checks each rule: a row predicted with and without its fact is
+    ...; tests/test_search.py checks each rule: a row predicted with and without its fact is
     identical). A search ranks those rows as they are (`neutral_facts` gives the same
     prediction without the facts), predict without a layout says which facts do not act on
     the layout it chose; a layout the user gave is refused (`check_facts_act`)."""

@@ -11,9 +11,10 @@ Parallel.recompute picks the mode (0 none, 1 selective, 2 full); two framework f
 - `recompute_policy` (selective only): 0 Megatron-LM's selective recompute of the attention
   core (Korthikanti et al. 2022, Section 5); 1 TorchTitan's per-op SAC, which saves the
   outputs of every aten.mm but every second one in each block, and of the attention kernel,
-  and recomputes all the rest (`sac_recompute_fracs`); 2 the same policy when the linears are
-  not aten.mm (Float8 linears run torch._scaled_mm, which is not in the save list): every
-  linear is recomputed, the attention kernel is saved.
+  and recomputes all the rest (`sac_recompute_fracs`; torchao's Float8 linears too: the
+  policy sees their Float8Tensor mm as aten.mm); 2 the same policy when the linears are not
+  seen as aten.mm (a linear that calls torch._scaled_mm itself, which is not in the save
+  list): every linear is recomputed, the attention kernel is saved.
 
 Under Megatron's selective recompute (recompute_policy 0) the modules re-run are Megatron-Core's
 `recompute_modules`, one 0/1 field of Parallel each (`MODULES`; default ["core_attn"], as
@@ -74,9 +75,16 @@ def sac_recompute_fracs(model, parallel):
         rho_down = 0 gated, 1 otherwise
         rows 4-11 (router, experts, shared experts, MLA) = 0: the policy's call order was
         written for the dense Llama block; MoE and MLA layers are not modelled (taken as saved)
-    recompute_policy 2 (Float8 linears run _scaled_mm, not counted or saved): rho = 1 for
-    rows 0-3. The attention kernel (SDPA) is saved, every element-wise op (norms, rotary,
-    SiLU, product, residual adds) is recomputed.
+    recompute_policy 2 (linears whose GEMM the policy does not see as aten.mm, e.g. one that
+    calls torch._scaled_mm itself: not counted, not saved): rho = 1 for rows 0-3. torchao's
+    Float8Linear (eab345c, TorchTitan's 2024-12 benchmark) is policy 1, not 2: it calls
+    torch.mm on Float8Tensor operands, and SAC's _CachingTorchDispatchMode, a dispatch mode,
+    runs before the subclass's __torch_dispatch__ turns aten.mm into torch._scaled_mm, so it
+    counts the call and saves (tags, under torch.compile) its bf16 output as for bf16
+    (docs/accuracy-hopper.md "Session 14: low-precision activations in memory"; TorchTitan
+    measures its Float8 rows at the memory of its compiled bf16 ones). The attention
+    kernel (SDPA) is saved, every element-wise op (norms, rotary, SiLU, product, residual
+    adds) is recomputed.
     Source: pytorch/torchtitan torchtitan/parallelisms/parallelize_llama.py, `_save_list` and
     `_apply_ac_to_transformer_block` at 9dec370 (2024-12-26; `no_recompute_list` at
     1ea476e9f, 2024-04-24, the same policy), model.py Attention.forward, FeedForward.forward.
