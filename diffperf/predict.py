@@ -115,7 +115,11 @@ def _ep_parts(model, parallel, system, training, windows, temperature):
                   (v0.1.0rc3 scripts/performance/run_script.py, v0.2.0 utils/helpers.py
                   `set_moe_a2a_overlap_overrides`, v0.3.0-v0.6.0 utils/overrides.py
                   `_set_moe_a2a_overlap_overrides`); each less the TP communication already
-                  hidden behind it (one GEMM cannot hide two collectives at once)."""
+                  hidden behind it (one GEMM cannot hide two collectives at once).
+    Under full recompute (recompute = 2) the overlap is 0: Megatron-Core refuses the merged
+    schedule there (TransformerConfig.__post_init__: "disable full recomputation when enabling
+    overlap_moe_expert_parallel_comm"), so a framework that sets it runs such a layout
+    without it (a search's row; `specs.validate.check_facts_act` refuses a given one)."""
     n_f, n_b = ep_a2a_per_layer(parallel)
     S = ep_a2a_bytes(model, parallel, training)
     s_ep = ep_stride(parallel, stride(_placed(parallel), "ep"))
@@ -126,7 +130,8 @@ def _ep_parts(model, parallel, system, training, windows, temperature):
     attn_f, mlp_f, mlp_b, attn_b, mlp_bw, attn_bw = windows
     c_x = (n_b - 2.0) * c
     _, fh, _, bh = ep_merged_1f1b_exposed_s(c, c_x, attn_f, mlp_f, mlp_b, attn_b,
-                                            parallel.ep_overlap, temperature,
+                                            jnp.where(parallel.recompute == 2, 0.0,
+                                                      parallel.ep_overlap), temperature,
                                             mlp_bw_s=mlp_bw, attn_bw_s=attn_bw)
     # The warm-up forwards and cool-down backwards of the schedule have no partner pass:
     # their all-to-alls are all exposed (schedule.overlap.ep_merged_unpaired_frac), so a

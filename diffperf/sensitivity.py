@@ -56,13 +56,12 @@ from diffperf.api import _as_float, _normalize
 from diffperf.errors import SpecError, closest
 from diffperf.predict import FEATURES, features_of, predict_step
 from diffperf.search import _CPU_QUICK_OPTIONS, COLUMNS, PLACEMENTS, parallel_of, search
-from diffperf.search.evaluate import facts_act_mask_rows
 from diffperf.specs.batch import anonymous
 from diffperf.specs.parallel import Parallel, placement_index
 from diffperf.specs.paths import leaf_paths, leaf_values  # noqa: F401 - public here too
 from diffperf.specs.system import SWITCHES
 from diffperf.specs.training import Training
-from diffperf.specs.validate import check_inputs
+from diffperf.specs.validate import check_facts_act, check_inputs
 
 BATCHED = COLUMNS[:-1] + ("placement",)  # Parallel fields that vary between candidates
 HARD_STEP = float(np.log(1.1))  # log step of the re-optimized finite difference: +-10 %
@@ -240,7 +239,8 @@ def candidates(model, system, training, layouts, temperature, *, placements=PLAC
     """Every layout of the table, or, where a placement order has more than
     `max_candidates`, its `max_candidates` lowest soft scores s_i (by a hard `search`).
 
-    Rows on which a fact of `training` cannot act (`search.facts_act_rows`) are left out.
+    A row on which a fact of `training` cannot act (cp_torch at cp 1:
+    `search.facts_inert_rows`) is a candidate as the framework runs it, without the fact.
     Each order's rows are padded to a fixed size (a power of two, at most max_candidates),
     so a table keeps its shapes when the hardware changes (no recompilation).
     `dropped_weight` is the soft-min weight of the rows left out (exact, from the search):
@@ -250,11 +250,8 @@ def candidates(model, system, training, layouts, temperature, *, placements=PLAC
     """
     layouts = np.asarray(layouts)
     dtype = jnp.result_type(float)
-    # only the rows on which the Training facts act (search.facts_act_rows), as the CLI's
-    # tables and `search` (which marks the others invalid)
-    acting = facts_act_mask_rows(model, training or Training(), layouts)
-    groups = [np.flatnonzero((layouts[:, -1] == j) & acting)
-              for j in np.unique(layouts[acting, -1])]
+    check_facts_act(model, None, training or Training(), layout=False)
+    groups = [np.flatnonzero(layouts[:, -1] == j) for j in np.unique(layouts[:, -1])]
     dropped = 0.0
     if any(len(g) > max_candidates for g in groups):
         r = search(model, system, training, layouts, placements=placements,

@@ -1669,7 +1669,8 @@ def test_cli_fact_the_overlay_applied_says_so(capsys):
     that cannot act, refused (check_facts_act): the message says the user did not give it,
     where it came from and how to override it (was: the rule alone, naming a fact the user
     never typed). Every path keeps SpecError.field: predict (given and default layouts),
-    search (facts_act_mask_rows' whole-table refusal), validate (a runs row)."""
+    search (facts_inert_rows' check of the rules that hold for every row), validate (a runs
+    row)."""
     a100 = ("--system", "a100-sxm-80gb", "--calibration", "vtrain-a100", "--set",
             "flash_attention=1")
     assert _cli_error(capsys, "predict", "--model", "gpt-small", "--dp", "1", *a100) == (
@@ -2000,20 +2001,12 @@ def test_cli_predict_when_no_layout_fits(capsys, monkeypatch):
     assert _cli_error(capsys, "predict", "--gpus", "1", "--global-batch", "1", "--no-cache") == (
         "no layout of gpt3-175b on --gpus=1 x a100-sxm-80gb with --global-batch=1 fits in memory "
         "(the smallest needs 2610 GiB per device, usable 76 GiB): give more --gpus")
-    # a --set fact that cannot act on some layouts: those are left out, and said so
-    from diffperf.load import training
-    from diffperf.search import enumerate_layouts, facts_act_rows
-
-    table = enumerate_layouts(diffperf.load_model("gpt3-175b"), 2, 2)
-    n = len(facts_act_rows(diffperf.load_model("gpt3-175b"), training("bf16", cp_torch=1.0),
-                           table))
-    assert 0 < n < len(table)
+    # a --set fact that cannot act on some layouts (cp_torch=1 at cp 1): every layout is
+    # still searched (was: those left out, and said so in the message)
     assert _cli_error(capsys, "predict", "--gpus", "2", "--global-batch", "2", "--no-cache",
                       "--set", "cp_torch=1") == (
         "no layout of gpt3-175b on --gpus=2 x a100-sxm-80gb with --global-batch=2 fits in memory "
-        "(the smallest needs 2610 GiB per device, usable 76 GiB): give more --gpus; "
-        f"{len(table) - n:,} of the {len(table):,} layouts were left out, a --set fact cannot "
-        "act on them or Megatron-Core refuses it there")
+        "(the smallest needs 2610 GiB per device, usable 76 GiB): give more --gpus")
 
 
 @pytest.mark.parametrize("fields,message", [
@@ -2355,13 +2348,18 @@ def test_search_refuses_facts_that_cannot_act_on_the_model(facts, tr, message):
                enumerate_layouts(m, 8, 64), parallel=facts)
 
 
-def test_cli_searches_evaluate_only_the_layouts_their_facts_act_on(monkeypatch, tmp_path):
-    """predict (no layout), search and plot search hand the batched search only the rows where
-    --set cp_torch=1 can act (cp > 1): a spy in place of search.search sees the table, then
-    stops the command before anything compiles."""
+def test_cli_searches_evaluate_every_layout_with_a_fact_that_cannot_act_on_some(
+        monkeypatch, tmp_path, capsys):
+    """predict (no layout), search and plot search hand the batched search every row, those
+    where --set cp_torch=1 cannot act (cp 1) too: the framework runs them without it (its
+    term is zero there: tests/test_search.py::test_a_fact_changes_nothing_on_a_layout_where_
+    it_cannot_act). Was (sessions 13-14): only the cp > 1 rows, so `search --set cp_ring=0`
+    answered 12.32 s at cp 2 for Llama 3 8B on 8 H100 where cp 1 runs 12.28 s. search says
+    how many rows the fact does not act on. A spy in place of search.search sees the table,
+    then stops the command before anything compiles."""
     import diffperf.search
     from diffperf.cli.main import main
-    from diffperf.search import COLUMNS
+    from diffperf.search import COLUMNS, enumerate_layouts
 
     class Seen(Exception):
         pass
@@ -2378,8 +2376,62 @@ def test_cli_searches_evaluate_only_the_layouts_their_facts_act_on(monkeypatch, 
     for command in (["predict"], ["search"], ["plot", "search", "--out", tmp_path / "s.png"]):
         with pytest.raises(Seen):
             main([str(a) for a in [*command, *job]])
-    cp = COLUMNS.index("cp")
-    assert len(tables) == 3 and all(len(t) and (t[:, cp] > 1).all() for t in tables)
+    full = enumerate_layouts(diffperf.load_model("llama3-8b"), 8, 128)
+    cp = full[:, COLUMNS.index("cp")]
+    assert len(tables) == 3 and all(np.array_equal(t, full) for t in tables)
+    assert "note: cp_torch=1 does not act on {:,} of the {:,} layouts (cp_torch=1 needs " \
+           "context parallelism (cp > 1)): they are evaluated and ranked as the framework " \
+           "runs them, without it".format(int((cp == 1).sum()), len(full)) in " ".join(
+               capsys.readouterr().err.split())
+
+
+def test_cli_predict_without_a_layout_predicts_the_one_its_search_chose(monkeypatch):
+    """predict without a layout, a --set fact that cannot act on the layout its search chose
+    (cp_torch=1, the best row at cp 1): predicted without the fact (the same numbers: its term
+    is zero there), with a note, not refused (was: refused its own search's choice, exit 2;
+    then, sessions 13-14, a search of the cp > 1 rows only). Stand-ins for the search (the
+    first cp 1 row fastest) and for predict (which records its inputs): nothing compiles."""
+    import types
+
+    import diffperf.search
+    from diffperf.cli import predict_cmd
+    from diffperf.cli.main import main
+    from diffperf.search import COLUMNS, enumerate_layouts
+
+    table = enumerate_layouts(diffperf.load_model("llama3-8b"), 8, 128)
+    cp, n = table[:, COLUMNS.index("cp")], len(table)
+    step = np.where(np.arange(n) == np.flatnonzero(cp == 1)[0], 1.0, 2.0)
+    monkeypatch.setattr(diffperf.search, "search", lambda *a, **k: types.SimpleNamespace(
+        fits=np.ones(n, bool), step_time_s=step))
+
+    class Seen(Exception):
+        pass
+
+    seen = []
+
+    def predict(model, parallel, system, train, **kw):
+        seen.append((parallel, train))
+        raise Seen
+
+    monkeypatch.setattr(diffperf, "predict", predict)
+    built = []
+
+    def build(args):  # the real one; its notes are printed after the prediction
+        built.append(args)
+        return real_build(args)
+
+    real_build = predict_cmd.build
+    monkeypatch.setattr(predict_cmd, "build", build)
+    with pytest.raises(Seen):
+        main(["predict", "--model", "llama3-8b", "--system", "h100-sxm-80gb", "--gpus", "8",
+              "--global-batch", "128", "--no-cache", "--set", "cp_torch=1"])
+    (parallel, train), = seen
+    assert float(parallel.cp) == 1 and float(train.cp_torch) == 0
+    assert float(built[0].training_given.cp_torch) == 1  # what sensitivity --optimum searches
+    assert built[0].notes[-1] == (
+        "cp_torch=1 does not act on the layout predict's search chose (cp_torch=1 needs "
+        "context parallelism (cp > 1)): predicted as the framework runs it, without it (a "
+        "layout option given with it is refused)")
 
 
 def test_predict_under_a_system_gradient_refuses_a_fact_that_cannot_act():
@@ -2397,67 +2449,69 @@ def test_predict_under_a_system_gradient_refuses_a_fact_that_cannot_act():
             "bf16", moe_expert_loop=1.0)).step_time_s)(system)
 
 
-def test_search_keeps_the_layouts_its_facts_act_on():
-    """search.facts_act_rows (review13a): predict without a layout searched every row, chose
-    one where its --set fact could not act (cp_torch=1 at cp 1 for Llama 3 8B on 8 GPUs;
-    ep_overlap=1 under full recompute for Mixtral on 16), then refused the layout its own search
-    chose (exit 2 after a 30 s search). The table keeps only the rows where each per-layout
-    rule of check_facts_act holds; no row: the rule's message, said of the whole table. No
+def test_search_names_the_rows_its_facts_cannot_act_on():
+    """search.facts_inert_rows: for each framework fact, the rows of a table on which a
+    per-layout rule of check_facts_act says it cannot act (cp_torch at cp 1, zero3_* below
+    ZeRO-3, tp_overlap at tp 1, lowp_param_gather at ZeRO 0, axonn_overlap without a grid,
+    ep_overlap at ep 1 or under full recompute), with the rule's message: what the CLI's
+    note counts. Such rows are searched (the fact inert there); a fact that no layout can meet
+    (a rule of the model or the precision) is refused with its own message, as before. No
     compile here (host-side numpy on the table)."""
     from diffperf.load import training
-    from diffperf.search import COLUMNS, enumerate_layouts, facts_act_rows
+    from diffperf.search import COLUMNS, enumerate_layouts, facts_inert_rows
 
     col = {c: i for i, c in enumerate(COLUMNS)}
     llama = diffperf.load_model("llama3-8b")
-    table = enumerate_layouts(llama, 8, 128)
-    assert len(facts_act_rows(llama, training("bf16"), table)) == len(table)  # no fact
-    kept = table[facts_act_rows(llama, training("bf16", cp_torch=1.0), table)]
-    assert len(kept) and (kept[:, col["cp"]] > 1).all()
-    assert (table[:, col["cp"]] > 1).sum() == len(kept)
-    kept = table[facts_act_rows(llama, training("bf16"), table, {"zero3_copy_out": 1})]
-    assert len(kept) and (kept[:, col["zero_stage"]] == 3).all()
-    # the older facts (frontdoor3): each keeps the rows it acts on
-    for facts, c, rule in (({"zero3_regather": 0}, "zero_stage", lambda v: v == 3),
-                           ({"tp_overlap": 0.5}, "tp", lambda v: v > 1)):
-        mask = facts_act_rows(llama, training("bf16"), table, facts)
-        assert len(mask) and rule(table[mask, col[c]]).all()
-        assert rule(table[:, col[c]]).sum() == len(mask)
-    kept = table[facts_act_rows(llama, training("fp8-current", lowp_param_gather=1.0), table)]
-    assert len(kept) and (kept[:, col["zero_stage"]] >= 1).all()
-    grid = np.prod(table[:, [col["gx"], col["gy"], col["gz"]]], axis=1) > 1
-    if grid.any():
-        assert grid[facts_act_rows(llama, training("bf16"), table, {"axonn_overlap": 0})].all()
+    table = enumerate_layouts(llama, 8, 128, axonn=True)
+    c = lambda name: table[:, col[name]]  # noqa: E731
+    assert facts_inert_rows(llama, training("bf16"), table) == {}  # no fact
+    for tr, facts, field, inert in (
+            (dict(cp_torch=1.0), None, "cp_torch", c("cp") == 1),
+            ({}, {"cp_ring": 0}, "cp_ring", c("cp") == 1),
+            ({}, {"zero3_copy_out": 1}, "zero3_copy_out", c("zero_stage") < 3),
+            ({}, {"zero3_regather": 0}, "zero3_regather", c("zero_stage") < 3),
+            ({}, {"tp_overlap": 0.5}, "tp_overlap", c("tp") == 1),
+            ({}, {"axonn_overlap": 0}, "axonn_overlap", c("gx") * c("gy") * c("gz") == 1)):
+        got = facts_inert_rows(llama, training("bf16", **tr), table, facts)
+        assert list(got) == [field] and np.array_equal(got[field][0], inert), field
+        assert 0 < inert.sum() < len(table)
+    got = facts_inert_rows(llama, training("fp8-current", lowp_param_gather=1.0), table)
+    assert np.array_equal(got["lowp_param_gather"][0], c("zero_stage") == 0)
+    assert got["lowp_param_gather"][1] == [
+        "lowp_param_gather=1 needs a sharded optimizer (zero_stage >= 1; got zero_stage=0): "
+        "Megatron-LM refuses --fp8-param-gather without the distributed optimizer or FSDP "
+        "(\"--fp8-param-gather only supported with distributed optimizer, torch fsdp2, "
+        "megatron fsdp, or inference mode\"); allowed: 0 with zero_stage 0"]
     mixtral = diffperf.load_model("mixtral-8x7b")
-    table = enumerate_layouts(mixtral, 16, 16)
-    kept = table[facts_act_rows(mixtral, training("bf16"), table, {"ep_overlap": 1})]
-    assert len(kept) and (kept[:, col["ep"]] > 1).all() and (kept[:, col["recompute"]] != 2).all()
+    moe = enumerate_layouts(mixtral, 16, 16)
+    mask, texts = facts_inert_rows(mixtral, training("bf16"), moe, {"ep_overlap": 1})["ep_overlap"]
+    assert np.array_equal(mask, (moe[:, col["ep"]] == 1) | (moe[:, col["recompute"]] == 2))
+    assert [t.split(":")[0] for t in texts] == [
+        "ep_overlap=1 needs expert parallelism (ep > 1; got ep=1)",
+        "ep_overlap=1 with recompute=2 (full)"]
+    # a table where the fact acts on no row (one GPU: cp 1 only) is searched too, every row
+    # named (was: refused, "(and so on every one of the N layouts of the table: ...)")
     one = enumerate_layouts(llama, 1, 128)
-    with _raises(f"training: cp_torch=1 needs context parallelism (cp > 1; got cp=1): PyTorch's "
-                 f"context_parallel() exchanges K/V between the cp ranks; allowed: 0 with cp = 1 "
-                 f"(and so on every one of the {len(one)} layouts of the table: give layout "
-                 f"values where it holds)"):
-        facts_act_rows(llama, training("bf16", cp_torch=1.0), one)
-    # a rule no layout meets: its own message, without the advice on layouts (was: "(and so
-    # on every one of the N layouts of the table: give layout values where it holds)")
+    assert facts_inert_rows(llama, training("bf16", cp_torch=1.0), one)["cp_torch"][0].all()
+    # a rule no layout meets: its own message
     with _raises("training: lowp_layer_frac=0.5 needs GEMMs in FP8 / FP4 (lowp_fprop, "
                  "lowp_dgrad or lowp_wgrad = 1; precision 'bf16' has none): it sets the "
                  "fraction of the layers whose linears run in low precision; allowed: 1 (the "
                  "default) with a 16-bit precision") as err:
-        facts_act_rows(llama, training("bf16", lowp_layer_frac=0.5), one)
+        facts_inert_rows(llama, training("bf16", lowp_layer_frac=0.5), one)
     assert str(err.value).endswith("with a 16-bit precision")
     with _raises(f"parallel: ep_overlap=0.5 acts only on MoE layers (the merged EP schedule "
                  f"that hides the expert all-to-alls); {DENSE_FACT}") as err:
-        facts_act_rows(llama, training("bf16"), one, {"ep_overlap": 0.5})
+        facts_inert_rows(llama, training("bf16"), one, {"ep_overlap": 0.5})
     assert str(err.value).endswith(DENSE_FACT)
 
 
-def test_search_api_marks_the_rows_its_facts_cannot_act_on(monkeypatch):
-    """diffperf.search.search (the Python API) ranked the rows on which a fact cannot act
-    (cp_torch=1 at cp 1), where the CLI filters its table with facts_act_rows (review13a):
-    such rows now come back invalid (valid = fits = False, step inf, tokens/s 0: Result.valid's
-    contract), so `ranked` never offers them; sensitivity's and design's candidates leave them
-    out. The kernel is replaced by a stand-in (nothing compiles): what is checked is the
-    masking of what it returns."""
+def test_search_api_ranks_the_rows_its_facts_cannot_act_on(monkeypatch):
+    """diffperf.search.search (the Python API) returns what the kernel predicts for every row,
+    those on which a fact cannot act (cp_torch=1 at cp 1) too, and `ranked` offers them: the
+    framework runs such a layout without the fact (was, session 14: invalid, step inf, never
+    ranked). sensitivity's and design's candidates keep them. The kernel is replaced by a
+    stand-in (nothing compiles): what is checked is that nothing masks what it returns."""
     import diffperf.search.evaluate as ev
     from diffperf.load import training
     from diffperf.result import Result
@@ -2477,20 +2531,19 @@ def test_search_api_marks_the_rows_its_facts_cannot_act_on(monkeypatch):
     plain = search(llama, system, training("bf16"), table)
     assert plain.valid is True and np.all(plain.fits)
     r = search(llama, system, training("bf16", cp_torch=1.0), table)
-    assert (r.valid == (cp > 1)).all() and (r.fits == (cp > 1)).all()
-    assert np.isinf(r.step_time_s[cp == 1]).all() and (r.mfu[cp == 1] == 0).all()
-    assert (r.step_time_s[cp > 1] == np.arange(1.0, n + 1)[cp > 1]).all()
-    assert (cp[ranked(r)] > 1).all() and len(ranked(r)) == (cp > 1).sum()
+    assert r.valid is True and np.all(r.fits) and (cp == 1).any()
+    assert (r.step_time_s == np.arange(1.0, n + 1)).all()
+    assert list(ranked(r)) == list(range(n))
     c = candidates(llama, system, training("bf16", cp_torch=1.0), table, 0.05,
                    max_candidates=1 << 20)
-    assert sorted(c.index) == list(np.flatnonzero(cp > 1))
+    assert sorted(c.index) == list(range(n))
 
 
-def test_soft_best_temperature_gradient_is_finite_with_rows_left_out(monkeypatch):
-    """soft_best gives the rows on which a fact cannot act weight 0 (review13g). Masking the
-    scores with +inf made logits = -inf / tau, whose derivative in tau is inf: the cotangent
-    0 times inf gave a NaN d J / d tau whenever a row was left out. The logits are masked
-    instead. The kernel is a stand-in (nothing compiles): scores ln(1 + cell index)."""
+def test_soft_best_weighs_the_rows_its_facts_cannot_act_on(monkeypatch):
+    """soft_best weighs every row, those on which a fact cannot act (cp_torch=1 at cp 1) too,
+    as `search` ranks them (was, session 14: weight 0; review13g then fixed a NaN d J / d tau
+    that the masking made), and d J / d tau is finite. The kernel is a stand-in (nothing
+    compiles): scores ln(1 + cell index)."""
     import jax
     import jax.numpy as jnp
 
@@ -2511,11 +2564,13 @@ def test_soft_best_temperature_gradient_is_finite_with_rows_left_out(monkeypatch
     monkeypatch.setattr(soft, "_soft_scores_cpu", stand_in)
     facts = training("bf16", cp_torch=1.0)
     best = soft_best(llama, system, facts, table, 0.1)
-    assert (np.asarray(best.weights)[cp == 1] == 0).all()
+    assert np.asarray(best.weights)[cp == 1].max() > 0.5  # the stand-in's best cells: cp 1
+    plain = soft_best(llama, system, training("bf16"), table, 0.1)
+    assert np.array_equal(np.asarray(best.weights), np.asarray(plain.weights))
     assert abs(float(np.sum(best.weights)) - 1) < 1e-5
     d_tau = jax.grad(lambda t: soft_best(llama, system, facts, table, t).step_time_s)(0.1)
     assert np.isfinite(d_tau), d_tau
-    # the soft-min is below its smallest acting score and above it by at most tau ln n
+    # the soft-min is below its smallest score and above it by at most tau ln n
     # (J = -tau lse(-s / tau) <= min s): d J / d tau = -(entropy of the weights) <= 0
     assert float(d_tau) <= 0
 

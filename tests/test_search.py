@@ -272,6 +272,68 @@ def test_optimized_and_quick_kernels_agree(table, result):
                                rtol=1e-6)
 
 
+# (model, Parallel facts, precision, Training facts, rows where the fact cannot act, rows
+# where it can): every per-layout rule of specs.validate.check_facts_act
+_INERT_CASES = (
+    ("gpt-small", {}, "bf16", dict(cp_torch=1.0), "cp == 1", "cp > 1"),
+    ("gpt-small", dict(cp_ring=0.0), "bf16", {}, "cp == 1", "cp > 1"),
+    ("gpt-small", dict(tp_overlap=0.5), "bf16", {}, "tp == 1", "tp > 1"),
+    ("gpt-small", dict(tp_userbuffers=1.0), "bf16", {}, "tp == 1",
+     "(tp > 1) & (sequence_parallel == 1)"),
+    ("gpt-small", dict(zero3_copy_out=1.0), "bf16", {}, "zero_stage < 3", "zero_stage == 3"),
+    ("gpt-small", dict(zero3_root_unit=1.0), "bf16", {}, "zero_stage < 3", "zero_stage == 3"),
+    ("gpt-small", dict(zero3_regather=0.0), "bf16", {}, "zero_stage < 3",
+     "(zero_stage == 3) & (recompute == 2)"),
+    ("gpt-small", dict(zero3_calls_per_layer=4.0), "bf16", {}, "zero_stage < 3",
+     "zero_stage == 3"),
+    ("gpt-small", dict(zero3_prefetch_params=1e5), "bf16", {}, "zero_stage < 3",
+     "zero_stage == 3"),
+    ("gpt-small", dict(axonn_overlap=0.0), "bf16", {}, "gx * gy * gz == 1", "gx * gy * gz > 1"),
+    ("gpt-small", {}, "fp8-current", dict(lowp_param_gather=1.0), "zero_stage == 0",
+     "zero_stage >= 1"),
+    ("mixtral-8x7b", dict(ep_overlap=1.0), "bf16", {}, "ep == 1", "(ep > 1) & (recompute < 2)"),
+    ("mixtral-8x7b", dict(ep_overlap=1.0), "bf16", {}, "(ep > 1) & (recompute == 2)",
+     "(ep > 1) & (recompute < 2)"),
+    ("mixtral-8x7b", dict(ep_dispatch=1.0), "bf16", {}, "ep == 1", "ep > 1"),
+)
+
+
+def test_a_fact_changes_nothing_on_a_layout_where_it_cannot_act(grid_table):
+    """A framework fact on a layout where a per-layout rule of check_facts_act says it cannot
+    act (cp_ring=0 at cp 1, zero3_regather=0 below ZeRO-3, ep_overlap under full recompute,
+    ...) is inert: every Result leaf equals the layout's prediction without the fact, so a
+    search that ranks such rows ranks what the framework runs (docs/guide-search.md). Where
+    the rule holds, the fact changes something. `predict` under jit (no validation: the
+    file's one reference program; the model, precision and facts are traced leaves). The
+    lowp_param_gather case runs FP8 on the file's A100: the algebra of the term, not a
+    hardware claim. Was (before searchkeep): ep_overlap's merged schedule acted under full
+    recompute and lowp_param_gather's FP8 weights held memory at ZeRO 0."""
+    from diffperf.specs.validate import facts_inert
+
+    mixtral = enumerate_layouts(load_model("mixtral-8x7b"), 16, 16)
+    col = {c: i for i, c in enumerate(COLUMNS)}
+    for name, par, precision, tr, inert, acts in _INERT_CASES:
+        model = load_model(name)
+        table = grid_table if name == "gpt-small" else mixtral
+        env = {c: table[:, i] for c, i in col.items()}
+        plain, facts = training(precision), training(precision, **tr)
+        m, s = _as_float((anonymous(model), anonymous(SYSTEM)))
+        for where, acting in ((inert, False), (acts, True)):
+            rows = np.flatnonzero(eval(where, {}, env))
+            assert len(rows), (name, where)
+            changed = []
+            for row in table[rows[np.linspace(0, len(rows) - 1, 3).astype(int)]]:
+                lay = parallel_of(row)
+                named = facts_inert(model, lay.replace(**par), facts)
+                assert ([*par, *tr][0] in named) != acting, (name, where, row)
+                a, b = (jax.tree.leaves(_reference()(m, _as_float(p), s, _as_float(anonymous(t))))
+                        for p, t in ((lay.replace(**par), facts), (lay, plain)))
+                same = all(np.array_equal(x, y, equal_nan=True) for x, y in zip(a, b))
+                assert same or acting, (name, where, row)
+                changed.append(not same)
+            assert any(changed) == acting, (name, par, tr, where)
+
+
 # --------------------------------------------------------------------------------------------
 # Differentiable soft search
 # --------------------------------------------------------------------------------------------

@@ -127,7 +127,7 @@ def _build(args):
 def run(args) -> int:
     from diffperf.cli.search_cmd import layout_dict
     from diffperf.design import optimize_design
-    from diffperf.search import enumerate_layouts, facts_act_rows
+    from diffperf.search import enumerate_layouts
 
     model, system, train = _build(args)
     from diffperf.cli.options import print_notes
@@ -140,7 +140,6 @@ def run(args) -> int:
 
         return run_grid(args, model, system, train, cost, placements)
     layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements)
-    layouts = layouts[facts_act_rows(model, train, layouts)]  # e.g. cp_torch: cp > 1 only
     with status(not args.json, "optimizing the hardware (compiling first)"):
         design = optimize_design(model, system, train, layouts, cost, args.objective,
                                  budget=args.budget, steps=args.steps,

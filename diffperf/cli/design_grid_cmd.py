@@ -37,12 +37,11 @@ def _point_dict(result, axes, values, h, layouts, placements) -> dict:
 def run_grid(args, model, system, train, cost, placements) -> int:
     from diffperf.design_grid import grid_design
     from diffperf.load import sweep_axes
-    from diffperf.search import enumerate_layouts, facts_act_rows
+    from diffperf.search import enumerate_layouts
 
     axes = sweep_axes(system, args.grid, flag="--grid")
     start = time.perf_counter()
     layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements)
-    layouts = layouts[facts_act_rows(model, train, layouts)]  # e.g. cp_torch: cp > 1 only
     with _progress(not args.json, "evaluating the grid") as progress:
         result = grid_design(model, system, train, layouts, cost,
                              {leaf: si for _, leaf, _, si in axes}, args.objective,

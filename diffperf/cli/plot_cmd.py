@@ -88,8 +88,7 @@ def _predict(args) -> int:
 def _search(args) -> int:
     from diffperf.cli.figures import save, search_figure
     from diffperf.cli.search_cmd import _enable_cache, build, layout_dict
-    from diffperf.search import (DEFAULT_CHUNK, enumerate_layouts, facts_act_rows, pareto_front,
-                                 ranked, search)
+    from diffperf.search import DEFAULT_CHUNK, enumerate_layouts, pareto_front, ranked, search
 
     if args.sweep:
         raise SpecError("--sweep is for diffperf search (plot search draws the layouts of one "
@@ -98,7 +97,6 @@ def _search(args) -> int:
     model, system, train, placements, steer = build(args)
     layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements,
                                 axonn=args.axonn, fixed=steer["fixed"])
-    layouts = layouts[facts_act_rows(model, train, layouts, steer["parallel"])]
     if not args.no_cache:
         _enable_cache()
     result = search(model, system, train, layouts, placements=placements,

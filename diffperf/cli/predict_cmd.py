@@ -81,16 +81,12 @@ def _search_layout(model, system, train, args, par_over) -> dict:
     """The fastest layout that fits of args.gpus devices (`diffperf search`'s best), as
     layout option values; a note says so. SpecError when none fits."""
     from diffperf.cli.cache import kernel_store
-    from diffperf.search import (COLUMNS, PLACEMENTS, RANK_FIELDS, enumerate_layouts,
-                                 facts_act_rows, ranked, search)
+    from diffperf.search import (COLUMNS, PLACEMENTS, RANK_FIELDS, enumerate_layouts, ranked,
+                                 search)
 
+    # every layout, those on which a --set fact cannot act too: the framework runs them
+    # without it (`build` then predicts the chosen one so and says which facts do not act)
     layouts = enumerate_layouts(model, args.gpus, args.global_batch)
-    # only the layouts the --set facts act on (predict would refuse the others afterwards)
-    n_all = len(layouts)
-    layouts = layouts[facts_act_rows(model, train, layouts, par_over)]
-    left = (f"; {n_all - len(layouts):,} of the {n_all:,} layouts were left out, a --set fact "
-            f"cannot act on them or Megatron-Core refuses it there" if len(layouts) < n_all
-            else "")
     result = search(model, system, train, layouts, validate=False, store=kernel_store(args),
                     fields=RANK_FIELDS, parallel=par_over)
     best = ranked(result, 1)
@@ -100,8 +96,7 @@ def _search_layout(model, system, train, args, par_over) -> dict:
             f"no layout of {model.name} on --gpus={args.gpus} x {system.name} with "
             f"--global-batch={args.global_batch} fits in memory (the smallest needs "
             f"{float(result.memory.total_bytes[i]) / 2**30:.4g} GiB per device, usable "
-            f"{float(result.memory.capacity_bytes[i]) / 2**30:.4g} GiB): give more --gpus"
-            f"{left}")
+            f"{float(result.memory.capacity_bytes[i]) / 2**30:.4g} GiB): give more --gpus")
     row = layouts[best[0]]
     lay = {c: int(row[i]) for i, c in enumerate(COLUMNS[:-1]) if c != "global_batch"}
     lay["recompute"] = ("none", "selective", "full")[lay["recompute"]]
@@ -162,13 +157,17 @@ def _fit_default_batch(args) -> None:
 
 def build(args):
     """(model, parallel, system, training) from parsed arguments, validated; args gains the
-    layout values used, `layout_source` and `notes` (to print; `cli.options.print_notes`)."""
+    layout values used, `layout_source` and `notes` (to print; `cli.options.print_notes`),
+    and `training_given`: the training with every fact given (the returned one has, on a
+    layout predict's search chose, the facts that cannot act there at their defaults: a
+    later search, `sensitivity --optimum`'s, takes the given one)."""
     from diffperf import Parallel, training
-    from diffperf.cli.options import framework_facts, model_and_system
+    from diffperf.cli.options import framework_facts, inert_notes, model_and_system
     from diffperf.load import parse_overrides
     from diffperf.specs.parallel import Recompute, placement_index
     from diffperf.specs.validate import (check_facts_act, check_inputs, check_model,
-                                         check_precision, check_system, check_training)
+                                         check_precision, check_system, check_training,
+                                         neutral_facts)
 
     items, args.notes = framework_facts(args)
     par_over, tr_over = parse_overrides(items)  # the overlay's facts, then the user's --set
@@ -209,6 +208,13 @@ def build(args):
                         recompute=float(Recompute[args.recompute.upper()]),
                         dp_overlap=float(args.dp_overlap),
                         placement=float(placement_index(args.placement)), **par_over)
+    args.training_given = train
+    if args.layout_source == "search":
+        # a fact that cannot act on the layout the search chose (cp_torch at cp 1, ...): the
+        # framework runs that layout without it, its term is zero there; predicted without
+        # it (the same numbers) and said so, instead of refusing the search's own choice
+        parallel, train, inert = neutral_facts(model, parallel, train)
+        args.notes += inert_notes(inert)
     try:
         check_inputs(model, parallel, system, train, args.gpus, "layout")
     except SpecError as err:  # a rule of a layout the user did not give (the others were

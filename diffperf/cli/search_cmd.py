@@ -282,8 +282,9 @@ def render(model, system, args, layouts, placements, result, top, front, seconds
 def run(args) -> int:
     import dataclasses
 
+    from diffperf.cli.options import inert_notes
     from diffperf.search import (DEFAULT_CHUNK, RANK_FIELDS, axonn_mask, enumerate_layouts,
-                                 facts_act_rows, pareto_front, search)
+                                 facts_inert_rows, pareto_front, search)
 
     model, system, train, placements, steer = build(args)
     if args.csv:
@@ -301,12 +302,8 @@ def run(args) -> int:
     start = time.perf_counter()
     layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements,
                                 axonn=args.axonn, fixed=steer["fixed"])
-    acting = facts_act_rows(model, train, layouts, steer["parallel"])
-    if len(acting) < len(layouts):
-        steer["notes"].append(f"{len(layouts) - len(acting):,} of {len(layouts):,} layouts left "
-                              f"out: a --set fact cannot act on them, or Megatron-Core refuses "
-                              f"it there (specs.validate.check_facts_act)")
-        layouts = layouts[acting]
+    steer["notes"] += inert_notes(facts_inert_rows(model, train, layouts, steer["parallel"]),
+                                  len(layouts))
     print_notes(steer["notes"])
     store, devices = kernel_store(args), _devices()
     with _progress(not args.json) as progress:

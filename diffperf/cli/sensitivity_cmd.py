@@ -208,7 +208,7 @@ def _render(model, system, args, step, elast, values, opt, layouts, placements, 
 
 def run(args) -> int:
     from diffperf.cli.predict_cmd import build
-    from diffperf.search import enumerate_layouts, facts_act_rows
+    from diffperf.search import enumerate_layouts
     from diffperf.sensitivity import (MEMORY_LEAVES, elasticities_at_optimum,
                                       goodput_elasticities, parameter_values,
                                       step_time_and_elasticities, switch_values)
@@ -226,11 +226,13 @@ def run(args) -> int:
         if args.optimum:
             layouts = enumerate_layouts(model, args.gpus, args.global_batch,
                                         placements=placements)
-            layouts = layouts[facts_act_rows(model, train, layouts)]  # cp_torch: cp > 1 only
             hard = None if args.reoptimize_all else [
                 p for p in parameter_values(system)
                 if not p.startswith("eff.") or p in MEMORY_LEAVES]
-            opt = elasticities_at_optimum(model, system, train, layouts, args.temperature,
+            # the facts as given: those predict's search chose a layout without (cp_torch at
+            # cp 1) act on other rows of this search
+            given = args.training_given
+            opt = elasticities_at_optimum(model, system, given, layouts, args.temperature,
                                           placements=placements, smooth=args.smooth,
                                           max_candidates=args.max_candidates, hard_leaves=hard)
     values, switches = parameter_values(system), switch_values(system)

@@ -33,9 +33,9 @@ def add_steering(p) -> None:
     g.add_argument("--set", action="append", metavar="FIELD=VALUE", help=(
         "framework fact for every layout: a Parallel field that is not a layout option "
         "(tp_overlap=0, dp_overlap=0, cp_ring=0) or a Training field (flash_attention=0); "
-        "repeatable; the layouts on which it cannot act are left out (tp_overlap > 0: tp > "
-        "1 only; cp_ring=0: cp > 1 only; a note says how many). With --calibration, the "
-        "overlay's fitted_on.set is applied first"))
+        "repeatable. A layout on which it cannot act (tp_overlap at tp 1, cp_ring=0 at cp "
+        "1, ...) is ranked as the framework runs it, without it; a note says how many. With "
+        "--calibration, the overlay's fitted_on.set is applied first"))
     g.add_argument("--tie-pct", type=float, default=0.5, help="merge, in the top list, "
                    "layouts with the same degrees and micro-batch whose step time (under --robust "
                    "the 95 %% interval's top) is within this many %% of the group's best "

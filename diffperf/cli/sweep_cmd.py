@@ -103,13 +103,14 @@ def _render(args, model, system, axes, layouts, placements, result, seconds):
 
 def run_sweep(args, model, system, train, placements, fixed=None) -> int:
     from diffperf.load import sweep_axes
-    from diffperf.search import SWEEP_CELLS, enumerate_layouts, facts_act_rows, sweep
+    from diffperf.cli.options import inert_notes, print_notes
+    from diffperf.search import SWEEP_CELLS, enumerate_layouts, facts_inert_rows, sweep
 
     axes = sweep_axes(system, args.sweep)
     start = time.perf_counter()
     layouts = enumerate_layouts(model, args.gpus, args.global_batch, placements=placements,
                                 axonn=args.axonn, fixed=fixed)
-    layouts = layouts[facts_act_rows(model, train, layouts)]  # e.g. cp_torch: cp > 1 only
+    print_notes(inert_notes(facts_inert_rows(model, train, layouts), len(layouts)))
     store = kernel_store(args)
     with _progress(not args.json, "sweeping") as progress:
         result = sweep(model, system, train, layouts, {leaf: si for _, leaf, _, si in axes},

@@ -37,9 +37,13 @@ def weight_bytes(params, parallel, training, expert_params=0.0):
     weights that autocast keeps for the backward (0 for Megatron-style mixed precision).
     With FP8 primary weights (training.lowp_param_gather, Megatron --fp8-param-gather with
     TE's fp8_model_init) the weights held are the quantized ones: q_w ->
-    `workload.dp.gathered_weight_bytes` (e_q; q_w itself otherwise)."""
-    return _sharded(params, expert_params, parallel, 3) * (
-        gathered_weight_bytes(training) + training.cast_weight_bytes)
+    `workload.dp.gathered_weight_bytes` (e_q; q_w itself otherwise), under a sharded
+    optimizer only (zero_stage >= 1): Megatron-LM validate_args refuses --fp8-param-gather
+    without the distributed optimizer or FSDP, so at ZeRO 0 a framework that sets it keeps
+    16-bit weights (a search's row; `specs.validate.check_facts_act` refuses a given one)."""
+    q_w = jnp.where(parallel.zero_stage >= 1, gathered_weight_bytes(training),
+                    training.weight_bytes)
+    return _sharded(params, expert_params, parallel, 3) * (q_w + training.cast_weight_bytes)
 
 
 def gradient_bytes(params, parallel, training, expert_params=0.0):

@@ -16,7 +16,7 @@ from diffperf.search.axonn import GRID_COLUMNS, axonn_comm_s, axonn_grids, best_
 from diffperf.search.budget import Budget, token_budget
 from diffperf.search.enumerate import (COLUMNS, FIXABLE, INNER, INNER_GRID, KEYS, OUTER,
                                        PLACEMENTS, axonn_mask, enumerate_layouts, parallel_of)
-from diffperf.search.evaluate import (TIE_COLUMNS, facts_act_rows, merged, pareto_front,
+from diffperf.search.evaluate import (TIE_COLUMNS, facts_inert_rows, merged, pareto_front,
                                       ranked, search, search_sharded)
 from diffperf.executables import executable
 # The XLA:CPU options, private but shared: sensitivity and the studies compile with them.
@@ -29,6 +29,6 @@ __all__ = ["COLUMNS", "INNER", "INNER_GRID", "KEYS", "OUTER", "PLACEMENTS", "DEF
            "QUICK_BELOW", "RANK_FIELDS", "SWEEP_CELLS", "POINTS_PER_CALL", "GRID_COLUMNS",
            "FIXABLE", "TIE_COLUMNS", "Budget", "merged", "token_budget",
            "SoftBest", "Sweep", "axonn_comm_s", "axonn_grids", "axonn_mask", "best_axonn_grid",
-           "enumerate_layouts", "executable", "facts_act_rows", "pareto_front", "parallel_of",
+           "enumerate_layouts", "executable", "facts_inert_rows", "pareto_front", "parallel_of",
            "ranked", "search",
            "search_sharded", "soft_best", "sweep"]

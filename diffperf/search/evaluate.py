@@ -24,7 +24,7 @@ from diffperf.specs.training import Training
 from diffperf.specs.validate import (check_facts_act, check_job, check_layout, check_model,
                                      check_precision, check_search_facts, check_system,
                                      check_training, check_tp_userbuffers_precision,
-                                     check_tp_userbuffers_system, facts_act_mask)
+                                     check_tp_userbuffers_system, facts_inert)
 
 
 def _evaluate(args, keys, per, temperature, devices, optimize, progress, store=None,
@@ -149,12 +149,12 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
             framework facts: tp_overlap, dp_overlap, cp_ring, ...) for every layout; None:
             Parallel's defaults. The table's columns cannot be given here.
     Returns:
-        `Result` whose leaves are numpy arrays [n_layouts] in table order. A row on which a
-        framework fact of `training` or `parallel` cannot act (`facts_act_rows`: cp_torch at
-        cp 1, ep_overlap under full recompute, ...) comes back invalid (valid = fits =
-        False, step_time_s = +inf), so `ranked` leaves it out, as the CLI does (it drops
-        those rows from the table first: `layouts[facts_act_rows(...)]` evaluates fewer);
-        SpecError when no row holds the facts.
+        `Result` whose leaves are numpy arrays [n_layouts] in table order. A framework fact
+        of `training` or `parallel` describes the framework, not a layout: on a row where it
+        cannot act (`facts_inert_rows`: cp_torch at cp 1, tp_overlap at tp 1, zero3_* below
+        ZeRO-3, ...) its term is zero, and the row is predicted and ranked as the framework
+        runs it, without the fact. A fact that acts on no layout whatever the row (an MoE
+        fact on a dense model, a low-precision fact with a 16-bit precision) is a SpecError.
     """
     if layouts is None:
         raise SpecError("search needs a layout table (see enumerate_layouts)")
@@ -183,50 +183,26 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
         check_search_facts(model, base)
         check_tp_userbuffers_precision(base, training)
         check_tp_userbuffers_system(base, system)
-    acting = facts_act_mask_rows(model, training, layouts, parallel)
     outs = _evaluate(args, keys, per, temperature, devices, optimize, progress and tick, store,
                      fields, base)
-    return _not_acting_invalid(_gather(cell, outs), acting)
+    return _gather(cell, outs)
 
 
-def facts_act_mask_rows(model, training, layouts, parallel=None) -> np.ndarray:
-    """`facts_act_rows` as a boolean mask over the table's rows (SpecError when no row holds
-    the facts)."""
+def facts_inert_rows(model, training, layouts, parallel=None) -> dict:
+    """The rows of a layout table on which each framework fact (`parallel`, a mapping of
+    Parallel facts as `search` takes it, and `training`) cannot act, by check_facts_act's
+    per-layout rules, each row with its own tp, cp, ep, grid, zero_stage and recompute
+    (`specs.validate.facts_inert`): {field: (boolean mask over the rows, [each failing rule's
+    message, for the first of its rows])}, only the facts inert on some row. `search` ranks those rows as
+    the framework runs them, without the fact (its term is zero there); the CLI says how
+    many. A fact that no layout can meet is `check_facts_act(..., layout=False)`'s error."""
     table = np.asarray(layouts)
     base = _base_parallel(parallel) or Parallel()
+    check_facts_act(model, base, training, layout=False)
     cols = {c: table[:, COLUMNS.index(c)].astype(np.float64)
             for c in ("tp", "cp", "ep", "gx", "gy", "gz", "zero_stage", "recompute")}
-    ok = np.array(np.broadcast_to(facts_act_mask(model, base.replace(**cols), training),
-                                  len(table)), dtype=bool)
-    if len(table) and not ok.any():
-        # a rule that no layout can meet (an MoE fact on a dense model, a low-precision fact
-        # with a 16-bit precision, ...): its own message, without the advice on layouts
-        check_facts_act(model, base, training, layout=False)
-        try:
-            check_facts_act(model, base.replace(**{c: v[0] for c, v in cols.items()}),
-                            training)
-        except SpecError as err:
-            raise SpecError(f"{err} (and so on every one of the {len(table):,} layouts of the "
-                            f"table: give layout values where it holds)", field=err.field,
-                            value=err.value) from None
-    return ok
-
-
-def _not_acting_invalid(result, acting):
-    """The rows on which a framework fact cannot act (`facts_act_rows`) as invalid entries,
-    as `Result.valid` describes them: valid = fits = False, step_time_s = +inf, tokens_per_s
-    = mfu = 0 (the fields computed; the others stay None). `predict` refuses such a layout,
-    the CLI leaves it out of its table, so `ranked` never offers it."""
-    if acting.all():
-        return result
-    off = ~acting
-    put = lambda v, x: None if v is None else np.where(off, x, v)  # noqa: E731
-    valid = (None if result.valid is None
-             else np.broadcast_to(np.asarray(result.valid, dtype=bool), off.shape))
-    return result.replace(valid=put(valid, False), fits=put(result.fits, False),
-                          step_time_s=put(result.step_time_s, np.inf),
-                          tokens_per_s=put(result.tokens_per_s, 0.0),
-                          mfu=put(result.mfu, 0.0))
+    return {f: (np.array(np.broadcast_to(mask, len(table)), dtype=bool), texts)
+            for f, (mask, texts) in facts_inert(model, base.replace(**cols), training).items()}
 
 
 def search_sharded(model, system, training=None, layouts=None, *, devices=None, **kwargs):
@@ -238,21 +214,6 @@ def search_sharded(model, system, training=None, layouts=None, *, devices=None, 
     (times to 2 float32 ulps).
     """
     return search(model, system, training, layouts, devices=devices or jax.devices(), **kwargs)
-
-
-def facts_act_rows(model, training, layouts, parallel=None) -> np.ndarray:
-    """The rows of a layout table on which the framework facts (`parallel`, a mapping of
-    Parallel facts as `search` takes it, and `training`) can act: check_facts_act's per-layout
-    rules (cp_torch needs cp > 1, tp_userbuffers and tp_overlap tp > 1, ep_overlap ep > 1 and
-    no full recompute, ep_dispatch ep > 1, zero3_copy_out, zero3_root_unit, zero3_regather,
-    zero3_calls_per_layer and zero3_prefetch_params ZeRO-3, lowp_param_gather ZeRO >= 1,
-    axonn_overlap an AxoNN grid), each row with its own tp, cp, ep, grid, zero_stage and
-    recompute. A ranking that offered the others would
-    offer a layout on which a --set fact does nothing, or that Megatron-Core refuses
-    (ep_overlap under full recompute), and predict would then refuse the layout its own
-    search chose. Returns the row indices. SpecError, with the rule's message for the first
-    row, when no row holds it."""
-    return np.flatnonzero(facts_act_mask_rows(model, training, layouts, parallel))
 
 
 def ranked(result, k=None, key=None, keep=None) -> np.ndarray:

@@ -19,11 +19,11 @@ from flax import struct
 from diffperf.api import _as_float, _is_concrete
 from diffperf.errors import SpecError
 from diffperf.search.enumerate import KEYS, PLACEMENTS
-from diffperf.search.evaluate import facts_act_mask_rows
 from diffperf.search.kernel import (_CPU_COMPILER_OPTIONS, _batched, _chunk_parallel, _grid,
                                     _grid_predict_impl, _table_features)
 from diffperf.specs.batch import anonymous
 from diffperf.specs.training import Training
+from diffperf.specs.validate import check_facts_act
 
 
 class SoftBest(struct.PyTreeNode):
@@ -68,18 +68,17 @@ def soft_best(model, system, training, layouts, temperature, *, placements=PLACE
         smooth: the model's own temperature (None: exact model) inside each prediction.
         chunk: layouts per rematerialised block of the backward pass.
     Returns:
-        `SoftBest` (step_time_s = exp J, weights = softmax(-s / tau)); a row on which a
-        fact of `training` cannot act (`facts_act_rows`) has weight 0.
+        `SoftBest` (step_time_s = exp J, weights = softmax(-s / tau)). A row on which a
+        fact of `training` cannot act (cp_torch at cp 1: `search.facts_inert_rows`) counts
+        as the framework runs it, without the fact; a fact that no row can meet is refused.
     """
     tau = temperature
     if not isinstance(tau, jax.core.Tracer) and not float(tau) > 0:
         raise SpecError(f"temperature={tau} must be > 0 for the soft search")
     layouts = np.asarray(layouts)
     training = Training() if training is None else training
-    # rows on which a Training fact cannot act (facts_act_rows) get no weight, as `search`
-    # marks them invalid (concrete model and training only: the rules read their values)
-    acting = (facts_act_mask_rows(model, training, layouts)
-              if _is_concrete((model, training)) else np.ones(len(layouts), dtype=bool))
+    if _is_concrete((model, training)):  # the rules read concrete values
+        check_facts_act(model, None, training, layout=False)
     model, system, training = _as_float((anonymous(model), anonymous(system),
                                          anonymous(training)))
     dtype = jnp.result_type(float)
@@ -90,8 +89,6 @@ def soft_best(model, system, training, layouts, temperature, *, placements=PLACE
     features = _table_features(model, keys, training)
     grid = fn(model, keys.reshape(-1, per, len(KEYS)).astype(dtype), system, training, tau,
               smooth=smooth, features=features)
-    # the mask on the logits, not the scores: -inf / tau has an infinite d/d tau, which the
-    # soft-min's zero weight turned into 0 x inf = NaN in d J / d tau (review13g)
-    logits = jnp.where(acting, -grid.reshape(-1)[cell] / tau, -jnp.inf)
+    logits = -grid.reshape(-1)[cell] / tau
     lse = jax.nn.logsumexp(logits)
     return SoftBest(step_time_s=jnp.exp(-tau * lse), weights=jnp.exp(logits - lse))

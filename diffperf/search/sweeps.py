@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec
 from diffperf.api import _as_float
 from diffperf.errors import SpecError
 from diffperf.search.enumerate import KEYS, PLACEMENTS
-from diffperf.search.evaluate import _check_table, facts_act_mask_rows
+from diffperf.search.evaluate import _check_table
 from diffperf.executables import executable
 from diffperf.search.hardware import (_check_axes, _check_tied, _in_axes, _points,
                                       _with_leaves)
@@ -40,7 +40,7 @@ from diffperf.search.kernel import (_CPU_COMPILER_OPTIONS, INNER_GRID, _batched,
 from diffperf.specs.batch import anonymous
 from diffperf.specs.paths import leaf_path
 from diffperf.specs.training import Training
-from diffperf.specs.validate import check_precision
+from diffperf.specs.validate import check_facts_act, check_precision
 
 _SWEEP_FIELDS = ("step_time_s", "fits", "memory.total_bytes")  # what a point keeps
 SWEEP_CELLS = 1 << 16  # grid cells (layouts x hardware points) per scan step and device
@@ -145,14 +145,13 @@ _sweep_jit_cpu = jax.jit(_sweep_impl, static_argnames=_SWEEP_STATIC,
                          compiler_options=_CPU_COMPILER_OPTIONS)
 
 
-def _table_grid(layouts, placements, cells, dtype, acting=True):
+def _table_grid(layouts, placements, cells, dtype):
     """(outer keys [c, per, len(KEYS)], valid cells [c, per, 24], table row of each cell
-    (-1: none), features) of a table, in chunks of `cells` grid cells. `acting`: the rows on
-    which the framework facts act (a mask; the others are not valid cells)."""
+    (-1: none), features) of a table, in chunks of `cells` grid cells."""
     keys, cell, per = _grid(layouts, placements, cells, 1)
     n_cells = len(keys) * len(INNER_GRID)
     valid = np.zeros(n_cells, dtype=bool)
-    valid[cell] = acting
+    valid[cell] = True
     row_of = np.full(n_cells, -1, dtype=np.int64)
     row_of[cell] = np.arange(len(cell))
     c = len(keys) // per
@@ -194,8 +193,9 @@ def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=
         tied: {System leaf path: (swept path, factor)}: leaves that follow a swept one
             (e.g. the fp32 and vector peaks with the 16-bit matrix peak, one chip).
     Returns:
-        `Sweep` with arrays of shape [*grid] (n_fits) and [*grid, top]. Rows on which a
-        fact of `training` cannot act (`facts_act_rows`) are neither counted nor ranked.
+        `Sweep` with arrays of shape [*grid] (n_fits) and [*grid, top]. A row on which a
+        fact of `training` cannot act (`search.facts_inert_rows`) is counted and ranked as
+        the framework runs it, without the fact; a fact that no row can meet is refused.
     Example: GPT-3 175B on 1024 A100 (474,720 layouts) x 32 InfiniBand bandwidths x 64 HBM
     bandwidths: 972 M points, of which the sweep keeps 2,048 x 4 numbers.
     """
@@ -206,6 +206,7 @@ def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=
     layouts = _check_table(model, layouts, placements) if validate else np.asarray(layouts)
     training = Training() if training is None else training
     check_precision(system, training)
+    check_facts_act(model, None, training, layout=False)
     model_, system_, training_ = _as_float((anonymous(model), anonymous(system),
                                            anonymous(training)))
     dtype = jnp.result_type(float)
@@ -216,12 +217,8 @@ def sweep(model, system, training, layouts, axes, *, placements=PLACEMENTS, top=
     n_dev = 1 if devices is None else len(devices)
     h_dev = max(1, min(int(points_per_call), -(-n_h // n_dev)))
     h_call = h_dev * n_dev
-    # rows on which a Training fact cannot act (facts_act_rows: cp_torch at cp 1, ...) are
-    # never ranked, as `search` marks them invalid and the CLI leaves them out
-    acting = facts_act_mask_rows(model, training, layouts)
     keys, valid, row_of, flat_keys = _table_grid(layouts, placements,
-                                                 max(len(INNER_GRID), int(cells) // h_dev), dtype,
-                                                 acting)
+                                                 max(len(INNER_GRID), int(cells) // h_dev), dtype)
     features = _table_features(model_, flat_keys, training_)
     cpu = (jax.default_backend() if devices is None else devices[0].platform) == "cpu"
     fn, name = (_sweep_jit_cpu, "sweep-cpu-fusion-O1") if cpu else (_sweep_jit, "sweep-default")

@@ -30,8 +30,11 @@ class _Collect:
     """`where` of the rules in mask mode: `ok` is the and of every rule's ~mask (xp: the
     array module, jax.numpy under jit)."""
 
-    def __init__(self, xp):
+    def __init__(self, xp, by_field=False):
         self.xp, self.ok = xp, True
+        # by_field: {field: (mask, [message of each failing rule's first True entry])} of
+        # the rules that carry a field (`facts_inert`), numpy only
+        self.by_field = {} if by_field else None
 
 
 def _xp(where):
@@ -65,6 +68,10 @@ def _fail(mask, where, message, field=None, value=None):
     SpecError.field / .value."""
     if isinstance(where, _Collect):
         where.ok = where.ok & ~mask
+        if where.by_field is not None and field is not None and np.any(mask):
+            before, texts = where.by_field.get(field, (False, []))
+            texts = texts + [message(int(np.argmax(np.atleast_1d(mask))))]
+            where.by_field[field] = (before | mask, texts)
         return
     mask = np.atleast_1d(mask)
     if mask.any():
@@ -224,8 +231,10 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
                         validate_args: "--fp8-param-gather only supported with distributed
                         optimizer, torch fsdp2, megatron fsdp, or inference mode")
     A search (layout=False, `parallel` None or its facts) varies tp, cp, ep, the AxoNN grid,
-    zero_stage and recompute per row, each fact acting on its own rows. Batched leaves: the
-    first entry that fails, with its index.
+    zero_stage and recompute per row: it refuses only the rules above the layout ones, and
+    ranks a row where a layout rule fails as the framework runs it, without the fact, whose
+    term is zero there (`facts_inert`). Batched leaves: the first entry that fails, with its
+    index.
     """
     pick = lambda a, i: a.ravel()[min(i, a.size - 1)]  # noqa: E731
     M = {f: _arr(getattr(model, f)) for f in ("n_experts", "n_shared_experts",
@@ -390,14 +399,50 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
         f"zero_stage 0"), "lowp_param_gather", gather)
 
 
-def facts_act_mask(model, parallel, training) -> np.ndarray:
-    """`check_facts_act`'s rules as a mask over batched leaves (concrete values, numpy): True
-    where every rule holds. For a search's table, whose tp, cp, ep, AxoNN grid (gx, gy, gz),
-    ZeRO stage and recompute vary per row: the rows on which the framework facts act
-    (`search.facts_act_rows`)."""
-    where = _Collect(np)
+def facts_inert(model, parallel, training) -> dict:
+    """The framework facts of `parallel` / `training` that cannot act on their layout, by
+    `check_facts_act`'s per-layout rules (cp_torch / cp_ring=0 at cp 1, tp_overlap /
+    tp_userbuffers at tp 1, ep_overlap / ep_dispatch at ep 1, ep_overlap under full
+    recompute, zero3_* below ZeRO-3, axonn_overlap=0 without a grid, lowp_param_gather at ZeRO
+    0): {field: (mask over the batched leaves, [each failing rule's message, for its first
+    entry])}; only the facts that fail somewhere. Concrete values (numpy); a search's table
+    varies tp, cp, ep, the AxoNN grid (gx, gy, gz), ZeRO stage and recompute per row. The
+    caller has checked the rules that hold whatever the layout (`check_facts_act(...,
+    layout=False)`); those would be listed too.
+
+    Such a fact describes the framework, not the layout: the framework runs that layout
+    without the fact's effect, and the fact's term is multiplied by zero there (tp 1 has no
+    TP collective, cp 1 no K/V exchange, ep 1 no all-to-all, ZeRO < 3 no per-layer gather,
+    ...; tests/test_search.py checks each rule: a row predicted with and without its fact is
+    identical). A search ranks those rows as they are (`neutral_facts` gives the same
+    prediction without the facts), predict without a layout says which facts do not act on
+    the layout it chose; a layout the user gave is refused (`check_facts_act`)."""
+    where = _Collect(np, by_field=True)
     check_facts_act(model, parallel, training, where, where)
-    return np.asarray(where.ok, dtype=bool)
+    return where.by_field
+
+
+def neutral_facts(model, parallel, training):
+    """(parallel, training, inert) for one concrete layout: each fact that cannot act on it
+    (`facts_inert`) set to its dataclass default, the value at which every per-layout rule
+    holds (cp_torch 0, cp_ring 1, tp_overlap 0, ..., axonn_overlap 1); inert: {field: (given
+    value, [the rules' messages])}. The prediction does not change (the fact's term is zero on
+    that layout), and `check_facts_act` then passes, so `predict` takes the layout that a
+    search chose with a framework fact that does not act on it."""
+    import dataclasses
+
+    inert = facts_inert(model, parallel, training)
+    given = {}
+    for field, (_, texts) in inert.items():
+        spec = parallel if hasattr(parallel, field) else training
+        given[field] = (float(np.ravel(np.asarray(getattr(spec, field)))[0]), texts)
+        default = {f.name: f.default for f in dataclasses.fields(spec)}[field]
+        if spec is parallel:
+            parallel = parallel.replace(**{field: default})
+        else:
+            training = training.replace(**{field: default})
+    check_facts_act(model, parallel, training)
+    return parallel, training, given
 
 
 def check_search_facts(model, parallel, where: str = "parallel") -> None:

@@ -258,7 +258,8 @@ def lowp_weight_cache_params(model, parallel, training):
     lowp_weight_cache (held from the first micro-batch's forward to the step's last backward:
     Megatron passes is_first_microbatch to TE, which casts the weights once per step and keeps
     them). primary = 1 with FP8 primary weights (lowp_param_gather, Megatron
-    --fp8-param-gather): the parameter is the row-wise copy. Multiply by
+    --fp8-param-gather, under a sharded optimizer: zero_stage >= 1, as Megatron-LM
+    validate_args requires): the parameter is the row-wise copy. Multiply by
     `flops.quantized_elem_bytes` for bytes. 0 for 16-bit presets.
     Example: Llama 3 70B at t 4: (8192 x 80 x 128 + 64 x 128 x 8192 + 3 x 8192 x 28672) / 4
     = 2.139e8 per layer, x 2 copies for FP8.
@@ -268,5 +269,6 @@ def lowp_weight_cache_params(model, parallel, training):
     linear = ((mats - router) / (parallel.tp * grid_shards(parallel))
               + experts / (expert_tp(parallel) * parallel.ep))
     f, d = training.lowp_fprop, training.lowp_dgrad
-    primary = jnp.where((training.lowp_param_gather > 0) & (f > 0), 1.0, 0.0)
+    primary = jnp.where((training.lowp_param_gather > 0) & (f > 0)
+                        & (parallel.zero_stage >= 1), 1.0, 0.0)
     return training.lowp_weight_cache * training.lowp_layer_frac * (f + d - primary) * linear
