@@ -3,6 +3,7 @@
 layouts as the framework runs them: docs/guide-search.md, "Framework facts").
 
 For each per-layout rule (cp_torch / cp_ring=0 at cp 1, tp_overlap / tp_userbuffers at tp 1,
+tp_userbuffers at tp > 1 without sequence parallelism,
 the zero3_* facts below ZeRO-3, axonn_overlap=0 without a grid, lowp_param_gather at ZeRO 0,
 ep_overlap at ep 1 or under full recompute, ep_dispatch at ep 1) the script searches ~300 rows
 where the fact is inert (`search.facts_inert_rows`) and ~300 where it acts, with and without

@@ -530,14 +530,6 @@ LAYOUT_RULES = [
      "tp_overlap form, 1 Transformer Engine userbuffers as Megatron-Bridge's FP8 "
      "configurations run it, 2 as NeMo Framework Launcher 24.07's H100 FP8 configuration "
      "runs it on TE 1.8: pipelined forward reduce-scatters)"),
-    (dict(tp=2, tp_userbuffers=2), None, "tp_userbuffers=2 with sequence_parallel=0 and tp=2: "
-     "userbuffers overlaps the sequence-parallel all-gathers / reduce-scatters (Megatron-Bridge "
-     "turns it off without sequence parallelism); allowed: sequence_parallel 1, or "
-     "tp_userbuffers 0"),
-    (dict(tp=2, tp_userbuffers=1), None, "tp_userbuffers=1 with sequence_parallel=0 and tp=2: "
-     "userbuffers overlaps the sequence-parallel all-gathers / reduce-scatters (Megatron-Bridge "
-     "turns it off without sequence parallelism); allowed: sequence_parallel 1, or "
-     "tp_userbuffers 0"),
     (dict(recompute=1, recompute_policy=3), None,
      "recompute_policy=3 is not allowed (allowed: 0, 1, 2)"),
     (dict(recompute=2, recompute_layer_frac=0), None,
@@ -2095,6 +2087,12 @@ ACT_RULES = [
      "with cp = 1"),
     (dict(tp_userbuffers=1), {}, "parallel: tp_userbuffers=1 needs tensor parallelism (tp > "
      "1; got tp=1): userbuffers overlaps the TP collectives; allowed: 0 with tp = 1"),
+    # review14d: a layout rule of check_layout before (a search marked those rows invalid);
+    # Megatron-Bridge turns the overlap off without SP, so the fact is inert there
+    (dict(tp=2, tp_userbuffers=2), {}, "parallel: tp_userbuffers=2 needs sequence parallelism "
+     "(sequence_parallel=1; got sequence_parallel=0 at tp=2): userbuffers overlaps the "
+     "sequence-parallel all-gathers / reduce-scatters, and Megatron-Bridge turns it off without "
+     "sequence parallelism; allowed: 0 with sequence_parallel 0"),
     (dict(zero_stage=1, zero3_root_unit=1), {}, "parallel: zero3_root_unit=1 needs "
      "zero_stage=3 (got zero_stage=1): it prices FSDP's root unit gather and reduce-scatter; "
      "allowed: 0 with zero_stage 0 to 2"),
@@ -2482,6 +2480,15 @@ def test_search_names_the_rows_its_facts_cannot_act_on():
         "Megatron-LM refuses --fp8-param-gather without the distributed optimizer or FSDP "
         "(\"--fp8-param-gather only supported with distributed optimizer, torch fsdp2, "
         "megatron fsdp, or inference mode\"); allowed: 0 with zero_stage 0"]
+    # review14d: tp_userbuffers at tp > 1 without SP (Megatron-Bridge turns it off) is inert
+    # too (was: check_layout's rule, so a search marked those rows invalid, with no note)
+    mask, texts = facts_inert_rows(llama, training("fp8-current"), table,
+                                   {"tp_userbuffers": 1})["tp_userbuffers"]
+    assert np.array_equal(mask, (c("tp") == 1) | (c("sequence_parallel") == 0))
+    from diffperf.cli.options import _rule_head
+    assert [_rule_head(t) for t in texts] == [
+        "tp_userbuffers=1 needs tensor parallelism (tp > 1)",
+        "tp_userbuffers=1 needs sequence parallelism (sequence_parallel=1)"]
     mixtral = diffperf.load_model("mixtral-8x7b")
     moe = enumerate_layouts(mixtral, 16, 16)
     mask, texts = facts_inert_rows(mixtral, training("bf16"), moe, {"ep_overlap": 1})["ep_overlap"]

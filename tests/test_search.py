@@ -280,6 +280,8 @@ _INERT_CASES = (
     ("gpt-small", dict(tp_overlap=0.5), "bf16", {}, "tp == 1", "tp > 1"),
     ("gpt-small", dict(tp_userbuffers=1.0), "bf16", {}, "tp == 1",
      "(tp > 1) & (sequence_parallel == 1)"),
+    ("gpt-small", dict(tp_userbuffers=1.0), "bf16", {}, "(tp > 1) & (sequence_parallel == 0)",
+     "(tp > 1) & (sequence_parallel == 1)"),
     ("gpt-small", dict(zero3_copy_out=1.0), "bf16", {}, "zero_stage < 3", "zero_stage == 3"),
     ("gpt-small", dict(zero3_root_unit=1.0), "bf16", {}, "zero_stage < 3", "zero_stage == 3"),
     ("gpt-small", dict(zero3_regather=0.0), "bf16", {}, "zero_stage < 3",
