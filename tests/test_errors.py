@@ -507,8 +507,6 @@ LAYOUT_RULES = [
      "pp=4, vp=1: every middle pipeline stage must hold at least vp layers, the first and last "
      "at least max(vp - 1, 1); model.num_layers=12 gives the first, middle and last stages 5, "
      "0-1 and 6"),
-    (dict(zero_shard=2, dp=4, global_batch=8), None,
-     "zero_shard=2 needs zero_stage >= 1 (got zero_stage=0: nothing is sharded)"),
     (dict(zero_shard=3, dp=4, zero_stage=3, global_batch=8), None,
      "zero_shard=3 must divide dp x cp=4 (the ranks that hold the same weights); allowed: "
      "1, 2, 4"),
@@ -2087,6 +2085,10 @@ ACT_RULES = [
      "with cp = 1"),
     (dict(tp_userbuffers=1), {}, "parallel: tp_userbuffers=1 needs tensor parallelism (tp > "
      "1; got tp=1): userbuffers overlaps the TP collectives; allowed: 0 with tp = 1"),
+    # review14d: a layout rule of check_layout before (a search marked its ZeRO-0 rows
+    # invalid); hybrid sharding does not act where nothing is sharded (workload.dp.zero_groups)
+    (dict(zero_shard=1), {}, "parallel: zero_shard=1 needs zero_stage >= 1 (got zero_stage=0: "
+     "nothing is sharded); allowed: 0 with zero_stage 0"),
     # review14d: a layout rule of check_layout before (a search marked those rows invalid);
     # Megatron-Bridge turns the overlap off without SP, so the fact is inert there
     (dict(tp=2, tp_userbuffers=2), {}, "parallel: tp_userbuffers=2 needs sequence parallelism "
@@ -2303,8 +2305,8 @@ def test_runs_row_fact_that_cannot_act_names_its_row(tmp_path):
             ("recompute_mlp=1", "recompute_mlp=1 needs Megatron's selective recompute "
              "(recompute=1, recompute_policy=0; got recompute=0, recompute_policy=0); allowed "
              "otherwise: 0"),
-            ("zero_shard=2", "zero_shard=2 needs zero_stage >= 1 (got zero_stage=0: nothing "
-             "is sharded)")):
+            ("zero_shard=1", "zero_shard=1 needs zero_stage >= 1 (got zero_stage=0: nothing "
+             "is sharded); allowed: 0 with zero_stage 0")):
         with _raises(f"{p}: row 2 (id r1): {rule} (the command's --set {fact} applies to "
                      f"every row; give a fact that holds for some rows only in their 'set' "
                      f"cell)") as err:
@@ -2469,7 +2471,8 @@ def test_search_names_the_rows_its_facts_cannot_act_on():
             ({}, {"zero3_copy_out": 1}, "zero3_copy_out", c("zero_stage") < 3),
             ({}, {"zero3_regather": 0}, "zero3_regather", c("zero_stage") < 3),
             ({}, {"tp_overlap": 0.5}, "tp_overlap", c("tp") == 1),
-            ({}, {"axonn_overlap": 0}, "axonn_overlap", c("gx") * c("gy") * c("gz") == 1)):
+            ({}, {"axonn_overlap": 0}, "axonn_overlap", c("gx") * c("gy") * c("gz") == 1),
+            ({}, {"zero_shard": 2}, "zero_shard", c("zero_stage") == 0)):
         got = facts_inert_rows(llama, training("bf16", **tr), table, facts)
         assert list(got) == [field] and np.array_equal(got[field][0], inert), field
         assert 0 < inert.sum() < len(table)

@@ -290,6 +290,8 @@ _INERT_CASES = (
      "zero_stage == 3"),
     ("gpt-small", dict(zero3_prefetch_params=1e5), "bf16", {}, "zero_stage < 3",
      "zero_stage == 3"),
+    ("gpt-small", dict(zero_shard=2.0), "bf16", {}, "(zero_stage == 0) & (dp * cp % 2 == 0)",
+     "(zero_stage >= 1) & (dp * cp % 2 == 0) & (dp * cp > 2)"),
     ("gpt-small", dict(axonn_overlap=0.0), "bf16", {}, "gx * gy * gz == 1", "gx * gy * gz > 1"),
     ("gpt-small", {}, "fp8-current", dict(lowp_param_gather=1.0), "zero_stage == 0",
      "zero_stage >= 1"),

@@ -231,6 +231,8 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
                         their terms by zero_stage = 3);
                       axonn_overlap = 0 needs an AxoNN grid (gx, gy or gz > 1: the grid's
                         collectives, 0 s without one);
+                      zero_shard > 0 needs zero_stage >= 1 (workload.dp.zero_groups: the
+                        whole group at ZeRO 0, nothing sharded);
                       lowp_param_gather = 1 needs zero_stage >= 1 (Megatron-LM
                         validate_args: "--fp8-param-gather only supported with distributed
                         optimizer, torch fsdp2, megatron fsdp, or inference mode")
@@ -318,7 +320,7 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
         *(f for f, _ in MOE_PARALLEL_FACTS), "tp", "cp", "ep", "recompute", "zero_stage",
         "tp_userbuffers", "zero3_copy_out", "zero3_root_unit", "recompute_mlp", "tp_overlap",
         "zero3_regather", "zero3_calls_per_layer", "zero3_prefetch_params", "axonn_overlap",
-        "cp_ring", "sequence_parallel", *GRID)}
+        "cp_ring", "sequence_parallel", "zero_shard", *GRID)}
     _dense_facts(M, where_parallel, pick, MOE_PARALLEL_FACTS, P)
     moe = M["n_experts"] > 0
     _fail(moe & (P["recompute_shared_experts"] == 1) & (M["n_shared_experts"] == 0),
@@ -394,6 +396,10 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
             f"{f}={pick(P[f], i):g} needs zero_stage=3 (got zero_stage={pick(z, i):g}): it "
             f"sets {w} under ZeRO-3; allowed: {d} (the default) with zero_stage 0 to 2"),
             f, P[f])
+    g = P["zero_shard"]
+    _fail((g > 0) & (z < 1), where_parallel, lambda i: (
+        f"zero_shard={pick(g, i):g} needs zero_stage >= 1 (got zero_stage={pick(z, i):g}: "
+        f"nothing is sharded); allowed: 0 with zero_stage 0"), "zero_shard", g)
     grid = (P["gx"] > 1) | (P["gy"] > 1) | (P["gz"] > 1)
     a = P["axonn_overlap"]
     _fail((a != 1) & ~grid, where_parallel, lambda i: (
@@ -412,7 +418,7 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
 def facts_inert(model, parallel, training) -> dict:
     """The framework facts of `parallel` / `training` that cannot act on their layout, by
     `check_facts_act`'s per-layout rules (cp_torch / cp_ring=0 at cp 1, tp_overlap /
-    tp_userbuffers at tp 1, tp_userbuffers without sequence parallelism, ep_overlap / ep_dispatch at ep 1, ep_overlap under full
+    tp_userbuffers at tp 1, tp_userbuffers without sequence parallelism, zero_shard at ZeRO 0, ep_overlap / ep_dispatch at ep 1, ep_overlap under full
     recompute, zero3_* below ZeRO-3, axonn_overlap=0 without a grid, lowp_param_gather at ZeRO
     0): {field: (mask over the batched leaves, [each failing rule's message, for its first
     entry])}; only the facts that fail somewhere. Concrete values (numpy); a search's table
@@ -746,13 +752,10 @@ def _check_fact_ranges(P, where, pick) -> None:
 
 def _check_zero(P, where, pick) -> None:
     """ZeRO implementation facts that depend on the layout: zero_shard dividing dp x cp (the
-    ranks that hold the same weights), > 0 only with zero_stage >= 1 (each field's own range:
-    `_check_fact_ranges`)."""
+    ranks that hold the same weights; each field's own range: `_check_fact_ranges`; > 0 only
+    with zero_stage >= 1 is `check_facts_act`'s rule: the fact is inert at ZeRO 0)."""
     xp = _xp(where)
     g, n = P["zero_shard"], P["dp"] * P["cp"]
-    _fail((g > 0) & (P["zero_stage"] < 1), where, lambda i: (
-        f"zero_shard={pick(g, i):g} needs zero_stage >= 1 (got zero_stage="
-        f"{pick(P['zero_stage'], i):g}: nothing is sharded)"), "zero_shard", g)
     _fail((g > 0) & ~_divides(g, n, xp), where, lambda i: (
         f"zero_shard={pick(g, i):g} must divide dp x cp={pick(n, i):g} (the ranks that hold "
         f"the same weights); allowed: {_divisors(pick(n, i))}"), "zero_shard", g)
