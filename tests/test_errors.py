@@ -2087,8 +2087,8 @@ ACT_RULES = [
      "1; got tp=1): userbuffers overlaps the TP collectives; allowed: 0 with tp = 1"),
     # review14d: a layout rule of check_layout before (a search marked its ZeRO-0 rows
     # invalid); hybrid sharding does not act where nothing is sharded (workload.dp.zero_groups)
-    (dict(zero_shard=1), {}, "parallel: zero_shard=1 needs zero_stage >= 1 (got zero_stage=0: "
-     "nothing is sharded); allowed: 0 with zero_stage 0"),
+    (dict(zero_shard=1), {}, "parallel: zero_shard=1 needs zero_stage >= 1 (got zero_stage=0): "
+     "nothing is sharded at ZeRO 0; allowed: 0 with zero_stage 0"),
     # review14d: a layout rule of check_layout before (a search marked those rows invalid);
     # Megatron-Bridge turns the overlap off without SP, so the fact is inert there
     (dict(tp=2, tp_userbuffers=2), {}, "parallel: tp_userbuffers=2 needs sequence parallelism "
@@ -2305,8 +2305,8 @@ def test_runs_row_fact_that_cannot_act_names_its_row(tmp_path):
             ("recompute_mlp=1", "recompute_mlp=1 needs Megatron's selective recompute "
              "(recompute=1, recompute_policy=0; got recompute=0, recompute_policy=0); allowed "
              "otherwise: 0"),
-            ("zero_shard=1", "zero_shard=1 needs zero_stage >= 1 (got zero_stage=0: nothing "
-             "is sharded); allowed: 0 with zero_stage 0")):
+            ("zero_shard=1", "zero_shard=1 needs zero_stage >= 1 (got zero_stage=0): nothing "
+             "is sharded at ZeRO 0; allowed: 0 with zero_stage 0")):
         with _raises(f"{p}: row 2 (id r1): {rule} (the command's --set {fact} applies to "
                      f"every row; give a fact that holds for some rows only in their 'set' "
                      f"cell)") as err:
@@ -2458,6 +2458,7 @@ def test_search_names_the_rows_its_facts_cannot_act_on():
     (a rule of the model or the precision) is refused with its own message, as before. No
     compile here (host-side numpy on the table)."""
     from diffperf.load import training
+    from diffperf.cli.options import _rule_head
     from diffperf.search import COLUMNS, enumerate_layouts, facts_inert_rows
 
     col = {c: i for i, c in enumerate(COLUMNS)}
@@ -2475,6 +2476,9 @@ def test_search_names_the_rows_its_facts_cannot_act_on():
             ({}, {"zero_shard": 2}, "zero_shard", c("zero_stage") == 0)):
         got = facts_inert_rows(llama, training("bf16", **tr), table, facts)
         assert list(got) == [field] and np.array_equal(got[field][0], inert), field
+        # the note's rule head (cli.options._rule_head) keeps balanced parentheses
+        head = _rule_head(got[field][1][0])
+        assert head.startswith(f"{field}=") and head.count("(") == head.count(")"), head
         assert 0 < inert.sum() < len(table)
     got = facts_inert_rows(llama, training("fp8-current", lowp_param_gather=1.0), table)
     assert np.array_equal(got["lowp_param_gather"][0], c("zero_stage") == 0)
@@ -2488,7 +2492,6 @@ def test_search_names_the_rows_its_facts_cannot_act_on():
     mask, texts = facts_inert_rows(llama, training("fp8-current"), table,
                                    {"tp_userbuffers": 1})["tp_userbuffers"]
     assert np.array_equal(mask, (c("tp") == 1) | (c("sequence_parallel") == 0))
-    from diffperf.cli.options import _rule_head
     assert [_rule_head(t) for t in texts] == [
         "tp_userbuffers=1 needs tensor parallelism (tp > 1)",
         "tp_userbuffers=1 needs sequence parallelism (sequence_parallel=1)"]

@@ -398,8 +398,8 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
             f, P[f])
     g = P["zero_shard"]
     _fail((g > 0) & (z < 1), where_parallel, lambda i: (
-        f"zero_shard={pick(g, i):g} needs zero_stage >= 1 (got zero_stage={pick(z, i):g}: "
-        f"nothing is sharded); allowed: 0 with zero_stage 0"), "zero_shard", g)
+        f"zero_shard={pick(g, i):g} needs zero_stage >= 1 (got zero_stage={pick(z, i):g}): "
+        f"nothing is sharded at ZeRO 0; allowed: 0 with zero_stage 0"), "zero_shard", g)
     grid = (P["gx"] > 1) | (P["gy"] > 1) | (P["gz"] > 1)
     a = P["axonn_overlap"]
     _fail((a != 1) & ~grid, where_parallel, lambda i: (
