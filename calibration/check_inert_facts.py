@@ -3,6 +3,7 @@
 layouts as the framework runs them: docs/guide-search.md, "Framework facts").
 
 For each per-layout rule (cp_torch / cp_ring=0 at cp 1, tp_overlap / tp_userbuffers at tp 1,
+tp_userbuffers at tp > 1 without sequence parallelism, zero_shard at ZeRO 0,
 the zero3_* facts below ZeRO-3, axonn_overlap=0 without a grid, lowp_param_gather at ZeRO 0,
 ep_overlap at ep 1 or under full recompute, ep_dispatch at ep 1) the script searches ~300 rows
 where the fact is inert (`search.facts_inert_rows`) and ~300 where it acts, with and without
@@ -43,6 +44,7 @@ CASES = (
     ("zero3_regather=0", "llama3-8b", "bf16", {}, {"zero3_regather": 0}),
     ("zero3_calls_per_layer=4", "llama3-8b", "bf16", {}, {"zero3_calls_per_layer": 4}),
     ("zero3_prefetch_params=1e8", "llama3-8b", "bf16", {}, {"zero3_prefetch_params": 1e8}),
+    ("zero_shard=1", "llama3-8b", "bf16", {}, {"zero_shard": 1}),  # divides every dp x cp
     ("axonn_overlap=0", "llama3-8b", "bf16", {}, {"axonn_overlap": 0}),
     ("lowp_param_gather=1", "llama3-8b", "fp8-current", dict(lowp_param_gather=1.0), None),
     ("ep_overlap=1", "mixtral-8x7b", "bf16", {}, {"ep_overlap": 1}),

@@ -490,8 +490,11 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     ub_on, ub_bulk = 0.0, 0.0
     if "tpub" in features:
         # Transformer Engine's userbuffers overlap (Parallel.tp_userbuffers): each TP block's
-        # ring exchanges and bulk overlaps beside its own GEMMs (_tp_userbuffers_parts)
-        ub_on = jnp.where(parallel.tp_userbuffers > 0, 1.0, 0.0)
+        # ring exchanges and bulk overlaps beside its own GEMMs (_tp_userbuffers_parts), with
+        # sequence parallelism only: Megatron-Bridge's CommOverlapConfig turns the overlap off
+        # without it (a search's row; specs.validate.check_facts_act refuses a given one)
+        ub_on = jnp.where((parallel.tp_userbuffers > 0) & (parallel.sequence_parallel > 0),
+                          1.0, 0.0)
         ub = _tp_userbuffers_parts(model, parallel, system, training, ops, dense_rows,
                                    dgrad_rows, wgrad_rows, n_b_pairs, mlp_again, lowp,
                                    temperature, "ubpipe" in features)

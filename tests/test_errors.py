@@ -507,8 +507,6 @@ LAYOUT_RULES = [
      "pp=4, vp=1: every middle pipeline stage must hold at least vp layers, the first and last "
      "at least max(vp - 1, 1); model.num_layers=12 gives the first, middle and last stages 5, "
      "0-1 and 6"),
-    (dict(zero_shard=2, dp=4, global_batch=8), None,
-     "zero_shard=2 needs zero_stage >= 1 (got zero_stage=0: nothing is sharded)"),
     (dict(zero_shard=3, dp=4, zero_stage=3, global_batch=8), None,
      "zero_shard=3 must divide dp x cp=4 (the ranks that hold the same weights); allowed: "
      "1, 2, 4"),
@@ -530,14 +528,6 @@ LAYOUT_RULES = [
      "tp_overlap form, 1 Transformer Engine userbuffers as Megatron-Bridge's FP8 "
      "configurations run it, 2 as NeMo Framework Launcher 24.07's H100 FP8 configuration "
      "runs it on TE 1.8: pipelined forward reduce-scatters)"),
-    (dict(tp=2, tp_userbuffers=2), None, "tp_userbuffers=2 with sequence_parallel=0 and tp=2: "
-     "userbuffers overlaps the sequence-parallel all-gathers / reduce-scatters (Megatron-Bridge "
-     "turns it off without sequence parallelism); allowed: sequence_parallel 1, or "
-     "tp_userbuffers 0"),
-    (dict(tp=2, tp_userbuffers=1), None, "tp_userbuffers=1 with sequence_parallel=0 and tp=2: "
-     "userbuffers overlaps the sequence-parallel all-gathers / reduce-scatters (Megatron-Bridge "
-     "turns it off without sequence parallelism); allowed: sequence_parallel 1, or "
-     "tp_userbuffers 0"),
     (dict(recompute=1, recompute_policy=3), None,
      "recompute_policy=3 is not allowed (allowed: 0, 1, 2)"),
     (dict(recompute=2, recompute_layer_frac=0), None,
@@ -2095,6 +2085,16 @@ ACT_RULES = [
      "with cp = 1"),
     (dict(tp_userbuffers=1), {}, "parallel: tp_userbuffers=1 needs tensor parallelism (tp > "
      "1; got tp=1): userbuffers overlaps the TP collectives; allowed: 0 with tp = 1"),
+    # review14d: a layout rule of check_layout before (a search marked its ZeRO-0 rows
+    # invalid); hybrid sharding does not act where nothing is sharded (workload.dp.zero_groups)
+    (dict(zero_shard=1), {}, "parallel: zero_shard=1 needs zero_stage >= 1 (got zero_stage=0): "
+     "nothing is sharded at ZeRO 0; allowed: 0 with zero_stage 0"),
+    # review14d: a layout rule of check_layout before (a search marked those rows invalid);
+    # Megatron-Bridge turns the overlap off without SP, so the fact is inert there
+    (dict(tp=2, tp_userbuffers=2), {}, "parallel: tp_userbuffers=2 needs sequence parallelism "
+     "(sequence_parallel=1; got sequence_parallel=0 at tp=2): userbuffers overlaps the "
+     "sequence-parallel all-gathers / reduce-scatters, and Megatron-Bridge turns it off without "
+     "sequence parallelism; allowed: 0 with sequence_parallel 0"),
     (dict(zero_stage=1, zero3_root_unit=1), {}, "parallel: zero3_root_unit=1 needs "
      "zero_stage=3 (got zero_stage=1): it prices FSDP's root unit gather and reduce-scatter; "
      "allowed: 0 with zero_stage 0 to 2"),
@@ -2305,8 +2305,8 @@ def test_runs_row_fact_that_cannot_act_names_its_row(tmp_path):
             ("recompute_mlp=1", "recompute_mlp=1 needs Megatron's selective recompute "
              "(recompute=1, recompute_policy=0; got recompute=0, recompute_policy=0); allowed "
              "otherwise: 0"),
-            ("zero_shard=2", "zero_shard=2 needs zero_stage >= 1 (got zero_stage=0: nothing "
-             "is sharded)")):
+            ("zero_shard=1", "zero_shard=1 needs zero_stage >= 1 (got zero_stage=0): nothing "
+             "is sharded at ZeRO 0; allowed: 0 with zero_stage 0")):
         with _raises(f"{p}: row 2 (id r1): {rule} (the command's --set {fact} applies to "
                      f"every row; give a fact that holds for some rows only in their 'set' "
                      f"cell)") as err:
@@ -2458,6 +2458,7 @@ def test_search_names_the_rows_its_facts_cannot_act_on():
     (a rule of the model or the precision) is refused with its own message, as before. No
     compile here (host-side numpy on the table)."""
     from diffperf.load import training
+    from diffperf.cli.options import _rule_head
     from diffperf.search import COLUMNS, enumerate_layouts, facts_inert_rows
 
     col = {c: i for i, c in enumerate(COLUMNS)}
@@ -2471,9 +2472,13 @@ def test_search_names_the_rows_its_facts_cannot_act_on():
             ({}, {"zero3_copy_out": 1}, "zero3_copy_out", c("zero_stage") < 3),
             ({}, {"zero3_regather": 0}, "zero3_regather", c("zero_stage") < 3),
             ({}, {"tp_overlap": 0.5}, "tp_overlap", c("tp") == 1),
-            ({}, {"axonn_overlap": 0}, "axonn_overlap", c("gx") * c("gy") * c("gz") == 1)):
+            ({}, {"axonn_overlap": 0}, "axonn_overlap", c("gx") * c("gy") * c("gz") == 1),
+            ({}, {"zero_shard": 2}, "zero_shard", c("zero_stage") == 0)):
         got = facts_inert_rows(llama, training("bf16", **tr), table, facts)
         assert list(got) == [field] and np.array_equal(got[field][0], inert), field
+        # the note's rule head (cli.options._rule_head) keeps balanced parentheses
+        head = _rule_head(got[field][1][0])
+        assert head.startswith(f"{field}=") and head.count("(") == head.count(")"), head
         assert 0 < inert.sum() < len(table)
     got = facts_inert_rows(llama, training("fp8-current", lowp_param_gather=1.0), table)
     assert np.array_equal(got["lowp_param_gather"][0], c("zero_stage") == 0)
@@ -2482,6 +2487,14 @@ def test_search_names_the_rows_its_facts_cannot_act_on():
         "Megatron-LM refuses --fp8-param-gather without the distributed optimizer or FSDP "
         "(\"--fp8-param-gather only supported with distributed optimizer, torch fsdp2, "
         "megatron fsdp, or inference mode\"); allowed: 0 with zero_stage 0"]
+    # review14d: tp_userbuffers at tp > 1 without SP (Megatron-Bridge turns it off) is inert
+    # too (was: check_layout's rule, so a search marked those rows invalid, with no note)
+    mask, texts = facts_inert_rows(llama, training("fp8-current"), table,
+                                   {"tp_userbuffers": 1})["tp_userbuffers"]
+    assert np.array_equal(mask, (c("tp") == 1) | (c("sequence_parallel") == 0))
+    assert [_rule_head(t) for t in texts] == [
+        "tp_userbuffers=1 needs tensor parallelism (tp > 1)",
+        "tp_userbuffers=1 needs sequence parallelism (sequence_parallel=1)"]
     mixtral = diffperf.load_model("mixtral-8x7b")
     moe = enumerate_layouts(mixtral, 16, 16)
     mask, texts = facts_inert_rows(mixtral, training("bf16"), moe, {"ep_overlap": 1})["ep_overlap"]

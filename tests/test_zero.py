@@ -65,8 +65,11 @@ def test_prefetch_fraction_shard_groups_and_buffers_docstrings():
     np.testing.assert_allclose(f, 5e7 / layer, rtol=1e-6)                    # 0.22
     assert float(zero3_prefetch_frac(Parallel(), layer)) == 1.0                # FSDP: whole layer
     # workload.dp.zero_groups: 64 ranks 8 apart, shard groups of 8 -> (8, 8) and (8, 64)
-    (g, s_g), (r, s_r) = zero_groups(64.0, 8.0, Parallel(zero_shard=8))
+    (g, s_g), (r, s_r) = zero_groups(64.0, 8.0, Parallel(zero_shard=8, zero_stage=1))
     assert _floats((g, s_g, r, s_r)) == [8.0, 8.0, 8.0, 64.0]
+    # ... and at ZeRO 0 nothing is sharded: the whole group, zero_shard inert (review14d)
+    (g, _), (r, _) = zero_groups(64.0, 8.0, Parallel(zero_shard=8))
+    assert _floats((g, r)) == [64.0, 1.0]
     (g, _), (r, _) = zero_groups(64.0, 8.0, Parallel())                        # 0: all of them
     assert _floats((g, r)) == [64.0, 1.0]
     # memory.device.zero3_buffer_bytes: (1 + f) N q_w + N q_g = 3 x 0.226 GB x 2 B

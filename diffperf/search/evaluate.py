@@ -191,16 +191,17 @@ def search(model, system, training=None, layouts=None, *, placements=PLACEMENTS,
 def facts_inert_rows(model, training, layouts, parallel=None) -> dict:
     """The rows of a layout table on which each framework fact (`parallel`, a mapping of
     Parallel facts as `search` takes it, and `training`) cannot act, by check_facts_act's
-    per-layout rules, each row with its own tp, cp, ep, grid, zero_stage and recompute
-    (`specs.validate.facts_inert`): {field: (boolean mask over the rows, [each failing rule's
-    message, for the first of its rows])}, only the facts inert on some row. `search` ranks those rows as
-    the framework runs them, without the fact (its term is zero there); the CLI says how
+    per-layout rules, each row with its own tp, cp, ep, grid, zero_stage, recompute and
+    sequence_parallel (`specs.validate.facts_inert`): {field: (boolean mask over the rows,
+    [each failing rule's message, for the first of its rows])}, only the facts inert on some
+    row. `search` ranks those rows as the framework runs them, without the fact (its term is zero there); the CLI says how
     many. A fact that no layout can meet is `check_facts_act(..., layout=False)`'s error."""
     table = np.asarray(layouts)
     base = _base_parallel(parallel) or Parallel()
     check_facts_act(model, base, training, layout=False)
     cols = {c: table[:, COLUMNS.index(c)].astype(np.float64)
-            for c in ("tp", "cp", "ep", "gx", "gy", "gz", "zero_stage", "recompute")}
+            for c in ("tp", "cp", "ep", "gx", "gy", "gz", "zero_stage", "recompute",
+                      "sequence_parallel")}
     return {f: (np.array(np.broadcast_to(mask, len(table)), dtype=bool), texts)
             for f, (mask, texts) in facts_inert(model, base.replace(**cols), training).items()}
 

@@ -139,7 +139,8 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
 
 def _check_tp_userbuffers(P, M, where, pick) -> None:
     """Parallel.tp_userbuffers 0, 1 or 2, and 1 / 2 only for dense models (the rules that hold
-    for every layout; check_layout adds the one tied to a layout's tp and sequence_parallel)."""
+    for every layout; check_facts_act adds those tied to a layout's tp and sequence_parallel:
+    the fact is inert there)."""
     u = P["tp_userbuffers"]
     _fail(~((u == 0) | (u == 1) | (u == 2)), where, lambda i: (
         f"tp_userbuffers={pick(u, i):g} is not allowed (allowed: 0 the tp_overlap form, 1 "
@@ -212,7 +213,10 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
                       tp_overlap > 0 needs tp_userbuffers = 0 (the userbuffers form does
                         not read it: predict._layer_parts replaces the tp_overlap form)
         layout=True   cp_torch = 1 and cp_ring = 0 need cp > 1; tp_userbuffers >= 1 needs
-                        tp > 1;
+                        tp > 1, and sequence_parallel = 1 there (Megatron-Bridge
+                        CommOverlapConfig._get_model_comm_overlap_cfgs: "Disabling tensor
+                        parallel communication overlap due to sequence_parallel=False";
+                        predict._layer_parts reads the userbuffers form only with SP);
         (one layout)  tp_overlap > 0 needs tp > 1 (it scales the TP collectives' hidden
                         part, 0 s at tp 1);
                       ep_overlap > 0 needs ep > 1 and no full recompute (Megatron-Core
@@ -227,6 +231,8 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
                         their terms by zero_stage = 3);
                       axonn_overlap = 0 needs an AxoNN grid (gx, gy or gz > 1: the grid's
                         collectives, 0 s without one);
+                      zero_shard > 0 needs zero_stage >= 1 (workload.dp.zero_groups: the
+                        whole group at ZeRO 0, nothing sharded);
                       lowp_param_gather = 1 needs zero_stage >= 1 (Megatron-LM
                         validate_args: "--fp8-param-gather only supported with distributed
                         optimizer, torch fsdp2, megatron fsdp, or inference mode")
@@ -314,7 +320,7 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
         *(f for f, _ in MOE_PARALLEL_FACTS), "tp", "cp", "ep", "recompute", "zero_stage",
         "tp_userbuffers", "zero3_copy_out", "zero3_root_unit", "recompute_mlp", "tp_overlap",
         "zero3_regather", "zero3_calls_per_layer", "zero3_prefetch_params", "axonn_overlap",
-        "cp_ring", *GRID)}
+        "cp_ring", "sequence_parallel", "zero_shard", *GRID)}
     _dense_facts(M, where_parallel, pick, MOE_PARALLEL_FACTS, P)
     moe = M["n_experts"] > 0
     _fail(moe & (P["recompute_shared_experts"] == 1) & (M["n_shared_experts"] == 0),
@@ -349,6 +355,12 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
         f"tp_userbuffers={pick(u, i):g} needs tensor parallelism (tp > 1; "
         "got tp=1): userbuffers overlaps "
         "the TP collectives; allowed: 0 with tp = 1"), "tp_userbuffers", u)
+    _fail((u >= 1) & (P["tp"] > 1) & (P["sequence_parallel"] == 0), where_parallel, lambda i: (
+        f"tp_userbuffers={pick(u, i):g} needs sequence parallelism (sequence_parallel=1; got "
+        f"sequence_parallel=0 at tp={pick(P['tp'], i):g}): userbuffers overlaps the "
+        f"sequence-parallel all-gathers / reduce-scatters, and Megatron-Bridge turns it off "
+        f"without sequence parallelism; allowed: 0 with sequence_parallel 0"),
+        "tp_userbuffers", u)
     _fail((o > 0) & (P["tp"] == 1), where_parallel, lambda i: (
         f"tp_overlap={pick(o, i):g} needs tensor parallelism (tp > 1; got tp=1): it is the "
         f"fraction of the TP collectives hidden behind the GEMMs, and tp = 1 has none; "
@@ -384,6 +396,10 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
             f"{f}={pick(P[f], i):g} needs zero_stage=3 (got zero_stage={pick(z, i):g}): it "
             f"sets {w} under ZeRO-3; allowed: {d} (the default) with zero_stage 0 to 2"),
             f, P[f])
+    g = P["zero_shard"]
+    _fail((g > 0) & (z < 1), where_parallel, lambda i: (
+        f"zero_shard={pick(g, i):g} needs zero_stage >= 1 (got zero_stage={pick(z, i):g}): "
+        f"nothing is sharded at ZeRO 0; allowed: 0 with zero_stage 0"), "zero_shard", g)
     grid = (P["gx"] > 1) | (P["gy"] > 1) | (P["gz"] > 1)
     a = P["axonn_overlap"]
     _fail((a != 1) & ~grid, where_parallel, lambda i: (
@@ -402,11 +418,12 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
 def facts_inert(model, parallel, training) -> dict:
     """The framework facts of `parallel` / `training` that cannot act on their layout, by
     `check_facts_act`'s per-layout rules (cp_torch / cp_ring=0 at cp 1, tp_overlap /
-    tp_userbuffers at tp 1, ep_overlap / ep_dispatch at ep 1, ep_overlap under full
+    tp_userbuffers at tp 1, tp_userbuffers without sequence parallelism, zero_shard at ZeRO 0, ep_overlap / ep_dispatch at ep 1, ep_overlap under full
     recompute, zero3_* below ZeRO-3, axonn_overlap=0 without a grid, lowp_param_gather at ZeRO
     0): {field: (mask over the batched leaves, [each failing rule's message, for its first
     entry])}; only the facts that fail somewhere. Concrete values (numpy); a search's table
-    varies tp, cp, ep, the AxoNN grid (gx, gy, gz), ZeRO stage and recompute per row. The
+    varies tp, cp, ep, the AxoNN grid (gx, gy, gz), ZeRO stage, recompute and sequence
+    parallelism per row. The
     caller has checked the rules that hold whatever the layout (`check_facts_act(...,
     layout=False)`); those would be listed too.
 
@@ -452,8 +469,8 @@ def check_search_facts(model, parallel, where: str = "parallel") -> None:
     tp_overlap=2 gave "0 fit", exit 0); the recompute_<module> fields (0 or 1; mla_up_proj
     needs multi-latent attention, moe_act an MoE model: `_check_recompute_modules`, without the
     rules tied to one layout's recompute mode, which the table varies); tp_userbuffers 0, 1
-    or 2, 1 / 2 only for dense models (`_check_tp_userbuffers`; its sequence-parallelism rule is the
-    table's, per row). Otherwise such a fact would only make every row invalid (Result.valid
+    or 2, 1 / 2 only for dense models (`_check_tp_userbuffers`; its tp and sequence-parallelism
+    rules are check_facts_act's, per row: the fact inert there). Otherwise such a fact would only make every row invalid (Result.valid
     False), the search finding no layout without saying why."""
     P = {f: _arr(getattr(parallel, f), where) for f in (
         "recompute", *FACT_FIELDS, "tp_userbuffers",
@@ -479,7 +496,7 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     (0, 1] (< 1 only with full recompute); the recompute_<module> fields
     (`_check_recompute_modules`); cp_ring and axonn_overlap in {0, 1}; placement
     indexes ORDERS; tp_overlap and ep_overlap in [0, 1]; tp_userbuffers 0, 1 or 2 (1 / 2 only
-    for dense models with sequence parallelism where tp > 1); the AxoNN grid rules (`_check_grid`);
+    for dense models; tp > 1 with sequence parallelism is check_facts_act's rule); the AxoNN grid rules (`_check_grid`);
     tp x cp x dp x pp x gx x gy x gz = n_devices when given; every degree, batch and
     count at most INT_MAX (and finite).
     """
@@ -508,12 +525,6 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
           lambda i: f"placement={pick(v, i):g} is not allowed (allowed: 0..{len(ORDERS) - 1}, "
                     f"an index into specs.parallel.ORDERS; 0 is tp-cp-dp-pp)")
     _check_tp_userbuffers(P, M, where, pick)
-    u = P["tp_userbuffers"]
-    _fail((u >= 1) & (P["tp"] > 1) & (P["sequence_parallel"] == 0), where, lambda i: (
-        f"tp_userbuffers={pick(u, i):g} with sequence_parallel=0 and "
-        f"tp={pick(P['tp'], i):g}: userbuffers overlaps the sequence-parallel all-gathers / "
-        f"reduce-scatters (Megatron-Bridge turns it off without sequence parallelism); "
-        f"allowed: sequence_parallel 1, or tp_userbuffers 0"), "tp_userbuffers", u)
     _check_recompute_modules(P, M, where, pick)
     _check_grid(P, M, where, pick)
     _check_zero(P, where, pick)
@@ -741,13 +752,10 @@ def _check_fact_ranges(P, where, pick) -> None:
 
 def _check_zero(P, where, pick) -> None:
     """ZeRO implementation facts that depend on the layout: zero_shard dividing dp x cp (the
-    ranks that hold the same weights), > 0 only with zero_stage >= 1 (each field's own range:
-    `_check_fact_ranges`)."""
+    ranks that hold the same weights; each field's own range: `_check_fact_ranges`; > 0 only
+    with zero_stage >= 1 is `check_facts_act`'s rule: the fact is inert at ZeRO 0)."""
     xp = _xp(where)
     g, n = P["zero_shard"], P["dp"] * P["cp"]
-    _fail((g > 0) & (P["zero_stage"] < 1), where, lambda i: (
-        f"zero_shard={pick(g, i):g} needs zero_stage >= 1 (got zero_stage="
-        f"{pick(P['zero_stage'], i):g}: nothing is sharded)"), "zero_shard", g)
     _fail((g > 0) & ~_divides(g, n, xp), where, lambda i: (
         f"zero_shard={pick(g, i):g} must divide dp x cp={pick(n, i):g} (the ranks that hold "
         f"the same weights); allowed: {_divisors(pick(n, i))}"), "zero_shard", g)

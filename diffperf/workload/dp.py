@@ -76,9 +76,13 @@ def zero_groups(n, stride, parallel):
     shard group, then all-reduced across its replicas on the 1/g shard; parameters are
     gathered in the shard group only. Source: Zhang et al. 2022, MiCS (VLDB), Section 3 (2-hop
     gradient synchronisation); PyTorch FSDP `ShardingStrategy.HYBRID_SHARD` [D].
+    Under ZeRO 0 (zero_stage = 0) nothing is sharded, so g = n whatever zero_shard (a
+    search's row: the framework's hybrid sharding does not act there; `specs.validate.
+    check_facts_act` refuses a given one).
     Example: n = 64 ranks 8 apart (tp 8 inside), zero_shard = 8: shard (8, 8), replicas (8, 64).
     """
-    g = jnp.where(parallel.zero_shard > 0, jnp.minimum(parallel.zero_shard, n), n)
+    g = jnp.where((parallel.zero_shard > 0) & (parallel.zero_stage >= 1),
+                  jnp.minimum(parallel.zero_shard, n), n)
     return (g, stride), (n / g, stride * g)
 
 
