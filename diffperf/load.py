@@ -1063,7 +1063,8 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
             raise SpecError(f"{where}.status={status!r} is not allowed (allowed: ok, oom)")
         step = (row.get("step_time_s") or "").strip()
         if status == "ok":
-            t = _number({"step_time_s": step}, "step_time_s", where, positive=True) if step else None
+            t = (_number({"step_time_s": step}, "step_time_s", where, positive=True)
+                 if step else None)
             if t is None:
                 raise SpecError(f"{where}: blank cell in column 'step_time_s' (status ok)")
         else:

@@ -8,8 +8,8 @@ Example: Psi = 7.5e9, N_d = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.875 GB.
 The ranks that hold the same weights are the data-parallel ranks times the context-parallel
 ranks, N_d = d c (PAPERS.md section 3.5: states sharded over d x c); routed experts are
 replicated only over N_e = d c / e (workload.ep.expert_dp_degree). Under HSDP (zero_shard =
-g > 0) the states are sharded over g of them and replicated across the rest. `expert_params` is the part
-of `params` that is routed experts (0 for a dense model).
+g > 0) the states are sharded over g of them and replicated across the rest. `expert_params`
+is the part of `params` that is routed experts (0 for a dense model).
 """
 
 from __future__ import annotations

@@ -194,8 +194,9 @@ def facts_inert_rows(model, training, layouts, parallel=None) -> dict:
     per-layout rules, each row with its own tp, cp, ep, grid, zero_stage, recompute and
     sequence_parallel (`specs.validate.facts_inert`): {field: (boolean mask over the rows,
     [each failing rule's message, for the first of its rows])}, only the facts inert on some
-    row. `search` ranks those rows as the framework runs them, without the fact (its term is zero there); the CLI says how
-    many. A fact that no layout can meet is `check_facts_act(..., layout=False)`'s error."""
+    row. `search` ranks those rows as the framework runs them, without the fact (its term is
+    zero there); the CLI says how many. A fact that no layout can meet is
+    `check_facts_act(..., layout=False)`'s error."""
     table = np.asarray(layouts)
     base = _base_parallel(parallel) or Parallel()
     check_facts_act(model, base, training, layout=False)

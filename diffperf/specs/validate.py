@@ -418,14 +418,14 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
 def facts_inert(model, parallel, training) -> dict:
     """The framework facts of `parallel` / `training` that cannot act on their layout, by
     `check_facts_act`'s per-layout rules (cp_torch / cp_ring=0 at cp 1, tp_overlap /
-    tp_userbuffers at tp 1, tp_userbuffers without sequence parallelism, zero_shard at ZeRO 0, ep_overlap / ep_dispatch at ep 1, ep_overlap under full
-    recompute, zero3_* below ZeRO-3, axonn_overlap=0 without a grid, lowp_param_gather at ZeRO
-    0): {field: (mask over the batched leaves, [each failing rule's message, for its first
-    entry])}; only the facts that fail somewhere. Concrete values (numpy); a search's table
-    varies tp, cp, ep, the AxoNN grid (gx, gy, gz), ZeRO stage, recompute and sequence
-    parallelism per row. The
-    caller has checked the rules that hold whatever the layout (`check_facts_act(...,
-    layout=False)`); those would be listed too.
+    tp_userbuffers at tp 1, tp_userbuffers without sequence parallelism, zero_shard at ZeRO 0,
+    ep_overlap / ep_dispatch at ep 1, ep_overlap under full recompute, zero3_* below ZeRO-3,
+    axonn_overlap=0 without a grid, lowp_param_gather at ZeRO 0): {field: (mask over the
+    batched leaves, [each failing rule's message, for its first entry])}; only the facts that
+    fail somewhere. Concrete values (numpy); a search's table varies tp, cp, ep, the AxoNN grid
+    (gx, gy, gz), ZeRO stage, recompute and sequence parallelism per row. The caller has
+    checked the rules that hold whatever the layout (`check_facts_act(..., layout=False)`);
+    those would be listed too.
 
     Such a fact describes the framework, not the layout: the framework runs that layout
     without the fact's effect, and the fact's term is multiplied by zero there (tp 1 has no
@@ -470,8 +470,9 @@ def check_search_facts(model, parallel, where: str = "parallel") -> None:
     needs multi-latent attention, moe_act an MoE model: `_check_recompute_modules`, without the
     rules tied to one layout's recompute mode, which the table varies); tp_userbuffers 0, 1
     or 2, 1 / 2 only for dense models (`_check_tp_userbuffers`; its tp and sequence-parallelism
-    rules are check_facts_act's, per row: the fact inert there). Otherwise such a fact would only make every row invalid (Result.valid
-    False), the search finding no layout without saying why."""
+    rules are check_facts_act's, per row: the fact inert there). Otherwise such a fact would
+    only make every row invalid (Result.valid False), the search finding no layout without
+    saying why."""
     P = {f: _arr(getattr(parallel, f), where) for f in (
         "recompute", *FACT_FIELDS, "tp_userbuffers",
         *(f"recompute_{m}" for m in RECOMPUTE_MODULES))}
@@ -496,9 +497,9 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     (0, 1] (< 1 only with full recompute); the recompute_<module> fields
     (`_check_recompute_modules`); cp_ring and axonn_overlap in {0, 1}; placement
     indexes ORDERS; tp_overlap and ep_overlap in [0, 1]; tp_userbuffers 0, 1 or 2 (1 / 2 only
-    for dense models; tp > 1 with sequence parallelism is check_facts_act's rule); the AxoNN grid rules (`_check_grid`);
-    tp x cp x dp x pp x gx x gy x gz = n_devices when given; every degree, batch and
-    count at most INT_MAX (and finite).
+    for dense models; tp > 1 with sequence parallelism is check_facts_act's rule); the AxoNN
+    grid rules (`_check_grid`); tp x cp x dp x pp x gx x gy x gz = n_devices when given;
+    every degree, batch and count at most INT_MAX (and finite).
     """
     xp = _xp(where)
     P = {f: _arr(getattr(parallel, f), where) for f in (
@@ -793,14 +794,16 @@ def check_precision(system, training, where: str = "precision") -> None:
     name = getattr(training, "name", "?")
     low_names = "fp8-delayed, fp8-current (fp8), fp8-blockwise, mxfp8, nvfp4"
     if np.any(lowp & ~(p8 > 0)):
-        raise SpecError(f"{_recipe(where, name, lowp & ~(p8 > 0))} runs GEMMs in FP8/FP4 but system "
+        raise SpecError(f"{_recipe(where, name, lowp & ~(p8 > 0))} runs GEMMs in FP8/FP4 but "
+                        f"system "
                         f"'{getattr(system, 'name', '?')}' has no FP8 tensor cores "
                         f"(matmul_fp8_TFLOPs absent or 0); use bf16, fp16 or another "
                         f"16-bit preset there ({low_names} need an FP8 GPU: H100, H200, "
                         f"B200, B300, GB200, GB300)")
     blocked = lowp & ((fp4 > 0) | ((block > 0) & (block < 128)))
     if np.any(blocked & ~(p4 > 0)):
-        raise SpecError(f"{_recipe(where, name, blocked & ~(p4 > 0))} needs block-scaled tensor cores (MXFP8 / NVFP4: "
+        raise SpecError(f"{_recipe(where, name, blocked & ~(p4 > 0))} needs block-scaled "
+                        f"tensor cores (MXFP8 / NVFP4: "
                         f"Blackwell) but system '{getattr(system, 'name', '?')}' has none "
                         f"(matmul_fp4_TFLOPs absent or 0); on Hopper use fp8-delayed, "
                         f"fp8-current or fp8-blockwise")

@@ -153,11 +153,11 @@ def mtp_params(model):
     from N as DeepSeek-V3 reports them (671B main model + MTP):
 
         D [N_layer + 2 h h + 2 h (RMSNorms of h_i and Emb(t_{i+k})) + h (final norm)]
-    each module is one Transformer layer (an MoE layer in an MoE model) fed by the projection M_k (h x 2h) of the two normed
-    inputs; the embedding and output head are shared with the main model (DeepSeek-V3,
-    arXiv:2412.19437, Section 2.2, eq. (21)-(23)). The released checkpoint holds its own
-    copies of the two tables: DeepSeek-V3 11.61e9 here + 2 V h = 1.85e9 = 13.5e9, the "14B"
-    of its 685B checkpoint (671B + 14B, DeepSeek-V3 README).
+    each module is one Transformer layer (an MoE layer in an MoE model) fed by the projection
+    M_k (h x 2h) of the two normed inputs; the embedding and output head are shared with the
+    main model (DeepSeek-V3, arXiv:2412.19437, Section 2.2, eq. (21)-(23)). The released
+    checkpoint holds its own copies of the two tables: DeepSeek-V3 11.61e9 here + 2 V h =
+    1.85e9 = 13.5e9, the "14B" of its 685B checkpoint (671B + 14B, DeepSeek-V3 README).
     """
     h = model.hidden
     moe_layer = layer_params(model.replace(moe_dense_layers=0.0 * model.moe_dense_layers))
