@@ -127,11 +127,30 @@ def framework_facts(args) -> tuple[list, list]:
                      f"{' --set '.join(applied)}: applied (give --set FIELD=VALUE to "
                      f"override)")
     used = getattr(args, "precision", precision)
-    if precision and precision != used:
+    # validate without --precision reads each row's precision column: the command compares
+    # it with the overlay's once the rows are read (`row_precision_note`)
+    args.overlay_precision = precision
+    if precision and used and precision != used:
         notes.append(f"--calibration {args.calibration} was fitted under --precision "
-                     f"{precision}; this run uses " + (f"--precision {used}" if used else
-                                                       "each row's precision column"))
+                     f"{precision}; this run uses --precision {used}")
     return applied + given, notes
+
+
+def row_precision_note(args, row_precisions) -> list:
+    """The note (a list of 0 or 1 line) that the --calibration overlay was fitted under a
+    precision that some rows' precision column does not name (validate without --precision);
+    none when every row says the overlay's precision (e.g. h100_jax_single_gpu's column
+    xla-amp-bf16 under jax-h100) or the overlay records none. Example: 'jax-h100 was fitted
+    under --precision xla-amp-bf16; 3 of 25 rows' precision column says amp-bf16'."""
+    fitted = getattr(args, "overlay_precision", None)
+    if not fitted or getattr(args, "precision", None):
+        return []
+    other = [p for p in row_precisions if p != fitted]
+    if not other:
+        return []
+    names = ", ".join(sorted(set(other)))
+    return [f"--calibration {args.calibration} was fitted under --precision {fitted}; "
+            f"{len(other)} of {len(row_precisions)} rows' precision column says {names}"]
 
 
 def overlay_fact_hint(err, args) -> str:
