@@ -107,3 +107,39 @@ def test_overlay_precision_note_compares_the_rows():
         "precision column says amp-bf16"]
     assert row_precision_note(SimpleNamespace(**{**vars(args), "precision": "bf16"}),
                               ["amp-bf16"]) == []  # --precision given: framework_facts says it
+
+
+def _overlays():
+    import yaml
+
+    from diffperf import resources
+
+    return {name: yaml.safe_load(path.read_text())
+            for name, path in resources.calibration_files().items()}
+
+
+@pytest.mark.parametrize("name", sorted(_overlays()))
+def test_shipped_overlay_was_fitted_under_what_its_rows_say(name):
+    """A shipped overlay fitted on a shipped dataset was fitted under the precision and the
+    framework facts that dataset's rows now carry themselves (precision column, 'set' cell),
+    so `validate NAME` without --precision / --set predicts what the fit saw."""
+    fitted = _overlays()[name]["fitted_on"]
+    path = DATA / f"{fitted['runs']}.csv"
+    with path.open(newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    for row in rows:
+        if fitted.get("precision"):
+            assert row["precision"] == fitted["precision"], (name, row["id"])
+        cell = {f.strip() for f in (row.get("set") or "").split(";") if f.strip()}
+        assert set(fitted.get("set") or []) <= cell, (name, row["id"], cell)
+
+
+def test_command_fact_a_row_overrides_is_noted():
+    """A --set value that a row's own 'set' cell replaces is named, with the rows' value."""
+    from diffperf.cli.options import row_fact_notes
+
+    rows = [{"set": "flash_attention=0;dp_overlap=0"}, {"set": ""}, {}]
+    assert row_fact_notes(["flash_attention=1", "dp_overlap=0", "grad_bytes=4"], rows) == [
+        "--set flash_attention=1 does not act on 1 of 3 rows: their 'set' cell says "
+        "flash_attention=0 (what those runs ran, applied after --set; edit the cells for a "
+        "what-if)"]

@@ -158,6 +158,9 @@ def run(args) -> int:
     if args.steps < 1:
         raise SpecError(f"--steps={args.steps} must be >= 1")
     runs = load_runs(args.runs, args.precision, args.set)
+    from diffperf.cli.options import print_notes, row_fact_notes
+
+    print_notes(row_fact_notes(args.set, runs.rows))
     systems = load_systems(runs, args.system, args.calibration)
     if args.out is None and not args.json and not args.folds:
         console.print("note: no --out given; the fitted overlay is not written")

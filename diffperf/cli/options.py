@@ -136,6 +136,31 @@ def framework_facts(args) -> tuple[list, list]:
     return applied + given, notes
 
 
+def row_fact_notes(items, rows) -> list:
+    """Notes (one per command fact) for each `--set FIELD=VALUE` (or overlay fact) that some
+    rows' own `set` cell gives another value: the row's fact is what that run ran and is
+    applied after the command's (load.load_runs), so the command's value does not act there.
+    Example: '--set flash_attention=1 does not act on 1549 of 1549 rows: their 'set' cell
+    says flash_attention=0 (what those runs ran, applied after --set; edit the cells for a
+    what-if)'. `rows`: the runs' raw CSV rows (Runs.rows)."""
+    from diffperf.load import RUN_FACTS
+
+    cells = []
+    for row in rows:
+        facts = [f.split("=", 1) for f in (row.get(RUN_FACTS) or "").split(";") if "=" in f]
+        cells.append({k.strip(): v.strip() for k, v in facts})
+    notes = []
+    for item in items or ():
+        key, value = (x.strip() for x in item.split("=", 1))
+        other = [c[key] for c in cells if key in c and float(c[key]) != float(value)]
+        if other:
+            said = ", ".join(f"{key}={v}" for v in sorted(set(other)))
+            notes.append(f"--set {key}={value} does not act on {len(other)} of {len(cells)} "
+                         f"rows: their 'set' cell says {said} (what those runs ran, applied "
+                         f"after --set; edit the cells for a what-if)")
+    return notes
+
+
 def row_precision_note(args, row_precisions) -> list:
     """The note (a list of 0 or 1 line) that the --calibration overlay was fitted under a
     precision that some rows' precision column does not name (validate without --precision);

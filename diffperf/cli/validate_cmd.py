@@ -156,11 +156,13 @@ def run(args) -> int:
 
     if args.out:
         check_writable(args.out, args.force)
-    from diffperf.cli.options import framework_facts, print_notes, row_precision_note
+    from diffperf.cli.options import (framework_facts, print_notes, row_fact_notes,
+                                      row_precision_note)
 
     items, notes = framework_facts(args)
     runs = load_runs(args.runs, args.precision, items)
     notes += row_precision_note(args, [t.name for t in runs.trainings])
+    notes += row_fact_notes(items, runs.rows)
     sets = {}
     systems = load_systems(runs, args.system, args.calibration, sets)
     notes += xla_set_notes(runs, systems, sets)
