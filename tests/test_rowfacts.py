@@ -143,3 +143,26 @@ def test_command_fact_a_row_overrides_is_noted():
         "--set flash_attention=1 does not act on 1 of 3 rows: their 'set' cell says "
         "flash_attention=0 (what those runs ran, applied after --set; edit the cells for a "
         "what-if)"]
+
+
+def test_calibrate_records_what_the_rows_ran():
+    """An overlay's fitted_on says the precision and facts every fitted row ran under, from
+    the rows' own columns when the command gives none (vtrain_a100's set cells, the H100
+    precision columns), the command's otherwise; a fact some rows override is not recorded."""
+    from diffperf.cli.options import fitted_under
+
+    with (DATA / "vtrain_a100.csv").open(newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))  # (load_runs reads the same cells; 3 s for 1549 rows)
+    vtrain = SimpleNamespace(rows=rows, trainings=[SimpleNamespace(name=r["precision"])
+                                                   for r in rows])
+    assert fitted_under(None, None, vtrain) == (
+        "fp16", ["dp_overlap=0", "flash_attention=0", "fused_softmax_max_seq=2048"])
+    # the rows' flash_attention=0 replaces the command's 1 on every row: 0 is what was fitted
+    assert fitted_under(None, ["flash_attention=1", "grad_bytes=4"], vtrain)[1] == [
+        "flash_attention=0", "grad_bytes=4", "dp_overlap=0", "fused_softmax_max_seq=2048"]
+    jax = load_runs("h100_jax_single_gpu")
+    assert fitted_under(None, ["dp_overlap=0"], jax) == ("xla-amp-bf16", ["dp_overlap=0"])
+    assert fitted_under("amp-bf16", None, jax) == ("amp-bf16", [])
+    mixed = SimpleNamespace(trainings=jax.trainings[:1] + load_runs("h100_single_gpu").trainings,
+                            rows=[{"set": "a=1;b=2"}, {"set": "a=1"}, {"set": "a=1.0;c=3"}])
+    assert fitted_under(None, None, mixed) == (None, ["a=1"])

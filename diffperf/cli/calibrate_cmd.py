@@ -206,6 +206,9 @@ def run(args) -> int:
             f"{int(np.sum((heldout_fits == runs.ran)[held_any]))}/{int(held_any.sum())}")
     eff = {f: float(getattr(c.fit.eff, f)) for f in c.fit.fields}
     if args.out:
+        from diffperf.cli.options import fitted_under
+
+        precision, facts = fitted_under(args.precision, args.set, runs)
         overlay = dict(
             description=f"efficiencies fitted by diffperf calibrate on {_runs_label(args.runs)}",
             created_by=f"diffperf calibrate {datetime.date.today().isoformat()}",
@@ -213,9 +216,10 @@ def run(args) -> int:
                            holdout_frac=args.holdout_frac, fit_only=args.fit_only,
                            folds=args.folds, steps=args.steps,
                            microbench=list(args.microbench or []),
-                           # framework facts the runs were fitted under: pass the same to
+                           # framework facts the runs were fitted under (--precision /
+                           # --set, or what every row's own columns say): pass the same to
                            # predict / validate with this overlay
-                           precision=args.precision, set=list(args.set or [])),
+                           precision=precision, set=facts),
             heldout={k: v for k, v in report.items() if k != "fitted"} | {
                 "fitted": report["fitted"]},
             efficiency=eff)

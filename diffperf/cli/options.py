@@ -161,6 +161,35 @@ def row_fact_notes(items, rows) -> list:
     return notes
 
 
+def fitted_under(precision, items, runs) -> tuple:
+    """(precision, facts) a calibration's runs were fitted under, for its overlay's fitted_on:
+    --precision, else the rows' precision column where every row names the same preset (else
+    None); the facts in force on every row with the same value: each --set item unless the
+    row's own `set` cell gives it another value, and each fact of a row's cell that every row
+    has (the command's first, in its order). Example: vtrain_a100 (every row 'dp_overlap=0;
+    flash_attention=0;fused_softmax_max_seq=2048') without --set -> those three facts."""
+    from diffperf.load import RUN_FACTS
+
+    if precision is None:
+        names = {t.name for t in runs.trainings}
+        precision = names.pop() if len(names) == 1 else None
+
+    def pairs(text):
+        return [(k.strip(), v.strip()) for k, v in
+                (f.split("=", 1) for f in text if "=" in f)]
+
+    given = pairs(items or ())
+    per_row = [dict(given) | dict(pairs((row.get(RUN_FACTS) or "").split(";")))
+               for row in runs.rows]
+    order = [k for k, _ in given] + [k for d in per_row for k in d]
+    facts = []
+    for key in dict.fromkeys(order):
+        values = {float(d[key]) if key in d else None for d in per_row}
+        if len(values) == 1 and None not in values:
+            facts.append(f"{key}={per_row[0][key]}")
+    return precision, facts
+
+
 def row_precision_note(args, row_precisions) -> list:
     """The note (a list of 0 or 1 line) that the --calibration overlay was fitted under a
     precision that some rows' precision column does not name (validate without --precision);
