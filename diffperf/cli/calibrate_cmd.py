@@ -158,6 +158,9 @@ def run(args) -> int:
     if args.steps < 1:
         raise SpecError(f"--steps={args.steps} must be >= 1")
     runs = load_runs(args.runs, args.precision, args.set)
+    from diffperf.cli.options import print_notes, row_fact_notes
+
+    print_notes(row_fact_notes(args.set, runs.rows))
     systems = load_systems(runs, args.system, args.calibration)
     if args.out is None and not args.json and not args.folds:
         console.print("note: no --out given; the fitted overlay is not written")
@@ -203,6 +206,9 @@ def run(args) -> int:
             f"{int(np.sum((heldout_fits == runs.ran)[held_any]))}/{int(held_any.sum())}")
     eff = {f: float(getattr(c.fit.eff, f)) for f in c.fit.fields}
     if args.out:
+        from diffperf.cli.options import fitted_under
+
+        precision, facts = fitted_under(args.precision, args.set, runs)
         overlay = dict(
             description=f"efficiencies fitted by diffperf calibrate on {_runs_label(args.runs)}",
             created_by=f"diffperf calibrate {datetime.date.today().isoformat()}",
@@ -210,9 +216,10 @@ def run(args) -> int:
                            holdout_frac=args.holdout_frac, fit_only=args.fit_only,
                            folds=args.folds, steps=args.steps,
                            microbench=list(args.microbench or []),
-                           # framework facts the runs were fitted under: pass the same to
+                           # framework facts the runs were fitted under (--precision /
+                           # --set, or what every row's own columns say): pass the same to
                            # predict / validate with this overlay
-                           precision=args.precision, set=list(args.set or [])),
+                           precision=precision, set=facts),
             heldout={k: v for k, v in report.items() if k != "fitted"} | {
                 "fitted": report["fitted"]},
             efficiency=eff)
