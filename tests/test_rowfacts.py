@@ -178,7 +178,8 @@ def test_command_precision_that_replaces_the_column_is_noted():
 def test_calibrate_records_what_the_rows_ran():
     """An overlay's fitted_on says the precision and facts every fitted row ran under, from
     the rows' own columns when the command gives none (vtrain_a100's set cells, the H100
-    precision columns), the command's otherwise; a fact some rows override is not recorded."""
+    precision columns), the command's otherwise; a command fact that every row's cell
+    replaces is recorded with the rows' value."""
     from diffperf.cli.options import fitted_under
 
     with (DATA / "vtrain_a100.csv").open(newline="", encoding="utf-8") as fh:
@@ -186,10 +187,11 @@ def test_calibrate_records_what_the_rows_ran():
     vtrain = SimpleNamespace(rows=rows, trainings=[SimpleNamespace(name=r["precision"])
                                                    for r in rows])
     assert fitted_under(None, None, vtrain) == (
-        "fp16", ["dp_overlap=0", "flash_attention=0", "fused_softmax_max_seq=2048"])
+        "fp16", ["dp_overlap=0", "dropout=1", "flash_attention=0", "fused_softmax_max_seq=2048"])
     # the rows' flash_attention=0 replaces the command's 1 on every row: 0 is what was fitted
     assert fitted_under(None, ["flash_attention=1", "grad_bytes=4"], vtrain)[1] == [
-        "flash_attention=0", "grad_bytes=4", "dp_overlap=0", "fused_softmax_max_seq=2048"]
+        "flash_attention=0", "grad_bytes=4", "dp_overlap=0", "dropout=1",
+        "fused_softmax_max_seq=2048"]
     jax = load_runs("h100_jax_single_gpu")
     assert fitted_under(None, ["dp_overlap=0"], jax) == ("xla-amp-bf16", ["dp_overlap=0"])
     assert fitted_under("amp-bf16", None, jax) == ("amp-bf16", [])
