@@ -256,12 +256,19 @@ def row_precision_note(args, row_precisions) -> list:
 def overlay_fact_hint(err, args) -> str:
     """The text to append to a SpecError (`err`) that refuses a framework fact the user did not
     give but the --calibration overlay applied (`framework_facts`, its fitted_on.set: e.g.
-    vtrain-a100's fused_softmax_max_seq=2048 under the user's --set flash_attention=1); ''
-    otherwise. Reads SpecError.field."""
+    vtrain-a100's fused_softmax_max_seq=2048 under the user's --set flash_attention=1), or
+    whose rule names an applied fact as the one it needs (a runs row's attention_fa2=1
+    'needs fused attention (flash_attention=1; got 0)' under vtrain-a100's
+    flash_attention=0); '' otherwise. Reads SpecError.field."""
+    import re
+
     applied = getattr(args, "overlay_applied", None) or {}
     field = getattr(err, "field", None)
     if field not in applied:
-        return ""
+        named = [f for f in applied if f != field and re.search(rf"\b{f}\s*=", str(err))]
+        if not named:
+            return ""
+        field = named[0]
     return (f" (--set {applied[field]} was applied from --calibration {args.calibration}, "
             f"which was fitted under it: give --set {field}=VALUE to override it)")
 
