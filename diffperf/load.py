@@ -1130,7 +1130,8 @@ def _command_fact_hint(err, command, row):
     if field in command and field not in row:
         raise SpecError(f"{err} (the command's --set {field}={command[field]:g} applies to "
                         f"every row; give a fact that holds for some rows only in their "
-                        f"'{RUN_FACTS}' cell)", field=field, value=err.value) from None
+                        f"'{RUN_FACTS}' cell)", field=field, value=err.value,
+                        rule=err.rule) from None
     raise err
 
 

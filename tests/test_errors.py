@@ -2458,7 +2458,6 @@ def test_search_names_the_rows_its_facts_cannot_act_on():
     (a rule of the model or the precision) is refused with its own message, as before. No
     compile here (host-side numpy on the table)."""
     from diffperf.load import training
-    from diffperf.cli.options import _rule_head
     from diffperf.search import COLUMNS, enumerate_layouts, facts_inert_rows
 
     col = {c: i for i, c in enumerate(COLUMNS)}
@@ -2476,13 +2475,17 @@ def test_search_names_the_rows_its_facts_cannot_act_on():
             ({}, {"zero_shard": 2}, "zero_shard", c("zero_stage") == 0)):
         got = facts_inert_rows(llama, training("bf16", **tr), table, facts)
         assert list(got) == [field] and np.array_equal(got[field][0], inert), field
-        # the note's rule head (cli.options._rule_head) keeps balanced parentheses
-        head = _rule_head(got[field][1][0])
+        # the note's rule head (FactRule.head: the rule without the row's values) keeps
+        # balanced parentheses and leads the refusal's message
+        rule = got[field][1][0]
+        head = rule.head
         assert head.startswith(f"{field}=") and head.count("(") == head.count(")"), head
+        assert rule.field == field and " got " not in head and "got " in rule.message, head
+        assert rule.message.startswith(head.rstrip(")")), (head, rule.message)
         assert 0 < inert.sum() < len(table)
     got = facts_inert_rows(llama, training("fp8-current", lowp_param_gather=1.0), table)
     assert np.array_equal(got["lowp_param_gather"][0], c("zero_stage") == 0)
-    assert got["lowp_param_gather"][1] == [
+    assert [str(r) for r in got["lowp_param_gather"][1]] == [
         "lowp_param_gather=1 needs a sharded optimizer (zero_stage >= 1; got zero_stage=0): "
         "Megatron-LM refuses --fp8-param-gather without the distributed optimizer or FSDP "
         "(\"--fp8-param-gather only supported with distributed optimizer, torch fsdp2, "
@@ -2492,16 +2495,24 @@ def test_search_names_the_rows_its_facts_cannot_act_on():
     mask, texts = facts_inert_rows(llama, training("fp8-current"), table,
                                    {"tp_userbuffers": 1})["tp_userbuffers"]
     assert np.array_equal(mask, (c("tp") == 1) | (c("sequence_parallel") == 0))
-    assert [_rule_head(t) for t in texts] == [
+    assert [r.head for r in texts] == [
         "tp_userbuffers=1 needs tensor parallelism (tp > 1)",
         "tp_userbuffers=1 needs sequence parallelism (sequence_parallel=1)"]
     mixtral = diffperf.load_model("mixtral-8x7b")
     moe = enumerate_layouts(mixtral, 16, 16)
     mask, texts = facts_inert_rows(mixtral, training("bf16"), moe, {"ep_overlap": 1})["ep_overlap"]
     assert np.array_equal(mask, (moe[:, col["ep"]] == 1) | (moe[:, col["recompute"]] == 2))
-    assert [t.split(":")[0] for t in texts] == [
+    assert [r.message.split(":")[0] for r in texts] == [
         "ep_overlap=1 needs expert parallelism (ep > 1; got ep=1)",
         "ep_overlap=1 with recompute=2 (full)"]
+    # the refusal of a given layout is made from the same FactRule (SpecError.rule): its
+    # message leads with the note's head plus the layout's values
+    from diffperf.specs.validate import check_facts_act
+    with _raises("parallel: ep_overlap=1 needs expert parallelism (ep > 1; got ep=1): ") as err:
+        check_facts_act(mixtral, Parallel(dp=16, recompute=2, ep_overlap=1.0), training("bf16"))
+    assert (err.value.rule.head, err.value.field, err.value.value) == (
+        texts[0].head, "ep_overlap", 1.0)
+    assert str(err.value) == f"parallel: {err.value.rule.message}"
     # a table where the fact acts on no row (one GPU: cp 1 only) is searched too, every row
     # named (was: refused, "(and so on every one of the N layouts of the table: ...)")
     one = enumerate_layouts(llama, 1, 128)
