@@ -110,11 +110,14 @@ def _number(d, key, where, *, integer=False, minimum=None, positive=False, defau
     return int(v) if integer else float(v)
 
 
+_FLAG_WORDS = ("true", "false", "0", "1", "yes", "no")  # a CSV cell's spellings of a flag
+
+
 def _flag(d, key, where, default):
     v = d.get(key, default)
     if isinstance(v, bool) or v in (0, 1):
         return float(bool(v))
-    if isinstance(v, str) and v.strip().lower() in ("true", "false", "0", "1", "yes", "no"):
+    if isinstance(v, str) and v.strip().lower() in _FLAG_WORDS:
         return float(v.strip().lower() in ("true", "1", "yes"))
     raise SpecError(f"{where}.{key}={v!r} must be true or false")
 
@@ -187,12 +190,51 @@ MODEL_KEYS = ("name", "description", "sources", "num_layers", "hidden", "ffn_hid
               "global_batch")
 
 
-def model_from_dict(d: dict, where: str = "model") -> Model:
+MODEL_FLAGS = ("gated_mlp", "tied_embeddings", "biases", "learned_positions",
+               "attention_sinks")
+MODEL_TEXT_KEYS = ("name", "description", "sources", "attention", "norm")
+
+
+def typed_values(d: dict, keys, flags, where: str, joiner: str = ".") -> None:
+    """Refuse a string that reads as a value where a typed file (YAML, JSON, a Python mapping)
+    must give a number (`keys`) or true / false (`flags`): `hidden: "768"` or `gated_mlp:
+    "yes"` is a quoted value, most often a template filled in or a column pasted from a
+    spreadsheet, which `_number` / `_flag` would read silently (any other string gets their
+    own "must be a number" / "must be true or false"), and
+    Hugging Face transformers' config classes refuse it too (PreTrainedConfig is a
+    huggingface_hub `@strict` dataclass since transformers PR #41250). A runs CSV's cells
+    are text by nature and are not checked here."""
+    def reads(v, flag):  # a string the readers (_number, _flag) would take as a value
+        text = v.strip().lower()
+        if flag:
+            return text in _FLAG_WORDS
+        try:
+            float(text.replace("_", "x"))
+        except (ValueError, OverflowError):
+            return False
+        return text.isascii()
+
+    for key in (*keys, *flags):
+        v = d.get(key) if isinstance(d, dict) else None
+        if isinstance(v, str) and reads(v, key in flags):
+            want = ("true or false, unquoted" if key in flags else
+                    "a number, written without quotes")
+            raise SpecError(f"{where}{joiner}{key}={v!r} is a string (type str), not "
+                            f"{'true / false' if key in flags else 'a number'}; allowed: "
+                            f"{want}", field=key, value=v)
+
+
+def model_from_dict(d: dict, where: str = "model", cells: bool = False) -> Model:
     """A validated Model from the YAML schema of configs/README.md (keys as the runs CSV).
     `global_batch` (the model's published training batch, `default_global_batch`) is checked
-    here but belongs to the job, not to the Model."""
+    here but belongs to the job, not to the Model. `cells`: the values are a runs CSV row's
+    text cells; otherwise (a YAML or JSON file, a mapping) a number or flag given as a string
+    is refused (`typed_values`)."""
     _check_kind(d, "model", where)
     _check_keys(d, MODEL_KEYS, where)
+    if not cells:
+        typed_values(d, [k for k in MODEL_KEYS if k not in MODEL_TEXT_KEYS + MODEL_FLAGS],
+                     MODEL_FLAGS, where)
     _number(d, "global_batch", where, integer=True, positive=True, default=1)
     n = lambda k, **kw: _number(d, k, where, **kw)  # noqa: E731
     heads = n("num_heads", integer=True, positive=True)
@@ -978,7 +1020,7 @@ def _run_row(row: dict, where: str):
         model["gated_mlp"] = model["gated_mlp"] == "1"
         if _number(model, "moe_experts", where, integer=True, minimum=0, default=0):
             model["moe_ffn_hidden"] = model.get("ffn_hidden", "0")
-        m = model_from_dict(model, where)
+        m = model_from_dict(model, where, cells=True)
     rec = get("recompute")
     if rec not in RECOMPUTE_NAMES:
         raise SpecError(f"{where}.recompute={rec!r} is not allowed{closest(rec, RECOMPUTE_NAMES)}"

@@ -281,6 +281,12 @@ def test_unknown_model_name_suggests():
     (dict(norm="rmsnorn"), ".norm='rmsnorn' is not allowed; did you mean 'rmsnorm'? "
                            "(allowed: layernorm, rmsnorm)"),
     (dict(gated_mlp="maybe"), ".gated_mlp='maybe' must be true or false"),
+    # a quoted value in a typed file (session 15): was read as the number / flag it spells
+    (dict(hidden="256"), ".hidden='256' is a string (type str), not a number; allowed: a "
+                         "number, written without quotes"),
+    (dict(moe_experts=" 0"), ".moe_experts=' 0' is a string (type str), not a number"),
+    (dict(gated_mlp="true"), ".gated_mlp='true' is a string (type str), not true / false; "
+                             "allowed: true or false, unquoted"),
     # architecture features (load.py _architecture_features; docs/models.md)
     (dict(qk_rope_head_dim=64), ": qk_rope_head_dim / q_lora_rank describe multi-head latent "
                                 "attention and need kv_lora_rank > 0 (got kv_lora_rank=0)"),
@@ -434,11 +440,26 @@ def test_hf_json_not_an_object(tmp_path):
     (dict(is_encoder_decoder=True), ": Hugging Face fields not supported by diffperf's "
                                     "model: is_encoder_decoder (write a diffperf model YAML "
                                     "instead)"),
+    # a JSON string that parses (session 15): was read as the number / flag it spells;
+    # transformers' @strict config classes (PR #41250) refuse a str there too
+    (dict(intermediate_size="14336"), ": intermediate_size='14336' is a string (type str), "
+                                      "not a number; allowed: a number, written without "
+                                      "quotes"),
+    (dict(model_type="mixtral", num_local_experts="0", num_experts_per_tok=2),
+     ": num_local_experts='0' is a string (type str), not a number"),
+    (dict(model_type="mistral", sliding_window=4096, use_sliding_window="false"),
+     ": use_sliding_window='false' is a string (type str), not true / false; allowed: true "
+     "or false, unquoted"),
+    (dict(tie_word_embeddings="yes"), ": tie_word_embeddings='yes' is a string (type str), "
+                                      "not true / false"),
 ])
 def test_hf_field_rules(tmp_path, over, message):
     p = _write_json(tmp_path, LLAMA3_8B_HF | over)
-    with _raises(f"{p}{message}"):
+    with _raises(f"{p}{message}") as err:
         load_model(p)
+    if "is a string" in message:  # the field and its value ride on the error
+        key = message.split("=")[0].lstrip(": ")
+        assert (err.value.field, err.value.value) == (key, over[key])
 
 
 def test_hf_missing_vocab_size(tmp_path):
