@@ -893,17 +893,36 @@ def check_columns_once(path, names) -> None:
                         f"header (allowed: each column once)")
 
 
-def _read_csv(path: Path, required) -> tuple[list, list]:
-    """(header, rows as dicts) of a UTF-8 CSV that has the `required` columns; clear errors
-    for a missing, unreadable, binary or malformed file, a missing or repeated column and a
-    row whose cells do not match the header. Columns without a name that are blank in every
-    row (a spreadsheet's trailing empty columns: `a,b,,`) are dropped; blank lines are
-    skipped (as csv.DictReader skips them)."""
+def _row_at(at, rid=None) -> str:
+    """Where a CSV record is, as a spreadsheet shows it: 'row N' (the header is row 1, a blank
+    line is a row; at = (N, line) from `_read_csv`), with the file's line where the record
+    starts when the two differ (a cell holding a line break, quoted, before it: one row,
+    several lines), and the row's id when given."""
+    row, line = at
+    said = ([f"id {rid or '?'}"] if rid is not None else []) + (
+        [f"line {line} of the file"] if line != row else [])
+    return f"row {row}" + (f" ({'; '.join(said)})" if said else "")
+
+
+def _read_csv(path: Path, required) -> tuple[list, list, list]:
+    """(header, rows as dicts, where each row is: (row, line) for `_row_at`) of a UTF-8 CSV
+    with the `required` columns; clear errors for a missing, unreadable, binary or malformed file, a
+    missing or repeated column and a row whose cells do not match the header. Columns without
+    a name that are blank in every row (a spreadsheet's trailing empty columns: `a,b,,`) are
+    dropped; blank lines are skipped (as csv.DictReader skips them) but counted, so that a
+    row's number is the one a spreadsheet shows (was: the count of records, which a blank
+    line or a line break inside a cell shifted)."""
     try:
         with path.open(newline="", encoding="utf-8-sig") as fh:  # a BOM is not a column
             reader = csv.reader(fh)
             header = next(reader, None) or []
-            raw = [r for r in reader if r]  # a blank line is no row
+            raw, at, sheet_row, line = [], [], 1, reader.line_num
+            for r in reader:  # csv.reader gives [] for a blank line: a row of the sheet
+                sheet_row += 1
+                if r:  # a blank line is no record
+                    raw.append(r)
+                    at.append((sheet_row, line + 1))
+                line = reader.line_num  # the last line the record took
     except OSError as err:
         raise SpecError(f"{path}: cannot read ({err.strerror or err})") from None
     except UnicodeDecodeError:
@@ -940,10 +959,10 @@ def _read_csv(path: Path, required) -> tuple[list, list]:
                    + ("trailing commas, or " if blank else "")
                    + "an unquoted comma inside a cell? quote it" if extra else
                    f"no cell for {', '.join(short)}: write an empty cell as ,,")
-            raise SpecError(f"{path}: row {i + 2} has {cells} cells, the header "
+            raise SpecError(f"{path}: {_row_at(at[i])} has {cells} cells, the header "
                             f"{len(named)} ({why})")
         rows.append({header[j]: r[j] for j in keep})
-    return named, rows
+    return named, rows, at
 
 
 RUN_REQUIRED = ("id", "num_gpus", "num_layers", "hidden", "num_heads", "vocab", "seq_len",
@@ -1078,7 +1097,7 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
     # the command's own --set facts, said as such (not as the first row's)
     check_training(training_from_name(precision or "bf16", where="--precision", **tr_over),
                    "--set")
-    header, rows = _read_csv(path, RUN_REQUIRED)
+    header, rows, at = _read_csv(path, RUN_REQUIRED)
     known = (*RUN_REQUIRED, *RUN_OPTIONAL_DEFAULTS, *RUN_INFORMATIONAL, RUN_FACTS)
     for col in header:
         hint = closest(col, known)
@@ -1087,16 +1106,17 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
                             f"only when they are not near-misses of a known column)")
     if not rows:
         raise SpecError(f"{path}: no runs (the CSV has a header but no rows)")
-    ids, seen = [], set()
+    ids, seen = [], {}
     models, pars, trainings, systems, times, mems, ran = [], [], [], [], [], [], []
     for i, row in enumerate(rows):
         rid = (row.get("id") or "").strip()
-        where = f"{path}: row {i + 2} (id {rid or '?'})"
+        where = f"{path}: {_row_at(at[i], rid)}"
         if not rid:
             raise SpecError(f"{where}: blank 'id'")
         if rid in seen:
-            raise SpecError(f"{where}: duplicate id '{rid}'")
-        seen.add(rid)
+            raise SpecError(f"{where}: duplicate id '{rid}' (first at {_row_at(at[seen[rid]])}; "
+                            f"allowed: each id once)")
+        seen[rid] = i
         for col in RUN_REQUIRED:
             if col != "step_time_s" and not (row.get(col) or "").strip():
                 raise SpecError(f"{where}: blank cell in column '{col}'")
@@ -1182,13 +1202,13 @@ def load_table(path, required) -> dict:
     columns; clear errors for a missing file, column or a non-numeric cell. `path` may name a
     shipped dataset ('h100_gemm')."""
     path = resources.dataset_path(path)
-    header, rows = _read_csv(path, required)
+    header, rows, at = _read_csv(path, required)
     if not rows:
         raise SpecError(f"{path}: no rows (the CSV has a header but no rows)")
     out = {}
     for c in required:
         vals = []
         for i, r in enumerate(rows):
-            vals.append(_number(r, c, f"{path}: row {i + 2}", minimum=0.0))
+            vals.append(_number(r, c, f"{path}: {_row_at(at[i])}", minimum=0.0))
         out[c] = np.array(vals)
     return out

@@ -1079,6 +1079,38 @@ def test_runs_trailing_empty_columns_are_read(tmp_path):
         load_runs(p)
 
 
+def test_runs_csv_errors_name_the_row_a_spreadsheet_shows(tmp_path):
+    """A runs CSV error names the row as a spreadsheet numbers it (header row 1, a blank line
+    a row), and the file's line too where a quoted line break inside a cell makes them
+    differ: for a bad value, a layout rule, a duplicate id (with its first row), a ragged
+    row and a kernel table's cell. Was: "row N" counted the records (blank lines skipped,
+    a two-line cell one), so after a blank line it named the wrong row."""
+    row = lambda **o: ",".join((GOOD_ROW | o)[c] for c in RUN_COLUMNS)  # noqa: E731
+    head = ",".join(RUN_COLUMNS) + ",notes\n"
+    bad = row(id="r2", step_time_s="-1") + ",x\n"
+    p = tmp_path / "runs.csv"
+    p.write_text(head + row() + ",x\n\n\n" + bad)
+    with _raises(f"{p}: row 5 (id r2).step_time_s=-1 must be > 0"):
+        load_runs(p)
+    p.write_text(head + row() + ',"two\nlines"\n' + bad)
+    with _raises(f"{p}: row 3 (id r2; line 4 of the file).step_time_s=-1 must be > 0"):
+        load_runs(p)
+    p.write_text(head + row() + ",x\n\n" + row() + ",x\n")
+    with _raises(f"{p}: row 4 (id r1): duplicate id 'r1' (first at row 2; allowed: each id "
+                 "once)"):
+        load_runs(p)
+    p.write_text(head + row() + ",x\n\n" + row(id="r2") + "\n")
+    with _raises(f"{p}: row 4 has 18 cells, the header 19 (no cell for notes"):
+        load_runs(p)
+    p.write_text(head + row() + ",x\n\n" + row(id="r2", tp="3") + ",x\n")
+    with _raises(f"{p}: row 4 (id r2): tp=3 must divide model.num_heads=4"):
+        load_runs(p)
+    from diffperf.load import load_table
+    p.write_text("m,n\n1,2\n\n3,x\n")
+    with _raises(f"{p}: row 4.n='x' must be a number"):
+        load_table(p, ("m", "n"))
+
+
 def test_runs_empty_file_says_so(tmp_path):
     p = tmp_path / "runs.csv"
     p.write_text("")
