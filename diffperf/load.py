@@ -1187,9 +1187,10 @@ def _command_fact_hint(err, command, row):
     """Re-raise `err` (a SpecError on one row of a runs CSV); when the refused field
     (SpecError.field, set by the rule) came from the command's --set, which applies to every
     row, rather than the row's `set` cell, the message says so and where to put a fact meant
-    for some rows only."""
+    for some rows only. A range rule (SpecError.anywhere: the value is wrong on any row) is
+    re-raised as it is."""
     field = err.field
-    if field in command and field not in row:
+    if field in command and field not in row and not err.anywhere:
         raise SpecError(f"{err} (the command's --set {field}={command[field]:g} applies to "
                         f"every row; give a fact that holds for some rows only in their "
                         f"'{RUN_FACTS}' cell)", field=field, value=err.value,

@@ -599,8 +599,60 @@ LAYOUT_RULES = [
 @pytest.mark.parametrize("fields,n_devices,message", LAYOUT_RULES,
                          ids=[m.split(" ")[0] for _, _, m in LAYOUT_RULES])
 def test_layout_rules(fields, n_devices, message):
-    with _raises(f"parallel: {message}"):
+    with _raises(f"parallel: {message}") as err:
         check_layout(_small(), Parallel(**fields), n_devices)
+    _names_its_field(err.value)
+
+
+def _names_its_field(err):
+    """Every rule's SpecError carries the field it names (and that field's value): a runs
+    CSV's --set hint and the overlay hint read it (session 15: many layout / model rules
+    carried none)."""
+    assert err.field is not None, str(err)
+    named = "devices" if err.field == "n_devices" else err.field.split(".")[-1]
+    assert named in str(err), (err.field, str(err))
+    assert err.value is not None, str(err)
+
+
+def test_every_layout_model_training_system_rule_carries_its_field():
+    """A table of bad inputs beyond LAYOUT_RULES (the AxoNN grid, the MoE layout rules, the
+    model, training and system leaves, the job's size, the precision on a device): every
+    SpecError names its field (SpecError.field / .value). Host-side numpy, no compile."""
+    from diffperf.load import training
+    from diffperf.specs.validate import (check_job, check_model, check_precision,
+                                         check_system, check_training)
+
+    moe = diffperf.load_model("mixtral-8x7b")
+    small, a100 = _small(), load_system("a100-sxm-80gb")
+    cases = [
+        lambda: check_layout(small, Parallel(gx=2, tp=2)),
+        lambda: check_layout(small, Parallel(gx=5)),
+        lambda: check_layout(small, Parallel(gy=5)),
+        lambda: check_layout(small, Parallel(gy=3, gx=2)),
+        lambda: check_layout(small, Parallel(gz=2, dp=1, global_batch=3)),
+        lambda: check_layout(moe, Parallel(gx=2)),
+        lambda: check_layout(moe, Parallel(ep=4, dp=2, global_batch=2)),
+        lambda: check_layout(moe, Parallel(ep=16, dp=16, global_batch=16)),
+        lambda: check_layout(moe, Parallel(tp=2, etp=3)),
+        lambda: check_layout(moe, Parallel(tp=2, etp=1, ep=2, dp=1)),
+        lambda: check_layout(small, Parallel(placement=99)),
+        lambda: check_layout(small, Parallel(tp=2), 3),
+        lambda: check_layout(_small(ffn_hidden=3020), Parallel(tp=8)),
+        lambda: check_model(small.replace(n_layers=0.5)),
+        lambda: check_model(small.replace(gated_mlp=2.0)),
+        lambda: check_model(moe.replace(moe_topk=9.0)),
+        lambda: check_model(moe.replace(capacity_factor=-1.0)),
+        lambda: check_model(small.replace(hidden=float("nan"))),
+        lambda: check_training(training("bf16", grad_bytes=0.0)),
+        lambda: check_training(training("bf16", attn_tile=0.5)),
+        lambda: check_system(a100.replace(power_W=0.0)),
+        lambda: check_job(Parallel(dp=2**21, global_batch=2**21), a100),
+        lambda: check_precision(a100, training("fp8-current")),
+    ]
+    for case in cases:
+        with pytest.raises(SpecError) as err:
+            case()
+        _names_its_field(err.value)
 
 
 def test_tp_must_divide_ffn_hidden():
@@ -1109,6 +1161,21 @@ def test_runs_csv_errors_name_the_row_a_spreadsheet_shows(tmp_path):
     p.write_text("m,n\n1,2\n\n3,x\n")
     with _raises(f"{p}: row 4.n='x' must be a number"):
         load_table(p, ("m", "n"))
+
+
+def test_runs_command_set_hint_only_where_the_row_decides(tmp_path):
+    """A runs CSV row refused for the command's --set value says the --set applies to every
+    row only where the row decides (a layout rule: tp=3 against the row's heads), not for a
+    value wrong on any row (a range rule, SpecError.anywhere)."""
+    p = _write_csv(tmp_path, [GOOD_ROW])
+    with _raises(f"{p}: row 2 (id r1): tp_overlap=2 must be in [0, 1]") as err:
+        load_runs(p, overrides=["tp_overlap=2"])
+    assert str(err.value).endswith("in [0, 1]") and err.value.anywhere
+    with _raises(f"{p}: row 2 (id r1): tp=3 must divide model.num_heads=4; allowed tp: 1, 2, "
+                 "4 (the command's --set tp=3 applies to every row; give a fact that holds "
+                 "for some rows only in their 'set' cell)") as err:
+        load_runs(p, overrides=["tp=3"])
+    assert (err.value.field, err.value.value) == ("tp", 3.0)
 
 
 def test_runs_empty_file_says_so(tmp_path):

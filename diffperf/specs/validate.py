@@ -101,12 +101,13 @@ class FactRule:
         return self.message
 
 
-def _fail(mask, where, message, field=None, value=None):
+def _fail(mask, where, message, field=None, value=None, anywhere=False):
     """Raise SpecError for the first True entry of mask; message(i) formats it (a string, or
     a FactRule: then SpecError.rule is that rule). In mask mode (`where` a _Collect) record
     ~mask instead (and, for `facts_inert`, the FactRule of the first failing entry). `field`
     (the name the message leads with) and `value` (its leaf: the entry of the failing index
-    is taken) go on the error as SpecError.field / .value."""
+    is taken) go on the error as SpecError.field / .value; `anywhere`: a range rule, the
+    value wrong whatever the rest of the input (SpecError.anywhere)."""
     if isinstance(where, _Collect):
         where.ok = where.ok & ~mask
         if where.by_field is not None and field is not None and np.any(mask):
@@ -124,7 +125,7 @@ def _fail(mask, where, message, field=None, value=None):
             value = float(v[min(i, v.size - 1)])
         said = message(i)
         raise SpecError(f"{where}{at}: {said}", field=field, value=value,
-                        rule=said if isinstance(said, FactRule) else None)
+                        rule=said if isinstance(said, FactRule) else None, anywhere=anywhere)
 
 
 def _act(mask, where, field, leaf, pick, condition, *, bound="", got="", reason="",
@@ -176,7 +177,7 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
         f = f"recompute_{m}"
         v = P[f]
         _fail((v != 0) & (v != 1), where, lambda i, f=f: (
-            f"{f}={pick(P[f], i):g} is not allowed (allowed: 0, 1)"))
+            f"{f}={pick(P[f], i):g} is not allowed (allowed: 0, 1)"), f, v, anywhere=True)
         default = RECOMPUTE_MODULE_DEFAULTS[m]
         if one:
             _fail((v != default) & ~megatron, where, lambda i, f=f, d=default: (
@@ -201,7 +202,7 @@ def _check_tp_userbuffers(P, M, where, pick) -> None:
         f"tp_userbuffers={pick(u, i):g} is not allowed (allowed: 0 the tp_overlap form, 1 "
         f"Transformer Engine userbuffers as Megatron-Bridge's FP8 configurations run it, 2 "
         f"as NeMo Framework Launcher 24.07's H100 FP8 configuration runs it on TE 1.8: "
-        f"pipelined forward reduce-scatters)"))
+        f"pipelined forward reduce-scatters)"), "tp_userbuffers", u, anywhere=True)
     _act((u >= 1) & (M["n_experts"] > 0), where, "tp_userbuffers", u, pick,
          lambda i: f"with model.moe_experts={pick(M['n_experts'], i):g}",
          reason="the userbuffers TP overlap is modelled for dense models only (allowed: "
@@ -356,7 +357,8 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
     _fail(~np.isin(T["te_scale_swizzle"], (0, 1, 2)), where_training, lambda i: (
         f"te_scale_swizzle={pick(T['te_scale_swizzle'], i):g} is not allowed (allowed: 0 none, "
         f"1 Transformer Engine 2.7 / 2.9 every GEMM operand, 2 TE 2.12-2.16 weights and "
-        f"sequence-parallel gathered tensors)"), "te_scale_swizzle", T["te_scale_swizzle"])
+        f"sequence-parallel gathered tensors)"), "te_scale_swizzle", T["te_scale_swizzle"],
+        anywhere=True)
     _act((T["te_scale_swizzle"] > 0) & ~((T["lowp_te_quantizer"] == 1) & (T["lowp_block"] > 0)),
          wt, "te_scale_swizzle", T["te_scale_swizzle"], pick,
          "needs lowp_te_quantizer=1 with a block-scaled (MXFP8) precision",
@@ -568,14 +570,15 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         v = P[f]
         _fail(~(v >= 1) | (v != xp.round(v)) | (v > INT_MAX), where,
               lambda i, f=f: f"{f}={pick(P[f], i):g} must be a whole number >= 1 (at "
-                             f"most {INT_MAX})")
+                             f"most {INT_MAX})", f, v, anywhere=True)
     for f, hi in (("zero_stage", 3), ("recompute", 2), ("sequence_parallel", 1)):
         _check_choice(P, f, hi, where, pick)
     _check_fact_ranges(P, where, pick)
     v = P["placement"]
     _fail((v < 0) | (v >= len(ORDERS)) | (v != xp.round(v)), where,
           lambda i: f"placement={pick(v, i):g} is not allowed (allowed: 0..{len(ORDERS) - 1}, "
-                    f"an index into specs.parallel.ORDERS; 0 is tp-cp-dp-pp)")
+                    f"an index into specs.parallel.ORDERS; 0 is tp-cp-dp-pp)", "placement", v,
+          anywhere=True)
     _check_tp_userbuffers(P, M, where, pick)
     _check_recompute_modules(P, M, where, pick)
     _check_grid(P, M, where, pick)
@@ -583,46 +586,50 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     tp, heads = P["tp"], M["n_heads"]
     _fail(~_divides(tp, heads, xp), where, lambda i: (
         f"tp={pick(tp, i):g} must divide model.num_heads={pick(heads, i):g}; "
-        f"allowed tp: {_divisors(pick(heads, i))}"))
+        f"allowed tp: {_divisors(pick(heads, i))}"), "tp", tp)
     kv = M["n_kv_heads"]
     _fail(~(_divides(tp, kv, xp) | _divides(kv, tp, xp)), where, lambda i: (
         f"tp={pick(tp, i):g} and model.num_kv_heads={pick(kv, i):g}: one must divide the "
-        f"other (KV heads are split, or replicated, across TP ranks)"))
+        f"other (KV heads are split, or replicated, across TP ranks)"), "tp", tp)
     _fail(~_divides(tp, M["ffn_hidden"], xp), where, lambda i: (
-        f"tp={pick(tp, i):g} must divide model.ffn_hidden={pick(M['ffn_hidden'], i):g}"))
+        f"tp={pick(tp, i):g} must divide model.ffn_hidden={pick(M['ffn_hidden'], i):g}"),
+        "tp", tp)
     _check_stages(P, M, where, pick)
     _fail(~_divides(P["cp"], M["seq_len"], xp), where, lambda i: (
-        f"cp={pick(P['cp'], i):g} must divide model.seq_len={pick(M['seq_len'], i):g}"))
+        f"cp={pick(P['cp'], i):g} must divide model.seq_len={pick(M['seq_len'], i):g}"),
+        "cp", P["cp"])
     ep = P["ep"]
     _fail((ep > 1) & (M["n_experts"] == 0), where, lambda i: (
-        f"ep={pick(ep, i):g} needs an MoE model (model.moe_experts=0); allowed ep: 1"))
+        f"ep={pick(ep, i):g} needs an MoE model (model.moe_experts=0); allowed ep: 1"), "ep", ep)
     etp = P["etp"]
     _fail(~((etp == 0) | (etp == 1)) & (etp != P["tp"]), where, lambda i: (
         f"etp={pick(etp, i):g} is not allowed (allowed: 0 (= tp, experts inside dp), 1, "
-        f"or tp={pick(P['tp'], i):g})"))
+        f"or tp={pick(P['tp'], i):g})"), "etp", etp)
     _fail((etp == 0) & ~_divides(ep, P["dp"], xp), where, lambda i: (
         f"ep={pick(ep, i):g} must divide dp={pick(P['dp'], i):g} (or set etp=1: the expert "
-        f"group then takes the tp x cp x dp ranks)"))
+        f"group then takes the tp x cp x dp ranks)"), "ep", ep)
     ranks = P["tp"] * P["cp"] * P["dp"]
     _fail((etp > 0) & ~_divides(ep * xp.maximum(etp, 1.0), ranks, xp), where, lambda i: (
         f"ep x etp={pick(ep, i):g} x {pick(etp, i):g} must divide tp x cp x dp="
-        f"{pick(ranks, i):g}"))
+        f"{pick(ranks, i):g}"), "ep", ep)
     _fail((etp > 0) & (etp < P["tp"]) & (P["sequence_parallel"] == 0), where, lambda i: (
         f"etp={pick(etp, i):g} < tp={pick(P['tp'], i):g} needs sequence_parallel=1 "
-        f"(Megatron-Core requires sequence parallelism for MoE with tp > 1)"))
+        f"(Megatron-Core requires sequence parallelism for MoE with tp > 1)"), "etp", etp)
     _fail((M["n_experts"] > 0) & ~_divides(ep, xp.maximum(M["n_experts"], 1), xp), where,
           lambda i: f"ep={pick(ep, i):g} must divide model.moe_experts="
-                    f"{pick(M['n_experts'], i):g}")
+                    f"{pick(M['n_experts'], i):g}", "ep", ep)
     per_step = P["micro_batch"] * P["dp"]
     _fail(~_divides(per_step, P["global_batch"], xp), where, lambda i: (
         f"global_batch={pick(P['global_batch'], i):g} must be a multiple of micro_batch x dp="
-        f"{pick(P['micro_batch'], i):g} x {pick(P['dp'], i):g}"))
+        f"{pick(P['micro_batch'], i):g} x {pick(P['dp'], i):g}"), "global_batch",
+        P["global_batch"])
     m = P["global_batch"] / (per_step * P["gz"])
     inter = P["vp"] > 1
-    _fail(inter & (P["pp"] < 2), where, lambda i: f"vp={pick(P['vp'], i):g} needs pp > 1")
+    _fail(inter & (P["pp"] < 2), where, lambda i: f"vp={pick(P['vp'], i):g} needs pp > 1", "vp",
+          P["vp"])
     _fail(inter & ~_divides(P["pp"], m, xp), where, lambda i: (
         f"interleaved schedule (vp={pick(P['vp'], i):g}) needs micro-batches per step "
-        f"m={pick(m, i):g} to be a multiple of pp={pick(P['pp'], i):g}"))
+        f"m={pick(m, i):g} to be a multiple of pp={pick(P['pp'], i):g}"), "vp", P["vp"])
     if n_devices is not None:
         grid = P["gx"] * P["gy"] * P["gz"]
         total = P["tp"] * P["cp"] * P["dp"] * P["pp"] * grid
@@ -630,7 +637,8 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         names = lambda i: "tp x cp x dp x pp" + (  # noqa: E731
             " x gx x gy x gz" if pick(grid, i) > 1 else "")
         _fail(total != nd, where, lambda i: (
-            f"{names(i)} = {pick(total, i):g} must equal {devices_field}={pick(nd, i):g}"))
+            f"{names(i)} = {pick(total, i):g} must equal {devices_field}={pick(nd, i):g}"),
+            devices_field if devices_field.isidentifier() else "n_devices", nd)
 
 
 def _check_grid(P, M, where, pick) -> None:
@@ -647,31 +655,32 @@ def _check_grid(P, M, where, pick) -> None:
                      f"{pick(gz, i):g}"  # noqa: E731
     for f in ("tp", "cp"):
         _fail(on & (P[f] != 1), where, lambda i, f=f: (
-            f"{f}={pick(P[f], i):g} must be 1 with {grid(i)} (allowed {f}: 1)"))
+            f"{f}={pick(P[f], i):g} must be 1 with {grid(i)} (allowed {f}: 1)"), f, P[f])
     _fail(on & (M["n_experts"] > 0), where, lambda i: (
         f"{grid(i)} needs a dense model, got model.moe_experts={pick(M['n_experts'], i):g}; "
-        f"allowed: gx = gy = gz = 1 for MoE models"))
+        f"allowed: gx = gy = gz = 1 for MoE models"), "gx", gx)
     h, a, akv, f = M["hidden"], M["n_heads"], M["n_kv_heads"], M["ffn_hidden"]
     _fail(~_divides(gx, h, xp), where, lambda i: (
         f"gx={pick(gx, i):g} must divide model.hidden={pick(h, i):g}; allowed gx: "
-        f"{_divisors(pick(h, i))}"))
+        f"{_divisors(pick(h, i))}"), "gx", gx)
     for name, v in (("num_heads", a), ("ffn_hidden", f)):
         _fail(~_divides(gy, v, xp), where, lambda i, name=name, v=v: (
             f"gy={pick(gy, i):g} must divide model.{name}={pick(v, i):g}; allowed gy: "
-            f"{_divisors(pick(v, i))}"))
+            f"{_divisors(pick(v, i))}"), "gy", gy)
     _fail(~(_divides(gy, akv, xp) | _divides(akv, gy, xp)), where, lambda i: (
         f"gy={pick(gy, i):g} and model.num_kv_heads={pick(akv, i):g}: one must divide the "
-        f"other"))
+        f"other"), "gy", gy)
     dh = M["head_dim"]
     for label, elems in (("attention output", h * a * dh), ("MLP", h * f)):
         shard = elems / xp.maximum(gx * gy, 1)
         _fail(~_divides(gz, shard, xp), where, lambda i, label=label, shard=shard: (
             f"gz={pick(gz, i):g} must divide the {label} weight shard (n_out k_in)/(gx gy)="
-            f"{pick(shard, i):g} elements"))
+            f"{pick(shard, i):g} elements"), "gz", gz)
     per_step = P["micro_batch"] * P["dp"] * gz
     _fail((gz > 1) & ~_divides(per_step, P["global_batch"], xp), where, lambda i: (
         f"global_batch={pick(P['global_batch'], i):g} must be a multiple of micro_batch x dp "
-        f"x gz={pick(P['micro_batch'], i):g} x {pick(P['dp'], i):g} x {pick(gz, i):g}"))
+        f"x gz={pick(P['micro_batch'], i):g} x {pick(P['dp'], i):g} x {pick(gz, i):g}"),
+        "global_batch", P["global_batch"])
 
 
 # The tolerance of `workload.pp.stage_layers`'s roundings, ceil(x - 1e-6): a quotient within
@@ -727,21 +736,24 @@ def _check_stages(P, M, where, pick) -> None:
                        M["n_layers"])
     for name, v in (("pp_first_layers", f), ("pp_last_layers", l)):
         _fail((v < 0) | (v != xp.round(v)), where, lambda i, name=name, v=v: (
-            f"{name}={pick(v, i):g} must be a whole number >= 0 (0: balanced automatically)"))
+            f"{name}={pick(v, i):g} must be a whole number >= 0 (0: balanced automatically)"),
+            name, v, anywhere=True)
     _fail((f > 0) != (l > 0), where, lambda i: (
         f"pp_first_layers={pick(f, i):g} and pp_last_layers={pick(l, i):g}: give both "
-        f"(> 0) or neither (0: stages balanced automatically)"))
+        f"(> 0) or neither (0: stages balanced automatically)"), "pp_first_layers", f)
     _fail((f > 0) & (pp <= 1), where, lambda i: (
-        f"pp_first_layers={pick(f, i):g} needs pp > 1 (one stage holds every layer)"))
+        f"pp_first_layers={pick(f, i):g} needs pp > 1 (one stage holds every layer)"),
+        "pp_first_layers", f)
     _fail((f > 0) & (pp == 2) & (f + l != L), where, lambda i: (
         f"pp=2: pp_first_layers + pp_last_layers={pick(f + l, i):g} must equal "
-        f"model.num_layers={pick(L, i):g}"))
+        f"model.num_layers={pick(L, i):g}"), "pp_first_layers", f)
     first, mid_min, mid_max, last = stage_counts(P, M, xp)
     _fail(~stages_hold(P, M, xp), where, lambda i: (
         f"pp={pick(pp, i):g}, vp={pick(vp, i):g}: every middle pipeline stage must hold at "
         f"least vp layers, the first and last at least max(vp - 1, 1); "
         f"model.num_layers={pick(L, i):g} gives the first, middle and last stages "
-        f"{pick(first, i):g}, {pick(mid_min, i):g}-{pick(mid_max, i):g} and {pick(last, i):g}"))
+        f"{pick(first, i):g}, {pick(mid_min, i):g}-{pick(mid_max, i):g} and {pick(last, i):g}"),
+        "pp", pp)
 
 
 def _check_choice(P, f, hi, where, pick) -> None:
@@ -749,7 +761,7 @@ def _check_choice(P, f, hi, where, pick) -> None:
     v = P[f]
     _fail((v < 0) | (v > hi) | (v != xp.round(v)), where,
           lambda i: f"{f}={pick(v, i):g} is not allowed (allowed: "
-                    f"{', '.join(str(k) for k in range(hi + 1))})")
+                    f"{', '.join(str(k) for k in range(hi + 1))})", f, v, anywhere=True)
 
 
 # Parallel fields that are framework facts (--set), checked field by field whatever the
@@ -772,34 +784,38 @@ def _check_fact_ranges(P, where, pick) -> None:
         _check_choice(P, f, hi, where, pick)
     for f in ("tp_overlap", "ep_overlap"):
         _fail(~((P[f] >= 0) & (P[f] <= 1)), where,
-              lambda i, f=f: f"{f}={pick(P[f], i):g} must be in [0, 1]")
+              lambda i, f=f: f"{f}={pick(P[f], i):g} must be in [0, 1]", f, P[f], anywhere=True)
     r = P["recompute_layer_frac"]
     _fail(~((r > 0) & (r <= 1)), where, lambda i: (
         f"recompute_layer_frac={pick(r, i):g} must be in (0, 1] (the fraction of the layers "
-        f"that full recompute checkpoints; 1: every layer)"))
+        f"that full recompute checkpoints; 1: every layer)"), "recompute_layer_frac", r,
+        anywhere=True)
     _fail(~((P["ep_dispatch"] == 0) | (P["ep_dispatch"] == 1)), where, lambda i: (
         f"ep_dispatch={pick(P['ep_dispatch'], i):g} is not allowed (allowed: 0 pairwise "
-        f"all-to-all, 1 DeepEP-style hierarchical dispatch)"))
+        f"all-to-all, 1 DeepEP-style hierarchical dispatch)"), "ep_dispatch", P["ep_dispatch"],
+        anywhere=True)
     g = P["zero_shard"]
     _fail((g < 0) | (g != xp.round(g)), where, lambda i: (
         f"zero_shard={pick(g, i):g} must be a whole number >= 0 (0: shard over all dp x cp "
-        f"ranks)"))
+        f"ranks)"), "zero_shard", g, anywhere=True)
     w = P["zero3_prefetch_params"]
     _fail(~((w >= 0) & (w <= 1e18)), where, lambda i: (
         f"zero3_prefetch_params={pick(w, i):g} must be >= 0 (0: the next layer whole, as "
-        f"PyTorch FSDP; DeepSpeed's stage3_prefetch_bucket_size is 5e7)"))
+        f"PyTorch FSDP; DeepSpeed's stage3_prefetch_bucket_size is 5e7)"),
+        "zero3_prefetch_params", w, anywhere=True)
     k = P["zero3_calls_per_layer"]
     _fail(~((k >= 1) & (k <= INT_MAX)) | (k != xp.round(k)), where, lambda i: (
         f"zero3_calls_per_layer={pick(k, i):g} must be a whole number >= 1 (at most "
-        f"{INT_MAX})"))
+        f"{INT_MAX})"), "zero3_calls_per_layer", k, anywhere=True)
     c = P["zero3_copy_out"]
     _fail((c != 0) & (c != 1), where, lambda i: (
         f"zero3_copy_out={pick(c, i):g} is not allowed (allowed: 0 FSDP1 / DeepSpeed flat "
-        f"buffers, 1 FSDP2 copy-out)"))
+        f"buffers, 1 FSDP2 copy-out)"), "zero3_copy_out", c, anywhere=True)
     r = P["zero3_root_unit"]
     _fail((r != 0) & (r != 1), where, lambda i: (
         f"zero3_root_unit={pick(r, i):g} is not allowed (allowed: 0 root unit not priced, "
-        f"1 FSDP's root unit gathered and reduce-scattered exposed)"))
+        f"1 FSDP's root unit gathered and reduce-scattered exposed)"), "zero3_root_unit", r,
+        anywhere=True)
 
 
 def _check_zero(P, where, pick) -> None:
@@ -850,14 +866,14 @@ def check_precision(system, training, where: str = "precision") -> None:
                         f"'{getattr(system, 'name', '?')}' has no FP8 tensor cores "
                         f"(matmul_fp8_TFLOPs absent or 0); use bf16, fp16 or another "
                         f"16-bit preset there ({low_names} need an FP8 GPU: H100, H200, "
-                        f"B200, B300, GB200, GB300)")
+                        f"B200, B300, GB200, GB300)", field="precision", value=name)
     blocked = lowp & ((fp4 > 0) | ((block > 0) & (block < 128)))
     if np.any(blocked & ~(p4 > 0)):
         raise SpecError(f"{_recipe(where, name, blocked & ~(p4 > 0))} needs block-scaled "
                         f"tensor cores (MXFP8 / NVFP4: "
                         f"Blackwell) but system '{getattr(system, 'name', '?')}' has none "
                         f"(matmul_fp4_TFLOPs absent or 0); on Hopper use fp8-delayed, "
-                        f"fp8-current or fp8-blockwise")
+                        f"fp8-current or fp8-blockwise", field="precision", value=name)
 
 
 def check_tp_userbuffers_precision(parallel, training, where: str = "precision") -> None:
@@ -898,7 +914,7 @@ def check_tp_userbuffers_precision(parallel, training, where: str = "precision")
             f"1.8, tp_userbuffers 2: delayed-scaling FP8 only, no current scaling or "
             f"MXFP8); allowed: tp_userbuffers 0 with this precision, or bf16, fp16, "
             f"fp8-delayed, fp8-current, mxfp8 (tp_userbuffers 1), bf16, fp16, fp8-delayed "
-            f"(tp_userbuffers 2)")
+            f"(tp_userbuffers 2)", field="tp_userbuffers", value=float(u_b[i]))
 
 
 def check_tp_userbuffers_system(parallel, system, where: str = "parallel") -> None:
@@ -994,29 +1010,32 @@ def check_model(model, where: str = "model") -> None:
     for f in _MODEL_COUNTS:
         v = _arr(getattr(model, f), where)
         _fail(~(v >= 1) | (v != xp.round(v)) | (v > INT_MAX), where, lambda i, f=f, v=v: (
-            f"{f}={pick(v, i):g} must be a whole number >= 1 (at most {INT_MAX})"))
+            f"{f}={pick(v, i):g} must be a whole number >= 1 (at most {INT_MAX})"), f, v,
+            anywhere=True)
     for f in _MODEL_SWITCHES:
         v = _arr(getattr(model, f), where)
         _fail(~((v == 0) | (v == 1)), where, lambda i, f=f, v=v: (
-            f"{f}={pick(v, i):g} is not allowed (allowed: 0, 1)"))
+            f"{f}={pick(v, i):g} is not allowed (allowed: 0, 1)"), f, v, anywhere=True)
     for f in ("n_experts", "moe_topk", "moe_ffn_hidden", "n_shared_experts"):
         v = _arr(getattr(model, f), where)
         _fail(~(v >= 0) | (v != xp.round(v)) | (v > INT_MAX), where, lambda i, f=f, v=v: (
-            f"{f}={pick(v, i):g} must be a whole number >= 0 (at most {INT_MAX})"))
+            f"{f}={pick(v, i):g} must be a whole number >= 0 (at most {INT_MAX})"), f, v,
+            anywhere=True)
     k, e = _arr(model.moe_topk, where), _arr(model.n_experts, where)
     _fail((e > 0) & (k > e), where, lambda i: f"moe_topk={pick(k, i):g} must be <= "
-                                              f"n_experts={pick(e, i):g}")
+                                              f"n_experts={pick(e, i):g}", "moe_topk", k)
     if not isinstance(where, _Collect):  # concrete values only (valid_mask does not trace it)
         c = _arr(model.capacity_factor, where)
         _fail((e > 0) & (k < 1), where, lambda i: (
             f"moe_topk={pick(k, i):g} must be >= 1 for an MoE model (n_experts="
-            f"{pick(e, i):g}): every token goes to its top-k experts"))
+            f"{pick(e, i):g}): every token goes to its top-k experts"), "moe_topk", k)
         _fail((e > 0) & ~(c > 0), where, lambda i: (
-            f"capacity_factor={pick(c, i):g} must be > 0 for an MoE model"))
+            f"capacity_factor={pick(c, i):g} must be > 0 for an MoE model"), "capacity_factor",
+            c)
         _fail((e > 0) & (c > e / np.maximum(k, 1)), where, lambda i: (
             f"capacity_factor={pick(c, i):g} is above n_experts / moe_topk={pick(e, i):g} / "
             f"{pick(k, i):g}: {CAPACITY_WHY}; allowed: > 0 and at most "
-            f"{pick(e / np.maximum(k, 1), i):g}"))
+            f"{pick(e / np.maximum(k, 1), i):g}"), "capacity_factor", c)
     _check_finite_leaves(model, "model", where)
 
 
@@ -1028,7 +1047,8 @@ def _check_finite_leaves(tree, name, where) -> None:
         v = _arr(v, where)
         _fail(~_finite(v, xp), where, lambda i, path=path, v=v: (
             f"{jax.tree_util.keystr(path).lstrip('.')}={_fmt(v.ravel()[min(i, v.size - 1)])} must "
-            f"be a finite number (magnitude at most {_FINITE_MAX:g})"))
+            f"be a finite number (magnitude at most {_FINITE_MAX:g})"),
+            jax.tree_util.keystr(path).lstrip('.'), v, anywhere=True)
 
 
 def check_system(system, where: str = "system") -> None:
@@ -1049,12 +1069,13 @@ def check_system(system, where: str = "system") -> None:
             return
         v = _arr(v, where)
         _fail(~ok(v), where, lambda i: f"{field}={pick(v, i):g} is not allowed "
-                                       f"(allowed: {allowed})")
+                                       f"(allowed: {allowed})", field, v)
 
     n_tiers = len(system.tiers)
     if not 1 <= n_tiers <= MAX_TIERS and not isinstance(where, _Collect):
         raise SpecError(f"{where}: tiers has {n_tiers} network tiers (allowed: 1 to "
-                        f"{MAX_TIERS}): {_TIERS_WHY}")
+                        f"{MAX_TIERS}): {_TIERS_WHY}", field="tiers", value=n_tiers,
+                        anywhere=True)
     _check_finite_leaves(system, "system", where)
     for f in ("matmul_flops_per_s", "matmul_fp32_flops_per_s", "vector_flops_per_s",
               "hbm_bandwidth_Bps", "hbm_capacity_bytes", "power_W"):
@@ -1121,28 +1142,31 @@ def check_training(training, where: str = "training") -> None:
         v = _arr(getattr(training, f), where)
         if f in TRAINING_SWITCHES and not isinstance(where, _Collect):  # (valid_mask: >= 0)
             _fail(~((v == 0) | (v == 1)), where, lambda i, f=f, v=v: (
-                f"{f}={pick(v, i):g} is not allowed (allowed: 0, 1)"))
+                f"{f}={pick(v, i):g} is not allowed (allowed: 0, 1)"), f, v, anywhere=True)
         elif f in TRAINING_POSITIVE:
             _fail(~(v > 0), where, lambda i, f=f, v=v: (
-                f"{f}={pick(v, i):g} must be > 0"))
+                f"{f}={pick(v, i):g} must be > 0"), f, v, anywhere=True)
         else:
             _fail(~(v >= 0), where, lambda i, f=f, v=v: (
-                f"{f}={pick(v, i):g} must be >= 0"))
+                f"{f}={pick(v, i):g} must be >= 0"), f, v, anywhere=True)
     v = _arr(training.vocab_pad_to, where)
     _fail(v != xp.round(v), where, lambda i: (
-        f"vocab_pad_to={pick(v, i):g} must be a whole number >= 0"))
+        f"vocab_pad_to={pick(v, i):g} must be a whole number >= 0"), "vocab_pad_to", v,
+        anywhere=True)
     if isinstance(where, _Collect):  # concrete values only, as the switches above
         return
     v = _arr(training.lowp_layer_frac, where)
     _fail(v > 1, where, lambda i: (
         f"lowp_layer_frac={pick(v, i):g} is not allowed (allowed: 0 to 1, the fraction of "
-        f"the transformer layers whose linears run in low precision)"))
+        f"the transformer layers whose linears run in low precision)"), "lowp_layer_frac", v,
+        anywhere=True)
     for f, what in (("lowp_block", "elements per scale factor; 0: one scale per tensor"),
                     ("attn_tile", "the B of the attention kernel's B x B score tiles; 0: "
                                   "no tiling")):
         v = _arr(getattr(training, f), where)
         _fail(((v > 0) & (v < 1)) | (v != xp.round(v)), where, lambda i, f=f, v=v, w=what: (
-            f"{f}={pick(v, i):g} is not allowed (allowed: 0 or a whole number >= 1: {w})"))
+            f"{f}={pick(v, i):g} is not allowed (allowed: 0 or a whole number >= 1: {w})"), f, v,
+            anywhere=True)
 
 
 def check_job(parallel, system, where: str = "layout") -> None:
@@ -1154,7 +1178,7 @@ def check_job(parallel, system, where: str = "layout") -> None:
     _fail(n > last, where, lambda i: (
         f"the job's {pick(n, i):g} devices exceed the system's last network tier "
         f"('{system.tiers[-1].name}', domain_size={pick(last, i):g}: the whole cluster); "
-        f"allowed: at most {pick(last, i):g} devices"))
+        f"allowed: at most {pick(last, i):g} devices"), "n_devices", n)
 
 
 def check_inputs(model, parallel, system, training, n_devices=None, where: str = "parallel",
