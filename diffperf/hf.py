@@ -205,10 +205,17 @@ _HF_FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "new_decoder_a
 
 def _typed(cfg, where) -> None:
     """Refuse a JSON string in a field read as a number or true / false (_HF_NUMBERS,
-    _HF_FLAGS); the SpecError carries the field and the value."""
+    _HF_FLAGS), and a number that is not finite (Python's json reads NaN, Infinity and 1e400),
+    naming the config.json field (the model checks after this one name diffperf's keys); the
+    SpecError carries the field and the value."""
     from diffperf.load import typed_values
 
     typed_values(cfg, _HF_NUMBERS, _HF_FLAGS, where, ": ")
+    for key in _HF_NUMBERS:
+        v = cfg.get(key)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise SpecError(f"{where}: {key}={v!r} must be a finite number", field=key,
+                            value=v, anywhere=True)
 
 
 def _check_type(mt, outer, where, notes) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -162,6 +163,17 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     None, None, f"duplicate key {str(key)!r}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.2's floats with an exponent ("1e3", "1.5e3", "-2E-5"): PyYAML implements YAML 1.1,
+# whose float needs a dot and a signed exponent, and reads `budget: 1e6` or `1.5e3` as a
+# string. A string where a number goes is refused (`typed_values`), so the unquoted form is
+# read as the number YAML 1.2 (and a reader of the file) takes it for; a quoted "1e6" stays a
+# string.
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(\.[0-9]+|[0-9][0-9_]*(\.[0-9_]*)?)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"))
 
 
 def read_yaml(path) -> dict:
@@ -447,6 +459,10 @@ def _model_file(name_or_path) -> Path:
     shipped YAML, in a shipped dataset's rows too, without a word): give ./NAME for the
     folder."""
     path = Path(name_or_path)
+    if not str(name_or_path).strip():  # Path('') is the working folder
+        raise SpecError(f"model name {str(name_or_path)!r} is empty (allowed: a shipped model "
+                        f"name, a model .yaml, a Hugging Face config.json or the folder "
+                        f"holding it)")
     if path.suffix in (".json", ".yaml", ".yml"):
         return path
     if str(name_or_path) in resources.config_files("models"):
@@ -476,6 +492,21 @@ def _named(name, kind):
     shipped = resources.config_files(kind)
     if str(name) not in shipped:
         singular = {"models": "model", "systems": "system", "design": "cost model"}[kind]
+        if not str(name).strip():
+            raise SpecError(f"{singular} name {str(name)!r} is empty (allowed: a shipped "
+                            f"{singular} name ({', '.join(shipped)}) or a path to a .yaml "
+                            f"file)")
+        try:
+            is_dir, is_file = Path(name).is_dir(), Path(name).is_file()
+        except (OSError, ValueError):
+            is_dir = is_file = False
+        if kind != "models" and (is_dir or is_file):  # a path, not a name (was: "unknown")
+            what = "a folder" if is_dir else (f"a file whose suffix is {Path(name).suffix!r}"
+                                              if Path(name).suffix else
+                                              "a file whose name has no suffix")
+            raise SpecError(f"{name}: {what}, not a {singular} file (allowed: a shipped "
+                            f"{singular} name ({', '.join(shipped)}) or a path to a .yaml "
+                            f"file)")
         path_kinds = ("a .yaml file or a Hugging Face config.json (or its folder)"
                       if kind == "models" else "a .yaml file")
         raise SpecError(f"unknown {singular} '{name}'{closest(name, shipped)} "
@@ -499,6 +530,8 @@ SYSTEM_KEYS = ("name", "gpu", "description", "sources", "matmul_TFLOPs", "matmul
                "hbm_capacity_GiB", "power_W", "tiers",
                "efficiency", "reliability")
 TIER_KEYS = ("name", "domain_size", "bandwidth_GBps", "latency_us", "oversubscription")
+_SYSTEM_NOT_NUMBERS = ("name", "gpu", "description", "sources", "tiers", "efficiency",
+                       "reliability", "fp8_non_tn_gemm")
 RELIABILITY_KEYS = ("failure_rate_per_device_hour", "storage_write_GBps", "restart_s")
 # Keys of a system YAML (human units) and the System leaf each one sets, with its SI factor.
 SYSTEM_UNITS = {"matmul_TFLOPs": ("matmul_flops_per_s", 1e12),
@@ -547,6 +580,7 @@ _FRACTIONS = ("mm_max", "attn_max", "mem_eff", "coll_eff_intra", "coll_eff_inter
 def efficiency_from_dict(d: dict, where: str, base: Efficiency | None = None) -> Efficiency:
     """Efficiency parameters (overlay keys = field names of `Efficiency`), checked."""
     _check_keys(d, EFFICIENCY_KEYS, where)
+    typed_values(d, EFFICIENCY_KEYS, (), where)
     base = base or Efficiency()
     values = {}
     for key in d:
@@ -570,6 +604,7 @@ def reliability_from_dict(d: dict, where: str) -> Reliability:
     """Failure rate, checkpoint storage and restart time (configs/README.md, "Reliability"),
     human units -> SI; an absent key keeps its default (`specs.system.Reliability`)."""
     _check_keys(d, RELIABILITY_KEYS, where)
+    typed_values(d, RELIABILITY_KEYS, (), where)
     base = _to_human(RELIABILITY_UNITS, Reliability())
     n = lambda k, **kw: _number(d, k, where, default=base[k], **kw)  # noqa: E731
     # A zero rate (M = infinity) or bandwidth has no optimal checkpoint interval: refused.
@@ -583,6 +618,8 @@ def system_from_dict(d: dict, where: str = "system") -> System:
     """A validated System from the YAML schema of configs/README.md (human units -> SI)."""
     _check_kind(d, "system", where)
     _check_keys(d, SYSTEM_KEYS, where)
+    typed_values(d, [k for k in SYSTEM_KEYS if k not in _SYSTEM_NOT_NUMBERS],
+                 ("fp8_non_tn_gemm",), where)
     tiers_in = d.get("tiers")
     if not isinstance(tiers_in, list) or not tiers_in:
         raise SpecError(f"{where}.tiers must be a non-empty list of network tiers "
@@ -591,6 +628,7 @@ def system_from_dict(d: dict, where: str = "system") -> System:
     for i, t in enumerate(tiers_in):
         tw = f"{where}.tiers[{i}]"
         _check_keys(t, TIER_KEYS, tw)
+        typed_values(t, TIER_KEYS[1:], (), tw)
         tiers.append(Tier(**_to_si(TIER_UNITS, {
             "domain_size": _number(t, "domain_size", tw, positive=True),
             "bandwidth_GBps": _number(t, "bandwidth_GBps", tw, positive=True),
@@ -694,17 +732,33 @@ def sweep_fields(system: System) -> dict:
     return out | {f"efficiency.{k}": (f"eff.{k}", 1.0) for k in EFFICIENCY_KEYS}
 
 
+# Values of one swept field (`_sweep_values`) and hardware points of a whole sweep (their
+# product, `sweep_axes`): each value is checked as a system file's (a System built per value),
+# and the points are predicted against every layout; `--sweep F=1:2:1000000000` was killed for
+# memory (a 1e9-value grid, then 1e9 Systems built to check it).
+MAX_SWEEP_VALUES = 10_000
+MAX_SWEEP_POINTS = 1_000_000
+
+
 def _sweep_values(key: str, spec: str, flag: str = "--sweep") -> np.ndarray:
-    """START:STOP:N (evenly spaced, ends included), START:STOP:N:log (geometric) or V1,V2,..."""
+    """START:STOP:N (evenly spaced, ends included), START:STOP:N:log (geometric) or V1,V2,...;
+    at most MAX_SWEEP_VALUES values."""
     where = flag
     parts = spec.split(":")
     if len(parts) == 1:
-        return np.array([_number({key: v}, key, where) for v in spec.split(",")])
+        items = spec.split(",")
+        if len(items) > MAX_SWEEP_VALUES:
+            raise SpecError(f"{flag} {key} lists {len(items):,} values (allowed: at most "
+                            f"{MAX_SWEEP_VALUES:,} per field)")
+        return np.array([_number({key: v}, key, where) for v in items])
     if len(parts) not in (3, 4):
         raise SpecError(f"{flag} {key}={spec!r} must be START:STOP:N, START:STOP:N:log or "
                         f"V1,V2,...")
     a, b = (_number({key: v}, key, where) for v in parts[:2])
     n = _number({f"{key} N": parts[2]}, f"{key} N", where, integer=True, positive=True)
+    if n > MAX_SWEEP_VALUES:
+        raise SpecError(f"{flag} {key}={spec}: N={n:,} values (allowed: 1 to "
+                        f"{MAX_SWEEP_VALUES:,} per field)", field=key, value=n)
     spacing = parts[3] if len(parts) == 4 else "lin"
     if spacing not in ("lin", "log"):
         raise SpecError(f"{flag} {key}: spacing {spacing!r} is not allowed (allowed: lin, log)")
@@ -772,6 +826,11 @@ def sweep_axes(system: System, items, flag: str = "--sweep") -> list[tuple]:
             system_from_dict(_set_field(base, key, float(v)), flag)
         leaf, factor = fields[key]
         out.append((key, leaf, values, values * factor))
+    points = math.prod(len(v) for _, _, v, _ in out)
+    if points > MAX_SWEEP_POINTS:
+        raise SpecError(f"{flag}: {' x '.join(str(len(v)) for _, _, v, _ in out)} = "
+                        f"{points:,} hardware points (allowed: at most {MAX_SWEEP_POINTS:,}, "
+                        f"each predicted against every layout)")
     return out
 
 
@@ -912,6 +971,10 @@ def _read_csv(path: Path, required) -> tuple[list, list, list]:
     dropped; blank lines are skipped (as csv.DictReader skips them) but counted, so that a
     row's number is the one a spreadsheet shows (was: the count of records, which a blank
     line or a line break inside a cell shifted)."""
+    kind = {".yaml": "YAML", ".yml": "YAML", ".json": "JSON"}.get(path.suffix.lower())
+    if kind:  # was: "missing column 'id' (have: # <the file's first line>)"
+        raise SpecError(f"{path}: a {kind} file, not a CSV table (allowed: a .csv file with the "
+                        f"columns {', '.join(required)}, or a shipped dataset name)")
     try:
         with path.open(newline="", encoding="utf-8-sig") as fh:  # a BOM is not a column
             reader = csv.reader(fh)

@@ -452,6 +452,9 @@ def test_hf_json_not_an_object(tmp_path):
      "or false, unquoted"),
     (dict(tie_word_embeddings="yes"), ": tie_word_embeddings='yes' is a string (type str), "
                                       "not true / false"),
+    # JSON's Infinity / 1e400 (Python's json reads them): named by the config.json field (was:
+    # "config.json.vocab=inf", diffperf's key)
+    (dict(vocab_size=float("inf")), ": vocab_size=inf must be a finite number"),
 ])
 def test_hf_field_rules(tmp_path, over, message):
     p = _write_json(tmp_path, LLAMA3_8B_HF | over)
@@ -1176,6 +1179,104 @@ def test_runs_command_set_hint_only_where_the_row_decides(tmp_path):
                  "for some rows only in their 'set' cell)") as err:
         load_runs(p, overrides=["tp=3"])
     assert (err.value.field, err.value.value) == ("tp", 3.0)
+
+
+def test_typed_files_refuse_quoted_numbers_and_read_yaml_1_2_exponents(tmp_path):
+    """Session 15 (fuzz): a system YAML's quoted number (`matmul_TFLOPs: '312'`, a tier's
+    `bandwidth_GBps: '300'`, an overlay's efficiency) was read silently, as the model's were;
+    refused like them. PyYAML (YAML 1.1) read an unquoted `1e3` or `1.5e3` as a string, which
+    the check would have refused as quoted: the loader reads YAML 1.2's exponent floats as
+    numbers, a quoted one stays a string."""
+    with _raises(".matmul_TFLOPs='312' is a string (type str), not a number; allowed: a "
+                 "number, written without quotes") as err:
+        load_system(_write_yaml(tmp_path, _system_dict() | {"matmul_TFLOPs": "312"}))
+    assert (err.value.field, err.value.value) == ("matmul_TFLOPs", "312")
+    d = _system_dict()
+    d["tiers"][0]["bandwidth_GBps"] = "300"
+    with _raises(".tiers[0].bandwidth_GBps='300' is a string (type str), not a number"):
+        load_system(_write_yaml(tmp_path, d))
+    with _raises(".fp8_non_tn_gemm='1' is a string (type str), not true / false"):
+        load_system(_write_yaml(tmp_path, _system_dict() | {"fp8_non_tn_gemm": "1"}))
+    with _raises(".efficiency.mm_max='0.8' is a string (type str), not a number"):
+        load_system(_write_yaml(tmp_path, _system_dict() | {"efficiency": {"mm_max": "0.8"}}))
+    p = tmp_path / "m.yaml"
+    p.write_text("name: m\nnum_layers: 4\nhidden: 2.56e2\nnum_heads: 4\nvocab: 1e3\n"
+                 "seq_len: 128\n")
+    m = load_model(p)
+    assert (float(m.hidden), float(m.vocab)) == (256.0, 1000.0)
+    p.write_text("name: m\nnum_layers: 4\nhidden: 256\nnum_heads: 4\nvocab: '1e3'\n"
+                 "seq_len: 128\n")
+    with _raises(f"{p}.vocab='1e3' is a string (type str), not a number"):
+        load_model(p)
+
+
+def test_names_and_files_of_the_wrong_kind_say_so(tmp_path, capsys):
+    """Session 15 (fuzz): an empty --model / --system (was: ".: a folder without
+    config.json", "unknown system ''"), a folder or a CSV given to --system (was: "unknown
+    system '<path>'"), a YAML given as a runs CSV (was: "missing column 'id' (have: # <its
+    first line>)")."""
+    assert _cli_error(capsys, "predict", "--model", "") == (
+        "model name '' is empty (allowed: a shipped model name, a model .yaml, a Hugging Face "
+        "config.json or the folder holding it)")
+    assert _cli_error(capsys, "predict", "--system", " ").startswith(
+        "system name ' ' is empty (allowed: a shipped system name (a100-4nic, ")
+    assert _cli_error(capsys, "predict", "--system", tmp_path).startswith(
+        f"{tmp_path}: a folder, not a system file (allowed: a shipped system name (")
+    csv_path = _write_csv(tmp_path, [GOOD_ROW])
+    assert _cli_error(capsys, "predict", "--system", csv_path).startswith(
+        f"{csv_path}: a file whose suffix is '.csv', not a system file (allowed: ")
+    y = _write_yaml(tmp_path, _model_dict(), "m.yaml")
+    assert _cli_error(capsys, "validate", y) == (
+        f"{y}: a YAML file, not a CSV table (allowed: a .csv file with the columns id, "
+        f"num_gpus, num_layers, hidden, num_heads, vocab, seq_len, tp, pp, dp, global_batch, "
+        f"micro_batch, step_time_s, or a shipped dataset name)")
+
+
+def test_sweep_grids_are_bounded():
+    """Session 15 (fuzz): `search --sweep matmul_TFLOPs=100:200:1000000000` built a 1e9-value
+    grid and a System per value: killed for memory (exit 137). At most MAX_SWEEP_VALUES values
+    per field and MAX_SWEEP_POINTS hardware points; `design --grid` alike."""
+    from diffperf.load import MAX_SWEEP_POINTS, MAX_SWEEP_VALUES, sweep_axes
+
+    system = load_system("a100-sxm-80gb")
+    with _raises(f"--grid matmul_TFLOPs=100:200:1000000000: N=1,000,000,000 values (allowed: "
+                 f"1 to {MAX_SWEEP_VALUES:,} per field)"):
+        sweep_axes(system, ["matmul_TFLOPs=100:200:1000000000"], flag="--grid")
+    with _raises(f"--sweep matmul_TFLOPs lists {MAX_SWEEP_VALUES + 1:,} values"):
+        sweep_axes(system, ["matmul_TFLOPs=" + ",".join(["1"] * (MAX_SWEEP_VALUES + 1))])
+    assert MAX_SWEEP_POINTS < 2000 * 1000
+    with _raises("--sweep: 2000 x 1000 = 2,000,000 hardware points (allowed: at most "
+                 f"{MAX_SWEEP_POINTS:,}, each predicted against every layout)"):
+        sweep_axes(system, ["matmul_TFLOPs=100:200:2000", "hbm_bandwidth_GBps=1000:2000:1000"])
+
+
+def test_calibrate_without_held_out_rows_says_so_not_nan(capsys, tmp_path):
+    """Session 15 (fuzz): `calibrate` on a CSV too small for its --holdout-frac (2 rows at
+    0.2) printed 'nan' as the held-out MAPE and coverage, and `--json` refused to print
+    after the fit; now '-' / null with a note. A split that holds out every row, and a
+    negative --seed (numpy's ValueError, a traceback), are refused before fitting. No fit
+    runs here (the pure helpers and the refusals)."""
+    from types import SimpleNamespace
+
+    from diffperf.cli.calibrate_cmd import _splits, _undefined_to_none
+
+    report = dict(fitted=dict(n=2, mape_pct=5.0, median_pct=5.0, max_pct=6.0),
+                  heldout=dict(n=0, mape_pct=float("nan"), median_pct=float("nan"),
+                               max_pct=float("nan")),
+                  heldout_interval_coverage=float("nan"), folds=1)
+    assert _undefined_to_none(report) == ["heldout"]
+    assert report["heldout"] == dict(n=0, mape_pct=None, median_pct=None, max_pct=None)
+    assert report["heldout_interval_coverage"] is None and report["fitted"]["mape_pct"] == 5.0
+    cand = np.ones(2, bool)
+    args = SimpleNamespace(holdout_frac=0.99, seed=0, folds=0)
+    with _raises("--holdout-frac=0.99 held out all 2 fittable rows (--seed 0): none left to "
+                 "fit; allowed: a smaller --holdout-frac, another --seed or more rows"):
+        list(_splits(cand, args))
+    fit, held = next(_splits(cand, SimpleNamespace(holdout_frac=0.2, seed=0, folds=0)))
+    assert fit.all() and not held.any()  # the case the note is for
+    p = _write_csv(tmp_path, [GOOD_ROW])
+    assert _cli_error(capsys, "calibrate", p, "--seed", "-1") == (
+        "--seed=-1 must be a whole number >= 0")
 
 
 def test_runs_empty_file_says_so(tmp_path):
