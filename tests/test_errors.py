@@ -1242,7 +1242,8 @@ def test_sweep_grids_are_bounded():
     with _raises(f"--grid matmul_TFLOPs=100:200:1000000000: N=1,000,000,000 values (allowed: "
                  f"1 to {MAX_SWEEP_VALUES:,} per field)"):
         sweep_axes(system, ["matmul_TFLOPs=100:200:1000000000"], flag="--grid")
-    with _raises(f"--sweep matmul_TFLOPs lists {MAX_SWEEP_VALUES + 1:,} values"):
+    with _raises(f"--sweep matmul_TFLOPs lists {MAX_SWEEP_VALUES + 1:,} values (allowed: at "
+                 f"most {MAX_SWEEP_VALUES:,} per field)"):
         sweep_axes(system, ["matmul_TFLOPs=" + ",".join(["1"] * (MAX_SWEEP_VALUES + 1))])
     assert MAX_SWEEP_POINTS < 2000 * 1000
     with _raises("--sweep: 2000 x 1000 = 2,000,000 hardware points (allowed: at most "
