@@ -166,3 +166,31 @@ def test_attention_by_kind_gradient_contract(x64):
     g = np.asarray(jax.grad(t)(x))
     assert np.all(np.isfinite(g))
     assert g[0] < 0 and g[1] <= 0 and g[2] < 0 and g[3] > 0
+
+
+def test_cudnn_fe_gptoss_timings_as_transcribed():
+    """data/kernels/cudnn_fe_gptoss_sdpa.csv (cudnn-frontend's GPT-OSS SDPA benchmark, data/
+    README.md): every row's published TFLOP/s is the kept band's FLOPs over its time, forward
+    4 N b h d and backward 10 N b h d (2.5 x, diffperf's FLASH_BACKWARD_WORK), N = w (w + 1) / 2
+    + (s - w) w scores per head; so the times are transcribed as published and the FLOP count
+    the comparison in calibration/gptoss_attention.py uses is the benchmark's own. By hand, one
+    row: GB200 bf16 b 2, 128 heads, s 4096, w 128 forward: N = 8256 + 3968 x 128 = 516,160,
+    4 x 516,160 x 256 x 64 = 33.83 GFLOP / 0.210 ms = 161 TFLOP/s (published 161)."""
+    import csv
+    from pathlib import Path
+
+    from diffperf.costs.compute import FLASH_BACKWARD_WORK
+
+    rows = list(csv.DictReader(open(Path(__file__).resolve().parent.parent / "data" / "kernels"
+                                    / "cudnn_fe_gptoss_sdpa.csv")))
+    assert len(rows) == 140 and {r["gpu"] for r in rows} == {"GB200", "GB300", "H200"}
+    for r in rows:
+        b, s, h, d, w = (int(r[k]) for k in ("batch", "seq", "q_heads", "head_dim", "window"))
+        n = w * (w + 1) // 2 + (s - w) * w
+        flop = 4 * n * b * h * d * (FLASH_BACKWARD_WORK if r["pass"] == "bwd" else 1.0)
+        tflops = flop / (float(r["time_ms"]) * 1e-3) / 1e12
+        assert abs(tflops - float(r["tflops_published"])) <= 0.51 + 0.005 * tflops, r
+    one = [r for r in rows if (r["gpu"], r["dtype"], r["seq"], r["window"], r["pass"]) == (
+        "GB200", "bfloat16", "4096", "128", "fwd")]
+    assert [float(r["time_ms"]) for r in one] == [0.210]
+    assert 4 * 516160 * 256 * 64 / 0.210e-3 / 1e12 == pytest.approx(161.1, abs=0.05)

@@ -1,0 +1,151 @@
+"""GPT-OSS's attention kernel: diffperf's price against cuDNN's own timings (docs/accuracy-gptoss.md,
+"Session 15").
+
+The Megatron-Bridge GPT-OSS rows run cuDNN's fused attention (Transformer Engine disables
+FlashAttention for learnable sinks). cudnn-frontend publishes cuDNN SDPA timings at GPT-OSS shapes
+(data/kernels/cudnn_fe_gptoss_sdpa.csv, provenance in data/README.md): GB200 / GB300 with a
+128-key window (b 2, 128 heads of 64, cuDNN 9.22) and GB200 / GB300 / H200 with a 1024-key window
+(b 2, 64 query / 8 KV heads of 64, cuDNN 9.19.1), forward and backward apart. For each bf16,
+non-deterministic row this prints the measured time, diffperf's price of the same kernel (the row
+system's physics defaults, bf16, flash attention, attn_tile = 128 as the Bridge rows set it:
+`costs.compute.attention_time_s` at the window layer's tile kappa; backward = 2.5 x the forward
+work at the backward's rate, as predict prices it) and measured / priced.
+
+    python calibration/gptoss_attention.py [--csv PATH] [--device-csv PATH] [--what-if]
+
+--what-if: the GPT-OSS BF16 Bridge rows on GB200 / GB300 (the systems with published window-128
+timings) if each window layer's attention cost cuDNN's measured time (priced time x measured /
+priced at the row's sequence and pass) and each full layer's cost the priced time x k_full, with
+k_full = 1 (priced as now) and k_full = the 1024-key window's measured / priced ratio (a proxy: no
+full-causal head-dim-64 bf16 timing is published). step' = step + m L (delta_win + delta_full) /
+2 per layer pair; a what-if, not a shipped term.
+
+--device-csv: this project's H100 measurement (calibration/device_h100_attention.py), priced the
+same way on h100-sxm-80gb (cudnn_fe, torch_* and jax_cudnn rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+CSV = ROOT / "data" / "kernels" / "cudnn_fe_gptoss_sdpa.csv"
+SYSTEMS = {"GB200": "gb200-nvl72", "GB300": "gb300-nvl72", "H200": "h200-sxm-141gb",
+           "H100": "h100-sxm-80gb"}
+
+
+def priced_ms(system_name, b, s, hq, hkv, d, window, which, tile=128.0):
+    """diffperf's forward / backward / forward+backward milliseconds of one attention kernel:
+    causal, `window` keys (0 or >= s: full causal), at the system's physics defaults."""
+    import diffperf
+    from diffperf import Parallel, load_model, load_system
+    from diffperf.costs.compute import FLASH_BACKWARD_WORK, attention_time_s
+    from diffperf.workload.flops import attention_by_kind, attention_io_bytes
+
+    model = load_model("gpt-oss-120b").replace(
+        n_heads=float(hq), n_kv_heads=float(hkv), head_dim=float(d), seq_len=float(s),
+        sliding_window=float(window if window and window < s else 0.0))
+    training = diffperf.training("bf16").replace(attn_tile=float(tile))
+    par = Parallel(micro_batch=float(b))
+    system = load_system(system_name)
+    full, win, f_win = attention_by_kind(model, par, training)
+    kind = win if (window and window < s) else full
+    io = attention_io_bytes(model, par, training)
+    f = float(attention_time_s(kind, system, training, io))
+    bw = FLASH_BACKWARD_WORK * float(attention_time_s(kind, system, training, io, backward=True))
+    return 1e3 * {"fwd": f, "bwd": bw, "fwd+bwd": f + bw}[which]
+
+
+def ratios(path):
+    """{(gpu, seq, window, pass): measured / priced} of the bf16 non-deterministic rows."""
+    out = {}
+    for r in csv.DictReader(open(path)):
+        if r["dtype"] != "bfloat16" or r["deterministic"] != "False":
+            continue
+        b, s, hq, hkv, d, w = (int(r[k]) for k in ("batch", "seq", "q_heads", "kv_heads",
+                                                     "head_dim", "window"))
+        out[(r["gpu"], s, w, r["pass"])] = float(r["time_ms"]) / priced_ms(
+            SYSTEMS[r["gpu"]], b, s, hq, hkv, d, w, r["pass"])
+    return out
+
+
+def what_if(path) -> int:
+    import numpy as np
+    from diffperf import load_runs
+    from diffperf.api import _as_float, _normalize
+    from diffperf.cli.validate_cmd import load_systems
+    from diffperf.predict import FEATURES
+    from diffperf.specs.batch import stack
+    from diffperf.validation import _predict_rows
+    from diffperf.workload.stages import pipeline_stages
+    from calibration.bridge import CSV as BRIDGE, _subset
+
+    k = ratios(path)
+    gpu_of = {v: g for g, v in SYSTEMS.items()}
+    runs = load_runs(BRIDGE)
+    idx = [i for i, r in enumerate(runs.rows) if r["model"] == "gpt-oss-120b"
+           and r["precision"] == "bf16" and gpu_of.get(runs.systems[i]) in ("GB200", "GB300")]
+    runs = _subset(runs, idx)
+    systems = load_systems(runs, None, None)
+    a = _as_float((stack(runs.models), _normalize(stack(runs.parallels)),
+                   stack([systems[s] for s in runs.systems]), stack(runs.trainings)))
+    step = np.asarray(_predict_rows(*a, temperature=None, features=FEATURES).step_time_s)
+    print(f"{'row':44s} {'err%':>6s} {'win_only':>8s} {'+full~1024':>10s}   "
+          "(err % if the window layers / also the full layers cost cuDNN's measured ratio)")
+    for i, r in enumerate(runs.rows):
+        m, par = runs.models[i], _normalize(runs.parallels[i])
+        g, s, b = gpu_of[runs.systems[i]], int(m.seq_len), int(par.micro_batch)
+        L = float(np.max(np.asarray(pipeline_stages(m, par).layers)))
+        mb = float(par.n_microbatches)
+        kw = {p: k[(g, s, 128, p)] for p in ("fwd", "bwd")}
+        kf = {p: k[(g, s, 1024, p)] for p in ("fwd", "bwd")}
+        d_win = sum((kw[p] - 1) * priced_ms(runs.systems[i], b, s, 64, 8, 64, 128, p)
+                    for p in ("fwd", "bwd"))
+        d_full = sum((kf[p] - 1) * priced_ms(runs.systems[i], b, s, 64, 8, 64, 0, p)
+                     for p in ("fwd", "bwd"))
+        meas = float(runs.step_time_s[i])
+        s1 = step[i] + mb * L / 2 * d_win * 1e-3
+        s2 = s1 + mb * L / 2 * d_full * 1e-3
+        print(f"{r['id'][3:47]:44s} {100 * (meas / step[i] - 1):+6.1f} "
+              f"{100 * (meas / s1 - 1):+8.1f} {100 * (meas / s2 - 1):+10.1f}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--csv", default=str(CSV))
+    p.add_argument("--device-csv", default="")
+    p.add_argument("--what-if", action="store_true")
+    args = p.parse_args(argv)
+    if args.what_if:
+        return what_if(args.csv)
+    print(f"{'gpu':6s} {'cuDNN':>6s} {'b':>2s} {'s':>6s} {'hq/hkv':>7s} {'win':>5s} "
+          f"{'pass':7s} {'meas_ms':>8s} {'price_ms':>8s} {'meas/price':>10s}")
+    for r in csv.DictReader(open(args.csv)):
+        if r["dtype"] != "bfloat16" or r["deterministic"] != "False":
+            continue
+        b, s, hq, hkv, d, w = (int(r[k]) for k in ("batch", "seq", "q_heads", "kv_heads",
+                                                     "head_dim", "window"))
+        pr = priced_ms(SYSTEMS[r["gpu"]], b, s, hq, hkv, d, w, r["pass"])
+        meas = float(r["time_ms"])
+        print(f"{r['gpu']:6s} {r['cudnn_backend']:>6s} {b:2d} {s:6d} {hq:3d}/{hkv:<3d} {w:5d} "
+              f"{r['pass']:7s} {meas:8.3f} {pr:8.3f} {meas / pr:10.2f}")
+    if args.device_csv:
+        print("\nH100 (this project's measurement)")
+        for r in csv.DictReader(open(args.device_csv)):
+            b, s, hq, hkv, d = (int(r[k]) for k in ("b", "s", "hq", "hkv", "d"))
+            w = int(r["window_left"]) + 1 if r["window_left"] else 0
+            pr = priced_ms("h100-sxm-80gb", b, s, hq, hkv, d, w, r["pass"])
+            meas = float(r["gpu_ms"])
+            print(f"{r['impl']:16s} b{b} s{s:5d} win {w:4d} sink {r['sink']} {r['pass']:7s} "
+                  f"{meas:8.3f} {pr:8.3f} {meas / pr:6.2f}  {r['note']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
