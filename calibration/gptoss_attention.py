@@ -14,11 +14,12 @@ work at the backward's rate, as predict prices it) and measured / priced.
     python calibration/gptoss_attention.py [--csv PATH] [--device-csv PATH] [--what-if]
 
 --what-if: the GPT-OSS BF16 Bridge rows on GB200 / GB300 (the systems with published window-128
-timings) if each window layer's attention cost cuDNN's measured time (priced time x measured /
+timings; with --device-csv also DGX-H100, at this project's cuDNN-with-sink ratios) if each window layer's attention cost cuDNN's measured time (priced time x measured /
 priced at the row's sequence and pass) and each full layer's cost the priced time x k_full, with
-k_full = 1 (priced as now) and k_full = the 1024-key window's measured / priced ratio (a proxy: no
-full-causal head-dim-64 bf16 timing is published). step' = step + m L (delta_win + delta_full) /
-2 per layer pair; a what-if, not a shipped term.
+k_full = 1 (priced as now) and k_full = the 1024-key window's measured / priced ratio (a proxy on
+GB200 / GB300: no full-causal head-dim-64 bf16 timing is published there; measured on H100).
+step' = step + (m + p - 1) L (delta_win + delta_full) / 2 per layer pair (1F1B: the stage's
+micro-batch time m + p - 1 times); a what-if, not a shipped term.
 
 --device-csv: this project's H100 measurement (calibration/device_h100_attention.py), priced the
 same way on h100-sxm-80gb (cudnn_fe, torch_* and jax_cudnn rows).
@@ -74,7 +75,21 @@ def ratios(path):
     return out
 
 
-def what_if(path) -> int:
+def device_ratios(path, impl="cudnn_fe", sink="1"):
+    """{("H100", b, s, window, pass): measured / priced} of this project's H100 run
+    (calibration/device_h100_attention.py), cuDNN with the sink (what the rows ran)."""
+    out = {}
+    for r in csv.DictReader(open(path)):
+        if r["impl"] != impl or r["sink"] != sink or r["pass"] not in ("fwd", "bwd"):
+            continue
+        b, s, hq, hkv, d = (int(r[k]) for k in ("b", "s", "hq", "hkv", "d"))
+        w = int(r["window_left"]) + 1 if r["window_left"] else 0
+        out[("H100", b, s, w, r["pass"])] = float(r["gpu_ms"]) / priced_ms(
+            "h100-sxm-80gb", b, s, hq, hkv, d, w, r["pass"])
+    return out
+
+
+def what_if(path, device="") -> int:
     import numpy as np
     from diffperf import load_runs
     from diffperf.api import _as_float, _normalize
@@ -86,24 +101,32 @@ def what_if(path) -> int:
     from calibration.bridge import CSV as BRIDGE, _subset
 
     k = ratios(path)
+    kd = device_ratios(device) if device else {}
     gpu_of = {v: g for g, v in SYSTEMS.items()}
+    gpus = ("GB200", "GB300") + (("H100",) if kd else ())
     runs = load_runs(BRIDGE)
     idx = [i for i, r in enumerate(runs.rows) if r["model"] == "gpt-oss-120b"
-           and r["precision"] == "bf16" and gpu_of.get(runs.systems[i]) in ("GB200", "GB300")]
+           and r["precision"] == "bf16" and gpu_of.get(runs.systems[i]) in gpus]
     runs = _subset(runs, idx)
     systems = load_systems(runs, None, None)
     a = _as_float((stack(runs.models), _normalize(stack(runs.parallels)),
                    stack([systems[s] for s in runs.systems]), stack(runs.trainings)))
     step = np.asarray(_predict_rows(*a, temperature=None, features=FEATURES).step_time_s)
-    print(f"{'row':44s} {'err%':>6s} {'win_only':>8s} {'+full~1024':>10s}   "
-          "(err % if the window layers / also the full layers cost cuDNN's measured ratio)")
+    print(f"{'row':44s} {'err%':>6s} {'win_only':>8s} {'+full':>8s}   (err % if the window "
+          "layers / also the full layers cost cuDNN's measured ratio; GB full: the 1024-window "
+          "proxy, H100: measured)")
     for i, r in enumerate(runs.rows):
         m, par = runs.models[i], _normalize(runs.parallels[i])
         g, s, b = gpu_of[runs.systems[i]], int(m.seq_len), int(par.micro_batch)
         L = float(np.max(np.asarray(pipeline_stages(m, par).layers)))
-        mb = float(par.n_microbatches)
-        kw = {p: k[(g, s, 128, p)] for p in ("fwd", "bwd")}
-        kf = {p: k[(g, s, 1024, p)] for p in ("fwd", "bwd")}
+        # 1F1B: step ~ (m + p - 1) x the stage's micro-batch time
+        mb = float(par.n_microbatches) + float(par.pp) - 1.0
+        if g == "H100":
+            kw = {p: kd[(g, b, s, 128, p)] for p in ("fwd", "bwd")}
+            kf = {p: kd[(g, b, s, 0, p)] for p in ("fwd", "bwd")}
+        else:
+            kw = {p: k[(g, s, 128, p)] for p in ("fwd", "bwd")}
+            kf = {p: k[(g, s, 1024, p)] for p in ("fwd", "bwd")}
         d_win = sum((kw[p] - 1) * priced_ms(runs.systems[i], b, s, 64, 8, 64, 128, p)
                     for p in ("fwd", "bwd"))
         d_full = sum((kf[p] - 1) * priced_ms(runs.systems[i], b, s, 64, 8, 64, 0, p)
@@ -112,7 +135,7 @@ def what_if(path) -> int:
         s1 = step[i] + mb * L / 2 * d_win * 1e-3
         s2 = s1 + mb * L / 2 * d_full * 1e-3
         print(f"{r['id'][3:47]:44s} {100 * (meas / step[i] - 1):+6.1f} "
-              f"{100 * (meas / s1 - 1):+8.1f} {100 * (meas / s2 - 1):+10.1f}")
+              f"{100 * (meas / s1 - 1):+8.1f} {100 * (meas / s2 - 1):+8.1f}")
     return 0
 
 
@@ -123,7 +146,7 @@ def main(argv=None) -> int:
     p.add_argument("--what-if", action="store_true")
     args = p.parse_args(argv)
     if args.what_if:
-        return what_if(args.csv)
+        return what_if(args.csv, args.device_csv)
     print(f"{'gpu':6s} {'cuDNN':>6s} {'b':>2s} {'s':>6s} {'hq/hkv':>7s} {'win':>5s} "
           f"{'pass':7s} {'meas_ms':>8s} {'price_ms':>8s} {'meas/price':>10s}")
     for r in csv.DictReader(open(args.csv)):
