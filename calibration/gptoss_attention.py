@@ -4,8 +4,9 @@
 The Megatron-Bridge GPT-OSS rows run cuDNN's fused attention (Transformer Engine disables
 FlashAttention for learnable sinks). cudnn-frontend publishes cuDNN SDPA timings at GPT-OSS shapes
 (data/kernels/cudnn_fe_gptoss_sdpa.csv, provenance in data/README.md): GB200 / GB300 with a
-128-key window (b 2, 128 heads of 64, cuDNN 9.22) and GB200 / GB300 / H200 with a 1024-key window
-(b 2, 64 query / 8 KV heads of 64, cuDNN 9.19.1), forward and backward apart. For each bf16,
+128-key window (b 2, 128 heads of 64, cuDNN 9.22 and 9.27), H200 with it (cuDNN 9.27), the same
+shapes in FlashAttention-4 (`backend` flash_attention_4), and GB200 / GB300 / H200 with a
+1024-key window (b 2, 64 query / 8 KV heads of 64, cuDNN 9.19.1), forward and backward apart. For each bf16,
 non-deterministic row this prints the measured time, diffperf's price of the same kernel (the row
 system's physics defaults, bf16, flash attention, attn_tile = 128 as the Bridge rows set it:
 `costs.compute.attention_time_s` at the window layer's tile kappa; backward = 2.5 x the forward
@@ -65,9 +66,10 @@ def priced_ms(system_name, b, s, hq, hkv, d, window, which, tile=128.0):
 def ratios(path):
     """{(gpu, seq, window, pass): measured / priced} of the bf16 non-deterministic rows."""
     out = {}
-    for r in csv.DictReader(open(path)):
-        if r["dtype"] != "bfloat16" or r["deterministic"] != "False":
-            continue
+    rows = [r for r in csv.DictReader(open(path)) if r["dtype"] == "bfloat16"
+            and r["deterministic"] == "False" and r["backend"] == "cudnn"]
+    # the oldest cuDNN of each shape: nearest the rows' 9.13-9.21
+    for r in sorted(rows, key=lambda r: -int(r["cudnn_backend"])):
         b, s, hq, hkv, d, w = (int(r[k]) for k in ("batch", "seq", "q_heads", "kv_heads",
                                                      "head_dim", "window"))
         out[(r["gpu"], s, w, r["pass"])] = float(r["time_ms"]) / priced_ms(
@@ -147,8 +149,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.what_if:
         return what_if(args.csv, args.device_csv)
-    print(f"{'gpu':6s} {'cuDNN':>6s} {'b':>2s} {'s':>6s} {'hq/hkv':>7s} {'win':>5s} "
-          f"{'pass':7s} {'meas_ms':>8s} {'price_ms':>8s} {'meas/price':>10s}")
+    print(f"{'gpu':6s} {'backend':17s} {'cuDNN':>6s} {'b':>2s} {'s':>6s} {'hq/hkv':>7s} "
+          f"{'win':>5s} {'pass':7s} {'meas_ms':>8s} {'price_ms':>8s} {'meas/price':>10s}")
     for r in csv.DictReader(open(args.csv)):
         if r["dtype"] != "bfloat16" or r["deterministic"] != "False":
             continue
@@ -156,8 +158,8 @@ def main(argv=None) -> int:
                                                      "head_dim", "window"))
         pr = priced_ms(SYSTEMS[r["gpu"]], b, s, hq, hkv, d, w, r["pass"])
         meas = float(r["time_ms"])
-        print(f"{r['gpu']:6s} {r['cudnn_backend']:>6s} {b:2d} {s:6d} {hq:3d}/{hkv:<3d} {w:5d} "
-              f"{r['pass']:7s} {meas:8.3f} {pr:8.3f} {meas / pr:10.2f}")
+        print(f"{r['gpu']:6s} {r['backend']:17s} {r['cudnn_backend']:>6s} {b:2d} {s:6d} "
+              f"{hq:3d}/{hkv:<3d} {w:5d} {r['pass']:7s} {meas:8.3f} {pr:8.3f} {meas / pr:10.2f}")
     if args.device_csv:
         print("\nH100 (this project's measurement)")
         for r in csv.DictReader(open(args.device_csv)):

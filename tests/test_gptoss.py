@@ -183,14 +183,16 @@ def test_cudnn_fe_gptoss_timings_as_transcribed():
 
     rows = list(csv.DictReader(open(Path(__file__).resolve().parent.parent / "data" / "kernels"
                                     / "cudnn_fe_gptoss_sdpa.csv")))
-    assert len(rows) == 140 and {r["gpu"] for r in rows} == {"GB200", "GB300", "H200"}
+    assert len(rows) == 200 and {r["gpu"] for r in rows} == {"GB200", "GB300", "H200"}
+    assert {r["backend"] for r in rows} == {"cudnn", "flash_attention_4"}
     for r in rows:
         b, s, h, d, w = (int(r[k]) for k in ("batch", "seq", "q_heads", "head_dim", "window"))
         n = w * (w + 1) // 2 + (s - w) * w
         flop = 4 * n * b * h * d * (FLASH_BACKWARD_WORK if r["pass"] == "bwd" else 1.0)
         tflops = flop / (float(r["time_ms"]) * 1e-3) / 1e12
         assert abs(tflops - float(r["tflops_published"])) <= 0.51 + 0.005 * tflops, r
-    one = [r for r in rows if (r["gpu"], r["dtype"], r["seq"], r["window"], r["pass"]) == (
-        "GB200", "bfloat16", "4096", "128", "fwd")]
+    one = [r for r in rows if (r["gpu"], r["dtype"], r["seq"], r["window"], r["pass"],
+                               r["cudnn_backend"]) == ("GB200", "bfloat16", "4096", "128", "fwd",
+                                                       "92200")]
     assert [float(r["time_ms"]) for r in one] == [0.210]
     assert 4 * 516160 * 256 * 64 / 0.210e-3 / 1e12 == pytest.approx(161.1, abs=0.05)
