@@ -15,7 +15,8 @@ work at the backward's rate, as predict prices it) and measured / priced.
     python calibration/gptoss_attention.py [--csv PATH] [--device-csv PATH] [--what-if]
 
 --what-if: the GPT-OSS BF16 Bridge rows on GB200 / GB300 (the systems with published window-128
-timings; with --device-csv also DGX-H100, at this project's cuDNN-with-sink ratios) if each window layer's attention cost cuDNN's measured time (priced time x measured /
+timings; with --device-csv also DGX-H100, at this project's cuDNN ratios without the sink,
+whose own backward cost is now priced: System.attn_sink_bwd_row_s) if each window layer's attention cost cuDNN's measured time (priced time x measured /
 priced at the row's sequence and pass) and each full layer's cost the priced time x k_full, with
 k_full = 1 (priced as now) and k_full = the 1024-key window's measured / priced ratio (a proxy on
 GB200 / GB300: no full-causal head-dim-64 bf16 timing is published there; measured on H100).
@@ -23,7 +24,8 @@ step' = step + (m + p - 1) L (delta_win + delta_full) / 2 per layer pair (1F1B: 
 micro-batch time m + p - 1 times); a what-if, not a shipped term.
 
 --device-csv: this project's H100 measurement (calibration/device_h100_attention.py), priced the
-same way on h100-sxm-80gb (cudnn_fe, torch_* and jax_cudnn rows).
+same way on h100-sxm-80gb (cudnn_fe, torch_* and jax_cudnn rows; the cudnn_fe rows with the sink
+priced with the shipped sink term added to their backward).
 """
 
 from __future__ import annotations
@@ -77,9 +79,19 @@ def ratios(path):
     return out
 
 
-def device_ratios(path, impl="cudnn_fe", sink="1"):
+def sink_ms(b, s, hq, which, system_name="h100-sxm-80gb"):
+    """The sinks' backward term diffperf now adds (costs.compute.attention_sink_backward_s),
+    milliseconds, for a `which` pass that includes the backward."""
+    from diffperf import load_system
+    return 0.0 if which == "fwd" else 1e3 * b * hq * s * float(
+        load_system(system_name).attn_sink_bwd_row_s)
+
+
+def device_ratios(path, impl="cudnn_fe", sink="0"):
     """{("H100", b, s, window, pass): measured / priced} of this project's H100 run
-    (calibration/device_h100_attention.py), cuDNN with the sink (what the rows ran)."""
+    (calibration/device_h100_attention.py), cuDNN without the sink: the sink's own backward
+    cost is now priced (attention_sink_backward_s), so the what-if adds only the kernels'
+    excess beyond it."""
     out = {}
     for r in csv.DictReader(open(path)):
         if r["impl"] != impl or r["sink"] != sink or r["pass"] not in ("fwd", "bwd"):
@@ -166,6 +178,8 @@ def main(argv=None) -> int:
             b, s, hq, hkv, d = (int(r[k]) for k in ("b", "s", "hq", "hkv", "d"))
             w = int(r["window_left"]) + 1 if r["window_left"] else 0
             pr = priced_ms("h100-sxm-80gb", b, s, hq, hkv, d, w, r["pass"])
+            if r["sink"] == "1" and r["impl"] == "cudnn_fe":
+                pr += sink_ms(b, s, hq, r["pass"])  # priced with the shipped sink term
             meas = float(r["gpu_ms"])
             print(f"{r['impl']:16s} b{b} s{s:5d} win {w:4d} sink {r['sink']} {r['pass']:7s} "
                   f"{meas:8.3f} {pr:8.3f} {meas / pr:6.2f}  {r['note']}")
