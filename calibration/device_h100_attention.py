@@ -1,4 +1,4 @@
-"""GPT-OSS 120B's attention core on one H100, as the Megatron-Bridge rows run it (run on the device).
+"""GPT-OSS 120B's attention core on one H100, as the Megatron-Bridge rows run it (device run).
 
 Transformer Engine 2.9-2.16 under Megatron-Core 0.15-0.17 cannot run GPT-OSS's attention with
 FlashAttention (learnable sinks, `softmax_type = "learnable"`): `get_attention_backend` leaves
@@ -89,7 +89,8 @@ class Out:
         self.f.flush()
         print(f"{kw['impl']:16s} b{kw['b']} s{kw['s']:5d} win {str(kw.get('window_left')):4s} "
               f"sink {kw.get('sink', 0)} {kw['pass']:7s} {kw['gpu_ms']:9.4f} ms "
-              f"({kw['tflops_band']} TFLOP/s band) host {kw.get('host_ms')} ms {kw.get('note', '')}",
+              f"({kw['tflops_band']} TFLOP/s band) host {kw.get('host_ms')} ms "
+              f"{kw.get('note', '')}",
               flush=True)
 
 
@@ -123,7 +124,8 @@ def run_cudnn_fe(out):
     except Exception as e:  # noqa: BLE001
         print(f"cudnn-frontend not importable ({e!r}): cudnn_fe rows skipped", flush=True)
         return
-    print(f"cudnn-frontend {cudnn.__version__}, cuDNN backend {cudnn.backend_version()}", flush=True)
+    print(f"cudnn-frontend {cudnn.__version__}, cuDNN backend {cudnn.backend_version()}",
+          flush=True)
     handle = cudnn.create_handle()
     cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
     bf16, f32 = cudnn.data_type.BFLOAT16, cudnn.data_type.FLOAT

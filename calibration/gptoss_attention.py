@@ -1,27 +1,28 @@
-"""GPT-OSS's attention kernel: diffperf's price against cuDNN's own timings (docs/accuracy-gptoss.md,
-"Session 15").
+"""GPT-OSS's attention kernel: diffperf's price against cuDNN's own timings
+(docs/accuracy-gptoss.md, "Session 15").
 
 The Megatron-Bridge GPT-OSS rows run cuDNN's fused attention (Transformer Engine disables
-FlashAttention for learnable sinks). cudnn-frontend publishes cuDNN SDPA timings at GPT-OSS shapes
-(data/kernels/cudnn_fe_gptoss_sdpa.csv, provenance in data/README.md): GB200 / GB300 with a
-128-key window (b 2, 128 heads of 64, cuDNN 9.22 and 9.27), H200 with it (cuDNN 9.27), the same
-shapes in FlashAttention-4 (`backend` flash_attention_4), and GB200 / GB300 / H200 with a
-1024-key window (b 2, 64 query / 8 KV heads of 64, cuDNN 9.19.1), forward and backward apart. For each bf16,
-non-deterministic row this prints the measured time, diffperf's price of the same kernel (the row
-system's physics defaults, bf16, flash attention, attn_tile = 128 as the Bridge rows set it:
-`costs.compute.attention_time_s` at the window layer's tile kappa; backward = 2.5 x the forward
-work at the backward's rate, as predict prices it) and measured / priced.
+FlashAttention for learnable sinks). cudnn-frontend publishes cuDNN SDPA timings at GPT-OSS
+shapes (data/kernels/cudnn_fe_gptoss_sdpa.csv, provenance in data/README.md): GB200 / GB300 with
+a 128-key window (b 2, 128 heads of 64, cuDNN 9.22 and 9.27), H200 with it (cuDNN 9.27), the
+same shapes in FlashAttention-4 (`backend` flash_attention_4), and GB200 / GB300 / H200 with a
+1024-key window (b 2, 64 query / 8 KV heads of 64, cuDNN 9.19.1), forward and backward apart.
+For each bf16, non-deterministic row this prints the measured time, diffperf's price of the
+same kernel (the row system's physics defaults, bf16, flash attention, attn_tile = 128 as the
+Bridge rows set it: `costs.compute.attention_time_s` at the window layer's tile kappa; backward
+= 2.5 x the forward work at the backward's rate, as predict prices it) and measured / priced.
 
     python calibration/gptoss_attention.py [--csv PATH] [--device-csv PATH] [--what-if]
 
---what-if: the GPT-OSS BF16 Bridge rows on GB200 / GB300 (the systems with published window-128
-timings; with --device-csv also DGX-H100, at this project's cuDNN ratios without the sink,
-whose own backward cost is now priced: System.attn_sink_bwd_row_s) if each window layer's attention cost cuDNN's measured time (priced time x measured /
-priced at the row's sequence and pass) and each full layer's cost the priced time x k_full, with
-k_full = 1 (priced as now) and k_full = the 1024-key window's measured / priced ratio (a proxy on
-GB200 / GB300: no full-causal head-dim-64 bf16 timing is published there; measured on H100).
-step' = step + (m + p - 1) L (delta_win + delta_full) / 2 per layer pair (1F1B: the stage's
-micro-batch time m + p - 1 times); a what-if, not a shipped term.
+--what-if: the GPT-OSS BF16 Bridge rows on GB200 / GB300 (the systems with published
+window-128 timings; with --device-csv also DGX-H100, at this project's cuDNN ratios without the
+sink, whose own backward cost is now priced: System.attn_sink_bwd_row_s) if each window layer's
+attention cost cuDNN's measured time (priced time x measured / priced at the row's sequence and
+pass) and each full layer's cost the priced time x k_full, with k_full = 1 (priced as now) and
+k_full = the 1024-key window's measured / priced ratio (a proxy on GB200 / GB300: no full-causal
+head-dim-64 bf16 timing is published there; measured on H100). step' = step + (m + p - 1) L
+(delta_win + delta_full) / 2 per layer pair (1F1B: the stage's micro-batch time m + p - 1
+times); a what-if, not a shipped term.
 
 --device-csv: this project's H100 measurement (calibration/device_h100_attention.py), priced the
 same way on h100-sxm-80gb (cudnn_fe, torch_* and jax_cudnn rows; the cudnn_fe rows with the sink

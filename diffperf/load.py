@@ -453,8 +453,8 @@ SYSTEM_KEYS = ("name", "gpu", "description", "sources", "matmul_TFLOPs", "matmul
                "matmul_fp8_TFLOPs", "matmul_fp4_TFLOPs", "matmul_sustained_frac",
                "matmul_fp8_sustained_frac", "matmul_fp4_sustained_frac", "attn_fa2_fwd_frac",
                "attn_fa2_bwd_frac", "attn_fa2_half_GFLOP", "attn_fa2_exponent", "sfu_Texp_per_s",
-               "attn_sink_bwd_row_ns", "gpu_sms", "fp8_non_tn_gemm", "vector_TFLOPs", "hbm_bandwidth_GBps",
-               "hbm_capacity_GiB", "power_W", "tiers",
+               "attn_sink_bwd_row_ns", "gpu_sms", "fp8_non_tn_gemm", "vector_TFLOPs",
+               "hbm_bandwidth_GBps", "hbm_capacity_GiB", "power_W", "tiers",
                "efficiency", "reliability")
 TIER_KEYS = ("name", "domain_size", "bandwidth_GBps", "latency_us", "oversubscription")
 RELIABILITY_KEYS = ("failure_rate_per_device_hour", "storage_write_GBps", "restart_s")
