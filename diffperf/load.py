@@ -526,8 +526,8 @@ SYSTEM_KEYS = ("name", "gpu", "description", "sources", "matmul_TFLOPs", "matmul
                "matmul_fp8_TFLOPs", "matmul_fp4_TFLOPs", "matmul_sustained_frac",
                "matmul_fp8_sustained_frac", "matmul_fp4_sustained_frac", "attn_fa2_fwd_frac",
                "attn_fa2_bwd_frac", "attn_fa2_half_GFLOP", "attn_fa2_exponent", "sfu_Texp_per_s",
-               "gpu_sms", "fp8_non_tn_gemm", "vector_TFLOPs", "hbm_bandwidth_GBps",
-               "hbm_capacity_GiB", "power_W", "tiers",
+               "attn_sink_bwd_row_ns", "gpu_sms", "fp8_non_tn_gemm", "vector_TFLOPs",
+               "hbm_bandwidth_GBps", "hbm_capacity_GiB", "power_W", "tiers",
                "efficiency", "reliability")
 TIER_KEYS = ("name", "domain_size", "bandwidth_GBps", "latency_us", "oversubscription")
 _SYSTEM_NOT_NUMBERS = ("name", "gpu", "description", "sources", "tiers", "efficiency",
@@ -546,6 +546,7 @@ SYSTEM_UNITS = {"matmul_TFLOPs": ("matmul_flops_per_s", 1e12),
                 "attn_fa2_half_GFLOP": ("attn_fa2_half_flop", 1e9),
                 "attn_fa2_exponent": ("attn_fa2_exponent", 1.0),
                 "sfu_Texp_per_s": ("sfu_exp_per_s", 1e12),
+                "attn_sink_bwd_row_ns": ("attn_sink_bwd_row_s", 1e-9),
                 "gpu_sms": ("gpu_sms", 1.0),
                 "fp8_non_tn_gemm": ("fp8_non_tn_gemm", 1.0),
                 "vector_TFLOPs": ("vector_flops_per_s", 1e12),
@@ -664,6 +665,9 @@ def system_from_dict(d: dict, where: str = "system") -> System:
                                          default=1.0),
             # absent: no published exponential rate of this GPU (0: no floor, no change)
             "sfu_Texp_per_s": _number(d, "sfu_Texp_per_s", where, minimum=0.0, default=0.0),
+            # absent: the sink gradient's backward cost not measured on this GPU (0: no change)
+            "attn_sink_bwd_row_ns": _number(d, "attn_sink_bwd_row_ns", where, minimum=0.0,
+                                            default=0.0),
             # absent: the GPU's SM count not given (0: tp_userbuffers = 2 refused)
             "gpu_sms": _number(d, "gpu_sms", where, minimum=0.0, default=0.0),
             # absent: FP8 GEMMs take the TN layout only (Hopper): 0, no change

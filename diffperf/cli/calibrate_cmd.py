@@ -180,6 +180,9 @@ def run(args) -> int:
     if args.seed < 0:  # numpy's default_rng raised ValueError (a traceback)
         raise SpecError(f"--seed={args.seed} must be a whole number >= 0")
     runs = load_runs(args.runs, args.precision, args.set)
+    from diffperf.cli.options import print_notes, row_fact_notes
+
+    print_notes(row_fact_notes(args.set, runs.rows))
     systems = load_systems(runs, args.system, args.calibration)
     if args.out is None and not args.json and not args.folds:
         console.print("note: no --out given; the fitted overlay is not written")
@@ -232,6 +235,9 @@ def run(args) -> int:
                      f"--holdout-frac for one"])
     eff = {f: float(getattr(c.fit.eff, f)) for f in c.fit.fields}
     if args.out:
+        from diffperf.cli.options import fitted_under
+
+        precision, facts = fitted_under(args.precision, args.set, runs)
         overlay = dict(
             description=f"efficiencies fitted by diffperf calibrate on {_runs_label(args.runs)}",
             created_by=f"diffperf calibrate {datetime.date.today().isoformat()}",
@@ -239,9 +245,10 @@ def run(args) -> int:
                            holdout_frac=args.holdout_frac, fit_only=args.fit_only,
                            folds=args.folds, steps=args.steps,
                            microbench=list(args.microbench or []),
-                           # framework facts the runs were fitted under: pass the same to
+                           # framework facts the runs were fitted under (--precision /
+                           # --set, or what every row's own columns say): pass the same to
                            # predict / validate with this overlay
-                           precision=args.precision, set=list(args.set or [])),
+                           precision=precision, set=facts),
             heldout={k: v for k, v in report.items() if k != "fitted"} | {
                 "fitted": report["fitted"]},
             efficiency=eff)

@@ -1093,6 +1093,9 @@ def check_system(system, where: str = "system") -> None:
          "> 0 (steepness of FlashAttention-2's fall-off with work)")
     rule(system.sfu_exp_per_s, lambda v: v >= 0, "sfu_exp_per_s",
          ">= 0 (exponentials per second of the special-function units; 0: no floor)")
+    rule(system.attn_sink_bwd_row_s, lambda v: v >= 0, "attn_sink_bwd_row_s",
+         ">= 0 (seconds per query row the sink gradient adds to the attention backward; 0: "
+         "not measured)")
     rule(system.gpu_sms, lambda v: v >= 0, "gpu_sms",
          ">= 0 (streaming multiprocessors of the GPU; 0: unknown)")
     rule(system.fp8_non_tn_gemm, lambda v: (v == 0) | (v == 1), "fp8_non_tn_gemm",
