@@ -1199,6 +1199,9 @@ def test_typed_files_refuse_quoted_numbers_and_read_yaml_1_2_exponents(tmp_path)
         load_system(_write_yaml(tmp_path, _system_dict() | {"fp8_non_tn_gemm": "1"}))
     with _raises(".efficiency.mm_max='0.8' is a string (type str), not a number"):
         load_system(_write_yaml(tmp_path, _system_dict() | {"efficiency": {"mm_max": "0.8"}}))
+    from diffperf.design import cost_model_from_dict
+    with _raises("cost.tiers[0].bandwidth_per_GBps='2' is a string (type str), not a number"):
+        cost_model_from_dict({"unit": "USD", "base": 1, "tiers": [{"bandwidth_per_GBps": "2"}]})
     p = tmp_path / "m.yaml"
     p.write_text("name: m\nnum_layers: 4\nhidden: 2.56e2\nnum_heads: 4\nvocab: 1e3\n"
                  "seq_len: 128\n")
