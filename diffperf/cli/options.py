@@ -220,26 +220,17 @@ def overlay_fact_hint(err, args) -> str:
             f"which was fitted under it: give --set {field}=VALUE to override it)")
 
 
-def _rule_head(text: str) -> str:
-    """The head of a check_facts_act message, without the value of the row it was said of:
-    'cp_ring=0 needs context parallelism (cp > 1; got cp=1): it picks ...' -> 'cp_ring=0
-    needs context parallelism (cp > 1)'; 'zero3_regather=0 needs zero_stage=3 (got
-    zero_stage=0): ...' -> 'zero3_regather=0 needs zero_stage=3'."""
-    import re
-
-    head = text.split(": ", 1)[0]
-    return re.sub(r" \(got [^)]*\)", "", re.sub(r"; got [^)]*\)", ")", head))
-
-
 def inert_notes(inert, n_layouts=None) -> list[str]:
     """Notes on the framework facts that cannot act on some layouts (`search.facts_inert_rows`
     of a table of n_layouts rows; n_layouts None: `specs.validate.neutral_facts`' facts of the
     one layout predict's search chose). The framework runs such a layout without the fact
-    (its term is zero there), so it is evaluated and ranked as it is, not left out."""
+    (its term is zero there), so it is evaluated and ranked as it is, not left out. Each rule
+    is said by its `specs.validate.FactRule.head` (the rule, without the values of the row
+    it was first found on), the text the refusal of a given layout leads with."""
     notes = []
-    for field, (what, texts) in inert.items():
-        rules = "; ".join(dict.fromkeys(_rule_head(t) for t in texts))
-        fact = rules.split(" ", 1)[0]
+    for field, (what, said) in inert.items():
+        rules = "; ".join(dict.fromkeys(r.head for r in said))  # FactRule: no row's values
+        fact = f"{field}={said[0].value:g}"
         if n_layouts is None:
             notes.append(f"{fact} does not act on the layout predict's search chose ({rules}): "
                          f"predicted as the framework runs it, without it (a layout option "
