@@ -310,5 +310,10 @@ def test_unmeasured_sink_cost_is_said():
     (note,) = unmeasured_cost_notes(GPT_OSS, gb200, BF16)
     assert "gpt-oss-120b" in note and "gb200-nvl72" in note and "not measured" in note
     assert unmeasured_cost_notes(GPT_OSS, h100, BF16) == []
+    # the other system files of the same 700 W H100 SXM carry the measurement (no note); the
+    # H200 / Grand Teton's 500 W H100 (other memory, power) do not
+    for name in ("h100-80gb-800gbps-node", "meta-h100-24k"):
+        assert float(_system(name).attn_sink_bwd_row_s) == float(h100.attn_sink_bwd_row_s)
+    assert len(unmeasured_cost_notes(GPT_OSS, _system("h200-sxm-141gb"), BF16)) == 1
     assert unmeasured_cost_notes(_model("llama3-8b"), gb200, BF16) == []
     assert unmeasured_cost_notes(GPT_OSS, gb200, BF16.replace(flash_attention=0.0)) == []
