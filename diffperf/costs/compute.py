@@ -305,10 +305,11 @@ def attention_sink_backward_s(rows, sinks, system, training):
     x 1.52 ns = 0.398 ms per layer backward (its flash price, attn_tile = 128: 0.86 ms full,
     0.23 ms window).
 
-    Scope: the six points are all 64 query / 8 KV heads at t = c = 1 (what the DGX-H100 Bridge
-    rows run), so they fix the cost per b s at 64 heads; that it is per head too (R divided
-    by t) is the form's reading of per-head sums, which calibration/device_h100_sink_heads.py
-    times at 64 / 32 / 16 / 8 heads (docs/accuracy-gptoss.md, "Review of the sink term"). With CP,
+    Per head (R divided by t): the same graphs at 64 / 32 / 16 / 8 query heads (8 / 4 / 2 / 1
+    KV heads, GPT-OSS at t = 1, 2, 4, 8; data/kernels/h100_sink_heads.csv, calibration/
+    device_h100_sink_heads.py) cost 1.47-1.73 ns per b h s row (means 1.53 / 1.58 / 1.61 /
+    1.67 ns by head count: within 15 % of tau_row), while per b s they fall ~7x from 64 to 8
+    heads (docs/accuracy-gptoss.md, "Review of the sink term"). With CP,
     Transformer Engine 2.9-2.16 run sinks only in the all-to-all form (context_parallel.py,
     attn_forward_func_with_cp: non-vanilla softmax needs cp_comm_type "a2a"), a / (t c) heads
     of all s rows per rank: the same R; diffperf's CP forms (ring, all-gather) are not it."""
