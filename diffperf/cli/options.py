@@ -273,26 +273,17 @@ def overlay_fact_hint(err, args) -> str:
             f"which was fitted under it: give --set {field}=VALUE to override it)")
 
 
-def _rule_head(text: str) -> str:
-    """The head of a check_facts_act message, without the value of the row it was said of:
-    'cp_ring=0 needs context parallelism (cp > 1; got cp=1): it picks ...' -> 'cp_ring=0
-    needs context parallelism (cp > 1)'; 'zero3_regather=0 needs zero_stage=3 (got
-    zero_stage=0): ...' -> 'zero3_regather=0 needs zero_stage=3'."""
-    import re
-
-    head = text.split(": ", 1)[0]
-    return re.sub(r" \(got [^)]*\)", "", re.sub(r"; got [^)]*\)", ")", head))
-
-
 def inert_notes(inert, n_layouts=None) -> list[str]:
     """Notes on the framework facts that cannot act on some layouts (`search.facts_inert_rows`
     of a table of n_layouts rows; n_layouts None: `specs.validate.neutral_facts`' facts of the
     one layout predict's search chose). The framework runs such a layout without the fact
-    (its term is zero there), so it is evaluated and ranked as it is, not left out."""
+    (its term is zero there), so it is evaluated and ranked as it is, not left out. Each rule
+    is said by its `specs.validate.FactRule.head` (the rule, without the values of the row
+    it was first found on), the text the refusal of a given layout leads with."""
     notes = []
-    for field, (what, texts) in inert.items():
-        rules = "; ".join(dict.fromkeys(_rule_head(t) for t in texts))
-        fact = rules.split(" ", 1)[0]
+    for field, (what, said) in inert.items():
+        rules = "; ".join(dict.fromkeys(r.head for r in said))  # FactRule: no row's values
+        fact = f"{field}={said[0].value:g}"
         if n_layouts is None:
             notes.append(f"{fact} does not act on the layout predict's search chose ({rules}): "
                          f"predicted as the framework runs it, without it (a layout option "
@@ -302,6 +293,23 @@ def inert_notes(inert, n_layouts=None) -> list[str]:
                          f"layouts ({rules}): they are evaluated and ranked as the framework "
                          f"runs them, without it")
     return notes
+
+
+def unmeasured_cost_notes(model, system, training) -> list[str]:
+    """Notes on the kernel costs a System prices as free because nobody measured them on its
+    GPU, for a model that pays them: the learned attention sinks' gradient in the fused
+    attention backward (System.attn_sink_bwd_row_s, costs.compute.attention_sink_backward_s;
+    read only with Model.attention_sinks and flash attention) is 0 on every system file but
+    the H100's, which would price GPT-OSS's backward ~0.4 ms per layer cheaper (b 1, s 4096,
+    64 heads) there without a word."""
+    if (float(model.attention_sinks) > 0 and float(training.flash_attention) > 0
+            and float(system.attn_sink_bwd_row_s) == 0):
+        return [f"{model.name} has learned attention sinks: the cost of their gradient in the "
+                f"fused attention backward is not measured on {system.name} "
+                f"(attn_sink_bwd_row_ns absent: priced as free); on an H100 (cuDNN 9.19) it is "
+                f"1.52 ns per query row x head, ~0.4 ms per layer backward at b 1, s 4096, 64 "
+                f"heads (docs/accuracy-gptoss.md, Session 15)"]
+    return []
 
 
 def print_notes(notes) -> None:
