@@ -18,7 +18,9 @@
 # Since 2026-11-27 (branch rowfacts) the shipped CSVs carry these facts themselves (the H100
 # files' precision column, vtrain_a100.csv's `set` column; data/README.md "Changed in the
 # shipped copies"); the flags below repeat them, so a DATA folder of the shared copies (bf16
-# columns, no set column) fits the same, and the overlays' fitted_on still records them.
+# columns, no set column) fits the same, and the overlays' fitted_on still records them. The
+# vTrain rows' dropout=1 (branch review15a) is not repeated: it acts on activation memory only,
+# which no vTrain row measured, so the fit is the same without it.
 set -euo pipefail
 if [ -n "${DATA:-}" ]; then  # a folder of CSVs: paths
     ds() { echo "$DATA/$1.csv"; }

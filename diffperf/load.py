@@ -1147,8 +1147,9 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
     """Read a measured-runs CSV (schema: data/README.md), or a shipped dataset by name
     (`h100_single_gpu`; `diffperf list datasets`); extra columns are allowed.
 
-    `precision` overrides the CSV's precision column with a named preset (PRECISIONS): the
-    CSV says bf16 for a run whose framework kept fp32 weights under autocast ('amp-bf16').
+    `precision` overrides the CSV's precision column with a named preset (PRECISIONS) on
+    every row (e.g. 'amp-bf16' for a CSV whose column says bf16 of runs that kept fp32
+    weights under autocast); a row's own `set` facts, by contrast, apply after `overrides`.
 
     Rows with status 'oom' may leave step_time_s blank; every other blank required cell, an
     unknown column name close to a required one, or a duplicate id is an error.

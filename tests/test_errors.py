@@ -1902,6 +1902,15 @@ def test_cli_fact_the_overlay_applied_says_so(capsys):
     # the user's own fact: the rule alone
     assert _cli_error(capsys, "predict", "--model", "gpt-small", "--dp", "1", *a100,
                       "--set", "fused_softmax_max_seq=2048") == f"training: {SOFTMAX_FA}"
+    # a row's own fact refused for the fact the overlay applied, which its rule names: the
+    # hint says where flash_attention=0 came from (published_longseq's attention_fa2=1 rows)
+    assert _cli_error(capsys, "validate", "published_longseq", "--calibration",
+                      "vtrain-a100").endswith(
+        "attention_fa2=1 needs fused attention (flash_attention=1; got 0): it prices the fused "
+        "attention kernel as FlashAttention-2, and unfused attention runs batched GEMMs and a "
+        "separate softmax; allowed: 0 with flash_attention = 0 (--set flash_attention=0 was "
+        "applied from --calibration vtrain-a100, which was fitted under it: give --set "
+        "flash_attention=VALUE to override it)")
 
 
 def test_unknown_dataset_suggests():

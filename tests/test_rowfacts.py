@@ -94,6 +94,11 @@ def test_validate_notes_on_the_set_of_xla_rows():
     torch = load_runs("h100_single_gpu")
     sets = {}
     assert xla_set_notes(torch, load_systems(torch, None, None, sets), sets) == []
+    # --system S: every row runs on S (systems {'*': S}, sets keyed by S's name)
+    sets = {}
+    (note,) = xla_set_notes(jax, load_systems(jax, "h200-sxm-141gb", None, sets), sets)
+    assert note.startswith("25 row(s) on h200-sxm-141gb are one XLA-compiled step")
+    assert "efficiency set physics-defaults" in note
 
 
 def test_overlay_precision_note_compares_the_rows():
@@ -143,12 +148,38 @@ def test_command_fact_a_row_overrides_is_noted():
         "--set flash_attention=1 does not act on 1 of 3 rows: their 'set' cell says "
         "flash_attention=0 (what those runs ran, applied after --set; edit the cells for a "
         "what-if)"]
+    # a fact the overlay applied is named as the overlay's; 1.0 and 1 are one value; a
+    # value that is no number (a cell load_runs has not checked) compares as text
+    overlay = ("vtrain-a100", {"flash_attention": "flash_attention=1"})
+    rows = [{"set": "flash_attention=0;dp_overlap=1.0;x=auto"}]
+    assert row_fact_notes(["flash_attention=1", "dp_overlap=1", "x=auto", "x=on"], rows,
+                          overlay) == [
+        "--calibration vtrain-a100's flash_attention=1 does not act on 1 of 1 rows: their "
+        "'set' cell says flash_attention=0 (what those runs ran, applied after --set; edit "
+        "the cells for a what-if)",
+        "--set x=on does not act on 1 of 1 rows: their 'set' cell says x=auto (what those "
+        "runs ran, applied after --set; edit the cells for a what-if)"]
+
+
+def test_command_precision_that_replaces_the_column_is_noted():
+    """--precision applies to every row, over its precision column (unlike --set): a note
+    names the rows whose column says another preset; none for an alias of the same preset
+    or a blank cell."""
+    from diffperf.cli.options import precision_override_notes
+
+    rows = [{"precision": "xla-amp-bf16"}, {"precision": "amp-bf16"}, {"precision": ""}, {}]
+    assert precision_override_notes("amp-bf16", rows) == [
+        "--precision amp-bf16 replaces the precision column of 1 of 4 rows (their column "
+        "says xla-amp-bf16)"]
+    assert precision_override_notes(None, rows) == []
+    assert precision_override_notes("fp8-current", [{"precision": "fp8"}]) == []
 
 
 def test_calibrate_records_what_the_rows_ran():
     """An overlay's fitted_on says the precision and facts every fitted row ran under, from
     the rows' own columns when the command gives none (vtrain_a100's set cells, the H100
-    precision columns), the command's otherwise; a fact some rows override is not recorded."""
+    precision columns), the command's otherwise; a command fact that every row's cell
+    replaces is recorded with the rows' value."""
     from diffperf.cli.options import fitted_under
 
     with (DATA / "vtrain_a100.csv").open(newline="", encoding="utf-8") as fh:
@@ -156,13 +187,22 @@ def test_calibrate_records_what_the_rows_ran():
     vtrain = SimpleNamespace(rows=rows, trainings=[SimpleNamespace(name=r["precision"])
                                                    for r in rows])
     assert fitted_under(None, None, vtrain) == (
-        "fp16", ["dp_overlap=0", "flash_attention=0", "fused_softmax_max_seq=2048"])
+        "fp16", ["dp_overlap=0", "dropout=1", "flash_attention=0", "fused_softmax_max_seq=2048"])
     # the rows' flash_attention=0 replaces the command's 1 on every row: 0 is what was fitted
     assert fitted_under(None, ["flash_attention=1", "grad_bytes=4"], vtrain)[1] == [
-        "flash_attention=0", "grad_bytes=4", "dp_overlap=0", "fused_softmax_max_seq=2048"]
+        "flash_attention=0", "grad_bytes=4", "dp_overlap=0", "dropout=1",
+        "fused_softmax_max_seq=2048"]
     jax = load_runs("h100_jax_single_gpu")
     assert fitted_under(None, ["dp_overlap=0"], jax) == ("xla-amp-bf16", ["dp_overlap=0"])
     assert fitted_under("amp-bf16", None, jax) == ("amp-bf16", [])
     mixed = SimpleNamespace(trainings=jax.trainings[:1] + load_runs("h100_single_gpu").trainings,
                             rows=[{"set": "a=1;b=2"}, {"set": "a=1"}, {"set": "a=1.0;c=3"}])
     assert fitted_under(None, None, mixed) == (None, ["a=1"])
+    # a command fact that acted on some rows is recorded with the command's value (the other
+    # rows keep their cells' value when validate applies the overlay on this CSV); the last
+    # value of a field given twice wins
+    assert fitted_under(None, ["b=5", "c=3", "c=4"], mixed)[1] == ["b=5", "c=4", "a=1"]
+    # only the fitted rows (calibrate's fit mask) say what was fitted under
+    assert fitted_under(None, None, mixed, [False, True, True]) == ("amp-bf16", ["a=1"])
+    assert fitted_under(None, None, mixed, [True, False, False]) == (
+        "xla-amp-bf16", ["a=1", "b=2"])

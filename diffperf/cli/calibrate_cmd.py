@@ -180,9 +180,10 @@ def run(args) -> int:
     if args.seed < 0:  # numpy's default_rng raised ValueError (a traceback)
         raise SpecError(f"--seed={args.seed} must be a whole number >= 0")
     runs = load_runs(args.runs, args.precision, args.set)
-    from diffperf.cli.options import print_notes, row_fact_notes
+    from diffperf.cli.options import precision_override_notes, print_notes, row_fact_notes
 
-    print_notes(row_fact_notes(args.set, runs.rows))
+    print_notes(precision_override_notes(args.precision, runs.rows)
+                + row_fact_notes(args.set, runs.rows))
     systems = load_systems(runs, args.system, args.calibration)
     if args.out is None and not args.json and not args.folds:
         console.print("note: no --out given; the fitted overlay is not written")
@@ -237,7 +238,7 @@ def run(args) -> int:
     if args.out:
         from diffperf.cli.options import fitted_under
 
-        precision, facts = fitted_under(args.precision, args.set, runs)
+        precision, facts = fitted_under(args.precision, args.set, runs, fit_mask)
         overlay = dict(
             description=f"efficiencies fitted by diffperf calibrate on {_runs_label(args.runs)}",
             created_by=f"diffperf calibrate {datetime.date.today().isoformat()}",

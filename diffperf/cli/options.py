@@ -136,57 +136,103 @@ def framework_facts(args) -> tuple[list, list]:
     return applied + given, notes
 
 
-def row_fact_notes(items, rows) -> list:
+def _fact_value(text):
+    """A fact's value for comparing two spellings ('1' and '1.0' are one value): the number
+    where the text is one, else the stripped text (a cell load_runs has not checked)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text.strip()
+
+
+def _cell_facts(row) -> dict:
+    """{field: value text} of a runs row's own `set` cell ('a=1;b=2' -> {'a': '1', 'b':
+    '2'})."""
+    from diffperf.load import RUN_FACTS
+
+    facts = [f.split("=", 1) for f in (row.get(RUN_FACTS) or "").split(";") if "=" in f]
+    return {k.strip(): v.strip() for k, v in facts}
+
+
+def row_fact_notes(items, rows, overlay=None) -> list:
     """Notes (one per command fact) for each `--set FIELD=VALUE` (or overlay fact) that some
     rows' own `set` cell gives another value: the row's fact is what that run ran and is
     applied after the command's (load.load_runs), so the command's value does not act there.
     Example: '--set flash_attention=1 does not act on 1549 of 1549 rows: their 'set' cell
     says flash_attention=0 (what those runs ran, applied after --set; edit the cells for a
-    what-if)'. `rows`: the runs' raw CSV rows (Runs.rows)."""
-    from diffperf.load import RUN_FACTS
-
-    cells = []
-    for row in rows:
-        facts = [f.split("=", 1) for f in (row.get(RUN_FACTS) or "").split(";") if "=" in f]
-        cells.append({k.strip(): v.strip() for k, v in facts})
+    what-if)'. `rows`: the runs' raw CSV rows (Runs.rows); `overlay`: (name, {field:
+    'FIELD=VALUE'}) of the facts applied from --calibration NAME (`framework_facts`'
+    args.overlay_applied), which the note names as such."""
+    cells = [_cell_facts(row) for row in rows]
+    name, applied = overlay or (None, {})
     notes = []
     for item in items or ():
         key, value = (x.strip() for x in item.split("=", 1))
-        other = [c[key] for c in cells if key in c and float(c[key]) != float(value)]
+        other = [c[key] for c in cells
+                 if key in c and _fact_value(c[key]) != _fact_value(value)]
         if other:
             said = ", ".join(f"{key}={v}" for v in sorted(set(other)))
-            notes.append(f"--set {key}={value} does not act on {len(other)} of {len(cells)} "
+            what = (f"--calibration {name}'s {key}={value}"
+                    if applied.get(key, "").replace(" ", "") == item.replace(" ", "")
+                    else f"--set {key}={value}")
+            notes.append(f"{what} does not act on {len(other)} of {len(cells)} "
                          f"rows: their 'set' cell says {said} (what those runs ran, applied "
                          f"after --set; edit the cells for a what-if)")
     return notes
 
 
-def fitted_under(precision, items, runs) -> tuple:
-    """(precision, facts) a calibration's runs were fitted under, for its overlay's fitted_on:
-    --precision, else the rows' precision column where every row names the same preset (else
-    None); the facts in force on every row with the same value: each --set item unless the
-    row's own `set` cell gives it another value, and each fact of a row's cell that every row
-    has (the command's first, in its order). Example: vtrain_a100 (every row 'dp_overlap=0;
-    flash_attention=0;fused_softmax_max_seq=2048') without --set -> those three facts."""
-    from diffperf.load import RUN_FACTS
+def _same_preset(a, b) -> bool:
+    """Whether two precision names are one preset (an alias such as fp8 = fp8-current)."""
+    from diffperf.specs.training import PRECISIONS
 
+    return a == b or (a in PRECISIONS and PRECISIONS[a] is PRECISIONS.get(b))
+
+
+def precision_override_notes(precision, rows) -> list:
+    """The note (a list of 0 or 1 line) that --precision replaces the precision column of
+    some rows that name another preset (load_runs applies --precision to every row, unlike
+    --set, which a row's own `set` cell overrides). Rows with a blank or no precision cell
+    say nothing. Example: '--precision amp-bf16 replaces the precision column of 25 of 25
+    rows (their column says xla-amp-bf16)'."""
+    if not precision:
+        return []
+    said = [(row.get("precision") or "").strip() for row in rows]
+    other = [p for p in said if p and not _same_preset(p, precision)]
+    if not other:
+        return []
+    return [f"--precision {precision} replaces the precision column of {len(other)} of "
+            f"{len(rows)} rows (their column says {', '.join(sorted(set(other)))})"]
+
+
+def fitted_under(precision, items, runs, mask=None) -> tuple:
+    """(precision, facts) a calibration's fitted rows ran under, for its overlay's fitted_on
+    (`mask`: the fitted rows, default all): --precision, else the rows' precision column
+    where every row names the same preset (else None); each --set item that acted on some
+    row (its own `set` cell does not replace it), or, where every row's cell replaces it with
+    one value, that value; and each fact of a row's cell that every row has with one value
+    (the command's first, in its order). On the same CSV, validate --calibration with the
+    overlay then predicts what was fitted (row cells apply after the overlay's facts).
+    Example: vtrain_a100 (every row 'dp_overlap=0;flash_attention=0;
+    fused_softmax_max_seq=2048') without --set -> those three facts."""
+    picked = [i for i in range(len(runs.rows)) if mask is None or mask[i]]
+    rows = [runs.rows[i] for i in picked]
     if precision is None:
-        names = {t.name for t in runs.trainings}
+        names = {runs.trainings[i].name for i in picked}
         precision = names.pop() if len(names) == 1 else None
-
-    def pairs(text):
-        return [(k.strip(), v.strip()) for k, v in
-                (f.split("=", 1) for f in text if "=" in f)]
-
-    given = pairs(items or ())
-    per_row = [dict(given) | dict(pairs((row.get(RUN_FACTS) or "").split(";")))
-               for row in runs.rows]
-    order = [k for k, _ in given] + [k for d in per_row for k in d]
+    # the last value of a field given twice wins, as in load.parse_overrides
+    given = dict(tuple(x.strip() for x in f.split("=", 1)) for f in items or () if "=" in f)
+    cells = [_cell_facts(row) for row in rows]
     facts = []
-    for key in dict.fromkeys(order):
-        values = {float(d[key]) if key in d else None for d in per_row}
-        if len(values) == 1 and None not in values:
-            facts.append(f"{key}={per_row[0][key]}")
+    for key, value in given.items():
+        replaced = [c[key] for c in cells if key in c]
+        if not cells or len(replaced) < len(cells):  # acted on the rows without their own value
+            facts.append(f"{key}={value}")
+        elif len({_fact_value(v) for v in replaced}) == 1:
+            facts.append(f"{key}={replaced[0]}")
+    for key in dict.fromkeys(k for c in cells for k in c):
+        values = {_fact_value(c[key]) if key in c else None for c in cells}
+        if key not in given and len(values) == 1 and None not in values:
+            facts.append(f"{key}={cells[0][key]}")
     return precision, facts
 
 
@@ -199,7 +245,7 @@ def row_precision_note(args, row_precisions) -> list:
     fitted = getattr(args, "overlay_precision", None)
     if not fitted or getattr(args, "precision", None):
         return []
-    other = [p for p in row_precisions if p != fitted]
+    other = [p for p in row_precisions if not _same_preset(p, fitted)]
     if not other:
         return []
     names = ", ".join(sorted(set(other)))
@@ -210,12 +256,19 @@ def row_precision_note(args, row_precisions) -> list:
 def overlay_fact_hint(err, args) -> str:
     """The text to append to a SpecError (`err`) that refuses a framework fact the user did not
     give but the --calibration overlay applied (`framework_facts`, its fitted_on.set: e.g.
-    vtrain-a100's fused_softmax_max_seq=2048 under the user's --set flash_attention=1); ''
-    otherwise. Reads SpecError.field."""
+    vtrain-a100's fused_softmax_max_seq=2048 under the user's --set flash_attention=1), or
+    whose rule names an applied fact as the one it needs (a runs row's attention_fa2=1
+    'needs fused attention (flash_attention=1; got 0)' under vtrain-a100's
+    flash_attention=0); '' otherwise. Reads SpecError.field."""
+    import re
+
     applied = getattr(args, "overlay_applied", None) or {}
     field = getattr(err, "field", None)
     if field not in applied:
-        return ""
+        named = [f for f in applied if f != field and re.search(rf"\b{f}\s*=", str(err))]
+        if not named:
+            return ""
+        field = named[0]
     return (f" (--set {applied[field]} was applied from --calibration {args.calibration}, "
             f"which was fitted under it: give --set {field}=VALUE to override it)")
 

@@ -18,7 +18,8 @@ def add_runs_options(p) -> None:
                    "column (e.g. amp-bf16 for fp32 weights under autocast)")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE", help=(
         "framework fact for every row, not in the CSV: a Parallel or Training field "
-        "(e.g. dp_overlap=0, grad_bytes=4); repeatable"))
+        "(e.g. dp_overlap=0, grad_bytes=4); repeatable; a row's own 'set' cell applies after "
+        "it (a note names the rows it does not act on)"))
 
 
 def add_parser(sub):
@@ -80,15 +81,17 @@ def xla_set_notes(runs, systems, sets) -> list:
     xla = [float(t.xla_compiled) > 0 for t in runs.trainings]
     out = []
     for name, rec in sets.items():
-        idx = [i for i, s in enumerate(runs.systems) if xla[i] and name in ("*", s)]
+        # --system S: systems is {'*': S} (every row), sets {S's name: its record}
+        key = "*" if "*" in systems else name
+        idx = [i for i, s in enumerate(runs.systems) if xla[i] and key in ("*", s)]
         if not idx:
             continue
-        q_us = 1e6 * float(systems[name].eff.queued_kernel_s)
+        q_us = 1e6 * float(systems[key].eff.queued_kernel_s)
         own = "queued_kernel_s" in (rec.get("efficiency") or {})
         src = "the set's value" if own else ("the physics default, specs.system.Efficiency: "
                                              "a kernel queued in a CUDA graph")
         precs = sorted({runs.trainings[i].name for i in idx})
-        line = (f"{len(idx)} row(s) on {'all systems' if name == '*' else name} are one "
+        line = (f"{len(idx)} row(s) on {name} are one "
                 f"XLA-compiled step (precision {', '.join(precs)}): efficiency set "
                 f"{rec.get('name')} applies with its eager terms off "
                 f"({', '.join(EAGER_HOST_FIELDS)} do not act on them; fixed time per kernel "
@@ -156,13 +159,15 @@ def run(args) -> int:
 
     if args.out:
         check_writable(args.out, args.force)
-    from diffperf.cli.options import (framework_facts, print_notes, row_fact_notes,
-                                      row_precision_note)
+    from diffperf.cli.options import (framework_facts, precision_override_notes, print_notes,
+                                      row_fact_notes, row_precision_note)
 
     items, notes = framework_facts(args)
     runs = load_runs(args.runs, args.precision, items)
+    notes += precision_override_notes(args.precision, runs.rows)
     notes += row_precision_note(args, [t.name for t in runs.trainings])
-    notes += row_fact_notes(items, runs.rows)
+    notes += row_fact_notes(items, runs.rows,
+                            (args.calibration, getattr(args, "overlay_applied", None) or {}))
     sets = {}
     systems = load_systems(runs, args.system, args.calibration, sets)
     notes += xla_set_notes(runs, systems, sets)
