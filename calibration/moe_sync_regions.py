@@ -182,13 +182,15 @@ def main(argv=None) -> int:
                         err_if=[100.0 * (runs.step_time_s[i] / (step[i] + x) - 1.0)
                                 for x in add]))
     head = "  ".join(f"x@{t * 1e6:g}us" for t in taus)
-    print(f"{'row':52s} {'E_l':>3s} {'sync':>4s} {'G_d':>6s} {'G_x':>6s} {'excess':>7s} {'tau_need':>8s}  {head}"
+    print(f"{'row':52s} {'E_l':>3s} {'sync':>4s} {'G_d':>6s} {'G_x':>6s} {'excess':>7s} "
+          f"{'tau_need':>8s}  {head}"
           "   (ms per MoE layer pass and micro-batch; x = region extra, fwd + bwd;"
           " tau_need: us per GEMM call for the excess)")
     for x in sorted(out, key=lambda x: (x["model"], x["id"])):
         ex = "  ".join(f"{1e3 * (ef + eb):8.3f}" for ef, eb in x["extras"])
         print(f"{x['id']:52s} {x['E_l']:3.0f} {'y' if x['sync'] else '-':>4s} "
-              f"{1e3 * x['g_d']:6.3f} {1e3 * x['g_x']:6.3f} {1e3 * x['excess']:7.3f} {1e6 * x['need']:8.1f}  {ex}")
+              f"{1e3 * x['g_d']:6.3f} {1e3 * x['g_x']:6.3f} {1e3 * x['excess']:7.3f} "
+              f"{1e6 * x['need']:8.1f}  {ex}")
     print("\n# tokens/s MAPE (bias) per model: as predicted -> + region extra at each tau_g")
     for mdl in sorted(want):
         sel = [x for x in out if x["model"] == mdl]

@@ -93,9 +93,9 @@ def test_predict_region_host_launches_by_hand(monkeypatch):
     """The region after the sync (DeepSeek-V3, e 8: E_l = 32, MXFP8 with TE's loop): the host
     launches the dispatch (phi), the two grouped GEMMs (2 phi) and their other 2 phi 31 per-
     expert GEMMs, and quantizes the experts' two inputs slice by slice (2 phi 32, one MXFP8
-    kernel each): host_r = (1 + 2 + 62 + 64) phi host_kernel_s = 129 phi 5 us = 613.3 us. Its GPU side is inside the
-    pass's (G_r <= G), its host side inside the pass's (H_r <= H). Without the fact the pass
-    keeps its one smooth max (no region call)."""
+    kernel each): host_r = (1 + 2 + 62 + 64) phi host_kernel_s = 129 phi 5 us = 613.3 us.
+    Its GPU side is inside the pass's (G_r <= G), its host side inside the pass's (H_r <= H).
+    Without the fact the pass keeps its one smooth max (no region call)."""
     (g, h), reg = _layer_regions(monkeypatch, LOOP.replace(moe_host_sync=1.0), 5e-6)
     gf, hf, gr, hr = reg
     assert (gf, hf) == pytest.approx((g, h), rel=1e-6)
