@@ -55,8 +55,13 @@ def row_parts(model, parallel, system, training):
     if float(training.attn_tile) > 0:
         attn = attention_by_kind_time_s(attention_by_kind(model, parallel, training), system,
                                         training, io)
-    # forward + backward (2 x, + 0.5 x recomputed scores under flash), as predict does
-    attn_fb = (3.0 + 0.5 * float(training.flash_attention)) * float(attn)
+    # forward + backward (2 x, + 0.5 x recomputed scores under flash), as predict does, + the
+    # sinks' gradient in the backward (costs.compute.attention_sink_backward_s)
+    from diffperf.costs.compute import attention_sink_backward_s
+    from diffperf.workload.flops import query_rows
+    attn_fb = (3.0 + 0.5 * float(training.flash_attention)) * float(attn) + float(
+        attention_sink_backward_s(query_rows(model, parallel), model.attention_sinks, system,
+                                  training))
     ms = dict(proj=float(g[0] + g[1]), router=float(g[4]), experts=float(g[5] + g[6]),
               attn=attn_fb, elem=3 * float(other),
               ep=float(parts["ep_exposed_s"]))

@@ -15,6 +15,10 @@
 #     the JAX runs are one XLA-compiled step (xla-amp-bf16: the same precisions, plus
 #     Training.xla_compiled = 1: XLA's live sets for memory, memory/xla.py; kernels issued
 #     back to back and fused as XLA runs them, costs/xla.py and workload/xla.py).
+# Since 2026-11-27 (branch rowfacts) the shipped CSVs carry these facts themselves (the H100
+# files' precision column, vtrain_a100.csv's `set` column; data/README.md "Changed in the
+# shipped copies"); the flags below repeat them, so a DATA folder of the shared copies (bf16
+# columns, no set column) fits the same, and the overlays' fitted_on still records them.
 set -euo pipefail
 if [ -n "${DATA:-}" ]; then  # a folder of CSVs: paths
     ds() { echo "$DATA/$1.csv"; }

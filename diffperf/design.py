@@ -43,7 +43,7 @@ from diffperf.sensitivity import (DEFAULT_CANDIDATES, _quick_jit, _soft_log_step
                                   hard_best)
 from diffperf.specs.batch import anonymous
 from diffperf.specs.paths import leaf_paths, leaf_values
-from diffperf.load import _check_keys, _number
+from diffperf.load import _check_keys, _number, typed_values
 from diffperf.specs.training import Training
 
 OBJECTIVES = ("time_to_train", "cost_per_token")
@@ -77,6 +77,8 @@ class CostModel:
 def cost_model_from_dict(d: dict, where: str = "cost") -> CostModel:
     """A validated CostModel from the YAML schema of configs/design/README.md."""
     _check_keys(d, COST_KEYS, where)
+    typed_values(d, ("base", "matmul_per_TFLOPs", "hbm_bandwidth_per_GBps",
+                     "hbm_capacity_per_GiB", "budget", "lifetime_years"), (), where)
     unit = str(d.get("unit", ""))
     if unit not in UNITS:
         raise SpecError(f"{where}.unit={d.get('unit')!r} is not allowed{closest(unit, UNITS)} "
@@ -88,6 +90,7 @@ def cost_model_from_dict(d: dict, where: str = "cost") -> CostModel:
                         f"{type(tiers).__name__} {tiers!r})")
     for i, t in enumerate(tiers):
         _check_keys(t, TIER_COST_KEYS, f"{where}.tiers[{i}]")
+        typed_values(t, TIER_COST_KEYS[1:], (), f"{where}.tiers[{i}]")
     budget = d.get("budget")
     return CostModel(
         unit=unit, base=price("base"), matmul_per_TFLOPs=price("matmul_per_TFLOPs"),

@@ -15,11 +15,18 @@ class SpecError(ValueError):
     'zero3_regather') and its value, where the raiser knows them (specs.validate's rules that
     name one field); None otherwise. A caller that acts on which field failed (load's runs
     rows) reads them instead of parsing the message.
+
+    `rule`: for a refusal of `specs.validate.check_facts_act` (a framework fact where its term
+    cannot act), the `specs.validate.FactRule` the message was made from (its `head`: the rule
+    without the failing entry's values); None otherwise. `anywhere`: True for a range rule
+    (the value is wrong whatever the rest of the input: a runs CSV's --set value is then not
+    said to apply to every row, `load._command_fact_hint`).
     """
 
-    def __init__(self, message="", *, field=None, value=None):
+    def __init__(self, message="", *, field=None, value=None, rule=None, anywhere=False):
         super().__init__(message)
-        self.field, self.value = field, value
+        self.field, self.value, self.rule = field, value, rule
+        self.anywhere = anywhere
 
 
 _CLOSEST_MAX = 64  # characters: difflib is quadratic, and a key is never longer

@@ -182,6 +182,42 @@ def _is_whole(v) -> bool:
             and (isinstance(v, int) or (math.isfinite(v) and float(v) == int(v))))
 
 
+# The config.json fields this reader takes as numbers / as true or false: a JSON string there
+# ("hidden_size": "768", "use_sliding_window": "false") is refused, naming the field, the
+# value and its type. transformers' config classes are huggingface_hub `@strict` dataclasses
+# since PR #41250 ("Validate config attributes"), which raise on a str where an int or bool
+# is declared; before it the string was stored and failed later, in the model's layers.
+# Read as is, a string misleads here: "0" experts is true, "false" a window in use.
+_HF_NUMBERS = (
+    "num_hidden_layers", "n_layer", "num_layers", "hidden_size", "n_embd", "d_model",
+    "num_attention_heads", "n_head", "num_key_value_heads", "n_head_kv", "num_kv_heads",
+    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "q_lora_rank",
+    "head_dim", "intermediate_size", "n_inner", "ffn_hidden_size", "vocab_size",
+    "max_position_embeddings", "n_positions", "seq_length", "num_local_experts",
+    "n_routed_experts", "num_experts", "num_experts_per_tok", "experts_per_token",
+    "moe_topk", "moe_intermediate_size", "n_shared_experts",
+    "shared_expert_intermediate_size", "first_k_dense_replace", "moe_layer_freq",
+    "decoder_sparse_step", "num_nextn_predict_layers", "sliding_window", "max_window_layers",
+    "sliding_window_pattern")
+_HF_FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "new_decoder_architecture",
+             "multi_query", "alibi", "bias", "use_sliding_window")
+
+
+def _typed(cfg, where) -> None:
+    """Refuse a JSON string in a field read as a number or true / false (_HF_NUMBERS,
+    _HF_FLAGS), and a number that is not finite (Python's json reads NaN, Infinity and 1e400),
+    naming the config.json field (the model checks after this one name diffperf's keys); the
+    SpecError carries the field and the value."""
+    from diffperf.load import typed_values
+
+    typed_values(cfg, _HF_NUMBERS, _HF_FLAGS, where, ": ")
+    for key in _HF_NUMBERS:
+        v = cfg.get(key)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise SpecError(f"{where}: {key}={v!r} must be a finite number", field=key,
+                            value=v, anywhere=True)
+
+
 def _check_type(mt, outer, where, notes) -> None:
     """Refuse a model_type this reader does not know (SUPPORTED_TYPES), naming the type found;
     `outer` is the type of a wrapper around a text_config (None without one): its language
@@ -284,6 +320,7 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
         return take_item(*keys)[1]
 
     _check_type(mt, outer, where, notes)
+    _typed(cfg, where)
     bad = [k for k in _REFUSED if cfg.get(k) not in (None, 0, [])]
     if bad:
         raise SpecError(f"{where}: Hugging Face fields not supported by diffperf's model: "

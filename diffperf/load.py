@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -110,11 +111,14 @@ def _number(d, key, where, *, integer=False, minimum=None, positive=False, defau
     return int(v) if integer else float(v)
 
 
+_FLAG_WORDS = ("true", "false", "0", "1", "yes", "no")  # a CSV cell's spellings of a flag
+
+
 def _flag(d, key, where, default):
     v = d.get(key, default)
     if isinstance(v, bool) or v in (0, 1):
         return float(bool(v))
-    if isinstance(v, str) and v.strip().lower() in ("true", "false", "0", "1", "yes", "no"):
+    if isinstance(v, str) and v.strip().lower() in _FLAG_WORDS:
         return float(v.strip().lower() in ("true", "1", "yes"))
     raise SpecError(f"{where}.{key}={v!r} must be true or false")
 
@@ -161,6 +165,17 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# YAML 1.2's floats with an exponent ("1e3", "1.5e3", "-2E-5"): PyYAML implements YAML 1.1,
+# whose float needs a dot and a signed exponent, and reads `budget: 1e6` or `1.5e3` as a
+# string. A string where a number goes is refused (`typed_values`), so the unquoted form is
+# read as the number YAML 1.2 (and a reader of the file) takes it for; a quoted "1e6" stays a
+# string.
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(\.[0-9]+|[0-9][0-9_]*(\.[0-9_]*)?)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"))
+
+
 def read_yaml(path) -> dict:
     """Parse a YAML file into a mapping, with a clear error for malformed files."""
     path = Path(path)
@@ -187,12 +202,51 @@ MODEL_KEYS = ("name", "description", "sources", "num_layers", "hidden", "ffn_hid
               "global_batch")
 
 
-def model_from_dict(d: dict, where: str = "model") -> Model:
+MODEL_FLAGS = ("gated_mlp", "tied_embeddings", "biases", "learned_positions",
+               "attention_sinks")
+MODEL_TEXT_KEYS = ("name", "description", "sources", "attention", "norm")
+
+
+def typed_values(d: dict, keys, flags, where: str, joiner: str = ".") -> None:
+    """Refuse a string that reads as a value where a typed file (YAML, JSON, a Python mapping)
+    must give a number (`keys`) or true / false (`flags`): `hidden: "768"` or `gated_mlp:
+    "yes"` is a quoted value, most often a template filled in or a column pasted from a
+    spreadsheet, which `_number` / `_flag` would read silently (any other string gets their
+    own "must be a number" / "must be true or false"), and
+    Hugging Face transformers' config classes refuse it too (PreTrainedConfig is a
+    huggingface_hub `@strict` dataclass since transformers PR #41250). A runs CSV's cells
+    are text by nature and are not checked here."""
+    def reads(v, flag):  # a string the readers (_number, _flag) would take as a value
+        text = v.strip().lower()
+        if flag:
+            return text in _FLAG_WORDS
+        try:
+            float(text.replace("_", "x"))
+        except (ValueError, OverflowError):
+            return False
+        return text.isascii()
+
+    for key in (*keys, *flags):
+        v = d.get(key) if isinstance(d, dict) else None
+        if isinstance(v, str) and reads(v, key in flags):
+            want = ("true or false, unquoted" if key in flags else
+                    "a number, written without quotes")
+            raise SpecError(f"{where}{joiner}{key}={v!r} is a string (type str), not "
+                            f"{'true / false' if key in flags else 'a number'}; allowed: "
+                            f"{want}", field=key, value=v)
+
+
+def model_from_dict(d: dict, where: str = "model", cells: bool = False) -> Model:
     """A validated Model from the YAML schema of configs/README.md (keys as the runs CSV).
     `global_batch` (the model's published training batch, `default_global_batch`) is checked
-    here but belongs to the job, not to the Model."""
+    here but belongs to the job, not to the Model. `cells`: the values are a runs CSV row's
+    text cells; otherwise (a YAML or JSON file, a mapping) a number or flag given as a string
+    is refused (`typed_values`)."""
     _check_kind(d, "model", where)
     _check_keys(d, MODEL_KEYS, where)
+    if not cells:
+        typed_values(d, [k for k in MODEL_KEYS if k not in MODEL_TEXT_KEYS + MODEL_FLAGS],
+                     MODEL_FLAGS, where)
     _number(d, "global_batch", where, integer=True, positive=True, default=1)
     n = lambda k, **kw: _number(d, k, where, **kw)  # noqa: E731
     heads = n("num_heads", integer=True, positive=True)
@@ -405,6 +459,10 @@ def _model_file(name_or_path) -> Path:
     shipped YAML, in a shipped dataset's rows too, without a word): give ./NAME for the
     folder."""
     path = Path(name_or_path)
+    if not str(name_or_path).strip():  # Path('') is the working folder
+        raise SpecError(f"model name {str(name_or_path)!r} is empty (allowed: a shipped model "
+                        f"name, a model .yaml, a Hugging Face config.json or the folder "
+                        f"holding it)")
     if path.suffix in (".json", ".yaml", ".yml"):
         return path
     if str(name_or_path) in resources.config_files("models"):
@@ -434,6 +492,21 @@ def _named(name, kind):
     shipped = resources.config_files(kind)
     if str(name) not in shipped:
         singular = {"models": "model", "systems": "system", "design": "cost model"}[kind]
+        if not str(name).strip():
+            raise SpecError(f"{singular} name {str(name)!r} is empty (allowed: a shipped "
+                            f"{singular} name ({', '.join(shipped)}) or a path to a .yaml "
+                            f"file)")
+        try:
+            is_dir, is_file = Path(name).is_dir(), Path(name).is_file()
+        except (OSError, ValueError):
+            is_dir = is_file = False
+        if kind != "models" and (is_dir or is_file):  # a path, not a name (was: "unknown")
+            what = "a folder" if is_dir else (f"a file whose suffix is {Path(name).suffix!r}"
+                                              if Path(name).suffix else
+                                              "a file whose name has no suffix")
+            raise SpecError(f"{name}: {what}, not a {singular} file (allowed: a shipped "
+                            f"{singular} name ({', '.join(shipped)}) or a path to a .yaml "
+                            f"file)")
         path_kinds = ("a .yaml file or a Hugging Face config.json (or its folder)"
                       if kind == "models" else "a .yaml file")
         raise SpecError(f"unknown {singular} '{name}'{closest(name, shipped)} "
@@ -453,10 +526,12 @@ SYSTEM_KEYS = ("name", "gpu", "description", "sources", "matmul_TFLOPs", "matmul
                "matmul_fp8_TFLOPs", "matmul_fp4_TFLOPs", "matmul_sustained_frac",
                "matmul_fp8_sustained_frac", "matmul_fp4_sustained_frac", "attn_fa2_fwd_frac",
                "attn_fa2_bwd_frac", "attn_fa2_half_GFLOP", "attn_fa2_exponent", "sfu_Texp_per_s",
-               "gpu_sms", "fp8_non_tn_gemm", "vector_TFLOPs", "hbm_bandwidth_GBps",
-               "hbm_capacity_GiB", "power_W", "tiers",
+               "attn_sink_bwd_row_ns", "gpu_sms", "fp8_non_tn_gemm", "vector_TFLOPs",
+               "hbm_bandwidth_GBps", "hbm_capacity_GiB", "power_W", "tiers",
                "efficiency", "reliability")
 TIER_KEYS = ("name", "domain_size", "bandwidth_GBps", "latency_us", "oversubscription")
+_SYSTEM_NOT_NUMBERS = ("name", "gpu", "description", "sources", "tiers", "efficiency",
+                       "reliability", "fp8_non_tn_gemm")
 RELIABILITY_KEYS = ("failure_rate_per_device_hour", "storage_write_GBps", "restart_s")
 # Keys of a system YAML (human units) and the System leaf each one sets, with its SI factor.
 SYSTEM_UNITS = {"matmul_TFLOPs": ("matmul_flops_per_s", 1e12),
@@ -471,6 +546,7 @@ SYSTEM_UNITS = {"matmul_TFLOPs": ("matmul_flops_per_s", 1e12),
                 "attn_fa2_half_GFLOP": ("attn_fa2_half_flop", 1e9),
                 "attn_fa2_exponent": ("attn_fa2_exponent", 1.0),
                 "sfu_Texp_per_s": ("sfu_exp_per_s", 1e12),
+                "attn_sink_bwd_row_ns": ("attn_sink_bwd_row_s", 1e-9),
                 "gpu_sms": ("gpu_sms", 1.0),
                 "fp8_non_tn_gemm": ("fp8_non_tn_gemm", 1.0),
                 "vector_TFLOPs": ("vector_flops_per_s", 1e12),
@@ -505,6 +581,7 @@ _FRACTIONS = ("mm_max", "attn_max", "mem_eff", "coll_eff_intra", "coll_eff_inter
 def efficiency_from_dict(d: dict, where: str, base: Efficiency | None = None) -> Efficiency:
     """Efficiency parameters (overlay keys = field names of `Efficiency`), checked."""
     _check_keys(d, EFFICIENCY_KEYS, where)
+    typed_values(d, EFFICIENCY_KEYS, (), where)
     base = base or Efficiency()
     values = {}
     for key in d:
@@ -528,6 +605,7 @@ def reliability_from_dict(d: dict, where: str) -> Reliability:
     """Failure rate, checkpoint storage and restart time (configs/README.md, "Reliability"),
     human units -> SI; an absent key keeps its default (`specs.system.Reliability`)."""
     _check_keys(d, RELIABILITY_KEYS, where)
+    typed_values(d, RELIABILITY_KEYS, (), where)
     base = _to_human(RELIABILITY_UNITS, Reliability())
     n = lambda k, **kw: _number(d, k, where, default=base[k], **kw)  # noqa: E731
     # A zero rate (M = infinity) or bandwidth has no optimal checkpoint interval: refused.
@@ -541,6 +619,8 @@ def system_from_dict(d: dict, where: str = "system") -> System:
     """A validated System from the YAML schema of configs/README.md (human units -> SI)."""
     _check_kind(d, "system", where)
     _check_keys(d, SYSTEM_KEYS, where)
+    typed_values(d, [k for k in SYSTEM_KEYS if k not in _SYSTEM_NOT_NUMBERS],
+                 ("fp8_non_tn_gemm",), where)
     tiers_in = d.get("tiers")
     if not isinstance(tiers_in, list) or not tiers_in:
         raise SpecError(f"{where}.tiers must be a non-empty list of network tiers "
@@ -549,6 +629,7 @@ def system_from_dict(d: dict, where: str = "system") -> System:
     for i, t in enumerate(tiers_in):
         tw = f"{where}.tiers[{i}]"
         _check_keys(t, TIER_KEYS, tw)
+        typed_values(t, TIER_KEYS[1:], (), tw)
         tiers.append(Tier(**_to_si(TIER_UNITS, {
             "domain_size": _number(t, "domain_size", tw, positive=True),
             "bandwidth_GBps": _number(t, "bandwidth_GBps", tw, positive=True),
@@ -584,6 +665,9 @@ def system_from_dict(d: dict, where: str = "system") -> System:
                                          default=1.0),
             # absent: no published exponential rate of this GPU (0: no floor, no change)
             "sfu_Texp_per_s": _number(d, "sfu_Texp_per_s", where, minimum=0.0, default=0.0),
+            # absent: the sink gradient's backward cost not measured on this GPU (0: no change)
+            "attn_sink_bwd_row_ns": _number(d, "attn_sink_bwd_row_ns", where, minimum=0.0,
+                                            default=0.0),
             # absent: the GPU's SM count not given (0: tp_userbuffers = 2 refused)
             "gpu_sms": _number(d, "gpu_sms", where, minimum=0.0, default=0.0),
             # absent: FP8 GEMMs take the TN layout only (Hopper): 0, no change
@@ -652,17 +736,33 @@ def sweep_fields(system: System) -> dict:
     return out | {f"efficiency.{k}": (f"eff.{k}", 1.0) for k in EFFICIENCY_KEYS}
 
 
+# Values of one swept field (`_sweep_values`) and hardware points of a whole sweep (their
+# product, `sweep_axes`): each value is checked as a system file's (a System built per value),
+# and the points are predicted against every layout; `--sweep F=1:2:1000000000` was killed for
+# memory (a 1e9-value grid, then 1e9 Systems built to check it).
+MAX_SWEEP_VALUES = 10_000
+MAX_SWEEP_POINTS = 1_000_000
+
+
 def _sweep_values(key: str, spec: str, flag: str = "--sweep") -> np.ndarray:
-    """START:STOP:N (evenly spaced, ends included), START:STOP:N:log (geometric) or V1,V2,..."""
+    """START:STOP:N (evenly spaced, ends included), START:STOP:N:log (geometric) or V1,V2,...;
+    at most MAX_SWEEP_VALUES values."""
     where = flag
     parts = spec.split(":")
     if len(parts) == 1:
-        return np.array([_number({key: v}, key, where) for v in spec.split(",")])
+        items = spec.split(",")
+        if len(items) > MAX_SWEEP_VALUES:
+            raise SpecError(f"{flag} {key} lists {len(items):,} values (allowed: at most "
+                            f"{MAX_SWEEP_VALUES:,} per field)")
+        return np.array([_number({key: v}, key, where) for v in items])
     if len(parts) not in (3, 4):
         raise SpecError(f"{flag} {key}={spec!r} must be START:STOP:N, START:STOP:N:log or "
                         f"V1,V2,...")
     a, b = (_number({key: v}, key, where) for v in parts[:2])
     n = _number({f"{key} N": parts[2]}, f"{key} N", where, integer=True, positive=True)
+    if n > MAX_SWEEP_VALUES:
+        raise SpecError(f"{flag} {key}={spec}: N={n:,} values (allowed: 1 to "
+                        f"{MAX_SWEEP_VALUES:,} per field)", field=key, value=n)
     spacing = parts[3] if len(parts) == 4 else "lin"
     if spacing not in ("lin", "log"):
         raise SpecError(f"{flag} {key}: spacing {spacing!r} is not allowed (allowed: lin, log)")
@@ -730,6 +830,11 @@ def sweep_axes(system: System, items, flag: str = "--sweep") -> list[tuple]:
             system_from_dict(_set_field(base, key, float(v)), flag)
         leaf, factor = fields[key]
         out.append((key, leaf, values, values * factor))
+    points = math.prod(len(v) for _, _, v, _ in out)
+    if points > MAX_SWEEP_POINTS:
+        raise SpecError(f"{flag}: {' x '.join(str(len(v)) for _, _, v, _ in out)} = "
+                        f"{points:,} hardware points (allowed: at most {MAX_SWEEP_POINTS:,}, "
+                        f"each predicted against every layout)")
     return out
 
 
@@ -851,17 +956,40 @@ def check_columns_once(path, names) -> None:
                         f"header (allowed: each column once)")
 
 
-def _read_csv(path: Path, required) -> tuple[list, list]:
-    """(header, rows as dicts) of a UTF-8 CSV that has the `required` columns; clear errors
-    for a missing, unreadable, binary or malformed file, a missing or repeated column and a
-    row whose cells do not match the header. Columns without a name that are blank in every
-    row (a spreadsheet's trailing empty columns: `a,b,,`) are dropped; blank lines are
-    skipped (as csv.DictReader skips them)."""
+def _row_at(at, rid=None) -> str:
+    """Where a CSV record is, as a spreadsheet shows it: 'row N' (the header is row 1, a blank
+    line is a row; at = (N, line) from `_read_csv`), with the file's line where the record
+    starts when the two differ (a cell holding a line break, quoted, before it: one row,
+    several lines), and the row's id when given."""
+    row, line = at
+    said = ([f"id {rid or '?'}"] if rid is not None else []) + (
+        [f"line {line} of the file"] if line != row else [])
+    return f"row {row}" + (f" ({'; '.join(said)})" if said else "")
+
+
+def _read_csv(path: Path, required) -> tuple[list, list, list]:
+    """(header, rows as dicts, where each row is: (row, line) for `_row_at`) of a UTF-8 CSV
+    with the `required` columns; clear errors for a missing, unreadable, binary or malformed file, a
+    missing or repeated column and a row whose cells do not match the header. Columns without
+    a name that are blank in every row (a spreadsheet's trailing empty columns: `a,b,,`) are
+    dropped; blank lines are skipped (as csv.DictReader skips them) but counted, so that a
+    row's number is the one a spreadsheet shows (was: the count of records, which a blank
+    line or a line break inside a cell shifted)."""
+    kind = {".yaml": "YAML", ".yml": "YAML", ".json": "JSON"}.get(path.suffix.lower())
+    if kind:  # was: "missing column 'id' (have: # <the file's first line>)"
+        raise SpecError(f"{path}: a {kind} file, not a CSV table (allowed: a .csv file with the "
+                        f"columns {', '.join(required)}, or a shipped dataset name)")
     try:
         with path.open(newline="", encoding="utf-8-sig") as fh:  # a BOM is not a column
             reader = csv.reader(fh)
             header = next(reader, None) or []
-            raw = [r for r in reader if r]  # a blank line is no row
+            raw, at, sheet_row, line = [], [], 1, reader.line_num
+            for r in reader:  # csv.reader gives [] for a blank line: a row of the sheet
+                sheet_row += 1
+                if r:  # a blank line is no record
+                    raw.append(r)
+                    at.append((sheet_row, line + 1))
+                line = reader.line_num  # the last line the record took
     except OSError as err:
         raise SpecError(f"{path}: cannot read ({err.strerror or err})") from None
     except UnicodeDecodeError:
@@ -898,10 +1026,10 @@ def _read_csv(path: Path, required) -> tuple[list, list]:
                    + ("trailing commas, or " if blank else "")
                    + "an unquoted comma inside a cell? quote it" if extra else
                    f"no cell for {', '.join(short)}: write an empty cell as ,,")
-            raise SpecError(f"{path}: row {i + 2} has {cells} cells, the header "
+            raise SpecError(f"{path}: {_row_at(at[i])} has {cells} cells, the header "
                             f"{len(named)} ({why})")
         rows.append({header[j]: r[j] for j in keep})
-    return named, rows
+    return named, rows, at
 
 
 RUN_REQUIRED = ("id", "num_gpus", "num_layers", "hidden", "num_heads", "vocab", "seq_len",
@@ -978,7 +1106,7 @@ def _run_row(row: dict, where: str):
         model["gated_mlp"] = model["gated_mlp"] == "1"
         if _number(model, "moe_experts", where, integer=True, minimum=0, default=0):
             model["moe_ffn_hidden"] = model.get("ffn_hidden", "0")
-        m = model_from_dict(model, where)
+        m = model_from_dict(model, where, cells=True)
     rec = get("recompute")
     if rec not in RECOMPUTE_NAMES:
         raise SpecError(f"{where}.recompute={rec!r} is not allowed{closest(rec, RECOMPUTE_NAMES)}"
@@ -1036,7 +1164,7 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
     # the command's own --set facts, said as such (not as the first row's)
     check_training(training_from_name(precision or "bf16", where="--precision", **tr_over),
                    "--set")
-    header, rows = _read_csv(path, RUN_REQUIRED)
+    header, rows, at = _read_csv(path, RUN_REQUIRED)
     known = (*RUN_REQUIRED, *RUN_OPTIONAL_DEFAULTS, *RUN_INFORMATIONAL, RUN_FACTS)
     for col in header:
         hint = closest(col, known)
@@ -1045,16 +1173,17 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
                             f"only when they are not near-misses of a known column)")
     if not rows:
         raise SpecError(f"{path}: no runs (the CSV has a header but no rows)")
-    ids, seen = [], set()
+    ids, seen = [], {}
     models, pars, trainings, systems, times, mems, ran = [], [], [], [], [], [], []
     for i, row in enumerate(rows):
         rid = (row.get("id") or "").strip()
-        where = f"{path}: row {i + 2} (id {rid or '?'})"
+        where = f"{path}: {_row_at(at[i], rid)}"
         if not rid:
             raise SpecError(f"{where}: blank 'id'")
         if rid in seen:
-            raise SpecError(f"{where}: duplicate id '{rid}'")
-        seen.add(rid)
+            raise SpecError(f"{where}: duplicate id '{rid}' (first at {_row_at(at[seen[rid]])}; "
+                            f"allowed: each id once)")
+        seen[rid] = i
         for col in RUN_REQUIRED:
             if col != "step_time_s" and not (row.get(col) or "").strip():
                 raise SpecError(f"{where}: blank cell in column '{col}'")
@@ -1125,12 +1254,14 @@ def _command_fact_hint(err, command, row):
     """Re-raise `err` (a SpecError on one row of a runs CSV); when the refused field
     (SpecError.field, set by the rule) came from the command's --set, which applies to every
     row, rather than the row's `set` cell, the message says so and where to put a fact meant
-    for some rows only."""
+    for some rows only. A range rule (SpecError.anywhere: the value is wrong on any row) is
+    re-raised as it is."""
     field = err.field
-    if field in command and field not in row:
+    if field in command and field not in row and not err.anywhere:
         raise SpecError(f"{err} (the command's --set {field}={command[field]:g} applies to "
                         f"every row; give a fact that holds for some rows only in their "
-                        f"'{RUN_FACTS}' cell)", field=field, value=err.value) from None
+                        f"'{RUN_FACTS}' cell)", field=field, value=err.value,
+                        rule=err.rule) from None
     raise err
 
 
@@ -1139,13 +1270,13 @@ def load_table(path, required) -> dict:
     columns; clear errors for a missing file, column or a non-numeric cell. `path` may name a
     shipped dataset ('h100_gemm')."""
     path = resources.dataset_path(path)
-    header, rows = _read_csv(path, required)
+    header, rows, at = _read_csv(path, required)
     if not rows:
         raise SpecError(f"{path}: no rows (the CSV has a header but no rows)")
     out = {}
     for c in required:
         vals = []
         for i, r in enumerate(rows):
-            vals.append(_number(r, c, f"{path}: row {i + 2}", minimum=0.0))
+            vals.append(_number(r, c, f"{path}: {_row_at(at[i])}", minimum=0.0))
         out[c] = np.array(vals)
     return out

@@ -20,8 +20,8 @@ from diffperf.costs.collectives import (all_gather_s, all_reduce_s, all_to_all_s
                                         ring_phase_calls_s, ring_phase_s, ring_step_s,
                                         send_recv_s)
 from diffperf.costs.compute import (FLASH_BACKWARD_WORK, attention_by_kind_time_s,
-                                    attention_time_s, gemms_time_s, layer_dense_times_s,
-                                    layer_pass_gemm_times_s, layer_times_s,
+                                    attention_sink_backward_s, attention_time_s, gemms_time_s,
+                                    layer_dense_times_s, layer_pass_gemm_times_s, layer_times_s,
                                     lowp_quantize_times_s, matmul_peak, memory_time_s)
 from diffperf.costs.smooth import pnorm_max
 from diffperf.costs.xla import kernel_fixed_s
@@ -56,7 +56,7 @@ from diffperf.workload.flops import (DENSE_ROW_BLOCKS, EXPERT_ROWS, attention_by
                                      ep_chunk_elementwise_bytes,
                                      elementwise_backward_once_bytes,
                                      head_ops, layer_ops, lowp_quantize_kernels,
-                                     moe_expert_loop_kernels, moe_layer_fraction,
+                                     moe_expert_loop_kernels, moe_layer_fraction, query_rows,
                                      te_quantize_rows)
 from diffperf.workload.groups import stride
 from diffperf.workload.params import (grid_shards, layer_params_per_device,
@@ -513,6 +513,10 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     # Attention backward: 2 x forward, + the recomputed scores of flash attention (0.5 x),
     # at the backward kernel's rate (attn_b1 above).
     attn_bwd = (2.0 + (FLASH_BACKWARD_WORK - 2.0) * training.flash_attention) * attn_b1
+    # + the learned sinks' gradient in the fused backward (a few scalar ops; 0 without sinks or
+    # where the GPU's cost is not measured: costs.compute.attention_sink_backward_s)
+    attn_bwd = attn_bwd + attention_sink_backward_s(query_rows(model, parallel),
+                                                    model.attention_sinks, system, training)
     cp_f, cp_fh, cp_b, cp_bh, cpm_f, cpm_b = (
         _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature, features)
         if "cp" in features else _zeros(attn, 6))

@@ -40,6 +40,9 @@ CORE_LITERAL = 20  # literal characters of a message's core, at least
 ALLOWED = {
     ("diffperf/specs/validate.py", "{}{}: {}"):
         "_fail's wrapper ('where[i]: rule'); every rule's own message is audited as a _fail site",
+    ("diffperf/specs/validate.py", "{}"):
+        "_act's wrapper (a FactRule of the rule's parts); every _act rule's own message is "
+        "audited as an _act site",
     ("diffperf/cli/cache.py", "{}"):
         "KernelStore.__getitem__'s KeyError(key) is the Mapping protocol (get() turns a missing "
         "entry into None), not a message to a user; KernelStore._read's PermissionError(path) "
@@ -150,7 +153,31 @@ def _sites() -> tuple:
                   and node.func.id == "_fail"):
                 out += [(rel, node.lineno, "_fail", _pieces(a.body)) for a in node.args
                         if isinstance(a, ast.Lambda)]
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id == "_act"):
+                out.append((rel, node.lineno, "_act", _act_pieces(node)))
     return tuple(out)
+
+
+def _act_pieces(call: ast.Call) -> list:
+    """The message template of a `specs.validate._act` rule, as FactRule.message makes it
+    from its parts: "{field}={value} {condition} ({bound}; {got}): {reason}; allowed:
+    {allowed}" (a part given as a lambda: its body; parts spread from a mapping, `**d`: a
+    field)."""
+    part = lambda n: _pieces(n.body if isinstance(n, ast.Lambda) else n)  # noqa: E731
+    kw = {k.arg: k.value for k in call.keywords}
+    pieces = part(call.args[2]) + ["=", None, " "] + part(call.args[5])
+    inner = [part(kw[k]) for k in ("bound", "got") if k in kw]
+    if None in kw:  # **mapping of bound / got
+        inner = [[None]]
+    if inner:
+        pieces += [" ("] + [x for j, p in enumerate(inner) for x in (["; "] if j else []) + p]
+        pieces += [")"]
+    if "reason" in kw:
+        pieces += [": "] + part(kw["reason"])
+    if "allowed" in kw:
+        pieces += ["; allowed: "] + part(kw["allowed"])
+    return pieces
 
 
 @functools.cache

@@ -281,6 +281,12 @@ def test_unknown_model_name_suggests():
     (dict(norm="rmsnorn"), ".norm='rmsnorn' is not allowed; did you mean 'rmsnorm'? "
                            "(allowed: layernorm, rmsnorm)"),
     (dict(gated_mlp="maybe"), ".gated_mlp='maybe' must be true or false"),
+    # a quoted value in a typed file (session 15): was read as the number / flag it spells
+    (dict(hidden="256"), ".hidden='256' is a string (type str), not a number; allowed: a "
+                         "number, written without quotes"),
+    (dict(moe_experts=" 0"), ".moe_experts=' 0' is a string (type str), not a number"),
+    (dict(gated_mlp="true"), ".gated_mlp='true' is a string (type str), not true / false; "
+                             "allowed: true or false, unquoted"),
     # architecture features (load.py _architecture_features; docs/models.md)
     (dict(qk_rope_head_dim=64), ": qk_rope_head_dim / q_lora_rank describe multi-head latent "
                                 "attention and need kv_lora_rank > 0 (got kv_lora_rank=0)"),
@@ -434,11 +440,29 @@ def test_hf_json_not_an_object(tmp_path):
     (dict(is_encoder_decoder=True), ": Hugging Face fields not supported by diffperf's "
                                     "model: is_encoder_decoder (write a diffperf model YAML "
                                     "instead)"),
+    # a JSON string that parses (session 15): was read as the number / flag it spells;
+    # transformers' @strict config classes (PR #41250) refuse a str there too
+    (dict(intermediate_size="14336"), ": intermediate_size='14336' is a string (type str), "
+                                      "not a number; allowed: a number, written without "
+                                      "quotes"),
+    (dict(model_type="mixtral", num_local_experts="0", num_experts_per_tok=2),
+     ": num_local_experts='0' is a string (type str), not a number"),
+    (dict(model_type="mistral", sliding_window=4096, use_sliding_window="false"),
+     ": use_sliding_window='false' is a string (type str), not true / false; allowed: true "
+     "or false, unquoted"),
+    (dict(tie_word_embeddings="yes"), ": tie_word_embeddings='yes' is a string (type str), "
+                                      "not true / false"),
+    # JSON's Infinity / 1e400 (Python's json reads them): named by the config.json field (was:
+    # "config.json.vocab=inf", diffperf's key)
+    (dict(vocab_size=float("inf")), ": vocab_size=inf must be a finite number"),
 ])
 def test_hf_field_rules(tmp_path, over, message):
     p = _write_json(tmp_path, LLAMA3_8B_HF | over)
-    with _raises(f"{p}{message}"):
+    with _raises(f"{p}{message}") as err:
         load_model(p)
+    if "is a string" in message:  # the field and its value ride on the error
+        key = message.split("=")[0].lstrip(": ")
+        assert (err.value.field, err.value.value) == (key, over[key])
 
 
 def test_hf_missing_vocab_size(tmp_path):
@@ -578,8 +602,60 @@ LAYOUT_RULES = [
 @pytest.mark.parametrize("fields,n_devices,message", LAYOUT_RULES,
                          ids=[m.split(" ")[0] for _, _, m in LAYOUT_RULES])
 def test_layout_rules(fields, n_devices, message):
-    with _raises(f"parallel: {message}"):
+    with _raises(f"parallel: {message}") as err:
         check_layout(_small(), Parallel(**fields), n_devices)
+    _names_its_field(err.value)
+
+
+def _names_its_field(err):
+    """Every rule's SpecError carries the field it names (and that field's value): a runs
+    CSV's --set hint and the overlay hint read it (session 15: many layout / model rules
+    carried none)."""
+    assert err.field is not None, str(err)
+    named = "devices" if err.field == "n_devices" else err.field.split(".")[-1]
+    assert named in str(err), (err.field, str(err))
+    assert err.value is not None, str(err)
+
+
+def test_every_layout_model_training_system_rule_carries_its_field():
+    """A table of bad inputs beyond LAYOUT_RULES (the AxoNN grid, the MoE layout rules, the
+    model, training and system leaves, the job's size, the precision on a device): every
+    SpecError names its field (SpecError.field / .value). Host-side numpy, no compile."""
+    from diffperf.load import training
+    from diffperf.specs.validate import (check_job, check_model, check_precision,
+                                         check_system, check_training)
+
+    moe = diffperf.load_model("mixtral-8x7b")
+    small, a100 = _small(), load_system("a100-sxm-80gb")
+    cases = [
+        lambda: check_layout(small, Parallel(gx=2, tp=2)),
+        lambda: check_layout(small, Parallel(gx=5)),
+        lambda: check_layout(small, Parallel(gy=5)),
+        lambda: check_layout(small, Parallel(gy=3, gx=2)),
+        lambda: check_layout(small, Parallel(gz=2, dp=1, global_batch=3)),
+        lambda: check_layout(moe, Parallel(gx=2)),
+        lambda: check_layout(moe, Parallel(ep=4, dp=2, global_batch=2)),
+        lambda: check_layout(moe, Parallel(ep=16, dp=16, global_batch=16)),
+        lambda: check_layout(moe, Parallel(tp=2, etp=3)),
+        lambda: check_layout(moe, Parallel(tp=2, etp=1, ep=2, dp=1)),
+        lambda: check_layout(small, Parallel(placement=99)),
+        lambda: check_layout(small, Parallel(tp=2), 3),
+        lambda: check_layout(_small(ffn_hidden=3020), Parallel(tp=8)),
+        lambda: check_model(small.replace(n_layers=0.5)),
+        lambda: check_model(small.replace(gated_mlp=2.0)),
+        lambda: check_model(moe.replace(moe_topk=9.0)),
+        lambda: check_model(moe.replace(capacity_factor=-1.0)),
+        lambda: check_model(small.replace(hidden=float("nan"))),
+        lambda: check_training(training("bf16", grad_bytes=0.0)),
+        lambda: check_training(training("bf16", attn_tile=0.5)),
+        lambda: check_system(a100.replace(power_W=0.0)),
+        lambda: check_job(Parallel(dp=2**21, global_batch=2**21), a100),
+        lambda: check_precision(a100, training("fp8-current")),
+    ]
+    for case in cases:
+        with pytest.raises(SpecError) as err:
+            case()
+        _names_its_field(err.value)
 
 
 def test_tp_must_divide_ffn_hidden():
@@ -1056,6 +1132,155 @@ def test_runs_trailing_empty_columns_are_read(tmp_path):
     with _raises(f"{p}: row 2 has 19 cells, the header 18 (1 empty cell(s) past the last "
                  "column: trailing commas, or an unquoted comma inside a cell? quote it)"):
         load_runs(p)
+
+
+def test_runs_csv_errors_name_the_row_a_spreadsheet_shows(tmp_path):
+    """A runs CSV error names the row as a spreadsheet numbers it (header row 1, a blank line
+    a row), and the file's line too where a quoted line break inside a cell makes them
+    differ: for a bad value, a layout rule, a duplicate id (with its first row), a ragged
+    row and a kernel table's cell. Was: "row N" counted the records (blank lines skipped,
+    a two-line cell one), so after a blank line it named the wrong row."""
+    row = lambda **o: ",".join((GOOD_ROW | o)[c] for c in RUN_COLUMNS)  # noqa: E731
+    head = ",".join(RUN_COLUMNS) + ",notes\n"
+    bad = row(id="r2", step_time_s="-1") + ",x\n"
+    p = tmp_path / "runs.csv"
+    p.write_text(head + row() + ",x\n\n\n" + bad)
+    with _raises(f"{p}: row 5 (id r2).step_time_s=-1 must be > 0"):
+        load_runs(p)
+    p.write_text(head + row() + ',"two\nlines"\n' + bad)
+    with _raises(f"{p}: row 3 (id r2; line 4 of the file).step_time_s=-1 must be > 0"):
+        load_runs(p)
+    p.write_text(head + row() + ",x\n\n" + row() + ",x\n")
+    with _raises(f"{p}: row 4 (id r1): duplicate id 'r1' (first at row 2; allowed: each id "
+                 "once)"):
+        load_runs(p)
+    p.write_text(head + row() + ",x\n\n" + row(id="r2") + "\n")
+    with _raises(f"{p}: row 4 has 18 cells, the header 19 (no cell for notes"):
+        load_runs(p)
+    p.write_text(head + row() + ",x\n\n" + row(id="r2", tp="3") + ",x\n")
+    with _raises(f"{p}: row 4 (id r2): tp=3 must divide model.num_heads=4"):
+        load_runs(p)
+    from diffperf.load import load_table
+    p.write_text("m,n\n1,2\n\n3,x\n")
+    with _raises(f"{p}: row 4.n='x' must be a number"):
+        load_table(p, ("m", "n"))
+
+
+def test_runs_command_set_hint_only_where_the_row_decides(tmp_path):
+    """A runs CSV row refused for the command's --set value says the --set applies to every
+    row only where the row decides (a layout rule: tp=3 against the row's heads), not for a
+    value wrong on any row (a range rule, SpecError.anywhere)."""
+    p = _write_csv(tmp_path, [GOOD_ROW])
+    with _raises(f"{p}: row 2 (id r1): tp_overlap=2 must be in [0, 1]") as err:
+        load_runs(p, overrides=["tp_overlap=2"])
+    assert str(err.value).endswith("in [0, 1]") and err.value.anywhere
+    with _raises(f"{p}: row 2 (id r1): tp=3 must divide model.num_heads=4; allowed tp: 1, 2, "
+                 "4 (the command's --set tp=3 applies to every row; give a fact that holds "
+                 "for some rows only in their 'set' cell)") as err:
+        load_runs(p, overrides=["tp=3"])
+    assert (err.value.field, err.value.value) == ("tp", 3.0)
+
+
+def test_typed_files_refuse_quoted_numbers_and_read_yaml_1_2_exponents(tmp_path):
+    """Session 15 (fuzz): a system YAML's quoted number (`matmul_TFLOPs: '312'`, a tier's
+    `bandwidth_GBps: '300'`, an overlay's efficiency) was read silently, as the model's were;
+    refused like them. PyYAML (YAML 1.1) read an unquoted `1e3` or `1.5e3` as a string, which
+    the check would have refused as quoted: the loader reads YAML 1.2's exponent floats as
+    numbers, a quoted one stays a string."""
+    with _raises(".matmul_TFLOPs='312' is a string (type str), not a number; allowed: a "
+                 "number, written without quotes") as err:
+        load_system(_write_yaml(tmp_path, _system_dict() | {"matmul_TFLOPs": "312"}))
+    assert (err.value.field, err.value.value) == ("matmul_TFLOPs", "312")
+    d = _system_dict()
+    d["tiers"][0]["bandwidth_GBps"] = "300"
+    with _raises(".tiers[0].bandwidth_GBps='300' is a string (type str), not a number"):
+        load_system(_write_yaml(tmp_path, d))
+    with _raises(".fp8_non_tn_gemm='1' is a string (type str), not true / false"):
+        load_system(_write_yaml(tmp_path, _system_dict() | {"fp8_non_tn_gemm": "1"}))
+    with _raises(".efficiency.mm_max='0.8' is a string (type str), not a number"):
+        load_system(_write_yaml(tmp_path, _system_dict() | {"efficiency": {"mm_max": "0.8"}}))
+    from diffperf.design import cost_model_from_dict
+    with _raises("cost.tiers[0].bandwidth_per_GBps='2' is a string (type str), not a number"):
+        cost_model_from_dict({"unit": "USD", "base": 1, "tiers": [{"bandwidth_per_GBps": "2"}]})
+    p = tmp_path / "m.yaml"
+    p.write_text("name: m\nnum_layers: 4\nhidden: 2.56e2\nnum_heads: 4\nvocab: 1e3\n"
+                 "seq_len: 128\n")
+    m = load_model(p)
+    assert (float(m.hidden), float(m.vocab)) == (256.0, 1000.0)
+    p.write_text("name: m\nnum_layers: 4\nhidden: 256\nnum_heads: 4\nvocab: '1e3'\n"
+                 "seq_len: 128\n")
+    with _raises(f"{p}.vocab='1e3' is a string (type str), not a number"):
+        load_model(p)
+
+
+def test_names_and_files_of_the_wrong_kind_say_so(tmp_path, capsys):
+    """Session 15 (fuzz): an empty --model / --system (was: ".: a folder without
+    config.json", "unknown system ''"), a folder or a CSV given to --system (was: "unknown
+    system '<path>'"), a YAML given as a runs CSV (was: "missing column 'id' (have: # <its
+    first line>)")."""
+    assert _cli_error(capsys, "predict", "--model", "") == (
+        "model name '' is empty (allowed: a shipped model name, a model .yaml, a Hugging Face "
+        "config.json or the folder holding it)")
+    assert _cli_error(capsys, "predict", "--system", " ").startswith(
+        "system name ' ' is empty (allowed: a shipped system name (a100-4nic, ")
+    assert _cli_error(capsys, "predict", "--system", tmp_path).startswith(
+        f"{tmp_path}: a folder, not a system file (allowed: a shipped system name (")
+    csv_path = _write_csv(tmp_path, [GOOD_ROW])
+    assert _cli_error(capsys, "predict", "--system", csv_path).startswith(
+        f"{csv_path}: a file whose suffix is '.csv', not a system file (allowed: ")
+    y = _write_yaml(tmp_path, _model_dict(), "m.yaml")
+    assert _cli_error(capsys, "validate", y) == (
+        f"{y}: a YAML file, not a CSV table (allowed: a .csv file with the columns id, "
+        f"num_gpus, num_layers, hidden, num_heads, vocab, seq_len, tp, pp, dp, global_batch, "
+        f"micro_batch, step_time_s, or a shipped dataset name)")
+
+
+def test_sweep_grids_are_bounded():
+    """Session 15 (fuzz): `search --sweep matmul_TFLOPs=100:200:1000000000` built a 1e9-value
+    grid and a System per value: killed for memory (exit 137). At most MAX_SWEEP_VALUES values
+    per field and MAX_SWEEP_POINTS hardware points; `design --grid` alike."""
+    from diffperf.load import MAX_SWEEP_POINTS, MAX_SWEEP_VALUES, sweep_axes
+
+    system = load_system("a100-sxm-80gb")
+    with _raises(f"--grid matmul_TFLOPs=100:200:1000000000: N=1,000,000,000 values (allowed: "
+                 f"1 to {MAX_SWEEP_VALUES:,} per field)"):
+        sweep_axes(system, ["matmul_TFLOPs=100:200:1000000000"], flag="--grid")
+    with _raises(f"--sweep matmul_TFLOPs lists {MAX_SWEEP_VALUES + 1:,} values (allowed: at "
+                 f"most {MAX_SWEEP_VALUES:,} per field)"):
+        sweep_axes(system, ["matmul_TFLOPs=" + ",".join(["1"] * (MAX_SWEEP_VALUES + 1))])
+    assert MAX_SWEEP_POINTS < 2000 * 1000
+    with _raises("--sweep: 2000 x 1000 = 2,000,000 hardware points (allowed: at most "
+                 f"{MAX_SWEEP_POINTS:,}, each predicted against every layout)"):
+        sweep_axes(system, ["matmul_TFLOPs=100:200:2000", "hbm_bandwidth_GBps=1000:2000:1000"])
+
+
+def test_calibrate_without_held_out_rows_says_so_not_nan(capsys, tmp_path):
+    """Session 15 (fuzz): `calibrate` on a CSV too small for its --holdout-frac (2 rows at
+    0.2) printed 'nan' as the held-out MAPE and coverage, and `--json` refused to print
+    after the fit; now '-' / null with a note. A split that holds out every row, and a
+    negative --seed (numpy's ValueError, a traceback), are refused before fitting. No fit
+    runs here (the pure helpers and the refusals)."""
+    from types import SimpleNamespace
+
+    from diffperf.cli.calibrate_cmd import _splits, _undefined_to_none
+
+    report = dict(fitted=dict(n=2, mape_pct=5.0, median_pct=5.0, max_pct=6.0),
+                  heldout=dict(n=0, mape_pct=float("nan"), median_pct=float("nan"),
+                               max_pct=float("nan")),
+                  heldout_interval_coverage=float("nan"), folds=1)
+    assert _undefined_to_none(report) == ["heldout"]
+    assert report["heldout"] == dict(n=0, mape_pct=None, median_pct=None, max_pct=None)
+    assert report["heldout_interval_coverage"] is None and report["fitted"]["mape_pct"] == 5.0
+    cand = np.ones(2, bool)
+    args = SimpleNamespace(holdout_frac=0.99, seed=0, folds=0)
+    with _raises("--holdout-frac=0.99 held out all 2 fittable rows (--seed 0): none left to "
+                 "fit; allowed: a smaller --holdout-frac, another --seed or more rows"):
+        list(_splits(cand, args))
+    fit, held = next(_splits(cand, SimpleNamespace(holdout_frac=0.2, seed=0, folds=0)))
+    assert fit.all() and not held.any()  # the case the note is for
+    p = _write_csv(tmp_path, [GOOD_ROW])
+    assert _cli_error(capsys, "calibrate", p, "--seed", "-1") == (
+        "--seed=-1 must be a whole number >= 0")
 
 
 def test_runs_empty_file_says_so(tmp_path):
@@ -1669,7 +1894,9 @@ def test_cli_fact_the_overlay_applied_says_so(capsys):
     assert _cli_error(capsys, "search", "--model", "gpt-small", "--gpus", "1",
                       "--global-batch", "8", *a100) == (
         f"training: {SOFTMAX_FA}{OVERLAY_SOFTMAX}")
-    assert _cli_error(capsys, "validate", "vtrain_a100", *a100[2:]).endswith(
+    # (h100_single_gpu: vtrain_a100's rows carry flash_attention=0 in their own 'set' cells,
+    # applied after --set, so the command's flash_attention=1 does not act there)
+    assert _cli_error(capsys, "validate", "h100_single_gpu", *a100[2:]).endswith(
         f"{SOFTMAX_FA} (the command's --set fused_softmax_max_seq=2048 applies to every row; "
         f"give a fact that holds for some rows only in their 'set' cell){OVERLAY_SOFTMAX}")
     # the user's own fact: the rule alone
@@ -2458,7 +2685,6 @@ def test_search_names_the_rows_its_facts_cannot_act_on():
     (a rule of the model or the precision) is refused with its own message, as before. No
     compile here (host-side numpy on the table)."""
     from diffperf.load import training
-    from diffperf.cli.options import _rule_head
     from diffperf.search import COLUMNS, enumerate_layouts, facts_inert_rows
 
     col = {c: i for i, c in enumerate(COLUMNS)}
@@ -2476,13 +2702,17 @@ def test_search_names_the_rows_its_facts_cannot_act_on():
             ({}, {"zero_shard": 2}, "zero_shard", c("zero_stage") == 0)):
         got = facts_inert_rows(llama, training("bf16", **tr), table, facts)
         assert list(got) == [field] and np.array_equal(got[field][0], inert), field
-        # the note's rule head (cli.options._rule_head) keeps balanced parentheses
-        head = _rule_head(got[field][1][0])
+        # the note's rule head (FactRule.head: the rule without the row's values) keeps
+        # balanced parentheses and leads the refusal's message
+        rule = got[field][1][0]
+        head = rule.head
         assert head.startswith(f"{field}=") and head.count("(") == head.count(")"), head
+        assert rule.field == field and " got " not in head and "got " in rule.message, head
+        assert rule.message.startswith(head.rstrip(")")), (head, rule.message)
         assert 0 < inert.sum() < len(table)
     got = facts_inert_rows(llama, training("fp8-current", lowp_param_gather=1.0), table)
     assert np.array_equal(got["lowp_param_gather"][0], c("zero_stage") == 0)
-    assert got["lowp_param_gather"][1] == [
+    assert [str(r) for r in got["lowp_param_gather"][1]] == [
         "lowp_param_gather=1 needs a sharded optimizer (zero_stage >= 1; got zero_stage=0): "
         "Megatron-LM refuses --fp8-param-gather without the distributed optimizer or FSDP "
         "(\"--fp8-param-gather only supported with distributed optimizer, torch fsdp2, "
@@ -2492,16 +2722,24 @@ def test_search_names_the_rows_its_facts_cannot_act_on():
     mask, texts = facts_inert_rows(llama, training("fp8-current"), table,
                                    {"tp_userbuffers": 1})["tp_userbuffers"]
     assert np.array_equal(mask, (c("tp") == 1) | (c("sequence_parallel") == 0))
-    assert [_rule_head(t) for t in texts] == [
+    assert [r.head for r in texts] == [
         "tp_userbuffers=1 needs tensor parallelism (tp > 1)",
         "tp_userbuffers=1 needs sequence parallelism (sequence_parallel=1)"]
     mixtral = diffperf.load_model("mixtral-8x7b")
     moe = enumerate_layouts(mixtral, 16, 16)
     mask, texts = facts_inert_rows(mixtral, training("bf16"), moe, {"ep_overlap": 1})["ep_overlap"]
     assert np.array_equal(mask, (moe[:, col["ep"]] == 1) | (moe[:, col["recompute"]] == 2))
-    assert [t.split(":")[0] for t in texts] == [
+    assert [r.message.split(":")[0] for r in texts] == [
         "ep_overlap=1 needs expert parallelism (ep > 1; got ep=1)",
         "ep_overlap=1 with recompute=2 (full)"]
+    # the refusal of a given layout is made from the same FactRule (SpecError.rule): its
+    # message leads with the note's head plus the layout's values
+    from diffperf.specs.validate import check_facts_act
+    with _raises("parallel: ep_overlap=1 needs expert parallelism (ep > 1; got ep=1): ") as err:
+        check_facts_act(mixtral, Parallel(dp=16, recompute=2, ep_overlap=1.0), training("bf16"))
+    assert (err.value.rule.head, err.value.field, err.value.value) == (
+        texts[0].head, "ep_overlap", 1.0)
+    assert str(err.value) == f"parallel: {err.value.rule.message}"
     # a table where the fact acts on no row (one GPU: cp 1 only) is searched too, every row
     # named (was: refused, "(and so on every one of the N layouts of the table: ...)")
     one = enumerate_layouts(llama, 1, 128)

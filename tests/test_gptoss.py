@@ -133,6 +133,13 @@ def test_attn_tile_128_moves_windowed_models_with_a_physical_gradient():
     assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grad))
     assert float(grad.matmul_flops_per_s) < 0 and float(grad.eff.attn_max) < 0
     assert "tiles" not in features_of(GPT_OSS, par, BF16)
+    # the sinks' backward cost (attention_sink_backward_s, H100 1.52 ns per query row), in the
+    # same program: a larger per-row cost never speeds the step, and removing it moves the step
+    # by m L R tau (8 micro-batches x 36 layers x 262,144 rows x 1.52 ns = 0.1148 s; the
+    # backward is on the critical path, the EP all-to-all of this layout is not hidden by it)
+    assert float(grad.attn_sink_bwd_row_s) > 0
+    no_sink, _ = step(h100.replace(attn_sink_bwd_row_s=0.0), TILED)
+    assert float(tiled) - float(no_sink) == pytest.approx(8 * 36 * 262144 * 1.52e-9, rel=1e-3)
     # no window: the mean layer is the full one; kappa 0.5156 vs 0.5 (s 4096)
     llama = _model("llama3-8b")
     lpar = Parallel(dp=8.0, micro_batch=1.0, global_batch=64.0)
@@ -166,3 +173,103 @@ def test_attention_by_kind_gradient_contract(x64):
     g = np.asarray(jax.grad(t)(x))
     assert np.all(np.isfinite(g))
     assert g[0] < 0 and g[1] <= 0 and g[2] < 0 and g[3] > 0
+
+
+def test_cudnn_fe_gptoss_timings_as_transcribed():
+    """data/kernels/cudnn_fe_gptoss_sdpa.csv (cudnn-frontend's GPT-OSS SDPA benchmark, data/
+    README.md): every row's published TFLOP/s is the kept band's FLOPs over its time, forward
+    4 N b h d and backward 10 N b h d (2.5 x, diffperf's FLASH_BACKWARD_WORK), N = w (w + 1) / 2
+    + (s - w) w scores per head; so the times are transcribed as published and the FLOP count
+    the comparison in calibration/gptoss_attention.py uses is the benchmark's own. By hand, one
+    row: GB200 bf16 b 2, 128 heads, s 4096, w 128 forward: N = 8256 + 3968 x 128 = 516,160,
+    4 x 516,160 x 256 x 64 = 33.83 GFLOP / 0.210 ms = 161 TFLOP/s (published 161)."""
+    import csv
+    from pathlib import Path
+
+    from diffperf.costs.compute import FLASH_BACKWARD_WORK
+
+    rows = list(csv.DictReader(open(Path(__file__).resolve().parent.parent / "data" / "kernels"
+                                    / "cudnn_fe_gptoss_sdpa.csv")))
+    assert len(rows) == 200 and {r["gpu"] for r in rows} == {"GB200", "GB300", "H200"}
+    assert {r["backend"] for r in rows} == {"cudnn", "flash_attention_4"}
+    for r in rows:
+        b, s, h, d, w = (int(r[k]) for k in ("batch", "seq", "q_heads", "head_dim", "window"))
+        n = w * (w + 1) // 2 + (s - w) * w
+        flop = 4 * n * b * h * d * (FLASH_BACKWARD_WORK if r["pass"] == "bwd" else 1.0)
+        tflops = flop / (float(r["time_ms"]) * 1e-3) / 1e12
+        assert abs(tflops - float(r["tflops_published"])) <= 0.51 + 0.005 * tflops, r
+    one = [r for r in rows if (r["gpu"], r["dtype"], r["seq"], r["window"], r["pass"],
+                               r["cudnn_backend"]) == ("GB200", "bfloat16", "4096", "128", "fwd",
+                                                       "92200")]
+    assert [float(r["time_ms"]) for r in one] == [0.210]
+    assert 4 * 516160 * 256 * 64 / 0.210e-3 / 1e12 == pytest.approx(161.1, abs=0.05)
+
+
+def test_sink_backward_by_hand():
+    """costs.compute.attention_sink_backward_s: phi_flash x sinks x R x tau_row, R = b (a / t)
+    (s / c) query rows. GPT-OSS on one H100 (b 1, s 4096): R = 64 x 4096 = 262,144, x 1.52 ns =
+    0.398 ms per layer backward; tp 2 halves the heads, cp 2 the rows; 0 for a model without
+    sinks, on a GPU where it is not measured (GB200) and without flash attention."""
+    from diffperf.costs.compute import attention_sink_backward_s
+    from diffperf.workload.flops import query_rows
+
+    h100, gb200 = _system("h100-sxm-80gb"), _system("gb200-nvl72")
+    assert float(h100.attn_sink_bwd_row_s) == pytest.approx(1.52e-9, rel=1e-12)
+    assert float(gb200.attn_sink_bwd_row_s) == 0.0
+
+    def t(model, par, system=h100, training=BF16):
+        return float(attention_sink_backward_s(query_rows(model, par), model.attention_sinks,
+                                               system, training))
+
+    one = Parallel(micro_batch=1.0)
+    assert float(query_rows(GPT_OSS, one)) == 262144.0
+    assert t(GPT_OSS, one) == pytest.approx(262144 * 1.52e-9, rel=1e-6)  # 0.3985 ms
+    assert t(GPT_OSS, Parallel(micro_batch=4.0)) == pytest.approx(4 * 262144 * 1.52e-9)
+    assert t(GPT_OSS, Parallel(tp=2.0, micro_batch=1.0)) == pytest.approx(131072 * 1.52e-9)
+    assert t(GPT_OSS, Parallel(cp=2.0, micro_batch=1.0)) == pytest.approx(131072 * 1.52e-9)
+    assert t(_model("llama3-8b"), one) == 0.0
+    assert t(GPT_OSS, one, system=gb200) == 0.0
+    assert t(GPT_OSS, one, training=BF16.replace(flash_attention=0.0)) == 0.0
+
+
+def test_sink_backward_cost_is_the_h100_measurement():
+    """configs/systems/h100-sxm-80gb.yaml attn_sink_bwd_row_ns = 1.52: the mean over the six
+    measured (shape, layer kind) pairs of data/kernels/h100_gptoss_attention.csv of (cuDNN
+    backward with the sink - without) / (b x 64 heads x s) query rows; each within 15 % of it
+    (linear in rows: a window layer pays what a full one does), and the forward unchanged by
+    the sink (within 3 %)."""
+    import csv
+    from pathlib import Path
+
+    rows = list(csv.DictReader(open(Path(__file__).resolve().parent.parent / "data" / "kernels"
+                                    / "h100_gptoss_attention.csv")))
+    t = {(r["pass"], r["b"], r["s"], r["window_left"], r["sink"]): float(r["gpu_ms"])
+         for r in rows if r["impl"] == "cudnn_fe"}
+    per_row = []
+    for b, s in (("1", "4096"), ("4", "4096"), ("2", "8192")):
+        for w in ("127", ""):
+            d = t[("bwd", b, s, w, "1")] - t[("bwd", b, s, w, "0")]
+            per_row.append(d * 1e-3 / (int(b) * 64 * int(s)))
+            assert t[("fwd", b, s, w, "1")] == pytest.approx(t[("fwd", b, s, w, "0")], rel=0.03)
+    mean = sum(per_row) / len(per_row)
+    assert float(_system("h100-sxm-80gb").attn_sink_bwd_row_s) == pytest.approx(mean, abs=5e-12)
+    assert all(abs(v / mean - 1) < 0.15 for v in per_row)
+
+
+def test_sink_backward_gradient_contract(x64):
+    """d t_sink / d log(tau_row), d log(R): matches finite differences in float64, finite and
+    positive (a costlier row or more rows never make it faster)."""
+    from jax.test_util import check_grads
+
+    from diffperf.costs.compute import attention_sink_backward_s
+
+    h100 = _system("h100-sxm-80gb")
+
+    def t(logs):
+        s = h100.replace(attn_sink_bwd_row_s=h100.attn_sink_bwd_row_s * jnp.exp(logs[0]))
+        return attention_sink_backward_s(262144.0 * jnp.exp(logs[1]), 1.0, s, BF16)
+
+    x = jnp.zeros(2)
+    check_grads(t, (x,), order=1, modes=("rev",), eps=1e-4)
+    g = np.asarray(jax.grad(t)(x))
+    assert np.all(np.isfinite(g)) and np.all(g > 0)

@@ -28,7 +28,8 @@ def add_parser(sub):
                    help="kernel measurements to fit the operator models to as well")
     p.add_argument("--holdout-frac", type=float, default=0.2,
                    help="fraction of the fitted rows held out at random (default 0.2)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the random held-out split (a whole number >= 0; default 0)")
     p.add_argument("--fit-only", metavar="COLUMN=VALUE",
                    help="fit only rows whose COLUMN equals VALUE; all others are held out")
     p.add_argument("--folds", type=int, default=0,
@@ -103,7 +104,26 @@ def _splits(cand, args):
         return
     fit = np.zeros_like(cand)
     fit[idx[rng.random(len(idx)) >= args.holdout_frac]] = True
+    if len(idx) and not fit.any():  # the random split held out every row: nothing to fit
+        raise SpecError(f"--holdout-frac={args.holdout_frac} held out all {len(idx)} fittable "
+                        f"rows (--seed {args.seed}): none left to fit; allowed: a smaller "
+                        f"--holdout-frac, another --seed or more rows")
     yield fit, ~fit
+
+
+def _undefined_to_none(report) -> list:
+    """Each error statistic of `report` over no row (n = 0: nothing held out, or no measured
+    row in a source) set to None in place, as the interval coverage with no held-out run: they
+    are undefined, not NaN (the table prints '-', --json and the overlay null). The names of
+    the statistics so set."""
+    empty = []
+    for key, v in report.items():
+        if isinstance(v, dict) and v.get("n") == 0:
+            v.update(mape_pct=None, median_pct=None, max_pct=None)
+            empty.append(key)
+    if not np.isfinite(report.get("heldout_interval_coverage", 0.0)):
+        report["heldout_interval_coverage"] = None
+    return empty
 
 
 def _summary(pred, runs, mask):
@@ -157,7 +177,12 @@ def run(args) -> int:
         check_writable(args.out, args.force)
     if args.steps < 1:
         raise SpecError(f"--steps={args.steps} must be >= 1")
+    if args.seed < 0:  # numpy's default_rng raised ValueError (a traceback)
+        raise SpecError(f"--seed={args.seed} must be a whole number >= 0")
     runs = load_runs(args.runs, args.precision, args.set)
+    from diffperf.cli.options import print_notes, row_fact_notes
+
+    print_notes(row_fact_notes(args.set, runs.rows))
     systems = load_systems(runs, args.system, args.calibration)
     if args.out is None and not args.json and not args.folds:
         console.print("note: no --out given; the fitted overlay is not written")
@@ -201,8 +226,18 @@ def run(args) -> int:
         held_any = ~np.isnan(heldout_mem)
         report["heldout_feasibility_agree"] = (
             f"{int(np.sum((heldout_fits == runs.ran)[held_any]))}/{int(held_any.sum())}")
+    if "heldout" in _undefined_to_none(report):
+        from diffperf.cli.options import print_notes
+
+        print_notes([f"no run was held out ({int(fit_mask.sum())} fitted of {len(runs)} rows, "
+                     f"--holdout-frac {args.holdout_frac}): the held-out error is undefined "
+                     f"('-'; null in --json and the overlay); give --folds K or a larger "
+                     f"--holdout-frac for one"])
     eff = {f: float(getattr(c.fit.eff, f)) for f in c.fit.fields}
     if args.out:
+        from diffperf.cli.options import fitted_under
+
+        precision, facts = fitted_under(args.precision, args.set, runs)
         overlay = dict(
             description=f"efficiencies fitted by diffperf calibrate on {_runs_label(args.runs)}",
             created_by=f"diffperf calibrate {datetime.date.today().isoformat()}",
@@ -210,9 +245,10 @@ def run(args) -> int:
                            holdout_frac=args.holdout_frac, fit_only=args.fit_only,
                            folds=args.folds, steps=args.steps,
                            microbench=list(args.microbench or []),
-                           # framework facts the runs were fitted under: pass the same to
+                           # framework facts the runs were fitted under (--precision /
+                           # --set, or what every row's own columns say): pass the same to
                            # predict / validate with this overlay
-                           precision=args.precision, set=list(args.set or [])),
+                           precision=precision, set=facts),
             heldout={k: v for k, v in report.items() if k != "fitted"} | {
                 "fitted": report["fitted"]},
             efficiency=eff)
@@ -220,12 +256,14 @@ def run(args) -> int:
     if args.json:
         print_json(dict(report=report, efficiency=eff))
         return 0
-    rows = [(k, v["n"], fmt(v["mape_pct"], 3), fmt(v["median_pct"], 3), fmt(v["max_pct"], 3))
+    num = lambda x: "-" if x is None else fmt(x, 3)  # noqa: E731  (None: over no row)
+    rows = [(k, v["n"], num(v["mape_pct"]), num(v["median_pct"]), num(v["max_pct"]))
             for k, v in report.items() if isinstance(v, dict)]
     console.print(table(f"calibration on {args.runs}", ("rows", "n", "MAPE_%", "median_%",
                                                        "max_%"), rows))
-    console.print(f"95 % interval coverage on held-out runs: "
-                  f"{100 * report['heldout_interval_coverage']:.1f} %")
+    coverage = report["heldout_interval_coverage"]
+    console.print("95 % interval coverage on held-out runs: " + (
+        "- (none held out)" if coverage is None else f"{100 * coverage:.1f} %"))
     if "feasibility_agree" in report:
         console.print(f"fits agreement: {report['feasibility_agree']} (fitted), "
                       f"{report['heldout_feasibility_agree']} (held out)")

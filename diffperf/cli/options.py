@@ -127,11 +127,84 @@ def framework_facts(args) -> tuple[list, list]:
                      f"{' --set '.join(applied)}: applied (give --set FIELD=VALUE to "
                      f"override)")
     used = getattr(args, "precision", precision)
-    if precision and precision != used:
+    # validate without --precision reads each row's precision column: the command compares
+    # it with the overlay's once the rows are read (`row_precision_note`)
+    args.overlay_precision = precision
+    if precision and used and precision != used:
         notes.append(f"--calibration {args.calibration} was fitted under --precision "
-                     f"{precision}; this run uses " + (f"--precision {used}" if used else
-                                                       "each row's precision column"))
+                     f"{precision}; this run uses --precision {used}")
     return applied + given, notes
+
+
+def row_fact_notes(items, rows) -> list:
+    """Notes (one per command fact) for each `--set FIELD=VALUE` (or overlay fact) that some
+    rows' own `set` cell gives another value: the row's fact is what that run ran and is
+    applied after the command's (load.load_runs), so the command's value does not act there.
+    Example: '--set flash_attention=1 does not act on 1549 of 1549 rows: their 'set' cell
+    says flash_attention=0 (what those runs ran, applied after --set; edit the cells for a
+    what-if)'. `rows`: the runs' raw CSV rows (Runs.rows)."""
+    from diffperf.load import RUN_FACTS
+
+    cells = []
+    for row in rows:
+        facts = [f.split("=", 1) for f in (row.get(RUN_FACTS) or "").split(";") if "=" in f]
+        cells.append({k.strip(): v.strip() for k, v in facts})
+    notes = []
+    for item in items or ():
+        key, value = (x.strip() for x in item.split("=", 1))
+        other = [c[key] for c in cells if key in c and float(c[key]) != float(value)]
+        if other:
+            said = ", ".join(f"{key}={v}" for v in sorted(set(other)))
+            notes.append(f"--set {key}={value} does not act on {len(other)} of {len(cells)} "
+                         f"rows: their 'set' cell says {said} (what those runs ran, applied "
+                         f"after --set; edit the cells for a what-if)")
+    return notes
+
+
+def fitted_under(precision, items, runs) -> tuple:
+    """(precision, facts) a calibration's runs were fitted under, for its overlay's fitted_on:
+    --precision, else the rows' precision column where every row names the same preset (else
+    None); the facts in force on every row with the same value: each --set item unless the
+    row's own `set` cell gives it another value, and each fact of a row's cell that every row
+    has (the command's first, in its order). Example: vtrain_a100 (every row 'dp_overlap=0;
+    flash_attention=0;fused_softmax_max_seq=2048') without --set -> those three facts."""
+    from diffperf.load import RUN_FACTS
+
+    if precision is None:
+        names = {t.name for t in runs.trainings}
+        precision = names.pop() if len(names) == 1 else None
+
+    def pairs(text):
+        return [(k.strip(), v.strip()) for k, v in
+                (f.split("=", 1) for f in text if "=" in f)]
+
+    given = pairs(items or ())
+    per_row = [dict(given) | dict(pairs((row.get(RUN_FACTS) or "").split(";")))
+               for row in runs.rows]
+    order = [k for k, _ in given] + [k for d in per_row for k in d]
+    facts = []
+    for key in dict.fromkeys(order):
+        values = {float(d[key]) if key in d else None for d in per_row}
+        if len(values) == 1 and None not in values:
+            facts.append(f"{key}={per_row[0][key]}")
+    return precision, facts
+
+
+def row_precision_note(args, row_precisions) -> list:
+    """The note (a list of 0 or 1 line) that the --calibration overlay was fitted under a
+    precision that some rows' precision column does not name (validate without --precision);
+    none when every row says the overlay's precision (e.g. h100_jax_single_gpu's column
+    xla-amp-bf16 under jax-h100) or the overlay records none. Example: 'jax-h100 was fitted
+    under --precision xla-amp-bf16; 3 of 25 rows' precision column says amp-bf16'."""
+    fitted = getattr(args, "overlay_precision", None)
+    if not fitted or getattr(args, "precision", None):
+        return []
+    other = [p for p in row_precisions if p != fitted]
+    if not other:
+        return []
+    names = ", ".join(sorted(set(other)))
+    return [f"--calibration {args.calibration} was fitted under --precision {fitted}; "
+            f"{len(other)} of {len(row_precisions)} rows' precision column says {names}"]
 
 
 def overlay_fact_hint(err, args) -> str:
@@ -147,26 +220,17 @@ def overlay_fact_hint(err, args) -> str:
             f"which was fitted under it: give --set {field}=VALUE to override it)")
 
 
-def _rule_head(text: str) -> str:
-    """The head of a check_facts_act message, without the value of the row it was said of:
-    'cp_ring=0 needs context parallelism (cp > 1; got cp=1): it picks ...' -> 'cp_ring=0
-    needs context parallelism (cp > 1)'; 'zero3_regather=0 needs zero_stage=3 (got
-    zero_stage=0): ...' -> 'zero3_regather=0 needs zero_stage=3'."""
-    import re
-
-    head = text.split(": ", 1)[0]
-    return re.sub(r" \(got [^)]*\)", "", re.sub(r"; got [^)]*\)", ")", head))
-
-
 def inert_notes(inert, n_layouts=None) -> list[str]:
     """Notes on the framework facts that cannot act on some layouts (`search.facts_inert_rows`
     of a table of n_layouts rows; n_layouts None: `specs.validate.neutral_facts`' facts of the
     one layout predict's search chose). The framework runs such a layout without the fact
-    (its term is zero there), so it is evaluated and ranked as it is, not left out."""
+    (its term is zero there), so it is evaluated and ranked as it is, not left out. Each rule
+    is said by its `specs.validate.FactRule.head` (the rule, without the values of the row
+    it was first found on), the text the refusal of a given layout leads with."""
     notes = []
-    for field, (what, texts) in inert.items():
-        rules = "; ".join(dict.fromkeys(_rule_head(t) for t in texts))
-        fact = rules.split(" ", 1)[0]
+    for field, (what, said) in inert.items():
+        rules = "; ".join(dict.fromkeys(r.head for r in said))  # FactRule: no row's values
+        fact = f"{field}={said[0].value:g}"
         if n_layouts is None:
             notes.append(f"{fact} does not act on the layout predict's search chose ({rules}): "
                          f"predicted as the framework runs it, without it (a layout option "

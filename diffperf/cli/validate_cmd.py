@@ -65,6 +65,46 @@ def load_systems(runs, system, calibration, sets=None) -> dict:
     return {n: one(n) for n in names}
 
 
+EAGER_HOST_FIELDS = ("kernel_s", "host_kernel_s", "host_layer_s", "host_recompute_s")
+
+
+def xla_set_notes(runs, systems, sets) -> list:
+    """Notes on what the efficiency set of each system means for its rows that are one
+    XLA-compiled step (Training.xla_compiled = 1, the xla-* presets): the GPU's set is their
+    default as for any row, but its eager terms do not act on them -- the fixed time per
+    kernel is eff.queued_kernel_s (costs/xla.py: the program is enqueued as a whole) and the
+    host terms are multiplied by 1 - xla_compiled (predict.py) -- while its GEMM, attention
+    and memory-bound efficiencies (kernel properties of the GPU), micro-batch and step times
+    and memory overheads do. Says whether the rows' precision lies inside the set's fitted
+    envelope. [] when no row is XLA-compiled."""
+    xla = [float(t.xla_compiled) > 0 for t in runs.trainings]
+    out = []
+    for name, rec in sets.items():
+        idx = [i for i, s in enumerate(runs.systems) if xla[i] and name in ("*", s)]
+        if not idx:
+            continue
+        q_us = 1e6 * float(systems[name].eff.queued_kernel_s)
+        own = "queued_kernel_s" in (rec.get("efficiency") or {})
+        src = "the set's value" if own else ("the physics default, specs.system.Efficiency: "
+                                             "a kernel queued in a CUDA graph")
+        precs = sorted({runs.trainings[i].name for i in idx})
+        line = (f"{len(idx)} row(s) on {'all systems' if name == '*' else name} are one "
+                f"XLA-compiled step (precision {', '.join(precs)}): efficiency set "
+                f"{rec.get('name')} applies with its eager terms off "
+                f"({', '.join(EAGER_HOST_FIELDS)} do not act on them; fixed time per kernel "
+                f"queued_kernel_s = {q_us:.3g} us, {src}); its GEMM, attention and "
+                f"memory-bound efficiencies, micro-batch and step times and memory overheads "
+                f"do")
+        regimes = rec.get("regimes") or []
+        env = (regimes[0].get("envelope") or {}).get("precision") if regimes else None
+        outside = [p for p in precs if env is not None and p not in env]
+        if outside:
+            line += (f"; precision {', '.join(outside)} is outside the set's fitted envelope "
+                     f"({', '.join(env)}): its held-out error does not cover these rows")
+        out.append(line)
+    return out
+
+
 def summarize(runs, step, mem, fits) -> dict:
     """Error per source (the CSV's `source` column) and overall; memory and feasibility."""
     from diffperf.validation import error_summary
@@ -116,12 +156,16 @@ def run(args) -> int:
 
     if args.out:
         check_writable(args.out, args.force)
-    from diffperf.cli.options import framework_facts, print_notes
+    from diffperf.cli.options import (framework_facts, print_notes, row_fact_notes,
+                                      row_precision_note)
 
     items, notes = framework_facts(args)
     runs = load_runs(args.runs, args.precision, items)
+    notes += row_precision_note(args, [t.name for t in runs.trainings])
+    notes += row_fact_notes(items, runs.rows)
     sets = {}
     systems = load_systems(runs, args.system, args.calibration, sets)
+    notes += xla_set_notes(runs, systems, sets)
     step, mem, fits = predict_runs(runs, systems)
     summary = summarize(runs, step, mem, fits)
     if args.out:

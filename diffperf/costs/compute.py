@@ -281,6 +281,32 @@ def attention_kernel_factor(head_dim, system, training, backward=False, work=Non
 FLASH_BACKWARD_WORK = 2.5
 
 
+def attention_sink_backward_s(rows, sinks, system, training):
+    """Time the learned-sink gradient adds to one layer's fused attention backward:
+
+        t_sink = phi_flash x sinks x R x tau_row
+    R = b (a / t) (s / c) query rows (`workload.flops.query_rows`), sinks = Model.
+    attention_sinks (1: one learned logit per head in the softmax denominator, GPT-OSS),
+    tau_row = System.attn_sink_bwd_row_s (0 where not measured: no change), phi_flash =
+    Training.flash_attention (the unfused path's sink column is elementwise work instead).
+    Added once to the backward (the forward's sink is one more logit per row: the
+    measurement shows no forward cost), beside the 2.5 x forward work of the backward kernel.
+
+    Source: cuDNN's SDPA graph with `set_sink_token` / `set_dsink_token` (Transformer Engine
+    `fused_attn_f16_arbitrary_seqlen.cu` v2.9-v2.16, the kernel the Megatron-Bridge GPT-OSS
+    rows run; cudnn-frontend notes that the sink gradient is accumulated non-deterministically,
+    i.e. by atomics into the h per-head sums), measured on one H100 SXM (cuDNN 9.19.0,
+    data/kernels/h100_gptoss_attention.csv, `calibration/device_h100_attention.py`): backward
+    with the sink minus without, 64 query / 8 KV heads of 64, bf16: 0.385 / 0.395 ms (window 128
+    / full causal, b 1 s 4096, R = 262,144), 1.747 / 1.567 ms (b 4 s 4096) and 1.751 / 1.373 ms
+    (b 2 s 8192, R = 1,048,576 each): linear in R, not in the scores (a window layer pays as
+    much as a full one), 1.31-1.67 ns per row, mean 1.52 ns (configs/systems/h100-sxm-80gb.yaml).
+    Example: GPT-OSS on one H100 (b 1, s 4096, t 1): R = 64 x 4096 = 262,144, t_sink = 262,144
+    x 1.52 ns = 0.398 ms per layer backward (its flash price, attn_tile = 128: 0.86 ms full,
+    0.23 ms window)."""
+    return training.flash_attention * sinks * rows * system.attn_sink_bwd_row_s
+
+
 def attention_exp_floor_s(score_elements, system, backward=False):
     """Floor of the fused attention kernel set by its exponentials, seconds per pass, in
     units of the forward work (as `attention_time_s` returns it):

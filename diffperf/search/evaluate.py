@@ -193,7 +193,7 @@ def facts_inert_rows(model, training, layouts, parallel=None) -> dict:
     Parallel facts as `search` takes it, and `training`) cannot act, by check_facts_act's
     per-layout rules, each row with its own tp, cp, ep, grid, zero_stage, recompute and
     sequence_parallel (`specs.validate.facts_inert`): {field: (boolean mask over the rows,
-    [each failing rule's message, for the first of its rows])}, only the facts inert on some
+    [each failing rule's FactRule, for the first of its rows])}, only the facts inert on some
     row. `search` ranks those rows as the framework runs them, without the fact (its term is
     zero there); the CLI says how many. A fact that no layout can meet is
     `check_facts_act(..., layout=False)`'s error."""

@@ -139,6 +139,11 @@ class System(struct.PyTreeNode):
     # on the fused attention kernel, one exponential per computed score element per pass
     # (costs.compute.attention_exp_floor_s). 0: no published rate, no floor (no change)
     sfu_exp_per_s: Any = 0.0
+    # Seconds per query row (b heads s) that the learned-sink gradient adds to THIS GPU's
+    # fused attention backward (cuDNN's SDPA with `set_dsink_token`, what Transformer Engine
+    # runs for softmax_type = "learnable"): costs.compute.attention_sink_backward_s, read only
+    # for a model with attention_sinks. 0: not measured (no change)
+    attn_sink_bwd_row_s: Any = 0.0
     # Streaming multiprocessors of THIS GPU (CUDA's multiProcessorCount, from its whitepaper /
     # a device query: configs/systems sources), which Transformer Engine divides between a
     # userbuffers comm kernel and the GEMM beside it (tp_userbuffers = 2: predict.

@@ -14,6 +14,7 @@ concrete values, or, when `where` is a `_Collect`, ands `~mask` into its result.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -32,8 +33,8 @@ class _Collect:
 
     def __init__(self, xp, by_field=False):
         self.xp, self.ok = xp, True
-        # by_field: {field: (mask, [message of each failing rule's first True entry])} of
-        # the rules that carry a field (`facts_inert`), numpy only
+        # by_field: {field: (mask, [FactRule of each failing rule's first True entry])} of
+        # check_facts_act's rules (`facts_inert`), numpy only
         self.by_field = {} if by_field else None
 
 
@@ -61,17 +62,59 @@ def _divisors(x: float) -> str:
     return ", ".join(str(i) for i in divisors(x))
 
 
-def _fail(mask, where, message, field=None, value=None):
-    """Raise SpecError for the first True entry of mask; message(i) formats it. In mask
-    mode (`where` a _Collect) record ~mask instead. `field` (the name the message leads with)
-    and `value` (its leaf: the entry of the failing index is taken) go on the error as
-    SpecError.field / .value."""
+@dataclasses.dataclass(frozen=True)
+class FactRule:
+    """One refusal of `check_facts_act` for one entry, in parts, so that the error and a
+    search's inert-fact note (cli.options.inert_notes) are built from the same rule rather
+    than one parsed out of the other's text:
+
+        message = "{field}={value:g} {condition} ({bound}; {got}): {reason}; allowed: {allowed}"
+        head    = "{field}={value:g} {condition} ({bound})"   (no value of the failing row)
+
+    e.g. field 'cp_ring', value 0, condition 'needs context parallelism', bound 'cp > 1', got
+    'got cp=1'; an empty part is left out with its separator. `value` is the refused fact's
+    value, `got` the failing entry's other values (its layout, precision or model)."""
+
+    field: str
+    value: float
+    condition: str
+    bound: str = ""
+    got: str = ""
+    reason: str = ""
+    allowed: str = ""
+
+    def _said(self, parts) -> str:
+        inner = "; ".join(p for p in parts if p)
+        return f"{self.field}={self.value:g} {self.condition}" + (f" ({inner})" if inner else "")
+
+    @property
+    def head(self) -> str:
+        """The rule as it holds for every entry: without the failing entry's values."""
+        return self._said((self.bound,))
+
+    @property
+    def message(self) -> str:
+        return (self._said((self.bound, self.got)) + (f": {self.reason}" if self.reason else "")
+                + (f"; allowed: {self.allowed}" if self.allowed else ""))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _fail(mask, where, message, field=None, value=None, anywhere=False):
+    """Raise SpecError for the first True entry of mask; message(i) formats it (a string, or
+    a FactRule: then SpecError.rule is that rule). In mask mode (`where` a _Collect) record
+    ~mask instead (and, for `facts_inert`, the FactRule of the first failing entry). `field`
+    (the name the message leads with) and `value` (its leaf: the entry of the failing index
+    is taken) go on the error as SpecError.field / .value; `anywhere`: a range rule, the
+    value wrong whatever the rest of the input (SpecError.anywhere)."""
     if isinstance(where, _Collect):
         where.ok = where.ok & ~mask
         if where.by_field is not None and field is not None and np.any(mask):
-            before, texts = where.by_field.get(field, (False, []))
-            texts = texts + [message(int(np.argmax(np.atleast_1d(mask))))]
-            where.by_field[field] = (before | mask, texts)
+            rule = message(int(np.argmax(np.atleast_1d(mask))))
+            if isinstance(rule, FactRule):  # a fact's own range rule is not a place rule
+                before, rules = where.by_field.get(field, (False, []))
+                where.by_field[field] = (before | mask, rules + [rule])
         return
     mask = np.atleast_1d(mask)
     if mask.any():
@@ -80,7 +123,19 @@ def _fail(mask, where, message, field=None, value=None):
         if value is not None:
             v = np.ravel(np.asarray(value))
             value = float(v[min(i, v.size - 1)])
-        raise SpecError(f"{where}{at}: {message(i)}", field=field, value=value)
+        said = message(i)
+        raise SpecError(f"{where}{at}: {said}", field=field, value=value,
+                        rule=said if isinstance(said, FactRule) else None, anywhere=anywhere)
+
+
+def _act(mask, where, field, leaf, pick, condition, *, bound="", got="", reason="",
+         allowed="") -> None:
+    """A `check_facts_act` rule: refuse `field` (its values `leaf`) where `mask`, said by a
+    FactRule whose parts are strings or functions of the failing index i."""
+    part = lambda x, i: x(i) if callable(x) else x  # noqa: E731
+    _fail(mask, where, lambda i: FactRule(
+        field, float(pick(leaf, i)), part(condition, i), part(bound, i), part(got, i),
+        part(reason, i), part(allowed, i)), field, leaf)
 
 
 def _divides(a, b, xp=np):
@@ -122,7 +177,7 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
         f = f"recompute_{m}"
         v = P[f]
         _fail((v != 0) & (v != 1), where, lambda i, f=f: (
-            f"{f}={pick(P[f], i):g} is not allowed (allowed: 0, 1)"))
+            f"{f}={pick(P[f], i):g} is not allowed (allowed: 0, 1)"), f, v, anywhere=True)
         default = RECOMPUTE_MODULE_DEFAULTS[m]
         if one:
             _fail((v != default) & ~megatron, where, lambda i, f=f, d=default: (
@@ -130,9 +185,10 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
                 f"recompute_policy=0; got recompute={pick(P['recompute'], i):g}, "
                 f"recompute_policy={pick(P['recompute_policy'], i):g}); allowed otherwise: "
                 f"{d}"), f, v)
-    _fail((P["recompute_mla_up_proj"] == 1) & (M["kv_lora_rank"] == 0), where, lambda i: (
-        "recompute_mla_up_proj=1 needs multi-latent attention (model.kv_lora_rank > 0; got "
-        "0); allowed: 0"), "recompute_mla_up_proj", P["recompute_mla_up_proj"])
+    _act((P["recompute_mla_up_proj"] == 1) & (M["kv_lora_rank"] == 0), where,
+         "recompute_mla_up_proj", P["recompute_mla_up_proj"], pick,
+         "needs multi-latent attention", bound="model.kv_lora_rank > 0", got="got 0",
+         allowed="0")
     _dense_facts(M, where, pick, (("recompute_moe_act",
                                    "the routed experts' activation recompute"),), P)
 
@@ -146,11 +202,11 @@ def _check_tp_userbuffers(P, M, where, pick) -> None:
         f"tp_userbuffers={pick(u, i):g} is not allowed (allowed: 0 the tp_overlap form, 1 "
         f"Transformer Engine userbuffers as Megatron-Bridge's FP8 configurations run it, 2 "
         f"as NeMo Framework Launcher 24.07's H100 FP8 configuration runs it on TE 1.8: "
-        f"pipelined forward reduce-scatters)"))
-    _fail((u >= 1) & (M["n_experts"] > 0), where, lambda i: (
-        f"tp_userbuffers={pick(u, i):g} with model.moe_experts={pick(M['n_experts'], i):g}: "
-        f"the userbuffers TP overlap is modelled for dense models only (allowed: "
-        f"tp_userbuffers 0 for MoE models)"), "tp_userbuffers", u)
+        f"pipelined forward reduce-scatters)"), "tp_userbuffers", u, anywhere=True)
+    _act((u >= 1) & (M["n_experts"] > 0), where, "tp_userbuffers", u, pick,
+         lambda i: f"with model.moe_experts={pick(M['n_experts'], i):g}",
+         reason="the userbuffers TP overlap is modelled for dense models only (allowed: "
+                "tp_userbuffers 0 for MoE models)")
 
 
 # Framework facts that describe MoE layers (`check_facts_act`): each acts only where the model
@@ -176,9 +232,8 @@ def _dense_facts(M, where, pick, facts, leaves) -> None:
     dense = M["n_experts"] == 0
     for f, what in facts:
         v = leaves[f]
-        _fail(dense & (v != 0), where, lambda i, f=f, v=v, w=what: (
-            f"{f}={pick(v, i):g} acts only on MoE layers ({w}); allowed: 0 for a dense "
-            f"model (moe_experts = 0)"), f, v)
+        _act(dense & (v != 0), where, f, v, pick, "acts only on MoE layers", bound=what,
+             allowed="0 for a dense model (moe_experts = 0)")
 
 
 def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
@@ -241,7 +296,9 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
     zero_stage and recompute per row: it refuses only the rules above the layout ones, and
     ranks a row where a layout rule fails as the framework runs it, without the fact, whose
     term is zero there (`facts_inert`). Batched leaves: the first entry that fails, with its
-    index.
+    index. Each rule is a `FactRule` (`_act`): the error's message and its SpecError.rule,
+    and the search's note on the rows where the fact is inert (`FactRule.head`), are made
+    from the same parts.
     """
     pick = lambda a, i: a.ravel()[min(i, a.size - 1)]  # noqa: E731
     M = {f: _arr(getattr(model, f)) for f in ("n_experts", "n_shared_experts",
@@ -255,66 +312,63 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
     _dense_facts(M, where_training, pick, MOE_TRAINING_FACTS, T)
     lowp = np.maximum(np.maximum(T["lowp_fprop"], T["lowp_dgrad"]), T["lowp_wgrad"]) > 0
     name = getattr(training, "name", None)
-    _fail((T["moe_quant_pad"] == 1) & ~lowp, where_training, lambda i: (
-        f"moe_quant_pad=1 needs GEMMs in FP8 / FP4 (lowp_fprop, lowp_dgrad or lowp_wgrad = 1; "
-        f"precision {name or '?'!r} has none): Megatron-Core's TEGroupedMLP pads the routed "
-        f"tokens only for quantized grouped GEMMs; allowed: 0 with a 16-bit precision"),
-        "moe_quant_pad", T["moe_quant_pad"])
-    _fail((T["lowp_te_quantizer"] == 1) & ~lowp, where_training, lambda i: (
-        f"lowp_te_quantizer=1 needs GEMMs in FP8 / FP4 (lowp_fprop, lowp_dgrad or lowp_wgrad "
-        f"= 1; precision {name or '?'!r} has none): it counts Transformer Engine's quantize "
-        f"kernels; allowed: 0 with a 16-bit precision"), "lowp_te_quantizer",
-        T["lowp_te_quantizer"])
+    wt = where_training
+    lowp_gemms = dict(bound="lowp_fprop, lowp_dgrad or lowp_wgrad = 1",
+                      got=f"precision {name or '?'!r} has none")
+    _act((T["moe_quant_pad"] == 1) & ~lowp, wt, "moe_quant_pad", T["moe_quant_pad"], pick,
+         "needs GEMMs in FP8 / FP4", **lowp_gemms,
+         reason="Megatron-Core's TEGroupedMLP pads the routed tokens only for quantized "
+                "grouped GEMMs", allowed="0 with a 16-bit precision")
+    _act((T["lowp_te_quantizer"] == 1) & ~lowp, wt, "lowp_te_quantizer",
+         T["lowp_te_quantizer"], pick, "needs GEMMs in FP8 / FP4", **lowp_gemms,
+         reason="it counts Transformer Engine's quantize kernels",
+         allowed="0 with a 16-bit precision")
     gather = T["lowp_param_gather"]
-    _fail((gather > 0) & ~lowp, where_training, lambda i: (
-        f"lowp_param_gather={pick(gather, i):g} needs GEMMs in FP8 / FP4 (lowp_fprop, "
-        f"lowp_dgrad or lowp_wgrad = 1; precision {name or '?'!r} has none): it all-gathers "
-        f"and keeps the quantized weights (Megatron --fp8-param-gather); allowed: 0 with a "
-        f"16-bit precision"), "lowp_param_gather", gather)
+    _act((gather > 0) & ~lowp, wt, "lowp_param_gather", gather, pick,
+         "needs GEMMs in FP8 / FP4", **lowp_gemms,
+         reason="it all-gathers and keeps the quantized weights (Megatron "
+                "--fp8-param-gather)", allowed="0 with a 16-bit precision")
     for f, what in (("lowp_layer_frac", "the fraction of the layers whose linears run in low "
                                         "precision"),
                     ("lowp_weight_cache", "whether the quantized weights are cast once per step "
                                           "and kept")):
-        _fail((T[f] != 1) & ~lowp, where_training, lambda i, f=f, w=what: (
-            f"{f}={pick(T[f], i):g} needs GEMMs in FP8 / FP4 (lowp_fprop, lowp_dgrad or "
-            f"lowp_wgrad = 1; precision {name or '?'!r} has none): it sets {w}; allowed: 1 "
-            f"(the default) with a 16-bit precision"), f, T[f])
+        _act((T[f] != 1) & ~lowp, wt, f, T[f], pick, "needs GEMMs in FP8 / FP4", **lowp_gemms,
+             reason=f"it sets {what}", allowed="1 (the default) with a 16-bit precision")
     seq = T["fused_softmax_max_seq"]
-    _fail((seq > 0) & (T["flash_attention"] == 1), where_training, lambda i: (
-        f"fused_softmax_max_seq={pick(seq, i):g} needs unfused attention (flash_attention=0; "
-        f"got 1): it is the longest key length Megatron's fused scale-mask-softmax kernel "
-        f"takes, and fused attention runs no separate softmax; allowed: 0 with "
-        f"flash_attention = 1"), "fused_softmax_max_seq", seq)
+    _act((seq > 0) & (T["flash_attention"] == 1), wt, "fused_softmax_max_seq", seq, pick,
+         "needs unfused attention", bound="flash_attention=0", got="got 1",
+         reason="it is the longest key length Megatron's fused scale-mask-softmax kernel "
+                "takes, and fused attention runs no separate softmax",
+         allowed="0 with flash_attention = 1")
     fa2 = T["attention_fa2"]
-    _fail((fa2 > 0) & (T["flash_attention"] == 0), where_training, lambda i: (
-        f"attention_fa2={pick(fa2, i):g} needs fused attention (flash_attention=1; got 0): it "
-        f"prices the fused attention kernel as FlashAttention-2, and unfused attention runs "
-        f"batched GEMMs and a separate softmax; allowed: 0 with flash_attention = 0"),
-        "attention_fa2", fa2)
+    _act((fa2 > 0) & (T["flash_attention"] == 0), wt, "attention_fa2", fa2, pick,
+         "needs fused attention", bound="flash_attention=1", got="got 0",
+         reason="it prices the fused attention kernel as FlashAttention-2, and unfused "
+                "attention runs batched GEMMs and a separate softmax",
+         allowed="0 with flash_attention = 0")
     current = (lowp & (T["lowp_amax_pass"] > 0) & (T["lowp_block"] == 0)
                & (T["lowp_fp4"] == 0))
-    _fail((T["te_cudnn_norm"] == 1) & ~((T["lowp_te_quantizer"] == 1) & current),
-          where_training, lambda i: (
-              f"te_cudnn_norm=1 needs lowp_te_quantizer=1 with per-tensor FP8 current scaling "
-              f"(got lowp_te_quantizer={pick(T['lowp_te_quantizer'], i):g}, precision "
-              f"{name or '?'!r}): it takes the amax of a LayerNormLinear's FP8 current-scaling "
-              f"quantize out of Transformer Engine's norm kernel; allowed: 0"),
-          "te_cudnn_norm", T["te_cudnn_norm"])
+    _act((T["te_cudnn_norm"] == 1) & ~((T["lowp_te_quantizer"] == 1) & current), wt,
+         "te_cudnn_norm", T["te_cudnn_norm"], pick,
+         "needs lowp_te_quantizer=1 with per-tensor FP8 current scaling",
+         got=lambda i: f"got lowp_te_quantizer={pick(T['lowp_te_quantizer'], i):g}, "
+                       f"precision {name or '?'!r}",
+         reason="it takes the amax of a LayerNormLinear's FP8 current-scaling quantize out "
+                "of Transformer Engine's norm kernel", allowed="0")
     _fail(~np.isin(T["te_scale_swizzle"], (0, 1, 2)), where_training, lambda i: (
         f"te_scale_swizzle={pick(T['te_scale_swizzle'], i):g} is not allowed (allowed: 0 none, "
         f"1 Transformer Engine 2.7 / 2.9 every GEMM operand, 2 TE 2.12-2.16 weights and "
-        f"sequence-parallel gathered tensors)"), "te_scale_swizzle", T["te_scale_swizzle"])
-    _fail((T["te_scale_swizzle"] > 0) & ~((T["lowp_te_quantizer"] == 1)
-                                          & (T["lowp_block"] > 0)), where_training, lambda i: (
-        f"te_scale_swizzle={pick(T['te_scale_swizzle'], i):g} needs lowp_te_quantizer=1 with a "
-        f"block-scaled (MXFP8) precision (precision {name or '?'!r}): it counts Transformer "
-        f"Engine's MXFP8 scale swizzles; allowed: 0"), "te_scale_swizzle",
-        T["te_scale_swizzle"])
-    _fail((T["rope_kv_pass"] == 1) & (T["llama_eager_pointwise"] == 1), where_training,
-          lambda i: (
-              "rope_kv_pass=1 with llama_eager_pointwise=1: the eager term already holds the "
-              "rotary and K/V expansion passes (rope_kv_pass is their compiled form); "
-              "allowed: one of the two"), "rope_kv_pass", T["rope_kv_pass"])
+        f"sequence-parallel gathered tensors)"), "te_scale_swizzle", T["te_scale_swizzle"],
+        anywhere=True)
+    _act((T["te_scale_swizzle"] > 0) & ~((T["lowp_te_quantizer"] == 1) & (T["lowp_block"] > 0)),
+         wt, "te_scale_swizzle", T["te_scale_swizzle"], pick,
+         "needs lowp_te_quantizer=1 with a block-scaled (MXFP8) precision",
+         got=f"precision {name or '?'!r}",
+         reason="it counts Transformer Engine's MXFP8 scale swizzles", allowed="0")
+    _act((T["rope_kv_pass"] == 1) & (T["llama_eager_pointwise"] == 1), wt, "rope_kv_pass",
+         T["rope_kv_pass"], pick, "with llama_eager_pointwise=1",
+         reason="the eager term already holds the rotary and K/V expansion passes "
+                "(rope_kv_pass is their compiled form)", allowed="one of the two")
     if parallel is None:
         return
     P = {f: _arr(getattr(parallel, f)) for f in (
@@ -324,96 +378,97 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
         "cp_ring", "sequence_parallel", "zero_shard", *GRID)}
     _dense_facts(M, where_parallel, pick, MOE_PARALLEL_FACTS, P)
     moe = M["n_experts"] > 0
-    _fail(moe & (P["recompute_shared_experts"] == 1) & (M["n_shared_experts"] == 0),
-          where_parallel, lambda i: (
-              "recompute_shared_experts=1 needs shared experts (model.moe_shared_experts > 0; "
-              "got 0): there is no module to recompute; allowed: 0"),
-          "recompute_shared_experts", P["recompute_shared_experts"])
-    _fail(moe & (P["recompute_mlp"] == 1) & (M["moe_dense_layers"] == 0), where_parallel,
-          lambda i: (
-              f"recompute_mlp=1 needs dense MLP layers (model.moe_experts="
-              f"{pick(M['n_experts'], i):g} with moe_dense_layers=0 has none): Megatron-Core's "
-              f"TransformerLayer recomputes the MLP only where it is not an MoELayer (the "
-              f"experts' activation is recompute_moe_act); allowed: 0"),
-          "recompute_mlp", P["recompute_mlp"])
+    wp = where_parallel
+    _act(moe & (P["recompute_shared_experts"] == 1) & (M["n_shared_experts"] == 0), wp,
+         "recompute_shared_experts", P["recompute_shared_experts"], pick,
+         "needs shared experts", bound="model.moe_shared_experts > 0", got="got 0",
+         reason="there is no module to recompute", allowed="0")
+    _act(moe & (P["recompute_mlp"] == 1) & (M["moe_dense_layers"] == 0), wp, "recompute_mlp",
+         P["recompute_mlp"], pick, "needs dense MLP layers",
+         got=lambda i: f"model.moe_experts={pick(M['n_experts'], i):g} with "
+                       f"moe_dense_layers=0 has none",
+         reason="Megatron-Core's TransformerLayer recomputes the MLP only where it is not an "
+                "MoELayer (the experts' activation is recompute_moe_act)", allowed="0")
     o, u = P["tp_overlap"], P["tp_userbuffers"]
-    _fail((o > 0) & (u >= 1), where_parallel, lambda i: (
-        f"tp_overlap={pick(o, i):g} with tp_userbuffers={pick(u, i):g}: the userbuffers "
-        f"overlap prices which TP communication hides itself and does not read tp_overlap; "
-        f"allowed: tp_overlap 0 with tp_userbuffers 1 or 2"), "tp_overlap", o)
+    _act((o > 0) & (u >= 1), wp, "tp_overlap", o, pick,
+         lambda i: f"with tp_userbuffers={pick(u, i):g}",
+         reason="the userbuffers overlap prices which TP communication hides itself and does "
+                "not read tp_overlap", allowed="tp_overlap 0 with tp_userbuffers 1 or 2")
     if not layout:
         return
-    _fail((T["cp_torch"] == 1) & (P["cp"] == 1), where_training, lambda i: (
-        "cp_torch=1 needs context parallelism (cp > 1; got cp=1): PyTorch's "
-        "context_parallel() exchanges K/V between the cp ranks; allowed: 0 with cp = 1"),
-        "cp_torch", T["cp_torch"])
+    # the rules tied to a layout: a search ranks a row that fails one as the framework runs
+    # it, without the fact (`facts_inert`; the note says FactRule.head)
+    cp1 = dict(bound="cp > 1", got="got cp=1")
+    _act((T["cp_torch"] == 1) & (P["cp"] == 1), wt, "cp_torch", T["cp_torch"], pick,
+         "needs context parallelism", **cp1,
+         reason="PyTorch's context_parallel() exchanges K/V between the cp ranks",
+         allowed="0 with cp = 1")
     ring = P["cp_ring"]
-    _fail((ring != 1) & (P["cp"] == 1), where_parallel, lambda i: (
-        f"cp_ring={pick(ring, i):g} needs context parallelism (cp > 1; got cp=1): it picks how "
-        f"the cp ranks exchange K/V (1 ring, 0 all-gather); allowed: 1 (the default) with "
-        f"cp = 1"), "cp_ring", ring)
-    _fail((u >= 1) & (P["tp"] == 1), where_parallel, lambda i: (
-        f"tp_userbuffers={pick(u, i):g} needs tensor parallelism (tp > 1; "
-        "got tp=1): userbuffers overlaps "
-        "the TP collectives; allowed: 0 with tp = 1"), "tp_userbuffers", u)
-    _fail((u >= 1) & (P["tp"] > 1) & (P["sequence_parallel"] == 0), where_parallel, lambda i: (
-        f"tp_userbuffers={pick(u, i):g} needs sequence parallelism (sequence_parallel=1; got "
-        f"sequence_parallel=0 at tp={pick(P['tp'], i):g}): userbuffers overlaps the "
-        f"sequence-parallel all-gathers / reduce-scatters, and Megatron-Bridge turns it off "
-        f"without sequence parallelism; allowed: 0 with sequence_parallel 0"),
-        "tp_userbuffers", u)
-    _fail((o > 0) & (P["tp"] == 1), where_parallel, lambda i: (
-        f"tp_overlap={pick(o, i):g} needs tensor parallelism (tp > 1; got tp=1): it is the "
-        f"fraction of the TP collectives hidden behind the GEMMs, and tp = 1 has none; "
-        f"allowed: 0 with tp = 1"), "tp_overlap", o)
+    _act((ring != 1) & (P["cp"] == 1), wp, "cp_ring", ring, pick, "needs context parallelism",
+         **cp1, reason="it picks how the cp ranks exchange K/V (1 ring, 0 all-gather)",
+         allowed="1 (the default) with cp = 1")
+    _act((u >= 1) & (P["tp"] == 1), wp, "tp_userbuffers", u, pick, "needs tensor parallelism",
+         bound="tp > 1", got="got tp=1", reason="userbuffers overlaps the TP collectives",
+         allowed="0 with tp = 1")
+    _act((u >= 1) & (P["tp"] > 1) & (P["sequence_parallel"] == 0), wp, "tp_userbuffers", u,
+         pick, "needs sequence parallelism", bound="sequence_parallel=1",
+         got=lambda i: f"got sequence_parallel=0 at tp={pick(P['tp'], i):g}",
+         reason="userbuffers overlaps the sequence-parallel all-gathers / reduce-scatters, and "
+                "Megatron-Bridge turns it off without sequence parallelism",
+         allowed="0 with sequence_parallel 0")
+    _act((o > 0) & (P["tp"] == 1), wp, "tp_overlap", o, pick, "needs tensor parallelism",
+         bound="tp > 1", got="got tp=1",
+         reason="it is the fraction of the TP collectives hidden behind the GEMMs, and tp = 1 "
+                "has none", allowed="0 with tp = 1")
     v = P["ep_overlap"]
-    _fail(moe & (v > 0) & (P["ep"] == 1), where_parallel, lambda i: (
-        f"ep_overlap={pick(v, i):g} needs expert parallelism (ep > 1; got ep=1): Megatron-Core "
-        f"overlaps the expert all-to-alls only between ep ranks (\"overlap_moe_expert_"
-        f"parallel_comm is only supported with expert model parallelism\"); allowed: 0 with "
-        f"ep = 1"), "ep_overlap", v)
-    _fail(moe & (v > 0) & (P["recompute"] == 2), where_parallel, lambda i: (
-        f"ep_overlap={pick(v, i):g} with recompute=2 (full): Megatron-Core refuses the merged EP "
-        f"schedule under full recompute (\"disable full recomputation when enabling "
-        f"overlap_moe_expert_parallel_comm\"); allowed: 0 with full recompute"), "ep_overlap", v)
-    _fail(moe & (P["ep_dispatch"] == 1) & (P["ep"] == 1), where_parallel, lambda i: (
-        "ep_dispatch=1 needs expert parallelism (ep > 1; got ep=1): the flex dispatcher's "
-        "exchange runs between the ep ranks; allowed: 0 with ep = 1"), "ep_dispatch",
-        P["ep_dispatch"])
+    ep1 = dict(bound="ep > 1", got="got ep=1")
+    _act(moe & (v > 0) & (P["ep"] == 1), wp, "ep_overlap", v, pick,
+         "needs expert parallelism", **ep1,
+         reason="Megatron-Core overlaps the expert all-to-alls only between ep ranks "
+                "(\"overlap_moe_expert_parallel_comm is only supported with expert model "
+                "parallelism\")", allowed="0 with ep = 1")
+    _act(moe & (v > 0) & (P["recompute"] == 2), wp, "ep_overlap", v, pick,
+         "with recompute=2 (full)",
+         reason="Megatron-Core refuses the merged EP schedule under full recompute (\"disable "
+                "full recomputation when enabling overlap_moe_expert_parallel_comm\")",
+         allowed="0 with full recompute")
+    _act(moe & (P["ep_dispatch"] == 1) & (P["ep"] == 1), wp, "ep_dispatch", P["ep_dispatch"],
+         pick, "needs expert parallelism", **ep1,
+         reason="the flex dispatcher's exchange runs between the ep ranks",
+         allowed="0 with ep = 1")
     z = P["zero_stage"]
-    _fail((P["zero3_copy_out"] == 1) & (z < 3), where_parallel, lambda i: (
-        f"zero3_copy_out=1 needs zero_stage=3 (got zero_stage={pick(z, i):g}): FSDP2 copies "
-        f"out the parameters it all-gathers per layer; allowed: 0 with zero_stage 0 to 2"),
-        "zero3_copy_out", P["zero3_copy_out"])
-    _fail((P["zero3_root_unit"] == 1) & (z < 3), where_parallel, lambda i: (
-        f"zero3_root_unit=1 needs zero_stage=3 (got zero_stage={pick(z, i):g}): it prices "
-        f"FSDP's root unit gather and reduce-scatter; allowed: 0 with zero_stage 0 to 2"),
-        "zero3_root_unit", P["zero3_root_unit"])
+    got_z = lambda i: f"got zero_stage={pick(z, i):g}"  # noqa: E731
+    _act((P["zero3_copy_out"] == 1) & (z < 3), wp, "zero3_copy_out", P["zero3_copy_out"],
+         pick, "needs zero_stage=3", got=got_z,
+         reason="FSDP2 copies out the parameters it all-gathers per layer",
+         allowed="0 with zero_stage 0 to 2")
+    _act((P["zero3_root_unit"] == 1) & (z < 3), wp, "zero3_root_unit", P["zero3_root_unit"],
+         pick, "needs zero_stage=3", got=got_z,
+         reason="it prices FSDP's root unit gather and reduce-scatter",
+         allowed="0 with zero_stage 0 to 2")
     for f, default, what in (
             ("zero3_regather", 1, "whether full recompute gathers a layer's parameters again"),
             ("zero3_calls_per_layer", 1, "the gather / reduce-scatter calls per layer pass"),
             ("zero3_prefetch_params", 0, "how many parameters are gathered ahead of use")):
-        _fail((P[f] != default) & (z < 3), where_parallel, lambda i, f=f, d=default, w=what: (
-            f"{f}={pick(P[f], i):g} needs zero_stage=3 (got zero_stage={pick(z, i):g}): it "
-            f"sets {w} under ZeRO-3; allowed: {d} (the default) with zero_stage 0 to 2"),
-            f, P[f])
+        _act((P[f] != default) & (z < 3), wp, f, P[f], pick, "needs zero_stage=3", got=got_z,
+             reason=f"it sets {what} under ZeRO-3",
+             allowed=f"{default} (the default) with zero_stage 0 to 2")
     g = P["zero_shard"]
-    _fail((g > 0) & (z < 1), where_parallel, lambda i: (
-        f"zero_shard={pick(g, i):g} needs zero_stage >= 1 (got zero_stage={pick(z, i):g}): "
-        f"nothing is sharded at ZeRO 0; allowed: 0 with zero_stage 0"), "zero_shard", g)
+    _act((g > 0) & (z < 1), wp, "zero_shard", g, pick, "needs zero_stage >= 1", got=got_z,
+         reason="nothing is sharded at ZeRO 0", allowed="0 with zero_stage 0")
     grid = (P["gx"] > 1) | (P["gy"] > 1) | (P["gz"] > 1)
     a = P["axonn_overlap"]
-    _fail((a != 1) & ~grid, where_parallel, lambda i: (
-        f"axonn_overlap={pick(a, i):g} needs an AxoNN grid (gx, gy or gz > 1; got gx="
-        f"{pick(P['gx'], i):g}, gy={pick(P['gy'], i):g}, gz={pick(P['gz'], i):g}): it "
-        f"switches the grid's overlapped collectives; allowed: 1 (the default) without a "
-        f"grid"), "axonn_overlap", a)
-    _fail((gather > 0) & (z < 1), where_training, lambda i: (
-        f"lowp_param_gather={pick(gather, i):g} needs a sharded optimizer (zero_stage >= 1; "
-        f"got zero_stage={pick(z, i):g}): Megatron-LM refuses --fp8-param-gather without the "
-        f"distributed optimizer or FSDP (\"--fp8-param-gather only supported with distributed "
-        f"optimizer, torch fsdp2, megatron fsdp, or inference mode\"); allowed: 0 with "
-        f"zero_stage 0"), "lowp_param_gather", gather)
+    _act((a != 1) & ~grid, wp, "axonn_overlap", a, pick, "needs an AxoNN grid",
+         bound="gx, gy or gz > 1",
+         got=lambda i: f"got gx={pick(P['gx'], i):g}, gy={pick(P['gy'], i):g}, "
+                       f"gz={pick(P['gz'], i):g}",
+         reason="it switches the grid's overlapped collectives",
+         allowed="1 (the default) without a grid")
+    _act((gather > 0) & (z < 1), wt, "lowp_param_gather", gather, pick,
+         "needs a sharded optimizer", bound="zero_stage >= 1", got=got_z,
+         reason="Megatron-LM refuses --fp8-param-gather without the distributed optimizer or "
+                "FSDP (\"--fp8-param-gather only supported with distributed optimizer, torch "
+                "fsdp2, megatron fsdp, or inference mode\")", allowed="0 with zero_stage 0")
 
 
 def facts_inert(model, parallel, training) -> dict:
@@ -422,7 +477,7 @@ def facts_inert(model, parallel, training) -> dict:
     tp_userbuffers at tp 1, tp_userbuffers without sequence parallelism, zero_shard at ZeRO 0,
     ep_overlap / ep_dispatch at ep 1, ep_overlap under full recompute, zero3_* below ZeRO-3,
     axonn_overlap=0 without a grid, lowp_param_gather at ZeRO 0): {field: (mask over the
-    batched leaves, [each failing rule's message, for its first entry])}; only the facts that
+    batched leaves, [each failing rule's FactRule, for its first entry])}; only the facts that
     fail somewhere. Concrete values (numpy); a search's table varies tp, cp, ep, the AxoNN grid
     (gx, gy, gz), ZeRO stage, recompute and sequence parallelism per row. The caller has
     checked the rules that hold whatever the layout (`check_facts_act(..., layout=False)`);
@@ -444,11 +499,9 @@ def neutral_facts(model, parallel, training):
     """(parallel, training, inert) for one concrete layout: each fact that cannot act on it
     (`facts_inert`) set to its dataclass default, the value at which every per-layout rule
     holds (cp_torch 0, cp_ring 1, tp_overlap 0, ..., axonn_overlap 1); inert: {field: (given
-    value, [the rules' messages])}. The prediction does not change (the fact's term is zero on
+    value, [the rules' FactRules])}. The prediction does not change (the fact's term is zero on
     that layout), and `check_facts_act` then passes, so `predict` takes the layout that a
     search chose with a framework fact that does not act on it."""
-    import dataclasses
-
     inert = facts_inert(model, parallel, training)
     given = {}
     for field, (_, texts) in inert.items():
@@ -518,14 +571,15 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         v = P[f]
         _fail(~(v >= 1) | (v != xp.round(v)) | (v > INT_MAX), where,
               lambda i, f=f: f"{f}={pick(P[f], i):g} must be a whole number >= 1 (at "
-                             f"most {INT_MAX})")
+                             f"most {INT_MAX})", f, v, anywhere=True)
     for f, hi in (("zero_stage", 3), ("recompute", 2), ("sequence_parallel", 1)):
         _check_choice(P, f, hi, where, pick)
     _check_fact_ranges(P, where, pick)
     v = P["placement"]
     _fail((v < 0) | (v >= len(ORDERS)) | (v != xp.round(v)), where,
           lambda i: f"placement={pick(v, i):g} is not allowed (allowed: 0..{len(ORDERS) - 1}, "
-                    f"an index into specs.parallel.ORDERS; 0 is tp-cp-dp-pp)")
+                    f"an index into specs.parallel.ORDERS; 0 is tp-cp-dp-pp)", "placement", v,
+          anywhere=True)
     _check_tp_userbuffers(P, M, where, pick)
     _check_recompute_modules(P, M, where, pick)
     _check_grid(P, M, where, pick)
@@ -533,46 +587,50 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     tp, heads = P["tp"], M["n_heads"]
     _fail(~_divides(tp, heads, xp), where, lambda i: (
         f"tp={pick(tp, i):g} must divide model.num_heads={pick(heads, i):g}; "
-        f"allowed tp: {_divisors(pick(heads, i))}"))
+        f"allowed tp: {_divisors(pick(heads, i))}"), "tp", tp)
     kv = M["n_kv_heads"]
     _fail(~(_divides(tp, kv, xp) | _divides(kv, tp, xp)), where, lambda i: (
         f"tp={pick(tp, i):g} and model.num_kv_heads={pick(kv, i):g}: one must divide the "
-        f"other (KV heads are split, or replicated, across TP ranks)"))
+        f"other (KV heads are split, or replicated, across TP ranks)"), "tp", tp)
     _fail(~_divides(tp, M["ffn_hidden"], xp), where, lambda i: (
-        f"tp={pick(tp, i):g} must divide model.ffn_hidden={pick(M['ffn_hidden'], i):g}"))
+        f"tp={pick(tp, i):g} must divide model.ffn_hidden={pick(M['ffn_hidden'], i):g}"),
+        "tp", tp)
     _check_stages(P, M, where, pick)
     _fail(~_divides(P["cp"], M["seq_len"], xp), where, lambda i: (
-        f"cp={pick(P['cp'], i):g} must divide model.seq_len={pick(M['seq_len'], i):g}"))
+        f"cp={pick(P['cp'], i):g} must divide model.seq_len={pick(M['seq_len'], i):g}"),
+        "cp", P["cp"])
     ep = P["ep"]
     _fail((ep > 1) & (M["n_experts"] == 0), where, lambda i: (
-        f"ep={pick(ep, i):g} needs an MoE model (model.moe_experts=0); allowed ep: 1"))
+        f"ep={pick(ep, i):g} needs an MoE model (model.moe_experts=0); allowed ep: 1"), "ep", ep)
     etp = P["etp"]
     _fail(~((etp == 0) | (etp == 1)) & (etp != P["tp"]), where, lambda i: (
         f"etp={pick(etp, i):g} is not allowed (allowed: 0 (= tp, experts inside dp), 1, "
-        f"or tp={pick(P['tp'], i):g})"))
+        f"or tp={pick(P['tp'], i):g})"), "etp", etp)
     _fail((etp == 0) & ~_divides(ep, P["dp"], xp), where, lambda i: (
         f"ep={pick(ep, i):g} must divide dp={pick(P['dp'], i):g} (or set etp=1: the expert "
-        f"group then takes the tp x cp x dp ranks)"))
+        f"group then takes the tp x cp x dp ranks)"), "ep", ep)
     ranks = P["tp"] * P["cp"] * P["dp"]
     _fail((etp > 0) & ~_divides(ep * xp.maximum(etp, 1.0), ranks, xp), where, lambda i: (
         f"ep x etp={pick(ep, i):g} x {pick(etp, i):g} must divide tp x cp x dp="
-        f"{pick(ranks, i):g}"))
+        f"{pick(ranks, i):g}"), "ep", ep)
     _fail((etp > 0) & (etp < P["tp"]) & (P["sequence_parallel"] == 0), where, lambda i: (
         f"etp={pick(etp, i):g} < tp={pick(P['tp'], i):g} needs sequence_parallel=1 "
-        f"(Megatron-Core requires sequence parallelism for MoE with tp > 1)"))
+        f"(Megatron-Core requires sequence parallelism for MoE with tp > 1)"), "etp", etp)
     _fail((M["n_experts"] > 0) & ~_divides(ep, xp.maximum(M["n_experts"], 1), xp), where,
           lambda i: f"ep={pick(ep, i):g} must divide model.moe_experts="
-                    f"{pick(M['n_experts'], i):g}")
+                    f"{pick(M['n_experts'], i):g}", "ep", ep)
     per_step = P["micro_batch"] * P["dp"]
     _fail(~_divides(per_step, P["global_batch"], xp), where, lambda i: (
         f"global_batch={pick(P['global_batch'], i):g} must be a multiple of micro_batch x dp="
-        f"{pick(P['micro_batch'], i):g} x {pick(P['dp'], i):g}"))
+        f"{pick(P['micro_batch'], i):g} x {pick(P['dp'], i):g}"), "global_batch",
+        P["global_batch"])
     m = P["global_batch"] / (per_step * P["gz"])
     inter = P["vp"] > 1
-    _fail(inter & (P["pp"] < 2), where, lambda i: f"vp={pick(P['vp'], i):g} needs pp > 1")
+    _fail(inter & (P["pp"] < 2), where, lambda i: f"vp={pick(P['vp'], i):g} needs pp > 1", "vp",
+          P["vp"])
     _fail(inter & ~_divides(P["pp"], m, xp), where, lambda i: (
         f"interleaved schedule (vp={pick(P['vp'], i):g}) needs micro-batches per step "
-        f"m={pick(m, i):g} to be a multiple of pp={pick(P['pp'], i):g}"))
+        f"m={pick(m, i):g} to be a multiple of pp={pick(P['pp'], i):g}"), "vp", P["vp"])
     if n_devices is not None:
         grid = P["gx"] * P["gy"] * P["gz"]
         total = P["tp"] * P["cp"] * P["dp"] * P["pp"] * grid
@@ -580,7 +638,8 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
         names = lambda i: "tp x cp x dp x pp" + (  # noqa: E731
             " x gx x gy x gz" if pick(grid, i) > 1 else "")
         _fail(total != nd, where, lambda i: (
-            f"{names(i)} = {pick(total, i):g} must equal {devices_field}={pick(nd, i):g}"))
+            f"{names(i)} = {pick(total, i):g} must equal {devices_field}={pick(nd, i):g}"),
+            devices_field if devices_field.isidentifier() else "n_devices", nd)
 
 
 def _check_grid(P, M, where, pick) -> None:
@@ -597,31 +656,32 @@ def _check_grid(P, M, where, pick) -> None:
                      f"{pick(gz, i):g}"  # noqa: E731
     for f in ("tp", "cp"):
         _fail(on & (P[f] != 1), where, lambda i, f=f: (
-            f"{f}={pick(P[f], i):g} must be 1 with {grid(i)} (allowed {f}: 1)"))
+            f"{f}={pick(P[f], i):g} must be 1 with {grid(i)} (allowed {f}: 1)"), f, P[f])
     _fail(on & (M["n_experts"] > 0), where, lambda i: (
         f"{grid(i)} needs a dense model, got model.moe_experts={pick(M['n_experts'], i):g}; "
-        f"allowed: gx = gy = gz = 1 for MoE models"))
+        f"allowed: gx = gy = gz = 1 for MoE models"), "gx", gx)
     h, a, akv, f = M["hidden"], M["n_heads"], M["n_kv_heads"], M["ffn_hidden"]
     _fail(~_divides(gx, h, xp), where, lambda i: (
         f"gx={pick(gx, i):g} must divide model.hidden={pick(h, i):g}; allowed gx: "
-        f"{_divisors(pick(h, i))}"))
+        f"{_divisors(pick(h, i))}"), "gx", gx)
     for name, v in (("num_heads", a), ("ffn_hidden", f)):
         _fail(~_divides(gy, v, xp), where, lambda i, name=name, v=v: (
             f"gy={pick(gy, i):g} must divide model.{name}={pick(v, i):g}; allowed gy: "
-            f"{_divisors(pick(v, i))}"))
+            f"{_divisors(pick(v, i))}"), "gy", gy)
     _fail(~(_divides(gy, akv, xp) | _divides(akv, gy, xp)), where, lambda i: (
         f"gy={pick(gy, i):g} and model.num_kv_heads={pick(akv, i):g}: one must divide the "
-        f"other"))
+        f"other"), "gy", gy)
     dh = M["head_dim"]
     for label, elems in (("attention output", h * a * dh), ("MLP", h * f)):
         shard = elems / xp.maximum(gx * gy, 1)
         _fail(~_divides(gz, shard, xp), where, lambda i, label=label, shard=shard: (
             f"gz={pick(gz, i):g} must divide the {label} weight shard (n_out k_in)/(gx gy)="
-            f"{pick(shard, i):g} elements"))
+            f"{pick(shard, i):g} elements"), "gz", gz)
     per_step = P["micro_batch"] * P["dp"] * gz
     _fail((gz > 1) & ~_divides(per_step, P["global_batch"], xp), where, lambda i: (
         f"global_batch={pick(P['global_batch'], i):g} must be a multiple of micro_batch x dp "
-        f"x gz={pick(P['micro_batch'], i):g} x {pick(P['dp'], i):g} x {pick(gz, i):g}"))
+        f"x gz={pick(P['micro_batch'], i):g} x {pick(P['dp'], i):g} x {pick(gz, i):g}"),
+        "global_batch", P["global_batch"])
 
 
 # The tolerance of `workload.pp.stage_layers`'s roundings, ceil(x - 1e-6): a quotient within
@@ -677,21 +737,24 @@ def _check_stages(P, M, where, pick) -> None:
                        M["n_layers"])
     for name, v in (("pp_first_layers", f), ("pp_last_layers", l)):
         _fail((v < 0) | (v != xp.round(v)), where, lambda i, name=name, v=v: (
-            f"{name}={pick(v, i):g} must be a whole number >= 0 (0: balanced automatically)"))
+            f"{name}={pick(v, i):g} must be a whole number >= 0 (0: balanced automatically)"),
+            name, v, anywhere=True)
     _fail((f > 0) != (l > 0), where, lambda i: (
         f"pp_first_layers={pick(f, i):g} and pp_last_layers={pick(l, i):g}: give both "
-        f"(> 0) or neither (0: stages balanced automatically)"))
+        f"(> 0) or neither (0: stages balanced automatically)"), "pp_first_layers", f)
     _fail((f > 0) & (pp <= 1), where, lambda i: (
-        f"pp_first_layers={pick(f, i):g} needs pp > 1 (one stage holds every layer)"))
+        f"pp_first_layers={pick(f, i):g} needs pp > 1 (one stage holds every layer)"),
+        "pp_first_layers", f)
     _fail((f > 0) & (pp == 2) & (f + l != L), where, lambda i: (
         f"pp=2: pp_first_layers + pp_last_layers={pick(f + l, i):g} must equal "
-        f"model.num_layers={pick(L, i):g}"))
+        f"model.num_layers={pick(L, i):g}"), "pp_first_layers", f)
     first, mid_min, mid_max, last = stage_counts(P, M, xp)
     _fail(~stages_hold(P, M, xp), where, lambda i: (
         f"pp={pick(pp, i):g}, vp={pick(vp, i):g}: every middle pipeline stage must hold at "
         f"least vp layers, the first and last at least max(vp - 1, 1); "
         f"model.num_layers={pick(L, i):g} gives the first, middle and last stages "
-        f"{pick(first, i):g}, {pick(mid_min, i):g}-{pick(mid_max, i):g} and {pick(last, i):g}"))
+        f"{pick(first, i):g}, {pick(mid_min, i):g}-{pick(mid_max, i):g} and {pick(last, i):g}"),
+        "pp", pp)
 
 
 def _check_choice(P, f, hi, where, pick) -> None:
@@ -699,7 +762,7 @@ def _check_choice(P, f, hi, where, pick) -> None:
     v = P[f]
     _fail((v < 0) | (v > hi) | (v != xp.round(v)), where,
           lambda i: f"{f}={pick(v, i):g} is not allowed (allowed: "
-                    f"{', '.join(str(k) for k in range(hi + 1))})")
+                    f"{', '.join(str(k) for k in range(hi + 1))})", f, v, anywhere=True)
 
 
 # Parallel fields that are framework facts (--set), checked field by field whatever the
@@ -722,34 +785,38 @@ def _check_fact_ranges(P, where, pick) -> None:
         _check_choice(P, f, hi, where, pick)
     for f in ("tp_overlap", "ep_overlap"):
         _fail(~((P[f] >= 0) & (P[f] <= 1)), where,
-              lambda i, f=f: f"{f}={pick(P[f], i):g} must be in [0, 1]")
+              lambda i, f=f: f"{f}={pick(P[f], i):g} must be in [0, 1]", f, P[f], anywhere=True)
     r = P["recompute_layer_frac"]
     _fail(~((r > 0) & (r <= 1)), where, lambda i: (
         f"recompute_layer_frac={pick(r, i):g} must be in (0, 1] (the fraction of the layers "
-        f"that full recompute checkpoints; 1: every layer)"))
+        f"that full recompute checkpoints; 1: every layer)"), "recompute_layer_frac", r,
+        anywhere=True)
     _fail(~((P["ep_dispatch"] == 0) | (P["ep_dispatch"] == 1)), where, lambda i: (
         f"ep_dispatch={pick(P['ep_dispatch'], i):g} is not allowed (allowed: 0 pairwise "
-        f"all-to-all, 1 DeepEP-style hierarchical dispatch)"))
+        f"all-to-all, 1 DeepEP-style hierarchical dispatch)"), "ep_dispatch", P["ep_dispatch"],
+        anywhere=True)
     g = P["zero_shard"]
     _fail((g < 0) | (g != xp.round(g)), where, lambda i: (
         f"zero_shard={pick(g, i):g} must be a whole number >= 0 (0: shard over all dp x cp "
-        f"ranks)"))
+        f"ranks)"), "zero_shard", g, anywhere=True)
     w = P["zero3_prefetch_params"]
     _fail(~((w >= 0) & (w <= 1e18)), where, lambda i: (
         f"zero3_prefetch_params={pick(w, i):g} must be >= 0 (0: the next layer whole, as "
-        f"PyTorch FSDP; DeepSpeed's stage3_prefetch_bucket_size is 5e7)"))
+        f"PyTorch FSDP; DeepSpeed's stage3_prefetch_bucket_size is 5e7)"),
+        "zero3_prefetch_params", w, anywhere=True)
     k = P["zero3_calls_per_layer"]
     _fail(~((k >= 1) & (k <= INT_MAX)) | (k != xp.round(k)), where, lambda i: (
         f"zero3_calls_per_layer={pick(k, i):g} must be a whole number >= 1 (at most "
-        f"{INT_MAX})"))
+        f"{INT_MAX})"), "zero3_calls_per_layer", k, anywhere=True)
     c = P["zero3_copy_out"]
     _fail((c != 0) & (c != 1), where, lambda i: (
         f"zero3_copy_out={pick(c, i):g} is not allowed (allowed: 0 FSDP1 / DeepSpeed flat "
-        f"buffers, 1 FSDP2 copy-out)"))
+        f"buffers, 1 FSDP2 copy-out)"), "zero3_copy_out", c, anywhere=True)
     r = P["zero3_root_unit"]
     _fail((r != 0) & (r != 1), where, lambda i: (
         f"zero3_root_unit={pick(r, i):g} is not allowed (allowed: 0 root unit not priced, "
-        f"1 FSDP's root unit gathered and reduce-scattered exposed)"))
+        f"1 FSDP's root unit gathered and reduce-scattered exposed)"), "zero3_root_unit", r,
+        anywhere=True)
 
 
 def _check_zero(P, where, pick) -> None:
@@ -800,14 +867,14 @@ def check_precision(system, training, where: str = "precision") -> None:
                         f"'{getattr(system, 'name', '?')}' has no FP8 tensor cores "
                         f"(matmul_fp8_TFLOPs absent or 0); use bf16, fp16 or another "
                         f"16-bit preset there ({low_names} need an FP8 GPU: H100, H200, "
-                        f"B200, B300, GB200, GB300)")
+                        f"B200, B300, GB200, GB300)", field="precision", value=name)
     blocked = lowp & ((fp4 > 0) | ((block > 0) & (block < 128)))
     if np.any(blocked & ~(p4 > 0)):
         raise SpecError(f"{_recipe(where, name, blocked & ~(p4 > 0))} needs block-scaled "
                         f"tensor cores (MXFP8 / NVFP4: "
                         f"Blackwell) but system '{getattr(system, 'name', '?')}' has none "
                         f"(matmul_fp4_TFLOPs absent or 0); on Hopper use fp8-delayed, "
-                        f"fp8-current or fp8-blockwise")
+                        f"fp8-current or fp8-blockwise", field="precision", value=name)
 
 
 def check_tp_userbuffers_precision(parallel, training, where: str = "precision") -> None:
@@ -848,7 +915,7 @@ def check_tp_userbuffers_precision(parallel, training, where: str = "precision")
             f"1.8, tp_userbuffers 2: delayed-scaling FP8 only, no current scaling or "
             f"MXFP8); allowed: tp_userbuffers 0 with this precision, or bf16, fp16, "
             f"fp8-delayed, fp8-current, mxfp8 (tp_userbuffers 1), bf16, fp16, fp8-delayed "
-            f"(tp_userbuffers 2)")
+            f"(tp_userbuffers 2)", field="tp_userbuffers", value=float(u_b[i]))
 
 
 def check_tp_userbuffers_system(parallel, system, where: str = "parallel") -> None:
@@ -945,29 +1012,32 @@ def check_model(model, where: str = "model") -> None:
     for f in _MODEL_COUNTS:
         v = _arr(getattr(model, f), where)
         _fail(~(v >= 1) | (v != xp.round(v)) | (v > INT_MAX), where, lambda i, f=f, v=v: (
-            f"{f}={pick(v, i):g} must be a whole number >= 1 (at most {INT_MAX})"))
+            f"{f}={pick(v, i):g} must be a whole number >= 1 (at most {INT_MAX})"), f, v,
+            anywhere=True)
     for f in _MODEL_SWITCHES:
         v = _arr(getattr(model, f), where)
         _fail(~((v == 0) | (v == 1)), where, lambda i, f=f, v=v: (
-            f"{f}={pick(v, i):g} is not allowed (allowed: 0, 1)"))
+            f"{f}={pick(v, i):g} is not allowed (allowed: 0, 1)"), f, v, anywhere=True)
     for f in ("n_experts", "moe_topk", "moe_ffn_hidden", "n_shared_experts"):
         v = _arr(getattr(model, f), where)
         _fail(~(v >= 0) | (v != xp.round(v)) | (v > INT_MAX), where, lambda i, f=f, v=v: (
-            f"{f}={pick(v, i):g} must be a whole number >= 0 (at most {INT_MAX})"))
+            f"{f}={pick(v, i):g} must be a whole number >= 0 (at most {INT_MAX})"), f, v,
+            anywhere=True)
     k, e = _arr(model.moe_topk, where), _arr(model.n_experts, where)
     _fail((e > 0) & (k > e), where, lambda i: f"moe_topk={pick(k, i):g} must be <= "
-                                              f"n_experts={pick(e, i):g}")
+                                              f"n_experts={pick(e, i):g}", "moe_topk", k)
     if not isinstance(where, _Collect):  # concrete values only (valid_mask does not trace it)
         c = _arr(model.capacity_factor, where)
         _fail((e > 0) & (k < 1), where, lambda i: (
             f"moe_topk={pick(k, i):g} must be >= 1 for an MoE model (n_experts="
-            f"{pick(e, i):g}): every token goes to its top-k experts"))
+            f"{pick(e, i):g}): every token goes to its top-k experts"), "moe_topk", k)
         _fail((e > 0) & ~(c > 0), where, lambda i: (
-            f"capacity_factor={pick(c, i):g} must be > 0 for an MoE model"))
+            f"capacity_factor={pick(c, i):g} must be > 0 for an MoE model"), "capacity_factor",
+            c)
         _fail((e > 0) & (c > e / np.maximum(k, 1)), where, lambda i: (
             f"capacity_factor={pick(c, i):g} is above n_experts / moe_topk={pick(e, i):g} / "
             f"{pick(k, i):g}: {CAPACITY_WHY}; allowed: > 0 and at most "
-            f"{pick(e / np.maximum(k, 1), i):g}"))
+            f"{pick(e / np.maximum(k, 1), i):g}"), "capacity_factor", c)
     _check_finite_leaves(model, "model", where)
 
 
@@ -979,7 +1049,8 @@ def _check_finite_leaves(tree, name, where) -> None:
         v = _arr(v, where)
         _fail(~_finite(v, xp), where, lambda i, path=path, v=v: (
             f"{jax.tree_util.keystr(path).lstrip('.')}={_fmt(v.ravel()[min(i, v.size - 1)])} must "
-            f"be a finite number (magnitude at most {_FINITE_MAX:g})"))
+            f"be a finite number (magnitude at most {_FINITE_MAX:g})"),
+            jax.tree_util.keystr(path).lstrip('.'), v, anywhere=True)
 
 
 def check_system(system, where: str = "system") -> None:
@@ -1000,12 +1071,13 @@ def check_system(system, where: str = "system") -> None:
             return
         v = _arr(v, where)
         _fail(~ok(v), where, lambda i: f"{field}={pick(v, i):g} is not allowed "
-                                       f"(allowed: {allowed})")
+                                       f"(allowed: {allowed})", field, v)
 
     n_tiers = len(system.tiers)
     if not 1 <= n_tiers <= MAX_TIERS and not isinstance(where, _Collect):
         raise SpecError(f"{where}: tiers has {n_tiers} network tiers (allowed: 1 to "
-                        f"{MAX_TIERS}): {_TIERS_WHY}")
+                        f"{MAX_TIERS}): {_TIERS_WHY}", field="tiers", value=n_tiers,
+                        anywhere=True)
     _check_finite_leaves(system, "system", where)
     for f in ("matmul_flops_per_s", "matmul_fp32_flops_per_s", "vector_flops_per_s",
               "hbm_bandwidth_Bps", "hbm_capacity_bytes", "power_W"):
@@ -1023,6 +1095,9 @@ def check_system(system, where: str = "system") -> None:
          "> 0 (steepness of FlashAttention-2's fall-off with work)")
     rule(system.sfu_exp_per_s, lambda v: v >= 0, "sfu_exp_per_s",
          ">= 0 (exponentials per second of the special-function units; 0: no floor)")
+    rule(system.attn_sink_bwd_row_s, lambda v: v >= 0, "attn_sink_bwd_row_s",
+         ">= 0 (seconds per query row the sink gradient adds to the attention backward; 0: "
+         "not measured)")
     rule(system.gpu_sms, lambda v: v >= 0, "gpu_sms",
          ">= 0 (streaming multiprocessors of the GPU; 0: unknown)")
     rule(system.fp8_non_tn_gemm, lambda v: (v == 0) | (v == 1), "fp8_non_tn_gemm",
@@ -1065,8 +1140,6 @@ def check_training(training, where: str = "training") -> None:
     activations and the residual > 0; every other leaf finite and >= 0; vocab_pad_to a
     whole number; on concrete values also lowp_layer_frac <= 1 and lowp_block, attn_tile
     0 or whole numbers >= 1."""
-    import dataclasses
-
     xp = _xp(where)
     pick = lambda a, i: a.ravel()[min(i, a.size - 1)]  # noqa: E731
     _check_finite_leaves(training, "training", where)
@@ -1074,28 +1147,31 @@ def check_training(training, where: str = "training") -> None:
         v = _arr(getattr(training, f), where)
         if f in TRAINING_SWITCHES and not isinstance(where, _Collect):  # (valid_mask: >= 0)
             _fail(~((v == 0) | (v == 1)), where, lambda i, f=f, v=v: (
-                f"{f}={pick(v, i):g} is not allowed (allowed: 0, 1)"))
+                f"{f}={pick(v, i):g} is not allowed (allowed: 0, 1)"), f, v, anywhere=True)
         elif f in TRAINING_POSITIVE:
             _fail(~(v > 0), where, lambda i, f=f, v=v: (
-                f"{f}={pick(v, i):g} must be > 0"))
+                f"{f}={pick(v, i):g} must be > 0"), f, v, anywhere=True)
         else:
             _fail(~(v >= 0), where, lambda i, f=f, v=v: (
-                f"{f}={pick(v, i):g} must be >= 0"))
+                f"{f}={pick(v, i):g} must be >= 0"), f, v, anywhere=True)
     v = _arr(training.vocab_pad_to, where)
     _fail(v != xp.round(v), where, lambda i: (
-        f"vocab_pad_to={pick(v, i):g} must be a whole number >= 0"))
+        f"vocab_pad_to={pick(v, i):g} must be a whole number >= 0"), "vocab_pad_to", v,
+        anywhere=True)
     if isinstance(where, _Collect):  # concrete values only, as the switches above
         return
     v = _arr(training.lowp_layer_frac, where)
     _fail(v > 1, where, lambda i: (
         f"lowp_layer_frac={pick(v, i):g} is not allowed (allowed: 0 to 1, the fraction of "
-        f"the transformer layers whose linears run in low precision)"))
+        f"the transformer layers whose linears run in low precision)"), "lowp_layer_frac", v,
+        anywhere=True)
     for f, what in (("lowp_block", "elements per scale factor; 0: one scale per tensor"),
                     ("attn_tile", "the B of the attention kernel's B x B score tiles; 0: "
                                   "no tiling")):
         v = _arr(getattr(training, f), where)
         _fail(((v > 0) & (v < 1)) | (v != xp.round(v)), where, lambda i, f=f, v=v, w=what: (
-            f"{f}={pick(v, i):g} is not allowed (allowed: 0 or a whole number >= 1: {w})"))
+            f"{f}={pick(v, i):g} is not allowed (allowed: 0 or a whole number >= 1: {w})"), f, v,
+            anywhere=True)
 
 
 def check_job(parallel, system, where: str = "layout") -> None:
@@ -1107,7 +1183,7 @@ def check_job(parallel, system, where: str = "layout") -> None:
     _fail(n > last, where, lambda i: (
         f"the job's {pick(n, i):g} devices exceed the system's last network tier "
         f"('{system.tiers[-1].name}', domain_size={pick(last, i):g}: the whole cluster); "
-        f"allowed: at most {pick(last, i):g} devices"))
+        f"allowed: at most {pick(last, i):g} devices"), "n_devices", n)
 
 
 def check_inputs(model, parallel, system, training, n_devices=None, where: str = "parallel",

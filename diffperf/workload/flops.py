@@ -147,6 +147,13 @@ def attention_by_kind(model, parallel, training):
     return core(k_full), core(k_win), f_win
 
 
+def query_rows(model, parallel):
+    """Query rows of one device's attention, one micro-batch, one layer: b (a / t) (s / c),
+    the rows of its (s/c) x s score matrices (`score_elements` / s)."""
+    return parallel.micro_batch * (model.n_heads / head_shards(parallel)) * (
+        model.seq_len / parallel.cp)
+
+
 def score_elements(model, parallel):
     """Elements of the (s/c) x s score matrices of one device's heads, one micro-batch:
     b (a / t) (s / c) s."""
