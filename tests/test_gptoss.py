@@ -273,3 +273,78 @@ def test_sink_backward_gradient_contract(x64):
     check_grads(t, (x,), order=1, modes=("rev",), eps=1e-4)
     g = np.asarray(jax.grad(t)(x))
     assert np.all(np.isfinite(g)) and np.all(g > 0)
+
+
+def test_cudnn_fe_rows_carry_their_licence():
+    """cudnn-frontend was relicensed from MIT to Apache-2.0 in 2026-07 (PR #408): the rows of
+    cudnn_fe_gptoss_sdpa.csv from its 2026-09 commits ship under Apache-2.0 (licence text and
+    NOTICE beside the CSV, the NOTICE naming those commits), the earlier ones under MIT; a
+    row from any other commit has no licence read for it (data/README.md, "Licences")."""
+    import csv
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parent.parent / "data"
+    mit = {"df73764adb98b7445b77662ce07b1ea434c8f3ee", "fb682ce761a2705e40f9b5d528737a3e0eb33cec"}
+    apache = {"a0312ccbd9ffccdef77faf5bf3ab40d46d602cb5",
+              "07b111f1fea26339224d72aced86a5b02526d374",
+              "546cc71225c86c75f4f2b059a01e8ed10fa8c603"}
+    rows = list(csv.DictReader(open(data / "kernels" / "cudnn_fe_gptoss_sdpa.csv")))
+    commits = [r["source_commit"] for r in rows]
+    assert set(commits) == mit | apache
+    assert (sum(c in mit for c in commits), sum(c in apache for c in commits)) == (140, 60)
+    notice = (data / "NOTICE-cudnn-frontend").read_text()
+    assert all(c in notice for c in apache) and not any(c in notice for c in mit)
+    assert "Apache License\n                           Version 2.0" in (
+        data / "LICENSE-cudnn-frontend-Apache-2.0").read_text()
+    assert "Permission is hereby granted, free of charge" in (
+        data / "LICENSE-cudnn-frontend").read_text()
+
+
+def test_unmeasured_sink_cost_is_said():
+    """predict / search say when a model with sinks runs on a GPU whose sink-gradient cost is
+    not measured (attn_sink_bwd_row_s = 0 prices it as free): GB200 yes; the H100 (measured),
+    a model without sinks, or no flash attention (the term is not read) no."""
+    from diffperf.cli.options import unmeasured_cost_notes
+
+    h100, gb200 = _system("h100-sxm-80gb"), _system("gb200-nvl72")
+    (note,) = unmeasured_cost_notes(GPT_OSS, gb200, BF16)
+    assert "gpt-oss-120b" in note and "gb200-nvl72" in note and "not measured" in note
+    assert unmeasured_cost_notes(GPT_OSS, h100, BF16) == []
+    # the other system files of the same 700 W H100 SXM carry the measurement (no note); the
+    # H200 / Grand Teton's 500 W H100 (other memory, power) do not
+    for name in ("h100-80gb-800gbps-node", "meta-h100-24k"):
+        assert float(_system(name).attn_sink_bwd_row_s) == float(h100.attn_sink_bwd_row_s)
+    assert len(unmeasured_cost_notes(GPT_OSS, _system("h200-sxm-141gb"), BF16)) == 1
+    assert unmeasured_cost_notes(_model("llama3-8b"), gb200, BF16) == []
+    assert unmeasured_cost_notes(GPT_OSS, gb200, BF16.replace(flash_attention=0.0)) == []
+
+
+def test_sink_backward_cost_is_per_head():
+    """data/kernels/h100_sink_heads.csv (calibration/device_h100_sink_heads.py): the same cuDNN
+    graphs at 64 / 32 / 16 / 8 query heads (GPT-OSS at t = 1, 2, 4, 8). The sink's backward
+    cost per b h s row stays within 15 % of the YAML's 1.52 ns at every head count (mean per
+    head count 1.53 / 1.58 / 1.61 / 1.67 ns), while per b s it falls with the heads (~8x from 64
+    to 8): the cost is per head, so R = b (a / t) (s / c) divides it by t as the term does.
+    Pairs where a call is host-bound (gpu_ms < 1.5 x host_ms: one 8-head window pair) are
+    left out."""
+    import csv
+    from pathlib import Path
+
+    rows = list(csv.DictReader(open(Path(__file__).resolve().parent.parent / "data" / "kernels"
+                                    / "h100_sink_heads.csv")))
+    t = {(r["hq"], r["b"], r["s"], r["window_left"], r["sink"]): (float(r["gpu_ms"]),
+                                                                  float(r["host_ms"]))
+         for r in rows if r["pass"] == "bwd"}
+    tau = float(_system("h100-sxm-80gb").attn_sink_bwd_row_s) * 1e9
+    per_bhs, per_bs = {}, {}
+    for (hq, b, s, w, sink), (g1, h1) in t.items():
+        g0, h0 = t[(hq, b, s, w, "0")]
+        if sink == "0" or g1 < 1.5 * h1 or g0 < 1.5 * h0:
+            continue
+        d_ns = (g1 - g0) * 1e6
+        per_bhs.setdefault(int(hq), []).append(d_ns / (int(b) * int(hq) * int(s)))
+        per_bs.setdefault(int(hq), []).append(d_ns / (int(b) * int(s)))
+    assert sorted(per_bhs) == [8, 16, 32, 64] and sum(map(len, per_bhs.values())) == 23
+    assert all(abs(v / tau - 1) < 0.15 for vs in per_bhs.values() for v in vs)
+    mean = {h: sum(v) / len(v) for h, v in per_bs.items()}
+    assert 6.0 < mean[64] / mean[8] < 8.5 and mean[64] > mean[32] > mean[16] > mean[8]

@@ -242,6 +242,23 @@ def inert_notes(inert, n_layouts=None) -> list[str]:
     return notes
 
 
+def unmeasured_cost_notes(model, system, training) -> list[str]:
+    """Notes on the kernel costs a System prices as free because nobody measured them on its
+    GPU, for a model that pays them: the learned attention sinks' gradient in the fused
+    attention backward (System.attn_sink_bwd_row_s, costs.compute.attention_sink_backward_s;
+    read only with Model.attention_sinks and flash attention) is 0 on every system file but
+    the H100's, which would price GPT-OSS's backward ~0.4 ms per layer cheaper (b 1, s 4096,
+    64 heads) there without a word."""
+    if (float(model.attention_sinks) > 0 and float(training.flash_attention) > 0
+            and float(system.attn_sink_bwd_row_s) == 0):
+        return [f"{model.name} has learned attention sinks: the cost of their gradient in the "
+                f"fused attention backward is not measured on {system.name} "
+                f"(attn_sink_bwd_row_ns absent: priced as free); on an H100 (cuDNN 9.19) it is "
+                f"1.52 ns per query row x head, ~0.4 ms per layer backward at b 1, s 4096, 64 "
+                f"heads (docs/accuracy-gptoss.md, Session 15)"]
+    return []
+
+
 def print_notes(notes) -> None:
     """Each note on stderr (stdout keeps the table or the JSON)."""
     from rich.markup import escape

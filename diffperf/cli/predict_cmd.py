@@ -162,7 +162,8 @@ def build(args):
     layout predict's search chose, the facts that cannot act there at their defaults: a
     later search, `sensitivity --optimum`'s, takes the given one)."""
     from diffperf import Parallel, training
-    from diffperf.cli.options import framework_facts, inert_notes, model_and_system
+    from diffperf.cli.options import (framework_facts, inert_notes, model_and_system,
+                                      unmeasured_cost_notes)
     from diffperf.load import parse_overrides
     from diffperf.specs.parallel import Recompute, placement_index
     from diffperf.specs.validate import (check_facts_act, check_inputs, check_model,
@@ -185,6 +186,7 @@ def build(args):
     model, system = model_and_system(args)
     args.notes += args.batch_notes
     train = training(args.precision, **tr_over)
+    args.notes += unmeasured_cost_notes(model, system, train)
     # what no layout changes, before a layout is chosen (and so before its search compiles)
     check_model(model)
     check_system(system)

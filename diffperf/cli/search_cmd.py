@@ -11,7 +11,8 @@ import numpy as np
 from diffperf.cli.output import console, err_console, fmt, print_json, table
 from diffperf.cli.cache import kernel_store
 from diffperf.cli.options import (RECOMPUTE_NAMES, add_job, add_model_system, add_placements,
-                                  check_at_least, model_and_system, placements_of, print_notes)
+                                  check_at_least, model_and_system, placements_of, print_notes,
+                                  unmeasured_cost_notes)
 from diffperf.cli.steer import (add_steering, budget_line, budget_of, similar_cells, steering,
                                 write_csv)
 from diffperf.errors import SpecError
@@ -87,8 +88,10 @@ def build(args):
     check_at_least(args, dict(gpus=1, global_batch=1, top=1, chunk=1))
     fixed, par, tr, notes = steering(args)
     model, system = model_and_system(args)
-    steer = dict(fixed=fixed, parallel=par, notes=notes + args.batch_notes)
-    return model, system, training(args.precision, **tr), placements_of(args.placements), steer
+    train = training(args.precision, **tr)
+    steer = dict(fixed=fixed, parallel=par, notes=notes + args.batch_notes
+                 + unmeasured_cost_notes(model, system, train))
+    return model, system, train, placements_of(args.placements), steer
 
 
 @contextlib.contextmanager

@@ -303,7 +303,16 @@ def attention_sink_backward_s(rows, sinks, system, training):
     much as a full one), 1.31-1.67 ns per row, mean 1.52 ns (configs/systems/h100-sxm-80gb.yaml).
     Example: GPT-OSS on one H100 (b 1, s 4096, t 1): R = 64 x 4096 = 262,144, t_sink = 262,144
     x 1.52 ns = 0.398 ms per layer backward (its flash price, attn_tile = 128: 0.86 ms full,
-    0.23 ms window)."""
+    0.23 ms window).
+
+    Per head (R divided by t): the same graphs at 64 / 32 / 16 / 8 query heads (8 / 4 / 2 / 1
+    KV heads, GPT-OSS at t = 1, 2, 4, 8; data/kernels/h100_sink_heads.csv, calibration/
+    device_h100_sink_heads.py) cost 1.47-1.73 ns per b h s row (means 1.53 / 1.58 / 1.61 /
+    1.67 ns by head count: within 15 % of tau_row), while per b s they fall ~7x from 64 to 8
+    heads (docs/accuracy-gptoss.md, "Review of the sink term"). With CP,
+    Transformer Engine 2.9-2.16 run sinks only in the all-to-all form (context_parallel.py,
+    attn_forward_func_with_cp: non-vanilla softmax needs cp_comm_type "a2a"), a / (t c) heads
+    of all s rows per rank: the same R; diffperf's CP forms (ring, all-gather) are not it."""
     return training.flash_attention * sinks * rows * system.attn_sink_bwd_row_s
 
 
