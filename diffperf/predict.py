@@ -286,7 +286,7 @@ def features_of(model, parallel, training=None) -> frozenset:
              generic count, which the rows equal at lowp_te_quantizer = 0)
         host_sync: experts and some training.moe_host_sync != 0 (the MoE layer's forward
              as two host regions, `schedule.overlap.host_sync_regions_s`; without it the one
-             smooth max, which the regions' form is not at moe_host_sync = 0)
+             smooth max, which is what the program computes at moe_host_sync = 0 too)
     training None: the default Training() (xla_compiled = 0, attn_tile = 0, every lowp pass
     0, cp_torch = 0, gemm_wave_split = 0, lowp_te_quantizer = 0, moe_host_sync = 0).
     Every feature when a leaf is traced (values unknown). Leaving a feature out when its
