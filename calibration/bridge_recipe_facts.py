@@ -5,7 +5,7 @@ per container").
 
     python calibration/bridge_recipe_facts.py OUT.csv \
         [--facts overlap,layout,dispatch,attn,moe_act,recompute,quant_pad,waves,expert_loop,tp_ub,
-                 te_quant,cudnn_norm]
+                 te_quant,cudnn_norm,swizzle,host_sync]
     python calibration/bridge_recipe_facts.py data/megatron_bridge.csv   # the shipped CSV
     python calibration/bridge_moe_rows.py --csv OUT.csv          # per-row effect
 
@@ -226,6 +226,26 @@ per container").
     with `cutedsl_fused_grouped_mlp` (TE's fused grouped MLP op, not read) nor on 26.08 (TE
     version not read). `Training.te_scale_swizzle`, `workload.flops.te_quantize_rows`;
     docs/accuracy-bridge.md "Session 13: Blackwell FP8 buffers and MXFP8 swizzles".
+14. `moe_host_sync=1` (session 15, branch hostsync) on the dropless MoE rows of containers
+    25.09-26.04.01 (Megatron Core 0.14-0.17): every dropless dispatcher blocks the host once
+    per MoE layer forward, before the token dispatch. `alltoall` (MoEAlltoAllTokenDispatcher,
+    core_v0.14.0-v0.17.0 `transformer/moe/token_dispatcher.py`): the split sizes and token
+    counts go to the host on a side stream at `cuda_dtoh_point` and
+    `_maybe_dtoh_and_synchronize` calls `self.d2h_event.synchronize()` at `cuda_sync_point`
+    ("before_ep_alltoall" with ep > 1; the whole body under `if not self.drop_and_pad`);
+    flex / DeepEP (`fused_a2a.py` `FusedDispatch.forward`: "the CPU will wait for GPU's signal
+    to arrive", `num_recv_tokens_per_expert_list` a host list); flex / HybridEP (core 0.16 /
+    0.17 `_HybridEPManager`: `num_permuted_tokens = None` when dropless, "will cause a CPU
+    sync"; DeepEP hybrid-ep `csrc/hybrid_ep/executor/executor.cu` `dispatch_preprocess`:
+    `cudaStreamSynchronize(args.stream)` before the dispatch kernel unless non_blocking). The
+    backward has none (the saved host split sizes, the handle). TEGroupedMLP's
+    `tokens_per_expert.tolist()` then reads a host tensor (no second sync). Not set on the
+    drop-and-pad rows (`moe_token_drop` = 1: no dtoh, no sync) nor on 26.06+ rows (Megatron
+    Core 0.18's full-iteration recipes budget `num_permuted_tokens` and cannot capture a
+    sync; the three 26.06 TE GroupedLinear rows were not read for it). GPT-OSS's second sync
+    (quick-GEGLU's `torch.tensor(linear_offset, device=...)`) is not in the fact.
+    `Training.moe_host_sync`, `schedule.overlap.host_sync_regions_s`; docs/accuracy-bridge.md
+    "Session 15: host syncs inside the MoE layer (branch `hostsync`)".
 """
 
 from __future__ import annotations
@@ -318,7 +338,7 @@ MODULES = ("core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "shared_ex
 # the set-column fields this file writes (the others a row carries are kept)
 OWNED = ("ep_overlap", "pp_first_layers", "pp_last_layers", "attn_tile",
          "moe_eager_clamp_bias", "moe_quant_pad", "recompute_layer_frac", "gemm_wave_split",
-         "moe_expert_loop",
+         "moe_expert_loop", "moe_host_sync",
          "tp_userbuffers", "lowp_te_quantizer", "te_cudnn_norm", "te_scale_swizzle",
          *(f"recompute_{m}" for m in MODULES))
 # Models of the CSV with sliding-window layers, and the fused kernel's score tile (fact 4)
@@ -336,6 +356,9 @@ QUANT_PAD_PRECISIONS = ("fp8-current", "fp8-delayed", "fp8-blockwise", "mxfp8", 
 # fuser off (fact 9), and the precisions whose quantizers split_quantize runs one by one
 EXPERT_LOOP_CONTAINERS = ("25.09", "25.11", "26.02", "26.02.01", "26.04", "26.04.01")
 EXPERT_LOOP_PRECISIONS = ("bf16", "fp8-current", "fp8-blockwise", "mxfp8")
+# Containers whose Megatron Core (0.14-0.17) dropless dispatchers block the host once per MoE
+# layer forward before the token dispatch (fact 14)
+HOST_SYNC_CONTAINERS = ("25.09", "25.11", "26.02", "26.02.01", "26.04", "26.04.01")
 # 26.06+ (Megatron-Bridge v0.5.x): the (model, system, precision) of the workload configs with
 # cutedsl_fused_grouped_mlp (TE's fused grouped MLP: one kernel per grouped GEMM); the other
 # MoE rows of these containers run the per-expert loop (fact 9)
@@ -417,6 +440,9 @@ def row_facts(row, facts) -> list[str]:
                      and key[:3] not in FUSED_GROUPED_MLP))
             and row["precision"] in EXPERT_LOOP_PRECISIONS):
         out.append("moe_expert_loop=1")
+    if ("host_sync" in facts and float(row["moe_experts"] or 0) > 0
+            and row["container"] in HOST_SYNC_CONTAINERS and row["moe_token_drop"] != "1"):
+        out.append("moe_host_sync=1")
     if "waves" in facts and row["system"] in WAVE_SPLIT_SYSTEMS:
         out.append("gemm_wave_split=1")
     if ("tp_ub" in facts and row["model"] in TP_UB_MODELS
@@ -446,7 +472,7 @@ def main(argv=None) -> int:
     p.add_argument("out")
     p.add_argument("--facts",
                    default="overlap,layout,dispatch,attn,moe_act,recompute,quant_pad,waves,"
-                           "expert_loop,tp_ub,te_quant,cudnn_norm,swizzle")
+                           "expert_loop,tp_ub,te_quant,cudnn_norm,swizzle,host_sync")
     args = p.parse_args(argv)
     facts = set(args.facts.split(","))
     rows = list(csv.reader(CSV.open(newline="")))

@@ -33,7 +33,8 @@ from diffperf.schedule.goodput import (checkpoint_bytes, checkpoint_write_s, dal
                                       job_mtbf_s, lost_fracs)
 from diffperf.schedule.overlap import (UB_PIPE_SPLITS, axonn_exposed_s, dp_hidden_slowdown_s,
                                        dp_step_exposed_s, ep_merged_1f1b_exposed_s,
-                                       ep_merged_unpaired_frac, overlap_sigma,
+                                       ep_merged_unpaired_frac, host_sync_regions_s,
+                                       overlap_sigma,
                                        ring_exposed_s, split_exposed, tp_pipeline_rs_s,
                                        tp_userbuffers_block_s, tp_userbuffers_sigmas,
                                        ub_pipe_sm_margin, zero3_layer_exposed_s,
@@ -50,11 +51,13 @@ from diffperf.workload.dp import (dp_volumes_bytes, product_group, root_unit_par
                                   zero3_prefetch_frac, zero3_rs_copy_in_bytes, zero_groups)
 from diffperf.workload.ep import (ep_a2a_bytes, ep_a2a_per_layer, ep_stride, expert_dp_degree,
                                   expert_tp, moe_mlp_on_tp)
-from diffperf.workload.flops import (DENSE_ROW_BLOCKS, attention_by_kind, attention_io_bytes,
+from diffperf.workload.flops import (DENSE_ROW_BLOCKS, EXPERT_ROWS, attention_by_kind,
+                                     attention_io_bytes,
                                      ep_chunk_elementwise_bytes,
                                      elementwise_backward_once_bytes,
                                      head_ops, layer_ops, lowp_quantize_kernels,
-                                     moe_layer_fraction, query_rows, te_quantize_rows)
+                                     moe_expert_loop_kernels, moe_layer_fraction, query_rows,
+                                     te_quantize_rows)
 from diffperf.workload.groups import stride
 from diffperf.workload.params import (grid_shards, layer_params_per_device,
                                       stage_expert_params_per_device, stage_params_per_device,
@@ -73,7 +76,8 @@ from diffperf.workload.xla import (grad_accumulation_traffic_bytes, optimizer_by
 # Terms that are exactly 0 for most layouts, and that a caller who knows so can leave out of
 # the traced program (`features` of predict_step; `features_of` finds them from concrete specs).
 FEATURES = frozenset({"ep", "cp", "axonn", "experts", "hsdp", "xla", "tiles", "lowp", "mla",
-                      "tpub", "ubpipe", "ep_overlap", "cp_torch", "wave_split", "te_quant"})
+                      "tpub", "ubpipe", "ep_overlap", "cp_torch", "wave_split", "te_quant",
+                      "host_sync"})
 _PARTS = ("compute_s", "recompute_s", "tp_exposed_s", "cp_exposed_s", "ep_exposed_s",
           "axonn_exposed_s", "overhead_s", "overlap_slowdown_s", "tp_hidden_s", "cp_hidden_s",
           "ep_hidden_s", "axonn_hidden_s")
@@ -280,8 +284,11 @@ def features_of(model, parallel, training=None) -> frozenset:
         te_quant: lowp and some training.lowp_te_quantizer != 0 (Transformer Engine's
              per-row quantize counts, `workload.flops.te_quantize_rows`; without it the
              generic count, which the rows equal at lowp_te_quantizer = 0)
+        host_sync: experts and some training.moe_host_sync != 0 (the MoE layer's forward
+             as two host regions, `schedule.overlap.host_sync_regions_s`; without it the one
+             smooth max, which is what the program computes at moe_host_sync = 0 too)
     training None: the default Training() (xla_compiled = 0, attn_tile = 0, every lowp pass
-    0, cp_torch = 0, gemm_wave_split = 0, lowp_te_quantizer = 0).
+    0, cp_torch = 0, gemm_wave_split = 0, lowp_te_quantizer = 0, moe_host_sync = 0).
     Every feature when a leaf is traced (values unknown). Leaving a feature out when its
     terms are 0 changes no result: each of them is multiplied by a size-1-group factor of
     exactly 0 (collectives.*: `active`), or is a group with no parameters.
@@ -291,11 +298,12 @@ def features_of(model, parallel, training=None) -> frozenset:
     cp_torch = 0.0 if training is None else training.cp_torch
     wave = 0.0 if training is None else training.gemm_wave_split
     te_q = 0.0 if training is None else training.lowp_te_quantizer
+    h_sync = 0.0 if training is None else training.moe_host_sync
     passes = (0.0, 0.0, 0.0, 0.0) if training is None else (
         training.lowp_fprop, training.lowp_dgrad, training.lowp_wgrad, training.lowp_layer_frac)
     leaves = (parallel.ep, parallel.cp, parallel.gx, parallel.gy, parallel.gz, model.n_experts,
               parallel.zero_shard, model.kv_lora_rank, parallel.tp_userbuffers, parallel.ep_overlap,
-              xla, tile, cp_torch, wave, te_q, *passes)
+              xla, tile, cp_torch, wave, te_q, h_sync, *passes)
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
         return FEATURES
     f, d, w, frac = (np.abs(np.asarray(x, float)) for x in passes)
@@ -306,6 +314,7 @@ def features_of(model, parallel, training=None) -> frozenset:
     on = {"ep": experts and big(parallel.ep), "cp": big(parallel.cp),
           "ep_overlap": nonzero(parallel.ep_overlap), "cp_torch": nonzero(cp_torch),
           "wave_split": nonzero(wave), "te_quant": lowp and nonzero(te_q),
+          "host_sync": experts and nonzero(h_sync),
           "axonn": big(parallel.gx) or big(parallel.gy) or big(parallel.gz), "experts": experts,
           "hsdp": bool(np.any(np.asarray(parallel.zero_shard) > 0)),
           "xla": bool(np.any(np.asarray(xla) > 0)), "tiles": bool(np.any(np.asarray(tile) > 0)),
@@ -642,6 +651,29 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
                       + again * e.host_recompute_s + sync_b)
     t_f = pnorm_max(gpu_f, host_f, e.floor_pnorm)
     t_b = pnorm_max(gpu_b, host_b, e.floor_pnorm)
+    if "host_sync" in features:
+        # Training.moe_host_sync: the MoE layer's forward blocks the host once before the
+        # token dispatch (Megatron-Core 0.14-0.17's dropless dispatchers; docs/accuracy-
+        # bridge.md "Session 15: host syncs inside the MoE layer"), so the forward is two
+        # regions (schedule.overlap.host_sync_regions_s): after the sync the GPU has only the
+        # dispatch and the routed experts' forward (their GEMMs and quantization, priced as
+        # above; the dispatch as half of the forward's exposed all-to-all time) to hide the
+        # host's launches of that stretch behind: the dispatch, every expert GEMM launch
+        # (2 phi grouped GEMMs, + 2 phi (E_l - 1) under moe_expert_loop: workload.flops.
+        # moe_expert_loop_kernels) and the experts' forward quantize kernels, x
+        # host_kernel_s. The backward has no sync (the dispatchers reuse the forward's host
+        # split sizes / handle).
+        x_rows = ops.dense.replace(count=ops.dense.count * jnp.asarray(EXPERT_ROWS))
+        q_xf, _ = lowp_quantize_times_s(x_rows, system, training, parallel.n_microbatches,
+                                        te_rows)
+        qk_xf = lowp_quantize_kernels(x_rows, training, te_rows)[0]
+        ex = jnp.asarray(EXPERT_ROWS)
+        gpu_r = 0.5 * ep_f + jnp.sum(ex * dense_rows) + q_xf
+        host_r = eager * e.host_kernel_s * (
+            jnp.where(parallel.ep > 1, is_moe, 0.0) + 2.0 * is_moe
+            + moe_expert_loop_kernels(model, parallel, training)[1] + qk_xf)
+        t_f = jnp.where(training.moe_host_sync > 0,
+                        host_sync_regions_s(gpu_f, host_f, gpu_r, host_r, e.floor_pnorm), t_f)
     parts = dict(compute_s=(dense + dense_b + attn + attn_bwd + 3.0 * other - once
                             + 2.0 * stacked
                             + quant_f + quant_b + cpm_f + cpm_b),

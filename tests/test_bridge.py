@@ -337,7 +337,7 @@ def test_ep_overlap_facts_follow_each_rows_container_release():
     for r in rows.values():
         written = facts.row_facts(
             r, {"overlap", "layout", "attn", "moe_act", "recompute", "quant_pad", "waves",
-                "expert_loop", "tp_ub", "te_quant", "cudnn_norm", "swizzle"})
+                "expert_loop", "tp_ub", "te_quant", "cudnn_norm", "swizzle", "host_sync"})
         mine = [f for f in r["set"].split(";") if f and f.split("=")[0] in facts.OWNED]
         assert mine == written, (r["id"], r["set"], written)
     has = lambda i: "ep_overlap=1" in rows["mb-" + i]["set"].split(";")  # noqa: E731

@@ -88,7 +88,7 @@ def test_fact_on_the_bridge_rows():
     rows = list(csv.DictReader((Path(__file__).resolve().parent.parent / "data"
                                 / "megatron_bridge.csv").open(newline="")))
     facts = {"overlap", "layout", "attn", "moe_act", "recompute", "quant_pad", "waves",
-             "expert_loop", "tp_ub", "te_quant", "cudnn_norm", "swizzle"}
+             "expert_loop", "tp_ub", "te_quant", "cudnn_norm", "swizzle", "host_sync"}
     on = [r for r in rows if "moe_quant_pad=1" in row_facts(r, facts)]
     assert len(on) == 16
     assert all(r["ep_dispatch"] == "0" and r["moe_token_drop"] == "0"

@@ -554,6 +554,9 @@ def test_features_of_names_each_feature():
                                                                                     "cp_torch"}
     assert features_of(moe, Parallel(dp=8.0, ep=8.0, ep_overlap=np.array([0.0, 0.5]))) == {
         "experts", "ep", "ep_overlap"}
+    assert features_of(moe, Parallel(dp=8.0), training("bf16", moe_host_sync=1.0)) == {
+        "experts", "host_sync"}
+    assert features_of(dense, Parallel(), training("bf16", moe_host_sync=1.0)) == frozenset()
     seen = []  # a traced leaf: values unknown, so every feature stays in the program
     jax.make_jaxpr(lambda cp: seen.append(features_of(dense, Parallel(cp=cp))) or cp)(1.0)
     jax.make_jaxpr(lambda w: seen.append(features_of(dense, Parallel(), training(

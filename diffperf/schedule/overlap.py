@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from diffperf.costs.smooth import exposed, smax
+from diffperf.costs.smooth import exposed, pnorm_max, smax
 from diffperf.specs.parallel import UB_PIPE_COMM_SMS
 
 
@@ -510,3 +510,30 @@ def ep_merged_unpaired_frac(parallel):
     p, v = parallel.pp, parallel.vp
     warm = 2.0 * (p - 1.0) + (v - 1.0) * p + 1.0
     return jnp.minimum(warm / (parallel.n_microbatches * v), 1.0)
+
+
+def host_sync_regions_s(gpu_s, host_s, gpu_r_s, host_r_s, p):
+    """Seconds of one layer pass whose host blocks once on the GPU (a device-to-host sync):
+    the pass is two regions the host cannot run ahead across, each its own smooth max of GPU
+    time and host launch time, instead of one max over the whole pass:
+
+        t = M(G_r, H_r) + M(G - G_r, H - H_r)          M(a, b) = (a^p + b^p)^(1/p)
+    G, H = the pass's GPU and host seconds (`predict._layer_parts`' gpu_f, host_f), G_r, H_r =
+    the region after the sync (0 <= G_r <= G, 0 <= H_r <= H; each rest is clipped at 0),
+    p = `Efficiency.floor_pnorm`. After `cudaStreamSynchronize` (or a blocking D2H copy) the
+    GPU queue is empty and the host issues the region's kernels from there: the region takes
+    at least its GPU time and at least the host's time to issue it, and the host's lead before
+    the sync is lost (CUDA Runtime API, cudaStreamSynchronize: "Blocks until stream has
+    completed all operations"). t >= M(G, H) (Minkowski's inequality for the p-norm): equal
+    when both regions have the same host / GPU ratio, larger when the host binds in one
+    region only. The sync's own bubble (the GPU idle from the read to the first launch after
+    it: 22-28 us on one H100 with an x86 host, data/kernels/h100_sync_bubble.csv) is not added;
+    the form itself was measured there (h100_sync_region.csv: after a blocking read the GPU
+    span is the regions' max + 20-62 us; with work queued ahead, the one max). Source of the sync in the MoE layer: docs/accuracy-bridge.md "Session 15:
+    host syncs inside the MoE layer" (Megatron-Core core_v0.14.0-v0.17.0 token dispatchers).
+    Example (p -> inf, the hard max): G = 10, H = 6, G_r = 2, H_r = 5: one max 10; regions
+    max(2, 5) + max(8, 1) = 13. At p = 6: 5.0034 + 8.0000 = 13.0034.
+    """
+    rest_g = jnp.maximum(gpu_s - gpu_r_s, 0.0)
+    rest_h = jnp.maximum(host_s - host_r_s, 0.0)
+    return pnorm_max(gpu_r_s, host_r_s, p) + pnorm_max(rest_g, rest_h, p)

@@ -94,6 +94,14 @@ class Training(struct.PyTreeNode):
                                  # launches per grouped GEMM and per quantized tensor
                                  # (workload.flops.moe_expert_loop_kernels); 0: one kernel each
                                  # (a single-launch grouped GEMM; the default)
+    moe_host_sync: Any = 0.0     # 1: the MoE layer's forward blocks the host once, before the
+                                 # token dispatch (Megatron-Core 0.14-0.17's dropless
+                                 # dispatchers: alltoall's d2h_event.synchronize(), DeepEP's and
+                                 # HybridEP's wait for the received-token counts), so the
+                                 # dispatch and the routed experts form a region the host cannot
+                                 # run ahead into (schedule.overlap.host_sync_regions_s); 0: the
+                                 # host runs ahead across the layer (drop-and-pad, sync-free
+                                 # dispatch, CUDA-graphed layers; the default)
     cp_torch: Any = 0.0          # 1: context parallelism as PyTorch's experimental
                                  # context_parallel() runs it (torch.distributed.tensor.
                                  # experimental._attention, TorchTitan 2024-12): K and V

@@ -216,6 +216,7 @@ MOE_TRAINING_FACTS = (
     ("moe_expert_loop", "Transformer Engine's one GEMM per local expert"),
     ("moe_quant_pad", "the padding copies of the routed tokens"),
     ("moe_eager_clamp_bias", "the expert MLP's eager clamp and bias kernels"),
+    ("moe_host_sync", "the host sync before the token dispatch"),
 )
 MOE_PARALLEL_FACTS = (
     ("ep_overlap", "the merged EP schedule that hides the expert all-to-alls"),
@@ -980,6 +981,7 @@ TRAINING_SWITCHES = ("grad_buffers_persist", "matmul_fp32", "flash_attention", "
                      "lowp_amax_pass", "lowp_weight_cache", "lowp_param_gather",
                      "llama_eager_pointwise", "attention_fa2",
                      "moe_eager_clamp_bias", "rope_kv_pass", "moe_quant_pad", "moe_expert_loop",
+                     "moe_host_sync",
                      "lowp_te_quantizer", "te_cudnn_norm",
                      "gemm_wave_split", "cp_torch")
 TRAINING_POSITIVE = ("weight_bytes", "grad_bytes", "activation_bytes", "residual_bytes")
