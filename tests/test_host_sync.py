@@ -57,8 +57,9 @@ def test_regions_never_faster_than_one_max():
 def test_regions_gradient_contract(x64):
     """host_sync_regions_s (x64, log-parameter check_grads, one small jitted program): finite;
     more GPU work or more host work in the pass never makes it faster (d t / d G, d t / d H
-    >= 0, with the region's shares fixed); nor does more host work in the region alone
-    (d t / d H_r >= 0 with H fixed, here where the region is host-bound: > 0)."""
+    >= 0, with the region's shares fixed); host work moved from a GPU-bound rest into the
+    host-bound region after the sync makes it slower (d t / d H_r > 0 at H fixed, here: the
+    sign the other way round would be a rest more host-bound than the region)."""
     from jax.test_util import check_grads
 
     @jax.jit
