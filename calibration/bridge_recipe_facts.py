@@ -238,7 +238,8 @@ per container").
     0.17 `_HybridEPManager`: `num_permuted_tokens = None` when dropless, "will cause a CPU
     sync"; DeepEP hybrid-ep `csrc/hybrid_ep/executor/executor.cu` `dispatch_preprocess`:
     `cudaStreamSynchronize(args.stream)` before the dispatch kernel unless non_blocking). The
-    backward has none (the saved host split sizes, the handle). TEGroupedMLP's
+    backward pass has none (the saved host split sizes, the handle); full recompute re-runs
+    the forward and its sync (priced: predict._layer_parts). TEGroupedMLP's
     `tokens_per_expert.tolist()` then reads a host tensor (no second sync). Not set on the
     drop-and-pad rows (`moe_token_drop` = 1: no dtoh, no sync) nor on 26.06+ rows (Megatron
     Core 0.18's full-iteration recipes budget `num_permuted_tokens` and cannot capture a

@@ -661,8 +661,16 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         # host's launches of that stretch behind: the dispatch, every expert GEMM launch
         # (2 phi grouped GEMMs, + 2 phi (E_l - 1) under moe_expert_loop: workload.flops.
         # moe_expert_loop_kernels) and the experts' forward quantize kernels, x
-        # host_kernel_s. The backward has no sync (the dispatchers reuse the forward's host
-        # split sizes / handle).
+        # host_kernel_s. The backward pass has no sync of its own (the dispatchers reuse the
+        # forward's host split sizes / handle), but full recompute re-runs the layer's forward,
+        # dispatcher and sync included, inside the backward (Megatron-Core's
+        # tensor_parallel.checkpoint of the whole TransformerLayer): the backward is then two
+        # regions too, the recomputed one full x (G_r, H_r) (its all-to-all and GEMMs are in
+        # gpu_b: _ep_parts' b + full f, recompute's full x dense; its launches in host_b's
+        # again x launches). At full = 0 M(0, 0) = 0 and t_b is the one max exactly.
+        # Not priced: under ep_overlap the merged schedule issues the paired micro-batch's
+        # expert backward after the sync too (its GEMMs and launches join the region); per-op
+        # SAC's re-run forward (TorchTitan, not a Megatron dispatcher) keeps the one max.
         x_rows = ops.dense.replace(count=ops.dense.count * jnp.asarray(EXPERT_ROWS))
         q_xf, _ = lowp_quantize_times_s(x_rows, system, training, parallel.n_microbatches,
                                         te_rows)
@@ -674,6 +682,8 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
             + moe_expert_loop_kernels(model, parallel, training)[1] + qk_xf)
         t_f = jnp.where(training.moe_host_sync > 0,
                         host_sync_regions_s(gpu_f, host_f, gpu_r, host_r, e.floor_pnorm), t_f)
+        t_b = jnp.where(training.moe_host_sync > 0, host_sync_regions_s(
+            gpu_b, host_b, full * gpu_r, full * host_r, e.floor_pnorm), t_b)
     parts = dict(compute_s=(dense + dense_b + attn + attn_bwd + 3.0 * other - once
                             + 2.0 * stacked
                             + quant_f + quant_b + cpm_f + cpm_b),
