@@ -1248,11 +1248,10 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
                                                 **(tr_over | row_tr)))
         except SpecError as err:  # a value rule of training_from_name (the command's own
             # --set values were checked before the rows): name the row (was: no row at all)
-            if err.field is None:
+            if err.field not in row_tr:
                 raise
-            said = ".set (the row's framework facts)" if err.field in row_tr else ""
-            raise SpecError(f"{where}{said}: {err}", field=err.field, value=err.value,
-                            anywhere=err.anywhere) from None
+            raise SpecError(f"{where}.set (the row's framework facts): {err}", field=err.field,
+                            value=err.value, anywhere=err.anywhere) from None
         check_training(trainings[-1], where)  # a bad fact names its row
         _check_row_facts_act(m, p, trainings[-1], where, par_over | tr_over, row_par | row_tr)
         systems.append((row.get("system") or "").strip())
