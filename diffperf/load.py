@@ -170,10 +170,25 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 # string. A string where a number goes is refused (`typed_values`), so the unquoted form is
 # read as the number YAML 1.2 (and a reader of the file) takes it for; a quoted "1e6" stays a
 # string.
-_UniqueKeyLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(\.[0-9]+|[0-9][0-9_]*(\.[0-9_]*)?)[eE][-+]?[0-9]+$"),
-    list("-+.0123456789"))
+_YAML12_EXPONENT = re.compile(r"^[-+]?(\.[0-9]+|[0-9][0-9_]*(\.[0-9_]*)?)[eE][-+]?[0-9]+$")
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_EXPONENT,
+                                       list("-+.0123456789"))
+
+
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper that knows the loader's exponent floats: PyYAML's own writes the string
+    '1e3' (a run id, a file name, a short commit hash such as '2716e35') unquoted, which
+    `read_yaml` reads back as the number 1000.0 (and '1e400' as inf); this one quotes it."""
+
+
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_EXPONENT,
+                              list("-+.0123456789"))
+
+
+def dump_yaml(data) -> str:
+    """YAML text of `data` (yaml.safe_dump's, keys in their order) that `read_yaml` reads
+    back as the same values: a string that reads as an exponent float is quoted."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
 
 
 def read_yaml(path) -> dict:
@@ -826,15 +841,16 @@ def sweep_axes(system: System, items, flag: str = "--sweep") -> list[tuple]:
             raise SpecError(f"{flag} {key} is given twice; give each field once")
         seen.add(key)
         values = _sweep_values(key, spec, flag) / per_si
-        for v in np.unique(values):
-            system_from_dict(_set_field(base, key, float(v)), flag)
         leaf, factor = fields[key]
         out.append((key, leaf, values, values * factor))
     points = math.prod(len(v) for _, _, v, _ in out)
-    if points > MAX_SWEEP_POINTS:
+    if points > MAX_SWEEP_POINTS:  # before a System is built per value (up to 10,000 a field)
         raise SpecError(f"{flag}: {' x '.join(str(len(v)) for _, _, v, _ in out)} = "
                         f"{points:,} hardware points (allowed: at most {MAX_SWEEP_POINTS:,}, "
                         f"each predicted against every layout)")
+    for key, _, values, _ in out:
+        for v in np.unique(values):
+            system_from_dict(_set_field(base, key, float(v)), flag)
     return out
 
 
@@ -887,7 +903,7 @@ def write_overlay(path, efficiency, *, fitted_on=None, heldout=None, description
     if path.exists() and not force:
         raise SpecError(f"{path} exists; pass force=True to overwrite it")
     try:
-        path.write_text(yaml.safe_dump(overlay, sort_keys=False))
+        path.write_text(dump_yaml(overlay))
     except OSError as err:
         raise SpecError(f"{path}: cannot write ({err.strerror or err})") from None
     return overlay
@@ -934,15 +950,18 @@ def training_from_name(precision: str = "bf16", where: str = "precision",
     pad = fields.get("vocab_pad_to", 0.0)
     if not (math.isfinite(float(pad)) and float(pad) >= 0 and float(pad) == int(float(pad))):
         raise SpecError(f"training.vocab_pad_to={pad} must be a whole number >= 0 (128: "
-                        f"Megatron-LM's padding; 0: no padding)")
+                        f"Megatron-LM's padding; 0: no padding)", field="vocab_pad_to",
+                        value=pad, anywhere=True)
     seq = fields.get("fused_softmax_max_seq", 0.0)
     if not float(seq) >= 0:
         raise SpecError(f"training.fused_softmax_max_seq={seq} must be >= 0 (2048: "
-                        f"Megatron-DeepSpeed's fused softmax; 0: no constraint)")
+                        f"Megatron-DeepSpeed's fused softmax; 0: no constraint)",
+                        field="fused_softmax_max_seq", value=seq, anywhere=True)
     xla = fields.get("xla_compiled", 0.0)
     if float(xla) not in (0.0, 1.0):
         raise SpecError(f"training.xla_compiled={xla} must be 0 or 1 (1: the step is one XLA "
-                        f"program, JAX jit; 0: an eager or Megatron framework)")
+                        f"program, JAX jit; 0: an eager or Megatron framework)",
+                        field="xla_compiled", value=xla, anywhere=True)
     return Training(**{k: float(v) for k, v in fields.items()}, name=precision)
 
 
@@ -1224,9 +1243,16 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
         ids.append(rid)
         models.append(m.replace(name="runs"))
         pars.append(p)
-        trainings.append(training_from_name(precision_override or precision,
-                                            where=f"{where}.precision",
-                                            **(tr_over | row_tr)))
+        try:
+            trainings.append(training_from_name(precision_override or precision,
+                                                where=f"{where}.precision",
+                                                **(tr_over | row_tr)))
+        except SpecError as err:  # a value rule of training_from_name (the command's own
+            # --set values were checked before the rows): name the row (was: no row at all)
+            if err.field not in row_tr:
+                raise
+            raise SpecError(f"{where}.set (the row's framework facts): {err}", field=err.field,
+                            value=err.value, anywhere=err.anywhere) from None
         check_training(trainings[-1], where)  # a bad fact names its row
         _check_row_facts_act(m, p, trainings[-1], where, par_over | tr_over, row_par | row_tr)
         systems.append((row.get("system") or "").strip())

@@ -1213,6 +1213,26 @@ def test_typed_files_refuse_quoted_numbers_and_read_yaml_1_2_exponents(tmp_path)
         load_model(p)
 
 
+def test_yaml_diffperf_writes_reads_back_as_written(tmp_path):
+    """Review of session 15: the loader reads an unquoted `1e3` as a number, but PyYAML's own
+    dumper (YAML 1.1) writes the string '1e3' unquoted, so an overlay diffperf wrote could read
+    back changed ('2716e35', a short commit hash, as 2.716e38; '1e400' as inf). `dump_yaml`
+    quotes such strings; numbers stay numbers."""
+    from diffperf.load import dump_yaml, read_yaml, write_overlay
+
+    data = {"ids": ["1e3", "2716e35", "1e400", "-2E-5", ".5e3", "e3", "1e3x"],
+            "numbers": [1e-5, 1e20, 3.0, 7], "name": "x"}
+    assert 'ids:\n- \'1e3\'\n- \'2716e35\'\n- \'1e400\'' in dump_yaml(data)
+    p = tmp_path / "d.yaml"
+    p.write_text(dump_yaml(data))
+    assert read_yaml(p) == data
+    p.write_text(yaml.safe_dump(data))  # what was written before: read back changed
+    assert read_yaml(p)["ids"][:2] == [1000.0, 2.716e38]
+    q = tmp_path / "o.yaml"
+    write_overlay(q, {"mm_max": 0.5}, fitted_on={"runs": "1e3", "set": []})
+    assert read_yaml(q)["fitted_on"]["runs"] == "1e3"
+
+
 def test_names_and_files_of_the_wrong_kind_say_so(tmp_path, capsys):
     """Session 15 (fuzz): an empty --model / --system (was: ".: a folder without
     config.json", "unknown system ''"), a folder or a CSV given to --system (was: "unknown
@@ -1252,6 +1272,12 @@ def test_sweep_grids_are_bounded():
     with _raises("--sweep: 2000 x 1000 = 2,000,000 hardware points (allowed: at most "
                  f"{MAX_SWEEP_POINTS:,}, each predicted against every layout)"):
         sweep_axes(system, ["matmul_TFLOPs=100:200:2000", "hbm_bandwidth_GBps=1000:2000:1000"])
+    # the point count is refused before a System is built per value (10,000 a field): a value
+    # no system file allows is not reached
+    with _raises("--sweep: 2000 x 1000 = 2,000,000 hardware points"):
+        sweep_axes(system, ["matmul_TFLOPs=-200:-100:2000", "hbm_bandwidth_GBps=1000:2000:1000"])
+    with _raises("--sweep.matmul_TFLOPs=-200 must be > 0"):
+        sweep_axes(system, ["matmul_TFLOPs=-200:-100:2000"])
 
 
 def test_calibrate_without_held_out_rows_says_so_not_nan(capsys, tmp_path):
@@ -1761,14 +1787,31 @@ def test_vocab_pad_to_must_be_a_whole_number():
         training("bf16", vocab_pad_to=1.5)
     with _raises("training.vocab_pad_to=inf must be a whole number >= 0"):  # not OverflowError
         training("bf16", vocab_pad_to=float("inf"))
+    with _raises("training.fused_softmax_max_seq=-1 must be >= 0") as err:
+        training("bf16", fused_softmax_max_seq=-1)
+    assert (err.value.field, err.value.value, err.value.anywhere) == (
+        "fused_softmax_max_seq", -1, True)
+
+
+def test_runs_row_training_fact_names_its_row(tmp_path):
+    """Review of session 15: a row's `set` cell xla_compiled=2 (a rule of training_from_name)
+    was refused without the row ('training.xla_compiled=2.0 must be 0 or 1 ...'); it names
+    the row and keeps the field, like the layout rules' refusals."""
+    p = _write_csv(tmp_path, [GOOD_ROW, dict(GOOD_ROW, id="r2", set="xla_compiled=2")],
+                   RUN_COLUMNS + ["set"])
+    with _raises(f"{p}: row 3 (id r2).set (the row's framework facts): training.xla_compiled="
+                 f"2.0 must be 0 or 1") as err:
+        load_runs(p)
+    assert (err.value.field, err.value.value, err.value.anywhere) == ("xla_compiled", 2.0, True)
 
 
 def test_xla_compiled_must_be_zero_or_one():
     from diffperf.load import training
 
     with _raises("training.xla_compiled=0.5 must be 0 or 1 (1: the step is one XLA program, "
-                 "JAX jit; 0: an eager or Megatron framework)"):
+                 "JAX jit; 0: an eager or Megatron framework)") as err:
         training("amp-bf16", xla_compiled=0.5)
+    assert (err.value.field, err.value.value, err.value.anywhere) == ("xla_compiled", 0.5, True)
     assert float(training("amp-bf16", xla_compiled=1).xla_compiled) == 1.0
 
 

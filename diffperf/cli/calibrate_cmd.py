@@ -6,7 +6,6 @@ import contextlib
 import datetime
 
 import numpy as np
-import yaml
 
 from diffperf.cli.output import (check_writable, console, err_console, fmt, print_json, table,
                                  write_atomic)
@@ -253,7 +252,9 @@ def run(args) -> int:
             heldout={k: v for k, v in report.items() if k != "fitted"} | {
                 "fitted": report["fitted"]},
             efficiency=eff)
-        write_atomic(args.out, yaml.safe_dump(overlay, sort_keys=False), args.force)
+        from diffperf.load import dump_yaml
+
+        write_atomic(args.out, dump_yaml(overlay), args.force)
     if args.json:
         print_json(dict(report=report, efficiency=eff))
         return 0
