@@ -348,3 +348,36 @@ def test_sink_backward_cost_is_per_head():
     assert all(abs(v / tau - 1) < 0.15 for vs in per_bhs.values() for v in vs)
     mean = {h: sum(v) / len(v) for h, v in per_bs.items()}
     assert 6.0 < mean[64] / mean[8] < 8.5 and mean[64] > mean[32] > mean[16] > mean[8]
+
+
+def test_keys_per_row_and_window_kernels_scale_with_query_rows():
+    """calibration/attn_keys.py (docs/accuracy-gptoss.md, "Session 15: attention by keys per
+    query row"). By hand: GPT-OSS s 4096, attn_tile 128 -> the window layer computes 63 tiles
+    of 128 x 128 (kappa 0.0615), 63 x 128^2 / 4096 = 252 keys per query row; the full layer
+    528 tiles -> 2112 keys; both are s x kappa of attention_tile_kappas. The measured cuDNN
+    window kernels (data/kernels/h100_gptoss_attention.csv, no sink) at one kv = 252: 4x the
+    query rows (b 1 -> b 4, 262,144 -> 1,048,576) take 3.46x (forward 0.0747 -> 0.2588 ms) and
+    3.67x (backward 0.3107 -> 1.1406 ms) the time, while the price now (the work form, gamma
+    1.2) grows 2.08x: the deficit moves with the rows at fixed keys, so no factor in keys per
+    row alone can remove it (the reason the keys-only fit puts k_fwd at 0)."""
+    import csv
+    from pathlib import Path
+
+    from calibration.attn_keys import keys_per_row
+    from calibration.gptoss_attention import priced_ms
+
+    assert keys_per_row(4096, 128, 128.0) == pytest.approx(252.0)
+    assert keys_per_row(4096, 0, 128.0) == pytest.approx(2112.0)
+    k_full, k_win, _ = attention_tile_kappas(GPT_OSS.replace(seq_len=4096.0), TILED)
+    assert keys_per_row(4096, 128, 128.0) == pytest.approx(4096 * float(k_win), rel=1e-6)
+    assert keys_per_row(4096, 0, 128.0) == pytest.approx(4096 * float(k_full), rel=1e-6)
+    path = Path(__file__).resolve().parent.parent / "data" / "kernels" / "h100_gptoss_attention.csv"
+    t = {(r["b"], r["pass"]): float(r["gpu_ms"]) for r in csv.DictReader(open(path))
+         if r["impl"] == "cudnn_fe" and r["sink"] == "0" and r["window_left"] == "127"
+         and r["s"] == "4096"}
+    for p in ("fwd", "bwd"):
+        measured = t[("4", p)] / t[("1", p)]
+        priced = (priced_ms("h100-sxm-80gb", 4, 4096, 64, 8, 64, 128, p)
+                  / priced_ms("h100-sxm-80gb", 1, 4096, 64, 8, 64, 128, p))
+        assert 3.3 < measured < 4.0
+        assert priced == pytest.approx(2.08, abs=0.03)
