@@ -27,8 +27,6 @@ the mean squared log error of these H100 rows only, and reports the errors befor
 group; then applies the fitted k_half, unchanged, to cuDNN's published GB200 / GB300 / H200
 window timings (data/kernels/cudnn_fe_gptoss_sdpa.csv: held out, not fitted).
 
-    python calibration/attn_keys.py [--min-rows N]
-
 --min-rows: fit only on kernels with at least N query rows b a s (the small ones sit where the
 work term `attention_efficiency` prices a time that grows as work falls, gamma > 1: see the docs).
 
@@ -42,7 +40,12 @@ with its loop length (kv: the per-tile overhead above). Split:
 time floors as R falls; the W form's gamma > 1 prices a time that grows as work falls). Fitted
 (eta_max, R_half, d_half, k_fwd, k_bwd; one eta for both passes, as predict prices the
 backward) on the same H100 kernels by least squares on log time (jax BFGS on log-parameters);
-new price = price now x eta_now / eta_new. Held out as above.
+new price = price now x eta_now / eta_new. Held out as above. --fit-on all-host adds a fitted
+t_h per eager call to the PyTorch SDPA microbench rows (h100_attention.csv is wall time of eager
+calls; the cudnn-frontend rows are GPU time with the host apart): with it one set of constants
+fits the MHA microbench and the GQA kernels alike (t_h ~43 us, the machine's Python dispatch).
+
+    python calibration/attn_keys.py [--min-rows N] [--fit-on all|gqa|all-host] [--extra-csv F]
 """
 from __future__ import annotations
 
@@ -74,8 +77,10 @@ def keys_per_row(s, window, tile):
     return s * min(n_full * tile * tile / (s * s), 1.0)
 
 
-def h100_rows():
-    """(group, b, s, hq, hkv, d, window, pass, measured_ms, tile) of the H100 cuDNN kernels."""
+def h100_rows(extra=()):
+    """(group, b, s, hq, hkv, d, window, pass, measured_ms, tile) of the H100 cuDNN kernels
+    (`extra`: more CSVs of h100_gptoss_attention.csv's columns, e.g. the group sweep of
+    calibration/device_h100_attn_group.py)."""
     out = []
     for r in csv.DictReader(open(K / "h100_attention.csv")):
         if r["causal"] != "1":
@@ -83,12 +88,18 @@ def h100_rows():
         b, s, a, d = (int(r[k]) for k in ("batch", "seq", "heads", "head_dim"))
         out.append(("full-mb", b, s, a, a, d, 0, "fwd", 1e3 * float(r["fwd_s"]), 0.0))
         out.append(("full-mb", b, s, a, a, d, 0, "fwd+bwd", 1e3 * float(r["fwd_bwd_s"]), 0.0))
-    for name in ("h100_gptoss_attention.csv", "h100_sink_heads.csv"):
-        for r in csv.DictReader(open(K / name)):
+    for name in ("h100_gptoss_attention.csv", "h100_sink_heads.csv", *extra):
+        for r in csv.DictReader(open(name if Path(name).exists() else K / name)):
             if r["impl"] != "cudnn_fe" or r["sink"] != "0":
                 continue
             w = int(r["window_left"]) + 1 if r["window_left"] else 0
-            out.append(("window" if w else "full-gptoss", int(r["b"]), int(r["s"]),
+            kind = "window" if w else "full"
+            group = "mha" if r["hq"] == r["hkv"] else f"g{int(r['hq']) // int(r['hkv'])}"
+            if name in ("h100_gptoss_attention.csv", "h100_sink_heads.csv"):
+                kind = kind if w else "full-gptoss"
+            else:
+                kind = f"{kind}-{group}-d{r['d']}"
+            out.append((kind, int(r["b"]), int(r["s"]),
                         int(r["hq"]), int(r["hkv"]), int(r["d"]), w, r["pass"],
                         float(r["gpu_ms"]), 128.0))
     return out
@@ -123,14 +134,18 @@ def table(rows, kf, kb):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--min-rows", type=float, default=0.0)
-    ap.add_argument("--fit-on", choices=("all", "gqa", "all-mha-eta"), default="all",
-                    help="two-factor fit on all H100 kernels, or on the GQA (GPT-OSS-shape) "
-                         "ones only, or on all with a separate eta_max for MHA kernels "
-                         "(hq = hkv; a diagnostic of the group-size effect); the errors are "
-                         "reported on all")
+    ap.add_argument("--extra-csv", action="append", default=[],
+                    help="another kernel CSV (h100_gptoss_attention.csv's columns), added to "
+                         "the H100 kernels")
+    ap.add_argument("--fit-on", choices=("all", "gqa", "all-host"), default="all",
+                    help="two-factor fit on all H100 kernels, on the GQA (GPT-OSS-shape) ones "
+                         "only, or on all with a fitted per-call host time t_h on the PyTorch "
+                         "SDPA microbench rows (h100_attention.csv: wall time of eager calls, "
+                         "fwd 1 call, fwd+bwd 2; the cudnn-frontend rows are GPU time); the "
+                         "errors are reported on all")
     args = ap.parse_args(argv)
     rows = []
-    for g, b, s, hq, hkv, d, w, p, ms, tile in h100_rows():
+    for g, b, s, hq, hkv, d, w, p, ms, tile in h100_rows(args.extra_csv):
         pf, pb = priced("h100-sxm-80gb", b, s, hq, hkv, d, w, tile)
         rows.append((g, b, s, hq, hkv, d, w, p, ms, tile, pf, pb, keys_per_row(s, w, tile)))
     fit = [r for r in rows if r[1] * r[3] * r[2] >= args.min_rows]
@@ -187,23 +202,22 @@ def _eta_now(R, kv, d):
     return float(attention_efficiency(R * kv, d, load_system("h100-sxm-80gb").eff))
 
 
-def _eta_new(th, R, kv, d, which, mha=False):
+def _eta_new(th, R, kv, d, which):
     eta_max, r_half, d_half, k_f, k_b = th[:5]
-    if mha and len(th) > 5:
-        eta_max = th[5]
     k = k_f if which == "fwd" else k_b
     return eta_max / ((1 + r_half / R) * (1 + d_half / d)) * kv / (kv + k)
 
 
-def _new(th, pf, pb, R, kv, d, which, mha=False):
-    """price now x eta_now / eta_new, per pass."""
+def _new(th, pf, pb, R, kv, d, which, harness=False):
+    """price now x eta_now / eta_new, per pass (+ t_h per eager call on the harness rows)."""
     e0 = _eta_now(R, kv, d)
-    f = pf * e0 / _eta_new(th, R, kv, d, "fwd", mha)
-    b = pb * e0 / _eta_new(th, R, kv, d, "bwd", mha)
-    return {"fwd": f, "bwd": b, "fwd+bwd": f + b}[which]
+    h = 1e3 * th[5] if (harness and len(th) > 5) else 0.0
+    f = pf * e0 / _eta_new(th, R, kv, d, "fwd")
+    b = pb * e0 / _eta_new(th, R, kv, d, "bwd")
+    return {"fwd": f + h, "bwd": b + h, "fwd+bwd": f + b + 2 * h}[which]
 
 
-def fit_two_factor(rows, mha_eta=False):
+def fit_two_factor(rows, host=False):
     import jax
     import jax.numpy as jnp
     from jax.scipy.optimize import minimize
@@ -217,35 +231,36 @@ def fit_two_factor(rows, mha_eta=False):
     ms = jnp.asarray([r[8] for r in rows])
     wf = jnp.asarray([1.0 if r[7] in ("fwd", "fwd+bwd") else 0.0 for r in rows])
     wb = jnp.asarray([1.0 if r[7] in ("bwd", "fwd+bwd") else 0.0 for r in rows])
-    mha = jnp.asarray([1.0 if (mha_eta and r[3] == r[4]) else 0.0 for r in rows])
+    calls = jnp.asarray([(2.0 if r[7] == "fwd+bwd" else 1.0) if (host and r[0] == "full-mb")
+                         else 0.0 for r in rows])
 
     def loss(x):
-        eta_g, r_half, d_half, k_f, k_b, eta_m = jnp.exp(x)
-        eta_max = mha * eta_m + (1.0 - mha) * eta_g
+        eta_max, r_half, d_half, k_f, k_b, h_s = jnp.exp(x)
         base = eta_max / ((1 + r_half / R) * (1 + d_half / d))
-        t = wf * pf * e0 / (base * kv / (kv + k_f)) + wb * pb * e0 / (base * kv / (kv + k_b))
+        t = (wf * pf * e0 / (base * kv / (kv + k_f)) + wb * pb * e0 / (base * kv / (kv + k_b))
+             + calls * 1e3 * h_s)
         return jnp.mean(jnp.log(t / ms) ** 2)
 
-    x0 = jnp.log(jnp.asarray([0.75, 5e4, 40.0, 200.0, 500.0, 0.75]))
+    x0 = jnp.log(jnp.asarray([0.75, 5e4, 40.0, 200.0, 500.0, 2e-5]))
     res = minimize(jax.jit(loss), x0, method="BFGS")
     th = [float(v) for v in jnp.exp(res.x)]
-    return (th if mha_eta else th[:5]), float(jnp.sqrt(loss(res.x)))
+    return (th if host else th[:5]), float(jnp.sqrt(loss(res.x)))
 
 
 def two_factor(rows, fit_on="all"):
-    fit = rows if fit_on != "gqa" else [r for r in rows if r[0] != "full-mb"]
-    th, rms = fit_two_factor(fit, fit_on == "all-mha-eta")
+    fit = rows if fit_on != "gqa" else [r for r in rows if r[3] != r[4]]
+    th, rms = fit_two_factor(fit, fit_on == "all-host")
     rms0 = math.sqrt(sum(math.log(r[8] / repriced(r[10], r[11], r[12], r[7], 0, 0)) ** 2
                          for r in fit) / len(fit))
     print(f"\ntwo-factor form fitted on {len(fit)} H100 kernels ({fit_on}): eta_max "
           f"{th[0]:.4f}, R_half {th[1]:.4g} query rows, d_half {th[2]:.2f}, k_fwd "
           f"{th[3]:.1f} keys, k_bwd {th[4]:.1f} keys"
-          f"{f', eta_max (MHA) {th[5]:.4f}' if len(th) > 5 else ''}; "
+          f"{f', t_h {1e6 * th[5]:.1f} us per eager call' if len(th) > 5 else ''}; "
           f"rms log error {rms0:.3f} -> {rms:.3f}")
     acc = {}
     for g, b, s, hq, hkv, d, w, p, ms, tile, pf, pb, kv in rows:
         R = b * hq * s
-        new = _new(th, pf, pb, R, kv, d, p, hq == hkv)
+        new = _new(th, pf, pb, R, kv, d, p, g == "full-mb")
         acc.setdefault(f"{g} {p}", []).append(
             (abs(repriced(pf, pb, kv, p, 0, 0) / ms - 1), abs(new / ms - 1),
              ms / repriced(pf, pb, kv, p, 0, 0), ms / new))
@@ -260,7 +275,7 @@ def two_factor(rows, fit_on="all"):
     for g, b, s, hq, hkv, d, w, p, ms, tile, pf, pb, kv in rows:
         if g != "full-mb":
             R = b * hq * s
-            new = _new(th, pf, pb, R, kv, d, p, hq == hkv)
+            new = _new(th, pf, pb, R, kv, d, p)
             print(f"  {g:11s} b{b} s{s} {hq:2d}/{hkv} rows {R:8d} kv {kv:5.0f} {p:4s} "
                   f"{ms / repriced(pf, pb, kv, p, 0, 0):5.2f} -> {ms / new:5.2f}")
     print("held out: cuDNN's published timings, price x eta_now / eta_new (H100 constants)")
@@ -275,7 +290,7 @@ def two_factor(rows, fit_on="all"):
         kv = keys_per_row(s, w, 128.0)
         ms = float(r["time_ms"])
         old = repriced(pf, pb, kv, r["pass"], 0, 0)
-        new = _new(th, pf, pb, b * hq * s, kv, d, r["pass"], hq == hkv)
+        new = _new(th, pf, pb, b * hq * s, kv, d, r["pass"])
         e0, e1, n = e0 + abs(old / ms - 1), e1 + abs(new / ms - 1), n + 1
         print(f"  {r['gpu']:6s} {r['cudnn_backend']:>6s} s{s:6d} w{w:5d} {r['pass']:4s} "
               f"{ms / old:5.2f} -> {ms / new:5.2f}")
