@@ -381,3 +381,32 @@ def test_keys_per_row_and_window_kernels_scale_with_query_rows():
                   / priced_ms("h100-sxm-80gb", 1, 4096, 64, 8, 64, 128, p))
         assert 3.3 < measured < 4.0
         assert priced == pytest.approx(2.08, abs=0.03)
+
+
+def test_two_factor_attention_efficiency_by_hand():
+    """costs.compute.attention_efficiency's two-factor form (docs/accuracy-gptoss.md, "Session
+    15: attention by keys per query row"). By hand at the all-host fit's constants (eta_max
+    0.893, R_half 33,490, d_half 47, k 253 / 648), R = 262,144 query rows, kv = 252 keys
+    (GPT-OSS's 128-key window at b 1, attn_tile 128), d_h 64:
+        0.893 / ((1 + 33490 / 262144) (1 + 47 / 64)) = 0.893 / (1.127754 x 1.734375) = 0.456556
+        forward  x 252 / (252 + 253) = 0.227826;   backward  x 252 / (252 + 648) = 0.127836.
+    Off (attn_half_rows 0, the default) it is the work form whether or not rows are given;
+    d eta / d k_pass < 0 (a longer fixed part per tile: slower) and finite."""
+    from diffperf.costs.compute import attention_efficiency
+    from diffperf.specs.system import Efficiency
+
+    e = Efficiency(attn_max=0.893, attn_half_head_dim=47.0, attn_half_rows=33490.0,
+                   attn_half_keys=253.0, attn_half_keys_bwd=648.0)
+    R, kv = 262144.0, 252.0
+    assert float(attention_efficiency(R * kv, 64.0, e, R)) == pytest.approx(0.227826, rel=1e-5)
+    assert float(attention_efficiency(R * kv, 64.0, e, R, backward=True)) == pytest.approx(
+        0.127836, rel=1e-5)
+    off = Efficiency()
+    assert float(attention_efficiency(R * kv, 64.0, off, R)) == pytest.approx(float(
+        attention_efficiency(R * kv, 64.0, off)), rel=1e-6)
+    g = jax.grad(lambda k: attention_efficiency(R * kv, 64.0, e.replace(attn_half_keys=k), R))(
+        253.0)
+    assert np.isfinite(float(g)) and float(g) < 0
+    g0 = jax.grad(lambda r: attention_efficiency(R * kv, 64.0, off.replace(attn_half_rows=r),
+                                                 R))(0.0)
+    assert np.isfinite(float(g0))
