@@ -137,6 +137,9 @@ def main(argv=None) -> int:
     ap.add_argument("--extra-csv", action="append", default=[],
                     help="another kernel CSV (h100_gptoss_attention.csv's columns), added to "
                          "the H100 kernels")
+    ap.add_argument("--heldout-csv", action="append", default=[],
+                    help="a kernel CSV priced and reported (groups prefixed held-) but not "
+                         "fitted, e.g. data/kernels/h100_attn_group.csv")
     ap.add_argument("--fit-on", choices=("all", "gqa", "all-host"), default="all",
                     help="two-factor fit on all H100 kernels, on the GQA (GPT-OSS-shape) ones "
                          "only, or on all with a fitted per-call host time t_h on the PyTorch "
@@ -148,7 +151,14 @@ def main(argv=None) -> int:
     for g, b, s, hq, hkv, d, w, p, ms, tile in h100_rows(args.extra_csv):
         pf, pb = priced("h100-sxm-80gb", b, s, hq, hkv, d, w, tile)
         rows.append((g, b, s, hq, hkv, d, w, p, ms, tile, pf, pb, keys_per_row(s, w, tile)))
-    fit = [r for r in rows if r[1] * r[3] * r[2] >= args.min_rows]
+    for g, b, s, hq, hkv, d, w, p, ms, tile in h100_rows(args.heldout_csv):
+        if g in ("full-mb", "window", "full-gptoss") or g.startswith("held-"):
+            continue
+        pf, pb = priced("h100-sxm-80gb", b, s, hq, hkv, d, w, tile)
+        rows.append(("held-" + g, b, s, hq, hkv, d, w, p, ms, tile, pf, pb,
+                     keys_per_row(s, w, tile)))
+    fit = [r for r in rows if r[1] * r[3] * r[2] >= args.min_rows
+           and not r[0].startswith("held-")]
     grid = [0.0] + [2 ** (i / 8) for i in range(0, 8 * 12 + 1)]  # 1 .. 4096 keys
 
     def loss(kf, kb):
@@ -248,7 +258,8 @@ def fit_two_factor(rows, host=False):
 
 
 def two_factor(rows, fit_on="all"):
-    fit = rows if fit_on != "gqa" else [r for r in rows if r[3] != r[4]]
+    fit = [r for r in rows if not r[0].startswith("held-")]
+    fit = fit if fit_on != "gqa" else [r for r in fit if r[3] != r[4]]
     th, rms = fit_two_factor(fit, fit_on == "all-host")
     rms0 = math.sqrt(sum(math.log(r[8] / repriced(r[10], r[11], r[12], r[7], 0, 0)) ** 2
                          for r in fit) / len(fit))
