@@ -379,7 +379,7 @@ def bench_time_s(mb: Microbench, system):
             g = Gemms(m=jnp.stack([s, s]), n=jnp.stack([s, d]), k=jnp.stack([d, s]),
                       count=jnp.stack([b * a * kappa, b * a * kappa]))
             io = training.activation_bytes * 4.0 * b * s * a * d
-            return 3.5 * attention_time_s(g, system, training, io)
+            return 3.5 * attention_time_s(g, system, training, io, rows=b * a * s)
 
         return jax.vmap(one)(b, s, a, d, kappa) + 3.0 * eff.kernel_s
     (nbytes,) = mb.columns

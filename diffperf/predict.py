@@ -446,20 +446,21 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     e = system.eff
     ops = layer_ops(model, parallel, training)
     attn_io = attention_io_bytes(model, parallel, training)
-    _, attn, other = layer_times_s(ops, system, training, attn_io, temperature)
+    q_rows = query_rows(model, parallel)  # the two-factor attention efficiency's R
+    _, attn, other = layer_times_s(ops, system, training, attn_io, temperature, q_rows)
     # attn_tile > 0: full and sliding-window layers as their own kernels, tile by tile
     # (costs.compute.attention_by_kind_time_s); 0 keeps the mean layer's one kernel exactly.
     # The backward kernel's time per unit of forward work (the forward's, unless the run ran
     # FlashAttention-2 on a GPU with a published FA2 rate: costs.compute.
     # attention_kernel_factor), the same way.
     attn_b1 = attention_time_s(ops.attention, system, training, attn_io, temperature,
-                               backward=True)
+                               backward=True, rows=q_rows)
     if "tiles" in features:
         kinds = attention_by_kind(model, parallel, training)
         attn = jnp.where(training.attn_tile > 0, attention_by_kind_time_s(
-            kinds, system, training, attn_io, temperature), attn)
+            kinds, system, training, attn_io, temperature, rows=q_rows), attn)
         attn_b1 = jnp.where(training.attn_tile > 0, attention_by_kind_time_s(
-            kinds, system, training, attn_io, temperature, backward=True), attn_b1)
+            kinds, system, training, attn_io, temperature, backward=True, rows=q_rows), attn_b1)
     # Dense GEMM rows of the forward (fprop) and of the backward's two GEMMs (dgrad, wgrad):
     # each at its own precision (16-bit presets: dgrad = wgrad = fprop, dense_b = 2 dense).
     lowp = "lowp" in features

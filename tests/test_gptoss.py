@@ -348,3 +348,89 @@ def test_sink_backward_cost_is_per_head():
     assert all(abs(v / tau - 1) < 0.15 for vs in per_bhs.values() for v in vs)
     mean = {h: sum(v) / len(v) for h, v in per_bs.items()}
     assert 6.0 < mean[64] / mean[8] < 8.5 and mean[64] > mean[32] > mean[16] > mean[8]
+
+
+def test_keys_per_row_and_window_kernels_scale_with_query_rows():
+    """calibration/attn_keys.py (docs/accuracy-gptoss.md, "Session 15: attention by keys per
+    query row"). By hand: GPT-OSS s 4096, attn_tile 128 -> the window layer computes 63 tiles
+    of 128 x 128 (kappa 0.0615), 63 x 128^2 / 4096 = 252 keys per query row; the full layer
+    528 tiles -> 2112 keys; both are s x kappa of attention_tile_kappas. The measured cuDNN
+    window kernels (data/kernels/h100_gptoss_attention.csv, no sink) at one kv = 252: 4x the
+    query rows (b 1 -> b 4, 262,144 -> 1,048,576) take 3.46x (forward 0.0747 -> 0.2588 ms) and
+    3.67x (backward 0.3107 -> 1.1406 ms) the time, while the price now (the work form, gamma
+    1.2) grows 2.08x: the deficit moves with the rows at fixed keys, so no factor in keys per
+    row alone can remove it (the reason the keys-only fit puts k_fwd at 0)."""
+    import csv
+    from pathlib import Path
+
+    from calibration.attn_keys import keys_per_row
+    from calibration.gptoss_attention import priced_ms
+
+    assert keys_per_row(4096, 128, 128.0) == pytest.approx(252.0)
+    assert keys_per_row(4096, 0, 128.0) == pytest.approx(2112.0)
+    k_full, k_win, _ = attention_tile_kappas(GPT_OSS.replace(seq_len=4096.0), TILED)
+    assert keys_per_row(4096, 128, 128.0) == pytest.approx(4096 * float(k_win), rel=1e-6)
+    assert keys_per_row(4096, 0, 128.0) == pytest.approx(4096 * float(k_full), rel=1e-6)
+    path = Path(__file__).resolve().parent.parent / "data" / "kernels" / "h100_gptoss_attention.csv"
+    t = {(r["b"], r["pass"]): float(r["gpu_ms"]) for r in csv.DictReader(open(path))
+         if r["impl"] == "cudnn_fe" and r["sink"] == "0" and r["window_left"] == "127"
+         and r["s"] == "4096"}
+    for p in ("fwd", "bwd"):
+        measured = t[("4", p)] / t[("1", p)]
+        priced = (priced_ms("h100-sxm-80gb", 4, 4096, 64, 8, 64, 128, p)
+                  / priced_ms("h100-sxm-80gb", 1, 4096, 64, 8, 64, 128, p))
+        assert 3.3 < measured < 4.0
+        assert priced == pytest.approx(2.08, abs=0.03)
+
+
+def test_two_factor_attention_efficiency_by_hand():
+    """costs.compute.attention_efficiency's two-factor form (docs/accuracy-gptoss.md, "Session
+    15: attention by keys per query row"). By hand at the all-host fit's constants (eta_max
+    0.893, R_half 33,490, d_half 47, k 253 / 648), R = 262,144 query rows, kv = 252 keys
+    (GPT-OSS's 128-key window at b 1, attn_tile 128), d_h 64:
+        0.893 / ((1 + 33490 / 262144) (1 + 47 / 64)) = 0.893 / (1.127754 x 1.734375) = 0.456556
+        forward  x 252 / (252 + 253) = 0.227826;   backward  x 252 / (252 + 648) = 0.127836.
+    Off (attn_half_rows 0, the default) it is the work form whether or not rows are given;
+    d eta / d k_pass < 0 (a longer fixed part per tile: slower) and finite."""
+    from diffperf.costs.compute import attention_efficiency
+    from diffperf.specs.system import Efficiency
+
+    e = Efficiency(attn_max=0.893, attn_half_head_dim=47.0, attn_half_rows=33490.0,
+                   attn_half_keys=253.0, attn_half_keys_bwd=648.0)
+    R, kv = 262144.0, 252.0
+    assert float(attention_efficiency(R * kv, 64.0, e, R)) == pytest.approx(0.227826, rel=1e-5)
+    assert float(attention_efficiency(R * kv, 64.0, e, R, backward=True)) == pytest.approx(
+        0.127836, rel=1e-5)
+    off = Efficiency()
+    assert float(attention_efficiency(R * kv, 64.0, off, R)) == pytest.approx(float(
+        attention_efficiency(R * kv, 64.0, off)), rel=1e-6)
+    g = jax.grad(lambda k: attention_efficiency(R * kv, 64.0, e.replace(attn_half_keys=k), R))(
+        253.0)
+    assert np.isfinite(float(g)) and float(g) < 0
+    g0 = jax.grad(lambda r: attention_efficiency(R * kv, 64.0, off.replace(attn_half_rows=r),
+                                                 R))(0.0)
+    assert np.isfinite(float(g0))
+
+
+def test_attention_group_size_is_inert_on_h100():
+    """data/kernels/h100_attn_group.csv (calibration/device_h100_attn_group.py): cuDNN SDPA at 64
+    query heads with 64 / 16 / 8 / 1 KV heads. At each head dim, shape, window and pass the
+    no-sink times of the four group sizes agree within 12 % of their mean (the full layers
+    within 5 %), so the two-factor attention efficiency needs no group term; d_h 128 runs the
+    full forward at >= 1.25x the TFLOP/s of d_h 64."""
+    import csv
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "data" / "kernels" / "h100_attn_group.csv"
+    rows = [r for r in csv.DictReader(open(path)) if r["sink"] == "0"]
+    by = {}
+    for r in rows:
+        by.setdefault((r["d"], r["b"], r["window_left"], r["pass"]), {})[r["hkv"]] = float(
+            r["gpu_ms"])
+    assert len(by) == 16 and all(sorted(v) == ["1", "16", "64", "8"] for v in by.values())
+    for (d, b, w, p), v in by.items():
+        mean = sum(v.values()) / 4
+        assert max(abs(x / mean - 1) for x in v.values()) < (0.05 if w == "" else 0.12)
+    tf = {(r["d"], r["b"], r["hkv"]): float(r["tflops_band"]) for r in rows
+          if r["window_left"] == "" and r["pass"] == "fwd"}
+    assert all(tf[("128", b, h)] >= 1.25 * tf[("64", b, h)] for _, b, h in tf if _ == "64")

@@ -205,7 +205,7 @@ def gemm_times_s(gemms, system, training, eff_max, half_dim, temperature=None):
     return gemms.count * each
 
 
-def attention_efficiency(work, head_dim, eff):
+def attention_efficiency(work, head_dim, eff, rows=None, backward=False):
     """Flash-attention efficiency (of the matmul peak) by work and head size:
 
         eta = eta_max / [ (1 + (W_half / W)^gamma) (1 + d_half / d_h) ]
@@ -215,12 +215,41 @@ def attention_efficiency(work, head_dim, eff):
     is a small inner dimension of both matmuls. Fitted to the H100 flash-attention kernels
     (data/kernels/h100_attention.csv): ~440 TFLOP/s at d_h 64 and ~550 at 128 for long
     sequences, ~20-80 TFLOP/s at b a s^2 ~ 1e7 [D].
+
+    Two-factor form, when `rows` R = b (a/t)(s/c) query rows are given and
+    eff.attn_half_rows > 0 (default 0: the form above, unchanged):
+
+        eta = eta_max / [ (1 + R_half / R) (1 + d_half / d_h) ]  x  kv / (kv + k_pass)
+    kv = W / R keys per query row (s_kv kappa), k_pass = eff.attn_half_keys (forward) or
+    attn_half_keys_bwd (`backward`). W = R kv conflates the kernel's parallelism (R / B_r
+    query tiles over the SMs: a wave term, exponent 1, so one partial wave costs one tile's
+    time) with its loop length: each query tile loads Q_i, streams its kv keys and writes O_i
+    (FlashAttention-2, Dao 2023, arXiv:2307.08691, section 3.1, Algorithms 1 and 2; the
+    backward per key tile writes dK_j dV_j, accumulates dQ), t_tile = n_kv t_kv + t_0, so the
+    rate is kv / (kv + k) with k = (t_0 / t_kv) B_c. A 128-key window (kv ~252 at attn_tile
+    128) pays the fixed part on few keys, a full causal layer (kv ~s/2) amortises it. Fitted
+    on this project's 154 H100 cuDNN kernels (calibration/attn_keys.py --fit-on all-host,
+    docs/accuracy-gptoss.md "Session 15: attention by keys per query row"): eta_max 0.893,
+    R_half 33,490, d_half 47.0, k 253 / 648 keys; not set in any shipped set yet.
+    Example: R = 262,144, kv = 252, d_h = 64 at those constants: 0.893 / (1.12775 x
+    1.73438) x 252 / 505 = 0.22783 forward, x 252 / 900 instead: 0.12784 backward.
     """
-    return eff.attn_max / ((1.0 + (eff.attn_half_work / work) ** eff.attn_exponent)
-                           * (1.0 + eff.attn_half_head_dim / head_dim))
+    w_form = eff.attn_max / ((1.0 + (eff.attn_half_work / work) ** eff.attn_exponent)
+                             * (1.0 + eff.attn_half_head_dim / head_dim))
+    if rows is None:
+        return w_form
+    on = eff.attn_half_rows > 0
+    # double where: the off branch must give no NaN or infinite gradient
+    r_half = jnp.where(on, eff.attn_half_rows, 1.0)
+    rows = jnp.maximum(rows, 1.0)
+    kv = work / rows
+    k = eff.attn_half_keys_bwd if backward else eff.attn_half_keys
+    two = eff.attn_max / ((1.0 + r_half / rows) * (1.0 + eff.attn_half_head_dim / head_dim)) \
+        * kv / (kv + k)
+    return jnp.where(on, two, w_form)
 
 
-def attention_kernel_factor(head_dim, system, training, backward=False, work=None):
+def attention_kernel_factor(head_dim, system, training, backward=False, work=None, rows=None):
     """Factor on the attention efficiency for the kernel the run ran (1: the set's kernel):
 
         r = min(1, c_pass / eta_inf(d_h)),   eta_inf(d_h) = eta_max / (1 + d_half / d_h)
@@ -272,7 +301,7 @@ def attention_kernel_factor(head_dim, system, training, backward=False, work=Non
     f_f = jnp.where(own, system.attn_fa2_half_flop, 1.0)
     flops = 4.0 * work * head_dim
     fa2_eta = jnp.minimum(plateau, c_on) / (1.0 + (f_f / flops) ** system.attn_fa2_exponent)
-    return jnp.where(own, fa2_eta / attention_efficiency(work, head_dim, e), r)
+    return jnp.where(own, fa2_eta / attention_efficiency(work, head_dim, e, rows, backward), r)
 
 
 # Work of the flash-attention backward per unit of forward work: 2 x (dQ, dK, dV GEMMs)
@@ -347,7 +376,7 @@ def attention_exp_floor_s(score_elements, system, backward=False):
 
 
 def attention_time_s(attention, system, training, io_bytes, temperature=None,
-                     backward=False):
+                     backward=False, rows=None):
     """Attention core forward (QK^T and AV of `attention` Gemms, rows 0 and 1).
 
     Flash attention: one fused kernel,
@@ -367,8 +396,8 @@ def attention_time_s(attention, system, training, io_bytes, temperature=None,
     """
     e = system.eff
     work = jnp.maximum(attention.count[0] * attention.m[0] * attention.n[0], 1.0)
-    eta = attention_efficiency(work, attention.k[0], e) * attention_kernel_factor(
-        attention.k[0], system, training, backward, work)
+    eta = attention_efficiency(work, attention.k[0], e, rows, backward) * \
+        attention_kernel_factor(attention.k[0], system, training, backward, work, rows)
     flops = jnp.sum(attention.flops)
     fused = roofline_time_s(flops, io_bytes, matmul_rate(system, training), eta,
                             system.hbm_bandwidth_Bps, e.mem_eff, temperature)
@@ -379,7 +408,7 @@ def attention_time_s(attention, system, training, io_bytes, temperature=None,
 
 
 def attention_by_kind_time_s(kinds, system, training, io_bytes, temperature=None,
-                             backward=False):
+                             backward=False, rows=None):
     """Attention core forward of the mean layer when full and sliding-window layers are
     separate kernels (training.attn_tile > 0; `workload.flops.attention_by_kind`):
 
@@ -392,8 +421,8 @@ def attention_by_kind_time_s(kinds, system, training, io_bytes, temperature=None
     `backward=True`: each kernel at the backward's rate (`attention_time_s`).
     """
     full, window, f_win = kinds
-    t_full = attention_time_s(full, system, training, io_bytes, temperature, backward)
-    t_win = attention_time_s(window, system, training, io_bytes, temperature, backward)
+    t_full = attention_time_s(full, system, training, io_bytes, temperature, backward, rows)
+    t_win = attention_time_s(window, system, training, io_bytes, temperature, backward, rows)
     return (1.0 - f_win) * t_full + f_win * t_win
 
 
@@ -402,7 +431,7 @@ def memory_time_s(bytes_moved, system):
     return bytes_moved / (system.hbm_bandwidth_Bps * system.eff.mem_eff)
 
 
-def layer_times_s(ops, system, training, attn_io_bytes, temperature=None):
+def layer_times_s(ops, system, training, attn_io_bytes, temperature=None, rows=None):
     """(dense GEMMs one per row, attention core, memory-bound + vector + kernel fixed)
     forward times of one layer, one micro-batch; the dense time is the sum of the rows
     (`gemm_times_s`: rows are kept for the callers that weigh them, e.g. XLA's remat).
@@ -410,7 +439,8 @@ def layer_times_s(ops, system, training, attn_io_bytes, temperature=None):
     traffic time."""
     e = system.eff
     dense = gemm_times_s(ops.dense, system, training, e.mm_max, e.mm_half_dim, temperature)
-    attn = attention_time_s(ops.attention, system, training, attn_io_bytes, temperature)
+    attn = attention_time_s(ops.attention, system, training, attn_io_bytes, temperature,
+                            rows=rows)
     other = (memory_time_s(ops.elementwise_bytes, system)
              + ops.vector_flops / system.vector_flops_per_s
              + ops.n_kernels * kernel_fixed_s(system, training))

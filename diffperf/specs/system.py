@@ -46,6 +46,13 @@ class Efficiency(struct.PyTreeNode):
     attn_half_work: Any = 9e7   # score elements b (a/t) s_q s_kv kappa at which it halves
     attn_exponent: Any = 1.2    # steepness of the fall-off with work
     attn_half_head_dim: Any = 40.0  # head_dim penalty: eta ~ 1 / (1 + d_half / d_h)
+    attn_half_rows: Any = 0.0   # > 0: attention efficiency by query rows x keys per row
+                                # (costs.compute.attention_efficiency's two-factor form): the
+                                # query rows b (a/t) (s/c) at which the wave term halves it;
+                                # 0 = the work form above (no change)
+    attn_half_keys: Any = 0.0   # with attn_half_rows: keys per query row whose streaming
+                                # costs what a forward query tile's fixed part costs
+    attn_half_keys_bwd: Any = 0.0  # the same for the backward (per key tile: dK dV, dQ)
     mem_eff: Any = 0.85         # achieved / peak HBM bandwidth of memory-bound kernels
     kernel_s: Any = 4e-6        # GPU-side fixed time per kernel (launch, tail, sync)
     queued_kernel_s: Any = 3e-6  # the same for a kernel of one compiled program (XLA) whose
