@@ -227,8 +227,6 @@ def run(args) -> int:
         report["heldout_feasibility_agree"] = (
             f"{int(np.sum((heldout_fits == runs.ran)[held_any]))}/{int(held_any.sum())}")
     if "heldout" in _undefined_to_none(report):
-        from diffperf.cli.options import print_notes
-
         print_notes([f"no run was held out ({int(fit_mask.sum())} fitted of {len(runs)} rows, "
                      f"--holdout-frac {args.holdout_frac}): the held-out error is undefined "
                      f"('-'; null in --json and the overlay); give --folds K or a larger "
