@@ -131,6 +131,19 @@ def table(rows, kf, kb):
     return out
 
 
+def published():
+    """cuDNN's published GPT-OSS SDPA timings (cudnn_fe_gptoss_sdpa.csv; bf16, non-deterministic,
+    cudnn backend: held out, never fitted), each as (row, (b, s, hq, hkv, d, w), forward and
+    backward price now, keys per query row, measured ms), at attn_tile 128 as the Bridge rows."""
+    for r in csv.DictReader(open(K / "cudnn_fe_gptoss_sdpa.csv")):
+        if r["dtype"] != "bfloat16" or r["deterministic"] != "False" or r["backend"] != "cudnn":
+            continue
+        shape = b, s, hq, hkv, d, w = tuple(int(r[k]) for k in (
+            "batch", "seq", "q_heads", "kv_heads", "head_dim", "window"))
+        pf, pb = priced(SYSTEMS[r["gpu"]], b, s, hq, hkv, d, w, 128.0)
+        yield r, shape, pf, pb, keys_per_row(s, w, 128.0), float(r["time_ms"])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--min-rows", type=float, default=0.0)
@@ -184,17 +197,9 @@ def main(argv=None) -> int:
           "non-deterministic, cudnn backend; not fitted)")
     print(f"{'gpu':6s} {'cuDNN':>6s} {'s':>6s} {'win':>5s} {'kv':>6s} {'pass':4s} "
           f"{'meas_ms':>8s} {'now':>6s} {'after':>6s}")
-    pub = K / "cudnn_fe_gptoss_sdpa.csv"
     e0 = e1 = 0.0
     n = 0
-    for r in csv.DictReader(open(pub)):
-        if r["dtype"] != "bfloat16" or r["deterministic"] != "False" or r["backend"] != "cudnn":
-            continue
-        b, s, hq, hkv, d, w = (int(r[k]) for k in ("batch", "seq", "q_heads", "kv_heads",
-                                                     "head_dim", "window"))
-        pf, pb = priced(SYSTEMS[r["gpu"]], b, s, hq, hkv, d, w, 128.0)
-        kv = keys_per_row(s, w, 128.0)
-        ms = float(r["time_ms"])
+    for r, (b, s, hq, hkv, d, w), pf, pb, kv, ms in published():
         a0 = ms / repriced(pf, pb, kv, r["pass"], 0, 0)
         a1 = ms / repriced(pf, pb, kv, r["pass"], kf, kb)
         e0, e1, n = e0 + abs(1 / a0 - 1), e1 + abs(1 / a1 - 1), n + 1
@@ -292,14 +297,7 @@ def two_factor(rows, fit_on="all"):
     print("held out: cuDNN's published timings, price x eta_now / eta_new (H100 constants)")
     e0 = e1 = 0.0
     n = 0
-    for r in csv.DictReader(open(K / "cudnn_fe_gptoss_sdpa.csv")):
-        if r["dtype"] != "bfloat16" or r["deterministic"] != "False" or r["backend"] != "cudnn":
-            continue
-        b, s, hq, hkv, d, w = (int(r[k]) for k in ("batch", "seq", "q_heads", "kv_heads",
-                                                     "head_dim", "window"))
-        pf, pb = priced(SYSTEMS[r["gpu"]], b, s, hq, hkv, d, w, 128.0)
-        kv = keys_per_row(s, w, 128.0)
-        ms = float(r["time_ms"])
+    for r, (b, s, hq, hkv, d, w), pf, pb, kv, ms in published():
         old = repriced(pf, pb, kv, r["pass"], 0, 0)
         new = _new(th, pf, pb, b * hq * s, kv, d, r["pass"])
         e0, e1, n = e0 + abs(old / ms - 1), e1 + abs(new / ms - 1), n + 1

@@ -38,14 +38,10 @@ MOE = ("deepseek-v3", "gpt-oss-120b", "qwen3-235b-a22b", "qwen3-30b-a3b")
 GRACE = ("gb200-nvl72", "gb300-nvl72")  # Grace (Arm) hosts; the DGX systems have x86 hosts
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=",".join(MOE))
-    p.add_argument("--containers", default="",
-                   help="comma-separated container releases (default: all)")
-    p.add_argument("--what-if-tau-s", type=float, default=0.0,
-                   help="experiment: serial seconds per extra per-expert GEMM call (see doc)")
-    args = p.parse_args(argv)
+def predicted_rows(models, containers=()):
+    """(runs, systems, predicted step times) of the Bridge rows (data/megatron_bridge.csv) of
+    `models` (and of `containers`, every one when empty), at the default efficiencies, every
+    feature traced (as `calibration/bridge.py --only default`)."""
     from diffperf import load_runs
     from diffperf.api import _as_float, _normalize
     from diffperf.cli.validate_cmd import load_systems
@@ -55,25 +51,41 @@ def main(argv=None) -> int:
     from calibration.bridge import CSV, _subset
 
     runs = load_runs(CSV)
-    want = set(args.model.split(","))
-    conts = set(c for c in args.containers.split(",") if c)
     idx = [i for i, r in enumerate(runs.rows)
-           if r["model"] in want and (not conts or r["container"] in conts)]
+           if r["model"] in models and (not containers or r["container"] in containers)]
     runs = _subset(runs, idx)
     systems = load_systems(runs, None, None)
     a = _as_float((stack(runs.models), _normalize(stack(runs.parallels)),
                    stack([systems[s] for s in runs.systems]), stack(runs.trainings)))
     res = _predict_rows(*a, temperature=None, features=FEATURES)
-    step = np.asarray(res.step_time_s)
+    return runs, systems, np.asarray(res.step_time_s)
+
+
+def layer_passes(model, par, row) -> tuple:
+    """(m_eff, L_moe, E_l) of one Bridge row: MoE layer passes per stage and step = m_eff x
+    L_moe, m_eff = m + (pp - 1) / vp micro-batches (m = GBS / (MBS dp), the pipeline's fill
+    and drain), L_moe = (layers - dense layers) / pp; E_l = experts / ep local experts."""
+    pp, vp = float(par.pp), max(float(par.vp), 1.0)
+    m = float(row["global_batch"]) / (float(row["micro_batch"]) * float(row["dp"]))
+    m_eff = m + (pp - 1.0) / vp
+    L_moe = (float(model.n_layers) - float(model.moe_dense_layers)) / pp
+    return m_eff, L_moe, float(model.n_experts) / float(par.ep)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=",".join(MOE))
+    p.add_argument("--containers", default="",
+                   help="comma-separated container releases (default: all)")
+    p.add_argument("--what-if-tau-s", type=float, default=0.0,
+                   help="experiment: serial seconds per extra per-expert GEMM call (see doc)")
+    args = p.parse_args(argv)
+    want = set(args.model.split(","))
+    conts = set(c for c in args.containers.split(",") if c)
+    runs, _, step = predicted_rows(want, conts)
     rows = []
     for i, r in enumerate(runs.rows):
-        model, par = runs.models[i], runs.parallels[i]
-        pp, vp = float(par.pp), max(float(par.vp), 1.0)
-        m = float(r["global_batch"]) / (float(r["micro_batch"]) * float(r["dp"]))
-        m_eff = m + (pp - 1.0) / vp
-        n_dense = float(model.moe_dense_layers)
-        L_moe = (float(model.n_layers) - n_dense) / pp
-        E_l = float(model.n_experts) / float(par.ep)
+        m_eff, L_moe, E_l = layer_passes(runs.models[i], runs.parallels[i], r)
         gap = float(runs.step_time_s[i] - step[i])
         excess = gap / (m_eff * L_moe)
         calls = 6.0 * max(E_l - 1.0, 0.0)

@@ -128,34 +128,17 @@ def main(argv=None) -> int:
     p.add_argument("--tau-kernel-us", type=float, default=5.0,
                    help="host seconds per other launch (us; the default host_kernel_s)")
     args = p.parse_args(argv)
-    from diffperf import load_runs
-    from diffperf.api import _as_float, _normalize
-    from diffperf.cli.validate_cmd import load_systems
-    from diffperf.predict import FEATURES
-    from diffperf.specs.batch import stack
-    from diffperf.validation import _predict_rows
-    from calibration.bridge import CSV, _subset
+    from calibration.moe_layer_excess import layer_passes, predicted_rows
 
     taus = [float(x) * 1e-6 for x in args.tau_gemm_us.split(",")]
     tau_k = args.tau_kernel_us * 1e-6
-    runs = load_runs(CSV)
     want = set(args.model.split(","))
-    idx = [i for i, r in enumerate(runs.rows) if r["model"] in want]
-    runs = _subset(runs, idx)
-    systems = load_systems(runs, None, None)
-    a = _as_float((stack(runs.models), _normalize(stack(runs.parallels)),
-                   stack([systems[s] for s in runs.systems]), stack(runs.trainings)))
-    res = _predict_rows(*a, temperature=None, features=FEATURES)
-    step = np.asarray(res.step_time_s)
+    runs, systems, step = predicted_rows(want)
     out = []
     for i, r in enumerate(runs.rows):
         model, par, tr = runs.models[i], runs.parallels[i], runs.trainings[i]
         system = systems[runs.systems[i]]
-        pp, vp = float(par.pp), max(float(par.vp), 1.0)
-        m = float(r["global_batch"]) / (float(r["micro_batch"]) * float(r["dp"]))
-        m_eff = m + (pp - 1.0) / vp
-        L_moe = (float(model.n_layers) - float(model.moe_dense_layers)) / pp
-        E_l = float(model.n_experts) / float(par.ep)
+        m_eff, L_moe, E_l = layer_passes(model, par, r)
         loop = "moe_expert_loop=1" in r["set"]
         # dropless: every dispatcher syncs once per MoE layer forward; drop-and-pad alltoall
         # does not (MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize: `if not

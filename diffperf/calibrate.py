@@ -204,7 +204,8 @@ def _fit_chunk(u, state, weights, prior, base, done, sets, benches, *, length, l
     index of u, state, weights (one array per RunSet: the runs each fit weighs, e.g. a fold
     of a cross-validation), prior and base (the efficiencies not fitted): one compiled
     program (lax.scan of the steps, vmap of the fits) for every start and every fold of a
-    calibration. Non-finite gradient entries are taken as 0. Returns (u, state, loss before each step [fits, length])."""
+    calibration. Non-finite gradient entries are taken as 0. Returns (u, state, loss before
+    each step [fits, length])."""
     opt = _optimizer(learning_rate, steps)
     grad = jax.value_and_grad(loss_fn)
 

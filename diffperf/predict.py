@@ -446,7 +446,8 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     e = system.eff
     ops = layer_ops(model, parallel, training)
     attn_io = attention_io_bytes(model, parallel, training)
-    q_rows = query_rows(model, parallel)  # the two-factor attention efficiency's R
+    # query rows R: the two-factor attention efficiency's and the sink gradient's
+    q_rows = query_rows(model, parallel)
     _, attn, other = layer_times_s(ops, system, training, attn_io, temperature, q_rows)
     # attn_tile > 0: full and sliding-window layers as their own kernels, tile by tile
     # (costs.compute.attention_by_kind_time_s); 0 keeps the mean layer's one kernel exactly.
@@ -516,8 +517,8 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     attn_bwd = (2.0 + (FLASH_BACKWARD_WORK - 2.0) * training.flash_attention) * attn_b1
     # + the learned sinks' gradient in the fused backward (a few scalar ops; 0 without sinks or
     # where the GPU's cost is not measured: costs.compute.attention_sink_backward_s)
-    attn_bwd = attn_bwd + attention_sink_backward_s(query_rows(model, parallel),
-                                                    model.attention_sinks, system, training)
+    attn_bwd = attn_bwd + attention_sink_backward_s(q_rows, model.attention_sinks, system,
+                                                    training)
     cp_f, cp_fh, cp_b, cp_bh, cpm_f, cpm_b = (
         _cp_parts(model, parallel, system, training, attn, attn_bwd, temperature, features)
         if "cp" in features else _zeros(attn, 6))

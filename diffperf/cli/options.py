@@ -212,8 +212,8 @@ def fitted_under(precision, items, runs, mask=None) -> tuple:
     one value, that value; and each fact of a row's cell that every row has with one value
     (the command's first, in its order). On the same CSV, validate --calibration with the
     overlay then predicts what was fitted (row cells apply after the overlay's facts).
-    Example: vtrain_a100 (every row 'dp_overlap=0;flash_attention=0;
-    fused_softmax_max_seq=2048') without --set -> those three facts."""
+    Example: vtrain_a100 (every row 'dp_overlap=0;dropout=1;flash_attention=0;
+    fused_softmax_max_seq=2048') without --set -> those four facts."""
     picked = [i for i in range(len(runs.rows)) if mask is None or mask[i]]
     rows = [runs.rows[i] for i in picked]
     if precision is None:

@@ -138,7 +138,8 @@ def hierarchical_all_to_all_s(S, n, stride, k, E, system):
     k experts, then the receiving GPU forwards it over NVLink to the experts' GPUs.
 
         N = n / n_0  domains spanned (n_0: members per innermost domain, `tier_ranks`)
-        scale-out bytes = S / k x (N - 1) p          (p = `workload.ep.domain_hit_fraction`(k, E, N))
+        scale-out bytes = S / k x (N - 1) p
+            (p = `workload.ep.domain_hit_fraction`(k, E, N))
         NVLink bytes    = S [ (n_0 - 1)/n + (n - n_0)/n x (n_0 - 1)/n_0 ]  (local + forwarded)
         T = t0 + (n - 1) alpha_max + NVLink bytes / (BW_0 eta_0)
             + d sum_{i>0} (n_i - n_{i-1}) / n S / (BW_i eta_i),   d = N p / k

@@ -21,7 +21,8 @@ def gemm_size(m, n, k):
     The smallest dimension decides tile quantization and wave efficiency; DESIGN.md reports that
     efficiency as a function of the smallest GEMM dimension transfers to other scales far better
     than efficiency as a function of FLOPs (7.1 % vs 13.7 % multi-node error).
-    Example: (8192, 4096, 64) -> 64.0 (the smallest dimension; (128, 128, 128) -> 3^(-1/4) 128 = 97.3).
+    Example: (8192, 4096, 64) -> 64.0 (the smallest dimension; (128, 128, 128) ->
+    3^(-1/4) 128 = 97.3).
     """
     # p = 4 as integer powers and square roots: a general power is an exp and a log per
     # element, and this runs for every GEMM of every layout of a search.

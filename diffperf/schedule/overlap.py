@@ -529,8 +529,9 @@ def host_sync_regions_s(gpu_s, host_s, gpu_r_s, host_r_s, p):
     region only. The sync's own bubble (the GPU idle from the read to the first launch after
     it: 22-28 us on one H100 with an x86 host, data/kernels/h100_sync_bubble.csv) is not added;
     the form itself was measured there (h100_sync_region.csv: after a blocking read the GPU
-    span is the regions' max + 20-62 us; with work queued ahead, the one max). Source of the sync in the MoE layer: docs/accuracy-bridge.md "Session 15:
-    host syncs inside the MoE layer" (Megatron-Core core_v0.14.0-v0.17.0 token dispatchers).
+    span is the regions' max + 20-62 us; with work queued ahead, the one max). Source of the
+    sync in the MoE layer: docs/accuracy-bridge.md "Session 15: host syncs inside the MoE
+    layer" (Megatron-Core core_v0.14.0-v0.17.0 token dispatchers).
     Example (p -> inf, the hard max): G = 10, H = 6, G_r = 2, H_r = 5: one max 10; regions
     max(2, 5) + max(8, 1) = 13. At p = 6: 5.0034 + 8.0000 = 13.0034.
     """
