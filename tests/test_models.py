@@ -625,7 +625,7 @@ def test_new_features_have_finite_physical_gradients():
     finite differences): d step / d System leaf is finite, and a faster matmul peak or HBM
     never slows the step (derivative < 0, or <= 0 for the HBM). One jitted gradient program,
     with the XLA:CPU options `predict` compiles with there (search.kernel._CPU_QUICK_OPTIONS):
-    ~3 s of CPU, where the same gradient run eagerly compiled ~500 ops one by one (~19 s)."""
+    ~7 s of CPU, where the same gradient run eagerly compiled ~500 ops one by one (~19 s)."""
     from diffperf.search.kernel import _CPU_QUICK_OPTIONS
 
     system = diffperf.load_system("h100-sxm-80gb")
