@@ -76,11 +76,35 @@ def pytest_terminal_summary(terminalreporter):
 # so a heavy file collected last leaves one worker running alone at the end (longest
 # processing time first). Only the order changes: every test still runs.
 _HEAVY_FIRST = ("test_gradients.py", "test_search.py", "test_properties.py", "test_sweep.py",
-                "test_sensitivity.py", "test_cli.py", "test_first_answer.py", "test_studies.py",
-                "test_reliability.py", "test_steer.py", "test_compile.py", "test_goodput.py")
+                "test_goodput.py", "test_sensitivity.py", "test_cli.py", "test_first_answer.py",
+                "test_studies.py", "test_reliability.py", "test_steer.py", "test_compile.py")
 
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(_HEAVY_FIRST)}
     order = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda it: (rank.get(it.path.name, len(rank)), order[id(it)]))
+
+
+# Files that share compiled programs run on one xdist worker, in the order above: test_goodput's
+# goodput and step-time elasticity programs and predict's serve test_sensitivity's
+# (`sensitivity --goodput` among them). In one process the two files cost ~20 s of CPU less
+# than apart (99.6 s against 121.6 s, -n 0 under load ~5, benchmarks/README.md "Session 15");
+# plain `--dist loadfile` put them on one worker only when they happened to meet.
+_SAME_WORKER = {"tests/test_sensitivity.py": "tests/test_goodput.py"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` with the files of _SAME_WORKER in one work unit (None: xdist's own
+    scheduler for any other --dist)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid):
+            scope = super()._split_scope(nodeid)
+            return _SAME_WORKER.get(scope, scope)
+
+    return SharedFileScheduling(config, log)

@@ -21,6 +21,7 @@ TRUE = dict(mm_max=0.62, host_layer_s=8e-4, step_s=0.02)
 STEPS = 400
 TEMPERATURE = 0.02  # the runs are generated with the smooth model that the fit uses
 NOISE = 0.02
+FEATURES = frozenset()  # cal.set_features of these runs (checked in `synthetic`)
 
 
 def _layouts(model):
@@ -51,7 +52,12 @@ def synthetic():
     truth = system.eff.replace(**TRUE)
     rs = cal.RunSet(system, M, P, T, jnp.zeros(n), jnp.full(n, jnp.nan), jnp.ones(n),
                     jnp.zeros(n))
-    step, _ = cal.run_predictions(truth, rs, TEMPERATURE)
+    # Dense GPT layouts without CP / EP / grid / XLA / low precision: no optional feature's
+    # term can act (`predict.features_of`), so every program here is traced without them, as
+    # `calibrate_runs` traces its predictions, fit and Jacobian (`set_features`): the same
+    # numbers (tests/test_properties.py) for about half the compile time.
+    assert cal.set_features([rs]) == FEATURES
+    step, _ = cal.run_predictions(truth, rs, TEMPERATURE, features=FEATURES)
     rng = np.random.default_rng(0)
     log_step = np.log(np.asarray(step)) + NOISE * rng.standard_normal(n)
     fit_mask = rng.random(n) < 0.75
@@ -78,10 +84,10 @@ def test_recovers_known_parameters(synthetic, fitted):
     for field, rel in (("mm_max", 0.10), ("host_layer_s", 0.10), ("step_s", 0.25)):
         got = float(getattr(fit.eff, field))
         assert got == pytest.approx(TRUE[field], rel=rel), (field, got, TRUE[field])
-    step, _ = cal.run_predictions(fit.eff, rs, TEMPERATURE)
+    step, _ = cal.run_predictions(fit.eff, rs, TEMPERATURE, features=FEATURES)
     err = np.abs(np.log(np.asarray(step)) - np.asarray(rs.log_step))
     # Held-out error at the noise level (mean |N(0, s)| = 0.8 s), far below the start's.
-    start, _ = cal.run_predictions(system.eff, rs, TEMPERATURE)
+    start, _ = cal.run_predictions(system.eff, rs, TEMPERATURE, features=FEATURES)
     err0 = np.abs(np.log(np.asarray(start)) - np.asarray(rs.log_step))
     assert err[~fit_mask].mean() < 1.5 * NOISE
     assert err0[~fit_mask].mean() > 5 * err[~fit_mask].mean()
@@ -90,8 +96,8 @@ def test_recovers_known_parameters(synthetic, fitted):
 def test_laplace_interval_covers_heldout(synthetic, fitted):
     system, rs, fit_mask = synthetic
     fit = fitted
-    jac = cal.log_jacobian(fit.eff, FIELDS, rs, TEMPERATURE)
-    step, _ = cal.run_predictions(fit.eff, rs, TEMPERATURE)
+    jac = cal.log_jacobian(fit.eff, FIELDS, rs, TEMPERATURE, FEATURES)
+    step, _ = cal.run_predictions(fit.eff, rs, TEMPERATURE, features=FEATURES)
     resid = np.log(np.asarray(step)) - np.asarray(rs.log_step)
     cov, s2 = cal.laplace_covariance(jac[fit_mask], resid[fit_mask], FIELDS)
     assert np.sqrt(s2) == pytest.approx(NOISE, rel=0.35)

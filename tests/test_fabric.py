@@ -7,6 +7,8 @@ scalable units of 576 GPUs, non-blocking core; NVIDIA DGX SuperPOD GB200 RA).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from diffperf import Parallel, load_model, load_system, predict
 from diffperf.costs.collectives import all_reduce_s
 from diffperf.costs.tiers import tier_bandwidths_Bps, tier_ranks
+from diffperf.specs.validate import check_layout
 
 META = load_system("meta-h100-24k")
 LLAMA = load_model("llama3-405b")
@@ -52,18 +55,30 @@ def test_all_reduce_across_pods_by_hand():
     assert r3 > 1
 
 
-def _step(system, **layout):
-    par = Parallel(**(dict(tp=8, pp=16, micro_batch=1, global_batch=2048, sequence_parallel=1,
-                           recompute=1, zero_stage=1, placement=1) | layout))
-    return predict(LLAMA, par, system)
+@functools.cache
+def _oversubscription_gradient():
+    """d step / d (aggregation layer's oversubscription) through the public predict, as one
+    jitted program for every layout (the layout an argument: its leaves are traced), with the
+    options predict uses on XLA:CPU (search.kernel._CPU_QUICK_OPTIONS): ~4.5 s of CPU for
+    both layouts below, where the eager gradient compiled its ops one by one (~15 s)."""
+    from diffperf.search.kernel import _CPU_QUICK_OPTIONS
+
+    def step(o, par):
+        tiers = META.tiers[:3] + (META.tiers[3].replace(oversubscription=o),)
+        return predict(LLAMA, par, META.replace(tiers=tiers)).step_time_s
+
+    options = dict(compiler_options=_CPU_QUICK_OPTIONS) if jax.default_backend() == "cpu" else {}
+    return jax.jit(jax.grad(step), **options)
 
 
 def _d_step_d_oversubscription(layout):
-    """d step / d (aggregation layer's oversubscription) through the public predict."""
-    def step(o):
-        tiers = META.tiers[:3] + (META.tiers[3].replace(oversubscription=o),)
-        return _step(META.replace(tiers=tiers), **layout).step_time_s
-    return float(jax.grad(step)(7.0))
+    """d step / d (aggregation layer's oversubscription) at `layout` (over Llama 3 405B's tp 8,
+    pp 16 defaults), checked by check_layout as predict checks a concrete layout."""
+    par = Parallel(**(dict(tp=8, pp=16, micro_batch=1, global_batch=2048, sequence_parallel=1,
+                           recompute=1, zero_stage=1, placement=1) | layout))
+    check_layout(LLAMA, par)
+    return float(_oversubscription_gradient()(
+        7.0, jax.tree.map(lambda x: np.asarray(x, np.float32), par)))
 
 
 def test_oversubscription_gradient_sign():

@@ -101,10 +101,17 @@ def test_checkpoint_bytes_by_precision():
 # ------------------------------------------------------------------ optimum: Young and Daly
 
 
+# d ln G / d tau as one jitted program (every argument traced: one compile for every delta, M
+# and R): the bisection below calls it 200 times per case, which eagerly cost ~1 ms a call.
+_SLOPE = jax.jit(jax.grad(log_goodput_frac))
+
+
 def _numerical_optimum(delta, M, R):
     """The tau that maximises the implemented ln G: bisection on the sign of d ln G / d tau
     (float64), between Young's tau / 4 and 4 x Young's tau."""
-    slope = jax.grad(lambda t: log_goodput_frac(t, delta, M, R))
+    def slope(t):
+        return _SLOPE(t, delta, M, R)
+
     lo, hi = young_interval_s(delta, M) / 4.0, young_interval_s(delta, M) * 4.0
     assert slope(lo) > 0 > slope(hi)
     for _ in range(200):

@@ -623,12 +623,18 @@ def test_new_features_have_finite_physical_gradients():
     """Gradient contract on the new features (MLA, a dense layer in an MoE model, shared
     experts, an MTP stage; tests/test_gradients.py checks them and GPT-OSS's windows against
     finite differences): d step / d System leaf is finite, and a faster matmul peak or HBM
-    never slows the step (derivative < 0, or <= 0 for the HBM)."""
+    never slows the step (derivative < 0, or <= 0 for the HBM). One jitted gradient program,
+    with the XLA:CPU options `predict` compiles with there (search.kernel._CPU_QUICK_OPTIONS):
+    ~7 s of CPU, where the same gradient run eagerly compiled ~500 ops one by one (~19 s)."""
+    from diffperf.search.kernel import _CPU_QUICK_OPTIONS
+
     system = diffperf.load_system("h100-sxm-80gb")
     par = Parallel(tp=2.0, pp=3.0, dp=8.0, ep=2.0, micro_batch=1.0, global_batch=64.0,
                    sequence_parallel=1.0)
     model = diffperf.load_model("deepseek-v2-lite").replace(mtp_layers=1.0)
-    grad = jax.grad(lambda s: diffperf.predict(model, par, s, BF16).step_time_s)(system)
+    options = dict(compiler_options=_CPU_QUICK_OPTIONS) if jax.default_backend() == "cpu" else {}
+    grad = jax.jit(jax.grad(lambda s: diffperf.predict(model, par, s, BF16).step_time_s),
+                   **options)(system)
     assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grad))
     assert float(grad.matmul_flops_per_s) < 0
     assert float(grad.hbm_bandwidth_Bps) <= 0

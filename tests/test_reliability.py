@@ -180,8 +180,13 @@ def test_under_jit_invalid_layouts_are_marked_not_predicted():
 
 
 def test_gradients_stay_finite_with_the_mask():
-    g = jax.grad(lambda bw: predict_step(MODEL, LAYOUT, SYSTEM.replace(hbm_bandwidth_Bps=bw),
-                                         Training()).step_time_s)(SYSTEM.hbm_bandwidth_Bps)
+    """d step / d HBM bandwidth through the in-program validity mask (`jnp.where(valid, step,
+    inf)`) is finite and negative. One jitted program with the options predict uses on XLA:CPU
+    (~3 s of CPU; run eagerly, its ~500 ops compiled one by one took ~15 s)."""
+    options = dict(compiler_options=_CPU_QUICK_OPTIONS) if jax.default_backend() == "cpu" else {}
+    g = jax.jit(jax.grad(lambda bw: predict_step(
+        MODEL, LAYOUT, SYSTEM.replace(hbm_bandwidth_Bps=bw), Training()).step_time_s),
+        **options)(SYSTEM.hbm_bandwidth_Bps)
     assert np.isfinite(g) and g < 0
 
 
