@@ -233,6 +233,16 @@ def attention_efficiency(work, head_dim, eff, rows=None, backward=False):
     R_half 33,490, d_half 47.0, k 253 / 648 keys; not set in any shipped set yet.
     Example: R = 262,144, kv = 252, d_h = 64 at those constants: 0.893 / (1.12775 x
     1.73438) x 252 / 505 = 0.22783 forward, x 252 / 900 instead: 0.12784 backward.
+    Turning it on: an efficiency overlay's keys attn_half_rows, attn_half_keys,
+    attn_half_keys_bwd (counts, >= 0: load.efficiency_from_dict, specs.validate). `calibrate`
+    does NOT fit them (not in calibrate.STEP_FIELDS; its h100_attention bench passes rows but
+    has no per-eager-call host time, which the fit above needed: t_h 43 us); at attn_half_rows
+    = 0 the gradient with respect to all three is exactly 0 (the where), so a fit would have to
+    start above 0. kv is the keys per row of ONE kernel over the whole s_kv: under ring context
+    parallelism (cp_ring 1) Transformer Engine runs c kernels per layer, each over one K/V chunk
+    (<= s / c keys per row: TE context_parallel.py, AttnFuncWithCPAndKVP2P, one fused_attn_fwd
+    per ring step), so the form overstates kv / (kv + k) there (the all-to-all form,
+    a / (t c) heads of all s rows, has the same R and kv as priced).
     """
     w_form = eff.attn_max / ((1.0 + (eff.attn_half_work / work) ** eff.attn_exponent)
                              * (1.0 + eff.attn_half_head_dim / head_dim))
