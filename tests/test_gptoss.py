@@ -434,3 +434,33 @@ def test_attention_group_size_is_inert_on_h100():
     tf = {(r["d"], r["b"], r["hkv"]): float(r["tflops_band"]) for r in rows
           if r["window_left"] == "" and r["pass"] == "fwd"}
     assert all(tf[("128", b, h)] >= 1.25 * tf[("64", b, h)] for _, b, h in tf if _ == "64")
+
+
+def test_two_factor_fields_reach_overlays_and_rows_with_cp_and_tp():
+    """The two-factor fields are overlay keys (load.efficiency_from_dict: counts, >= 0; a
+    negative is refused there and by specs.validate.check_system), and their R and kv are the
+    kernel's: R = b (a/t) (s/c) query rows (tp 2, cp 2, b 2, GPT-OSS 64 heads, s 4096:
+    2 x 32 x 2048 = 131,072), each kind's kv = W / R = kappa s whatever c is (252 window keys,
+    2112 full at attn_tile 128, as at cp 1): the same R for the full and the window kernel."""
+    from diffperf.errors import SpecError
+    from diffperf.load import efficiency_from_dict
+    from diffperf.specs.validate import check_system
+    from diffperf.workload.flops import query_rows
+
+    keys = {"attn_half_rows": 33490, "attn_half_keys": 253, "attn_half_keys_bwd": 648}
+    e = efficiency_from_dict(keys, "efficiency")
+    assert (e.attn_half_rows, e.attn_half_keys, e.attn_half_keys_bwd) == (33490, 253, 648)
+    h100 = _system("h100-sxm-80gb")
+    for k in keys:
+        with pytest.raises(SpecError, match=f"efficiency.{k}=-1"):
+            efficiency_from_dict({k: -1}, "efficiency")
+        with pytest.raises(SpecError, match=f"eff.{k}"):
+            check_system(h100.replace(eff=h100.eff.replace(**{k: -1.0})))
+    par = Parallel(tp=2.0, cp=2.0, micro_batch=2.0)
+    m = GPT_OSS.replace(seq_len=4096.0)
+    R = float(query_rows(m, par))
+    assert R == 2 * 32 * 2048
+    full, window, _ = attention_by_kind(m, par, TILED)
+    for kind, kv in ((full, 2112.0), (window, 252.0)):
+        work = float(kind.count[0] * kind.m[0] * kind.n[0])
+        assert work / R == pytest.approx(kv, rel=1e-6)

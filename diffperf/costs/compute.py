@@ -233,20 +233,33 @@ def attention_efficiency(work, head_dim, eff, rows=None, backward=False):
     R_half 33,490, d_half 47.0, k 253 / 648 keys; not set in any shipped set yet.
     Example: R = 262,144, kv = 252, d_h = 64 at those constants: 0.893 / (1.12775 x
     1.73438) x 252 / 505 = 0.22783 forward, x 252 / 900 instead: 0.12784 backward.
+    Turning it on: an efficiency overlay's keys attn_half_rows, attn_half_keys,
+    attn_half_keys_bwd (counts, >= 0: load.efficiency_from_dict, specs.validate). `calibrate`
+    does NOT fit them (not in calibrate.STEP_FIELDS; its h100_attention bench passes rows but
+    has no per-eager-call host time, which the fit above needed: t_h 43 us); at attn_half_rows
+    = 0 the gradient with respect to all three is exactly 0 (the where), so a fit would have to
+    start above 0. kv is the keys per row of ONE kernel over the whole s_kv: under ring context
+    parallelism (cp_ring 1) Transformer Engine runs c kernels per layer, each over one K/V chunk
+    (<= s / c keys per row: TE context_parallel.py, AttnFuncWithCPAndKVP2P, one fused_attn_fwd
+    per ring step), so the form overstates kv / (kv + k) there (the all-to-all form,
+    a / (t c) heads of all s rows, has the same R and kv as priced).
     """
-    w_form = eff.attn_max / ((1.0 + (eff.attn_half_work / work) ** eff.attn_exponent)
-                             * (1.0 + eff.attn_half_head_dim / head_dim))
+    head = 1.0 + eff.attn_half_head_dim / head_dim
+    wave_w = (eff.attn_half_work / work) ** eff.attn_exponent
     if rows is None:
-        return w_form
+        return eff.attn_max / ((1.0 + wave_w) * head)
+    # One expression for both forms, switched term by term (not two whole forms under one
+    # where, whose backward carries both: compile time). Off: the wave term is the work
+    # form's and k = 0, so kv / (kv + k) = kv / kv = 1 exactly: bit-identical to the work
+    # form. Double where: r_half = 1 off, so the unused branch has no NaN or infinite
+    # gradient.
     on = eff.attn_half_rows > 0
-    # double where: the off branch must give no NaN or infinite gradient
     r_half = jnp.where(on, eff.attn_half_rows, 1.0)
     rows = jnp.maximum(rows, 1.0)
     kv = work / rows
-    k = eff.attn_half_keys_bwd if backward else eff.attn_half_keys
-    two = eff.attn_max / ((1.0 + r_half / rows) * (1.0 + eff.attn_half_head_dim / head_dim)) \
-        * kv / (kv + k)
-    return jnp.where(on, two, w_form)
+    k = jnp.where(on, eff.attn_half_keys_bwd if backward else eff.attn_half_keys, 0.0)
+    wave = jnp.where(on, r_half / rows, wave_w)
+    return eff.attn_max / ((1.0 + wave) * head) * (kv / (kv + k))
 
 
 def attention_kernel_factor(head_dim, system, training, backward=False, work=None, rows=None):
