@@ -673,11 +673,11 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
         # Not priced: under ep_overlap the merged schedule issues the paired micro-batch's
         # expert backward after the sync too (its GEMMs and launches join the region); per-op
         # SAC's re-run forward (TorchTitan, not a Megatron dispatcher) keeps the one max.
-        x_rows = ops.dense.replace(count=ops.dense.count * jnp.asarray(EXPERT_ROWS))
+        ex = jnp.asarray(EXPERT_ROWS)
+        x_rows = ops.dense.replace(count=ops.dense.count * ex)
         q_xf, _ = lowp_quantize_times_s(x_rows, system, training, parallel.n_microbatches,
                                         te_rows)
         qk_xf = lowp_quantize_kernels(x_rows, training, te_rows)[0]
-        ex = jnp.asarray(EXPERT_ROWS)
         gpu_r = 0.5 * ep_f + jnp.sum(ex * dense_rows) + q_xf
         host_r = eager * e.host_kernel_s * (
             jnp.where(parallel.ep > 1, is_moe, 0.0) + 2.0 * is_moe

@@ -156,9 +156,8 @@ def query_rows(model, parallel):
 
 def score_elements(model, parallel):
     """Elements of the (s/c) x s score matrices of one device's heads, one micro-batch:
-    b (a / t) (s / c) s."""
-    return parallel.micro_batch * (model.n_heads / head_shards(parallel)) * (
-        model.seq_len / parallel.cp) * model.seq_len
+    b (a / t) (s / c) s = `query_rows` x s."""
+    return query_rows(model, parallel) * model.seq_len
 
 
 def softmax_fallback(model, parallel, training):
