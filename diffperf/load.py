@@ -1066,6 +1066,13 @@ RUN_INFORMATIONAL = ("source", "model", "gpus_per_node", "notes",
 # `set`: the row's own framework facts, FIELD=VALUE separated by ';' (as --set takes them,
 # e.g. 'grad_bytes=4;zero3_regather=0'); they apply after the command's --set.
 RUN_FACTS = "set"
+
+
+def run_fact_items(row) -> list:
+    """A runs row's own framework facts, its `set` cell split: 'a=1;b=2' -> ['a=1', 'b=2']."""
+    return [f for f in (row.get(RUN_FACTS) or "").split(";") if f.strip()]
+
+
 # Architecture columns a row may repeat next to `model_config`; they must equal the config's.
 _CONFIG_CHECKED = dict(num_layers="n_layers", hidden="hidden", num_heads="n_heads",
                        num_kv_heads="n_kv_heads", vocab="vocab", moe_experts="n_experts",
@@ -1225,7 +1232,7 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
             # a model file beside the CSV, named relative to it (the CSV read from elsewhere)
             row = dict(row, model_config=str(path.parent / config))
         m, par, precision = _run_row(row, where)
-        facts = [f for f in (row.get(RUN_FACTS) or "").split(";") if f.strip()]
+        facts = run_fact_items(row)
         try:
             row_par, row_tr = parse_overrides(facts)
         except SpecError as err:

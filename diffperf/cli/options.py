@@ -148,9 +148,9 @@ def _fact_value(text):
 def _cell_facts(row) -> dict:
     """{field: value text} of a runs row's own `set` cell ('a=1;b=2' -> {'a': '1', 'b':
     '2'})."""
-    from diffperf.load import RUN_FACTS
+    from diffperf.load import run_fact_items
 
-    facts = [f.split("=", 1) for f in (row.get(RUN_FACTS) or "").split(";") if "=" in f]
+    facts = [f.split("=", 1) for f in run_fact_items(row) if "=" in f]
     return {k.strip(): v.strip() for k, v in facts}
 
 
