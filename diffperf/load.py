@@ -1259,7 +1259,7 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
             if err.field not in row_tr:
                 raise
             raise SpecError(f"{where}.set (the row's framework facts): {err}", field=err.field,
-                            value=err.value, anywhere=err.anywhere) from None
+                            value=err.value, anywhere=err.anywhere, needs=err.needs) from None
         check_training(trainings[-1], where)  # a bad fact names its row
         _check_row_facts_act(m, p, trainings[-1], where, par_over | tr_over, row_par | row_tr)
         systems.append((row.get("system") or "").strip())
@@ -1295,7 +1295,7 @@ def _command_fact_hint(err, command, row):
         raise SpecError(f"{err} (the command's --set {field}={command[field]:g} applies to "
                         f"every row; give a fact that holds for some rows only in their "
                         f"'{RUN_FACTS}' cell)", field=field, value=err.value,
-                        rule=err.rule) from None
+                        rule=err.rule, needs=err.needs) from None
     raise err
 
 

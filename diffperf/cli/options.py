@@ -257,15 +257,17 @@ def overlay_fact_hint(err, args) -> str:
     """The text to append to a SpecError (`err`) that refuses a framework fact the user did not
     give but the --calibration overlay applied (`framework_facts`, its fitted_on.set: e.g.
     vtrain-a100's fused_softmax_max_seq=2048 under the user's --set flash_attention=1), or
-    whose rule names an applied fact as the one it needs (a runs row's attention_fa2=1
-    'needs fused attention (flash_attention=1; got 0)' under vtrain-a100's
-    flash_attention=0); '' otherwise. Reads SpecError.field."""
-    import re
-
+    whose rule needs an applied fact (a runs row's attention_fa2=1 'needs fused attention
+    (flash_attention=1; got 0)' under vtrain-a100's flash_attention=0: the rule's
+    SpecError.needs, its FactRule.needs, names flash_attention); '' otherwise. Reads
+    SpecError.field and .needs, not the message's words (was a regex over the text, which
+    also took a field the message names in passing and missed one it does not spell as
+    FIELD=: docs/reliability.md, Session 16)."""
     applied = getattr(args, "overlay_applied", None) or {}
     field = getattr(err, "field", None)
     if field not in applied:
-        named = [f for f in applied if f != field and re.search(rf"\b{f}\s*=", str(err))]
+        needs = getattr(err, "needs", ())
+        named = [f for f in applied if f != field and f in needs]
         if not named:
             return ""
         field = named[0]
