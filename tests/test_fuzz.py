@@ -68,8 +68,10 @@ TIME_LIMIT_S = 2.0  # CPU seconds per input (process time: every thread, user + 
 # The wall-clock backstop for an input that hangs without using CPU (blocked on a lock, a
 # pipe, a sleep): WALL_FACTOR x the CPU limit. A busy loop is caught by the CPU limit at the
 # same point as before on an idle machine (one thread: CPU = wall); the backstop only has to
-# stay above the wall time of a slow input on a loaded machine (2 cores shared by ~6 jobs:
-# ~3x; the slowest CLI input, docs/reliability.md Session 16, uses a few seconds of CPU).
+# stay above the wall time of a slow input on a loaded machine. Measured on 2 shared cores
+# (docs/reliability.md, Session 16): the slowest CLI input (the first predict, which compiles)
+# used 9.5-12.3 s of CPU and 15-28 s of wall time, past the old 20 s wall limit; every loader
+# input at most 0.3 s of CPU.
 WALL_FACTOR = 30
 PACKAGE = Path(diffperf.__file__).resolve().parent
 
@@ -102,10 +104,10 @@ class Hang(Exception):
 
 
 @contextlib.contextmanager
-def _time_limit(seconds, spent=None):
+def _time_limit(seconds, spent=None, label=""):
     """Stop the block with Hang after `seconds` of process CPU time (ITIMER_PROF: user and
     system time of every thread) or WALL_FACTOR x `seconds` of wall time (ITIMER_REAL), the
-    backstop for a hang that uses no CPU. `spent`: a list that gets (cpu_s, wall_s)."""
+    backstop for a hang that uses no CPU. `spent`: a list that gets (cpu_s, wall_s, label)."""
     def on_cpu(signum, frame):
         raise Hang(f"used more than {seconds} s of CPU")
 
@@ -124,7 +126,7 @@ def _time_limit(seconds, spent=None):
         signal.signal(signal.SIGPROF, before[0])
         signal.signal(signal.SIGALRM, before[1])
         if spent is not None:
-            spent.append((time.process_time() - cpu0, time.perf_counter() - wall0))
+            spent.append((time.process_time() - cpu0, time.perf_counter() - wall0, label))
 
 
 def _where(err) -> str:
@@ -145,7 +147,7 @@ class Tally:
     refused: int = 0
     predicted: int = 0
     crashes: list = dataclasses.field(default_factory=list)  # (signature, reproducer)
-    spent: list = dataclasses.field(default_factory=list)  # (cpu_s, wall_s) of each input
+    spent: list = dataclasses.field(default_factory=list)  # (cpu_s, wall_s, input) each
 
     def crash(self, signature, reproducer):
         self.crashes.append((signature, _short(reproducer)))
@@ -156,7 +158,7 @@ class Tally:
         words), or every one of them (a list)."""
         self.tried += 1
         try:
-            with _time_limit(TIME_LIMIT_S, self.spent):
+            with _time_limit(TIME_LIMIT_S, self.spent, reproducer):
                 result = fn()
         except SpecError as err:
             self.refused += 1
@@ -192,8 +194,10 @@ class Tally:
         lines = [f"fuzz {self.family}: {self.tried} inputs, {self.refused} refused (SpecError), "
                  f"{self.loaded} loaded, {self.predicted} predicted, {len(self.crashes)} crashes"]
         if self.spent:
-            lines[0] += (f"; slowest input {max(c for c, _ in self.spent):.2f} s CPU, "
-                         f"{max(w for _, w in self.spent):.2f} s wall")
+            cpu, wall, what = max(self.spent, key=lambda s: s[0])
+            most = max(w for _, w, _ in self.spent)
+            lines[0] += (f"; slowest input {cpu:.2f} s CPU, {wall:.2f} s wall "
+                         f"({_short(str(what), 80)}); most wall {most:.2f} s")
         for sig, reps in sorted(sigs.items(), key=lambda kv: -len(kv[1])):
             lines.append(f"  {len(reps):5d} x {sig}\n          e.g. {reps[0]}")
         return "\n".join(lines)
@@ -789,7 +793,7 @@ def _cli(tally, capsys, argv, refuse=False):
     tally.tried += 1
     reproducer = "diffperf " + " ".join(argv)
     try:
-        with _time_limit(10 * TIME_LIMIT_S, tally.spent):
+        with _time_limit(10 * TIME_LIMIT_S, tally.spent, reproducer):
             code = main(list(argv))
     except SystemExit as exit_:  # argparse
         code = exit_.code
