@@ -92,7 +92,10 @@ def _number(d, key, where, *, integer=False, minimum=None, positive=False, defau
             v = float(text.replace("_", "x"))  # refuse Python's '1_000' digit grouping
         except (ValueError, OverflowError):
             if isinstance(d[key], GroupedNumber) or _reads_grouped(text):
-                raise grouped_number_error(where, key, text) from None
+                raise SpecError(f"{where}.{key}={text} is written with '_' digit grouping, "
+                                f"which YAML 1.2, JSON and diffperf's other inputs do not read "
+                                f"as a number (YAML 1.1 does); allowed: the digits alone, "
+                                f"{text.replace('_', '')}", field=key, value=text) from None
             raise SpecError(f"{where}.{key}={d[key]!r} must be a number") from None
     try:
         v = float(v)
@@ -190,7 +193,8 @@ _UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_EXPONE
 
 class GroupedNumber(str):
     """A number written with '_' digit grouping in a YAML file (`hidden: 1_000`, `1_000.5`,
-    `1_000e3`): kept as its text, which `_number` refuses by name (`grouped_number_error`).
+    `1_000e3`): kept as its text, which `_number` refuses, naming the field, the value and
+    the plain spelling.
     PyYAML implements YAML 1.1, which reads `1_000` as 1000; YAML 1.2's core schema, JSON
     (RFC 8259), a runs CSV cell and --set (`_number`) have no such number, so one spelling
     is refused everywhere rather than read differently by file type and reader."""
@@ -208,16 +212,6 @@ def _ungrouped(construct):
 for _tag, _construct in (("int", yaml.constructor.SafeConstructor.construct_yaml_int),
                          ("float", yaml.constructor.SafeConstructor.construct_yaml_float)):
     _UniqueKeyLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _ungrouped(_construct))
-
-
-def grouped_number_error(where, key, text) -> SpecError:
-    """The refusal of a number written with '_' digit grouping (`GroupedNumber`, or a text
-    value such as --set hidden=1_000): names the field, the value and the spelling allowed."""
-    plain = str(text).strip().replace("_", "")
-    return SpecError(f"{where}.{key}={str(text).strip()} is written with '_' digit grouping, "
-                     f"which YAML 1.2, JSON and diffperf's other inputs do not read as a "
-                     f"number (YAML 1.1 does); allowed: the digits alone, {plain}", field=key,
-                     value=str(text))
 
 
 class _Dumper(yaml.SafeDumper):
