@@ -21,12 +21,21 @@ class SpecError(ValueError):
     without the failing entry's values); None otherwise. `anywhere`: True for a range rule
     (the value is wrong whatever the rest of the input: a runs CSV's --set value is then not
     said to apply to every row, `load._command_fact_hint`).
+
+    `needs`: the other settable fields (Parallel / Training, what --set and an overlay's
+    fitted_on.set give) whose values the refusing rule reads, e.g. ('flash_attention',) for
+    'attention_fa2=1 needs fused attention'; the rule's FactRule.needs where it has one, ()
+    where the rule reads no other such field (cli.options.overlay_fact_hint reads it).
     """
 
-    def __init__(self, message="", *, field=None, value=None, rule=None, anywhere=False):
+    def __init__(self, message="", *, field=None, value=None, rule=None, anywhere=False,
+                 needs=None):
         super().__init__(message)
         self.field, self.value, self.rule = field, value, rule
         self.anywhere = anywhere
+        if needs is None:
+            needs = getattr(rule, "needs", ())
+        self.needs = tuple(needs)
 
 
 _CLOSEST_MAX = 64  # characters: difflib is quadratic, and a key is never longer

@@ -91,6 +91,11 @@ def _number(d, key, where, *, integer=False, minimum=None, positive=False, defau
         try:
             v = float(text.replace("_", "x"))  # refuse Python's '1_000' digit grouping
         except (ValueError, OverflowError):
+            if isinstance(d[key], GroupedNumber) or _reads_grouped(text):
+                raise SpecError(f"{where}.{key}={text} is written with '_' digit grouping, "
+                                f"which YAML 1.2, JSON and diffperf's other inputs do not read "
+                                f"as a number (YAML 1.1 does); allowed: the digits alone, "
+                                f"{text.replace('_', '')}", field=key, value=text) from None
             raise SpecError(f"{where}.{key}={d[key]!r} must be a number") from None
     try:
         v = float(v)
@@ -109,6 +114,17 @@ def _number(d, key, where, *, integer=False, minimum=None, positive=False, defau
     if minimum is not None and v < minimum:
         raise SpecError(f"{where}.{key}={v:g} must be >= {minimum:g}")
     return int(v) if integer else float(v)
+
+
+def _reads_grouped(text) -> bool:
+    """Whether a text is a number but for its '_' digit grouping ('1_000', '2_048.5')."""
+    if "_" not in text or "__" in text:
+        return False
+    try:
+        float(text)  # Python reads one '_' between digits
+    except (ValueError, OverflowError):
+        return False
+    return True
 
 
 _FLAG_WORDS = ("true", "false", "0", "1", "yes", "no")  # a CSV cell's spellings of a flag
@@ -173,6 +189,29 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 _YAML12_EXPONENT = re.compile(r"^[-+]?(\.[0-9]+|[0-9][0-9_]*(\.[0-9_]*)?)[eE][-+]?[0-9]+$")
 _UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_EXPONENT,
                                        list("-+.0123456789"))
+
+
+class GroupedNumber(str):
+    """A number written with '_' digit grouping in a YAML file (`hidden: 1_000`, `1_000.5`,
+    `1_000e3`): kept as its text, which `_number` refuses, naming the field, the value and
+    the plain spelling.
+    PyYAML implements YAML 1.1, which reads `1_000` as 1000; YAML 1.2's core schema, JSON
+    (RFC 8259), a runs CSV cell and --set (`_number`) have no such number, so one spelling
+    is refused everywhere rather than read differently by file type and reader."""
+
+
+def _ungrouped(construct):
+    """A YAML int / float constructor that keeps a value written with '_' as GroupedNumber."""
+    def constructor(loader, node):
+        if "_" in str(node.value):
+            return GroupedNumber(node.value)
+        return construct(loader, node)
+    return constructor
+
+
+for _tag, _construct in (("int", yaml.constructor.SafeConstructor.construct_yaml_int),
+                         ("float", yaml.constructor.SafeConstructor.construct_yaml_float)):
+    _UniqueKeyLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _ungrouped(_construct))
 
 
 class _Dumper(yaml.SafeDumper):
@@ -1259,7 +1298,7 @@ def load_runs(path, precision: str | None = None, overrides=None) -> Runs:
             if err.field not in row_tr:
                 raise
             raise SpecError(f"{where}.set (the row's framework facts): {err}", field=err.field,
-                            value=err.value, anywhere=err.anywhere) from None
+                            value=err.value, anywhere=err.anywhere, needs=err.needs) from None
         check_training(trainings[-1], where)  # a bad fact names its row
         _check_row_facts_act(m, p, trainings[-1], where, par_over | tr_over, row_par | row_tr)
         systems.append((row.get("system") or "").strip())
@@ -1295,7 +1334,7 @@ def _command_fact_hint(err, command, row):
         raise SpecError(f"{err} (the command's --set {field}={command[field]:g} applies to "
                         f"every row; give a fact that holds for some rows only in their "
                         f"'{RUN_FACTS}' cell)", field=field, value=err.value,
-                        rule=err.rule) from None
+                        rule=err.rule, needs=err.needs) from None
     raise err
 
 

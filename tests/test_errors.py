@@ -506,6 +506,8 @@ def _small(**over):
                                     | over))
 
 
+MODULES_WHY = ("Megatron-Core's TransformerLayer reads recompute_modules only under "
+               "recompute_granularity 'selective'")
 LAYOUT_RULES = [
     # (Parallel fields, n_devices, message after "parallel: ")
     (dict(tp=1.5), None, "tp=1.5 must be a whole number >= 1"),
@@ -558,19 +560,21 @@ LAYOUT_RULES = [
      "recompute_layer_frac=0 must be in (0, 1] (the fraction of the layers that full "
      "recompute checkpoints; 1: every layer)"),
     (dict(recompute=1, recompute_layer_frac=0.5), None,
-     "recompute_layer_frac=0.5 needs recompute=2 (full; got recompute=1): only full recompute "
-     "checkpoints a fraction of the layers; allowed with recompute 0 or 1: 1"),
+     "recompute_layer_frac=0.5 needs full recompute (recompute=2; got recompute=1): only full "
+     "recompute checkpoints a fraction of the layers; allowed: 1 with recompute 0 or 1"),
     (dict(recompute=2, recompute_policy=1), None,
-     "recompute_policy=1 needs recompute=1 (selective; got recompute=2): it picks the ops "
-     "selective recompute re-runs (1, 2: TorchTitan's per-op SAC); allowed with recompute 0 "
-     "or 2: 0"),
+     "recompute_policy=1 needs selective recompute (recompute=1; got recompute=2): it picks the "
+     "ops selective recompute re-runs (1, 2: TorchTitan's per-op SAC); allowed: 0 with "
+     "recompute 0 or 2"),
     (dict(recompute=1, recompute_mlp=2), None, "recompute_mlp=2 is not allowed (allowed: 0, 1)"),
     (dict(recompute=2, recompute_mlp=1), None,
      "recompute_mlp=1 needs Megatron's selective recompute (recompute=1, recompute_policy=0; "
-     "got recompute=2, recompute_policy=0); allowed otherwise: 0"),
+     f"got recompute=2, recompute_policy=0): {MODULES_WHY}; allowed: 0 with another recompute "
+     "mode"),
     (dict(recompute=1, recompute_policy=1, recompute_core_attn=0), None,
      "recompute_core_attn=0 needs Megatron's selective recompute (recompute=1, "
-     "recompute_policy=0; got recompute=1, recompute_policy=1); allowed otherwise: 1"),
+     f"recompute_policy=0; got recompute=1, recompute_policy=1): {MODULES_WHY}; allowed: 1 "
+     "with another recompute mode"),
     (dict(recompute=1, recompute_mla_up_proj=1), None,
      "recompute_mla_up_proj=1 needs multi-latent attention (model.kv_lora_rank > 0; got 0); "
      "allowed: 0"),
@@ -2581,19 +2585,19 @@ def test_runs_row_fact_that_cannot_act_names_its_row(tmp_path):
     assert (err.value.field, err.value.value) == ("tp_overlap", 0.5)
     # a recompute fact of the command's --set, refused by the layout's own rules (check_layout:
     # one layout's recompute mode), says the same (was: the plain rule, no word of the --set)
-    with _raises(f"{p}: row 2 (id r1): recompute_policy=1 needs recompute=1 (selective; got "
-                 f"recompute=0): it picks the ops selective recompute re-runs (1, 2: "
-                 f"TorchTitan's per-op SAC); allowed with recompute 0 or 2: 0 (the command's "
-                 f"--set recompute_policy=1 applies to every row; give a fact that holds for "
-                 f"some rows only in their 'set' cell)") as err:
+    with _raises(f"{p}: row 2 (id r1): recompute_policy=1 needs selective recompute "
+                 f"(recompute=1; got recompute=0): it picks the ops selective recompute re-runs "
+                 f"(1, 2: TorchTitan's per-op SAC); allowed: 0 with recompute 0 or 2 (the "
+                 f"command's --set recompute_policy=1 applies to every row; give a fact that "
+                 f"holds for some rows only in their 'set' cell)") as err:
         load_runs(p, overrides=["recompute_policy=1"])
     assert (err.value.field, err.value.value) == ("recompute_policy", 1.0)
     # so do check_layout's other rules that read the row's layout (recompute modules, ZeRO
     # sharding, userbuffers' sequence parallelism): each carries its field
     for fact, rule in (
             ("recompute_mlp=1", "recompute_mlp=1 needs Megatron's selective recompute "
-             "(recompute=1, recompute_policy=0; got recompute=0, recompute_policy=0); allowed "
-             "otherwise: 0"),
+             "(recompute=1, recompute_policy=0; got recompute=0, recompute_policy=0): "
+             f"{MODULES_WHY}; allowed: 0 with another recompute mode"),
             ("zero_shard=1", "zero_shard=1 needs zero_stage >= 1 (got zero_stage=0): nothing "
              "is sharded at ZeRO 0; allowed: 0 with zero_stage 0")):
         with _raises(f"{p}: row 2 (id r1): {rule} (the command's --set {fact} applies to "
@@ -2612,11 +2616,15 @@ def test_runs_row_fact_that_cannot_act_names_its_row(tmp_path):
     assert (err.value.field, err.value.value) == ("recompute_mla_up_proj", 1.0)
     # the row's own cell: the plain rule
     p = _write_csv(tmp_path, [GOOD_ROW | {"set": "recompute_policy=1"}], RUN_COLUMNS + ["set"])
-    with _raises(f"{p}: row 2 (id r1): recompute_policy=1 needs recompute=1 (selective; got "
-                 f"recompute=0): it picks the ops selective recompute re-runs (1, 2: "
-                 f"TorchTitan's per-op SAC); allowed with recompute 0 or 2: 0") as err:
+    with _raises(f"{p}: row 2 (id r1): recompute_policy=1 needs selective recompute "
+                 f"(recompute=1; got recompute=0): it picks the ops selective recompute re-runs "
+                 f"(1, 2: TorchTitan's per-op SAC); allowed: 0 with recompute 0 or 2") as err:
         load_runs(p)
-    assert str(err.value).endswith("allowed with recompute 0 or 2: 0")
+    assert str(err.value).endswith("allowed: 0 with recompute 0 or 2")
+    # a FactRule (session 16): field, value, allowed and the fact it needs, not only text
+    rule = err.value.rule
+    assert (rule.field, rule.value, rule.allowed, rule.needs) == (
+        "recompute_policy", 1.0, "0 with recompute 0 or 2", ("recompute",))
 
 
 @pytest.mark.parametrize("facts,tr,message", [

@@ -257,15 +257,17 @@ def overlay_fact_hint(err, args) -> str:
     """The text to append to a SpecError (`err`) that refuses a framework fact the user did not
     give but the --calibration overlay applied (`framework_facts`, its fitted_on.set: e.g.
     vtrain-a100's fused_softmax_max_seq=2048 under the user's --set flash_attention=1), or
-    whose rule names an applied fact as the one it needs (a runs row's attention_fa2=1
-    'needs fused attention (flash_attention=1; got 0)' under vtrain-a100's
-    flash_attention=0); '' otherwise. Reads SpecError.field."""
-    import re
-
+    whose rule needs an applied fact (a runs row's attention_fa2=1 'needs fused attention
+    (flash_attention=1; got 0)' under vtrain-a100's flash_attention=0: the rule's
+    SpecError.needs, its FactRule.needs, names flash_attention); '' otherwise. Reads
+    SpecError.field and .needs, not the message's words (was a regex over the text, which
+    also took a field the message names in passing and missed one it does not spell as
+    FIELD=: docs/reliability.md, Session 16)."""
     applied = getattr(args, "overlay_applied", None) or {}
     field = getattr(err, "field", None)
     if field not in applied:
-        named = [f for f in applied if f != field and re.search(rf"\b{f}\s*=", str(err))]
+        needs = getattr(err, "needs", ())
+        named = [f for f in applied if f != field and f in needs]
         if not named:
             return ""
         field = named[0]
@@ -301,15 +303,25 @@ def unmeasured_cost_notes(model, system, training) -> list[str]:
     attention backward (System.attn_sink_bwd_row_s, costs.compute.attention_sink_backward_s;
     read only with Model.attention_sinks and flash attention) is 0 on every system file but
     the H100's, which would price GPT-OSS's backward ~0.4 ms per layer cheaper (b 1, s 4096,
-    64 heads) there without a word."""
+    64 heads) there without a word. The H100's figure is read from the shipped
+    h100-sxm-80gb system file (`load_system`), so the note says what the H100 files price."""
     if (float(model.attention_sinks) > 0 and float(training.flash_attention) > 0
             and float(system.attn_sink_bwd_row_s) == 0):
+        from diffperf import load_system
+
+        row_s = float(load_system(SINK_MEASURED_SYSTEM).attn_sink_bwd_row_s)
+        rows = 64 * 4096  # query rows x heads of one layer at b 1, s 4096, 64 heads
         return [f"{model.name} has learned attention sinks: the cost of their gradient in the "
                 f"fused attention backward is not measured on {system.name} "
-                f"(attn_sink_bwd_row_ns absent: priced as free); on an H100 (cuDNN 9.19) it is "
-                f"1.52 ns per query row x head, ~0.4 ms per layer backward at b 1, s 4096, 64 "
-                f"heads (docs/accuracy-gptoss.md, Session 15)"]
+                f"(attn_sink_bwd_row_ns absent: priced as free); on an H100 (cuDNN 9.19, "
+                f"{SINK_MEASURED_SYSTEM}) it is {row_s * 1e9:.3g} ns per query row x head, "
+                f"~{rows * row_s * 1e3:.2g} ms per layer backward at b 1, s 4096, 64 heads "
+                f"(docs/accuracy-gptoss.md, Session 15)"]
     return []
+
+
+# the shipped system file whose attn_sink_bwd_row_ns was measured (`unmeasured_cost_notes`)
+SINK_MEASURED_SYSTEM = "h100-sxm-80gb"
 
 
 def print_notes(notes) -> None:

@@ -227,7 +227,8 @@ def build(args):
                  "is GPT-3 175B's shipped default")
         raise SpecError(f"{err} (the layout {whose}: give the layout options, --tp, --cp, "
                         f"--ep, --pp, --dp, ..., for one where this holds)", field=err.field,
-                        value=err.value, rule=err.rule, anywhere=err.anywhere) from None
+                        value=err.value, rule=err.rule, anywhere=err.anywhere,
+                        needs=err.needs) from None
     return model, parallel, system, train
 
 

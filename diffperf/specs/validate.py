@@ -25,6 +25,9 @@ from diffperf.specs.parallel import (DIMENSIONS, GRID, ORDERS, RECOMPUTE_MODULE_
 
 
 INT_MAX = 2**31 - 1  # every count (degrees, batch, layers, heads, sequence): an int32
+# the Training fields that put GEMMs in low precision (a rule that needs quantized GEMMs reads
+# them: FactRule.needs)
+LOWP_GEMMS = ("lowp_fprop", "lowp_dgrad", "lowp_wgrad")
 
 
 class _Collect:
@@ -73,7 +76,10 @@ class FactRule:
 
     e.g. field 'cp_ring', value 0, condition 'needs context parallelism', bound 'cp > 1', got
     'got cp=1'; an empty part is left out with its separator. `value` is the refused fact's
-    value, `got` the failing entry's other values (its layout, precision or model)."""
+    value, `got` the failing entry's other values (its layout, precision or model). `needs`:
+    the other settable fields (Parallel / Training: what --set and an overlay give) the rule
+    reads, e.g. ('cp',) for cp_ring; () where only the model or the system decides (the
+    overlay hint reads it, cli.options.overlay_fact_hint, not the message's words)."""
 
     field: str
     value: float
@@ -82,6 +88,7 @@ class FactRule:
     got: str = ""
     reason: str = ""
     allowed: str = ""
+    needs: tuple = ()
 
     def _said(self, parts) -> str:
         inner = "; ".join(p for p in parts if p)
@@ -101,13 +108,14 @@ class FactRule:
         return self.message
 
 
-def _fail(mask, where, message, field=None, value=None, anywhere=False):
+def _fail(mask, where, message, field=None, value=None, anywhere=False, needs=()):
     """Raise SpecError for the first True entry of mask; message(i) formats it (a string, or
     a FactRule: then SpecError.rule is that rule). In mask mode (`where` a _Collect) record
     ~mask instead (and, for `facts_inert`, the FactRule of the first failing entry). `field`
     (the name the message leads with) and `value` (its leaf: the entry of the failing index
     is taken) go on the error as SpecError.field / .value; `anywhere`: a range rule, the
-    value wrong whatever the rest of the input (SpecError.anywhere)."""
+    value wrong whatever the rest of the input (SpecError.anywhere); `needs`: the other
+    settable fields the rule reads (SpecError.needs; a FactRule's own needs win)."""
     if isinstance(where, _Collect):
         where.ok = where.ok & ~mask
         if where.by_field is not None and field is not None and np.any(mask):
@@ -124,18 +132,20 @@ def _fail(mask, where, message, field=None, value=None, anywhere=False):
             v = np.ravel(np.asarray(value))
             value = float(v[min(i, v.size - 1)])
         said = message(i)
-        raise SpecError(f"{where}{at}: {said}", field=field, value=value,
-                        rule=said if isinstance(said, FactRule) else None, anywhere=anywhere)
+        rule = said if isinstance(said, FactRule) else None
+        raise SpecError(f"{where}{at}: {said}", field=field, value=value, rule=rule,
+                        anywhere=anywhere, needs=rule.needs if rule else needs)
 
 
 def _act(mask, where, field, leaf, pick, condition, *, bound="", got="", reason="",
-         allowed="") -> None:
+         allowed="", needs=()) -> None:
     """A `check_facts_act` rule: refuse `field` (its values `leaf`) where `mask`, said by a
-    FactRule whose parts are strings or functions of the failing index i."""
+    FactRule whose parts are strings or functions of the failing index i; `needs`: the other
+    settable fields the mask reads (FactRule.needs)."""
     part = lambda x, i: x(i) if callable(x) else x  # noqa: E731
     _fail(mask, where, lambda i: FactRule(
         field, float(pick(leaf, i)), part(condition, i), part(bound, i), part(got, i),
-        part(reason, i), part(allowed, i)), field, leaf)
+        part(reason, i), part(allowed, i), tuple(needs)), field, leaf)
 
 
 def _divides(a, b, xp=np):
@@ -153,26 +163,27 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
     one layout; not in a search's table, whose --set facts act only on their own mode);
     mla_up_proj needs multi-latent attention and moe_act an MoE model (Megatron-Core's
     TransformerConfig.__post_init__ raises for both). The rules that depend on the layout or
-    the model carry their field (SpecError.field: load's runs rows name a command's --set);
-    the 0 / 1 range rule, wrong on every row, does not."""
+    the model are FactRules (`_act`: SpecError.field / .value / .rule, and .needs: recompute,
+    recompute_policy; load's runs rows name a command's --set); the 0 / 1 range rule, wrong
+    on every row, carries its field (SpecError.anywhere)."""
     megatron = (P["recompute"] == 1) & (P["recompute_policy"] == 0)
     # One layout (predict, validate, a runs CSV): a fact of another recompute mode is an
     # inconsistent input. A layout table (mask mode: search) is not checked for it: search
     # applies its --set facts to every row, and each acts only on its own mode (trust.
     # unnamed_recompute marks the rows it changes).
     one = not isinstance(where, _Collect) if per_layout is None else per_layout
-    r = P["recompute_layer_frac"]
+    r, rec = P["recompute_layer_frac"], P["recompute"]
+    got_rec = lambda i: f"got recompute={pick(rec, i):g}"  # noqa: E731
     if one:
-        _fail((r < 1) & (P["recompute"] != 2), where, lambda i: (
-            f"recompute_layer_frac={pick(r, i):g} needs recompute=2 (full; got recompute="
-            f"{pick(P['recompute'], i):g}): only full recompute checkpoints a fraction of the "
-            f"layers; allowed with recompute 0 or 1: 1"), "recompute_layer_frac", r)
+        _act((r < 1) & (rec != 2), where, "recompute_layer_frac", r, pick,
+             "needs full recompute", bound="recompute=2", got=got_rec,
+             reason="only full recompute checkpoints a fraction of the layers",
+             allowed="1 with recompute 0 or 1", needs=("recompute",))
         pol = P["recompute_policy"]
-        _fail((pol != 0) & (P["recompute"] != 1), where, lambda i: (
-            f"recompute_policy={pick(pol, i):g} needs recompute=1 (selective; got recompute="
-            f"{pick(P['recompute'], i):g}): it picks the ops selective recompute re-runs (1, 2: "
-            f"TorchTitan's per-op SAC); allowed with recompute 0 or 2: 0"),
-            "recompute_policy", pol)
+        _act((pol != 0) & (rec != 1), where, "recompute_policy", pol, pick,
+             "needs selective recompute", bound="recompute=1", got=got_rec,
+             reason="it picks the ops selective recompute re-runs (1, 2: TorchTitan's per-op "
+                    "SAC)", allowed="0 with recompute 0 or 2", needs=("recompute",))
     for m in RECOMPUTE_MODULES:
         f = f"recompute_{m}"
         v = P[f]
@@ -180,11 +191,14 @@ def _check_recompute_modules(P, M, where, pick, per_layout=None) -> None:
             f"{f}={pick(P[f], i):g} is not allowed (allowed: 0, 1)"), f, v, anywhere=True)
         default = RECOMPUTE_MODULE_DEFAULTS[m]
         if one:
-            _fail((v != default) & ~megatron, where, lambda i, f=f, d=default: (
-                f"{f}={pick(P[f], i):g} needs Megatron's selective recompute (recompute=1, "
-                f"recompute_policy=0; got recompute={pick(P['recompute'], i):g}, "
-                f"recompute_policy={pick(P['recompute_policy'], i):g}); allowed otherwise: "
-                f"{d}"), f, v)
+            _act((v != default) & ~megatron, where, f, v, pick,
+                 "needs Megatron's selective recompute", bound="recompute=1, recompute_policy=0",
+                 got=lambda i: f"{got_rec(i)}, recompute_policy="
+                               f"{pick(P['recompute_policy'], i):g}",
+                 reason="Megatron-Core's TransformerLayer reads recompute_modules only "
+                        "under recompute_granularity 'selective'",
+                 allowed=f"{default} with another recompute mode",
+                 needs=("recompute", "recompute_policy"))
     _act((P["recompute_mla_up_proj"] == 1) & (M["kv_lora_rank"] == 0), where,
          "recompute_mla_up_proj", P["recompute_mla_up_proj"], pick,
          "needs multi-latent attention", bound="model.kv_lora_rank > 0", got="got 0",
@@ -314,7 +328,7 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
     name = getattr(training, "name", None)
     wt = where_training
     lowp_gemms = dict(bound="lowp_fprop, lowp_dgrad or lowp_wgrad = 1",
-                      got=f"precision {name or '?'!r} has none")
+                      got=f"precision {name or '?'!r} has none", needs=LOWP_GEMMS)
     _act((T["moe_quant_pad"] == 1) & ~lowp, wt, "moe_quant_pad", T["moe_quant_pad"], pick,
          "needs GEMMs in FP8 / FP4", **lowp_gemms,
          reason="Megatron-Core's TEGroupedMLP pads the routed tokens only for quantized "
@@ -337,12 +351,14 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
     seq = T["fused_softmax_max_seq"]
     _act((seq > 0) & (T["flash_attention"] == 1), wt, "fused_softmax_max_seq", seq, pick,
          "needs unfused attention", bound="flash_attention=0", got="got 1",
+         needs=("flash_attention",),
          reason="it is the longest key length Megatron's fused scale-mask-softmax kernel "
                 "takes, and fused attention runs no separate softmax",
          allowed="0 with flash_attention = 1")
     fa2 = T["attention_fa2"]
     _act((fa2 > 0) & (T["flash_attention"] == 0), wt, "attention_fa2", fa2, pick,
          "needs fused attention", bound="flash_attention=1", got="got 0",
+         needs=("flash_attention",),
          reason="it prices the fused attention kernel as FlashAttention-2, and unfused "
                 "attention runs batched GEMMs and a separate softmax",
          allowed="0 with flash_attention = 0")
@@ -354,7 +370,8 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
          got=lambda i: f"got lowp_te_quantizer={pick(T['lowp_te_quantizer'], i):g}, "
                        f"precision {name or '?'!r}",
          reason="it takes the amax of a LayerNormLinear's FP8 current-scaling quantize out "
-                "of Transformer Engine's norm kernel", allowed="0")
+                "of Transformer Engine's norm kernel", allowed="0",
+         needs=("lowp_te_quantizer", *LOWP_GEMMS, "lowp_amax_pass", "lowp_block", "lowp_fp4"))
     _fail(~np.isin(T["te_scale_swizzle"], (0, 1, 2)), where_training, lambda i: (
         f"te_scale_swizzle={pick(T['te_scale_swizzle'], i):g} is not allowed (allowed: 0 none, "
         f"1 Transformer Engine 2.7 / 2.9 every GEMM operand, 2 TE 2.12-2.16 weights and "
@@ -364,11 +381,13 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
          wt, "te_scale_swizzle", T["te_scale_swizzle"], pick,
          "needs lowp_te_quantizer=1 with a block-scaled (MXFP8) precision",
          got=f"precision {name or '?'!r}",
-         reason="it counts Transformer Engine's MXFP8 scale swizzles", allowed="0")
+         reason="it counts Transformer Engine's MXFP8 scale swizzles", allowed="0",
+         needs=("lowp_te_quantizer", "lowp_block"))
     _act((T["rope_kv_pass"] == 1) & (T["llama_eager_pointwise"] == 1), wt, "rope_kv_pass",
          T["rope_kv_pass"], pick, "with llama_eager_pointwise=1",
          reason="the eager term already holds the rotary and K/V expansion passes "
-                "(rope_kv_pass is their compiled form)", allowed="one of the two")
+                "(rope_kv_pass is their compiled form)", allowed="one of the two",
+         needs=("llama_eager_pointwise",))
     if parallel is None:
         return
     P = {f: _arr(getattr(parallel, f)) for f in (
@@ -393,12 +412,13 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
     _act((o > 0) & (u >= 1), wp, "tp_overlap", o, pick,
          lambda i: f"with tp_userbuffers={pick(u, i):g}",
          reason="the userbuffers overlap prices which TP communication hides itself and does "
-                "not read tp_overlap", allowed="tp_overlap 0 with tp_userbuffers 1 or 2")
+                "not read tp_overlap", allowed="tp_overlap 0 with tp_userbuffers 1 or 2",
+         needs=("tp_userbuffers",))
     if not layout:
         return
     # the rules tied to a layout: a search ranks a row that fails one as the framework runs
     # it, without the fact (`facts_inert`; the note says FactRule.head)
-    cp1 = dict(bound="cp > 1", got="got cp=1")
+    cp1 = dict(bound="cp > 1", got="got cp=1", needs=("cp",))
     _act((T["cp_torch"] == 1) & (P["cp"] == 1), wt, "cp_torch", T["cp_torch"], pick,
          "needs context parallelism", **cp1,
          reason="PyTorch's context_parallel() exchanges K/V between the cp ranks",
@@ -409,19 +429,19 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
          allowed="1 (the default) with cp = 1")
     _act((u >= 1) & (P["tp"] == 1), wp, "tp_userbuffers", u, pick, "needs tensor parallelism",
          bound="tp > 1", got="got tp=1", reason="userbuffers overlaps the TP collectives",
-         allowed="0 with tp = 1")
+         allowed="0 with tp = 1", needs=("tp",))
     _act((u >= 1) & (P["tp"] > 1) & (P["sequence_parallel"] == 0), wp, "tp_userbuffers", u,
          pick, "needs sequence parallelism", bound="sequence_parallel=1",
          got=lambda i: f"got sequence_parallel=0 at tp={pick(P['tp'], i):g}",
          reason="userbuffers overlaps the sequence-parallel all-gathers / reduce-scatters, and "
                 "Megatron-Bridge turns it off without sequence parallelism",
-         allowed="0 with sequence_parallel 0")
+         allowed="0 with sequence_parallel 0", needs=("tp", "sequence_parallel"))
     _act((o > 0) & (P["tp"] == 1), wp, "tp_overlap", o, pick, "needs tensor parallelism",
          bound="tp > 1", got="got tp=1",
          reason="it is the fraction of the TP collectives hidden behind the GEMMs, and tp = 1 "
-                "has none", allowed="0 with tp = 1")
+                "has none", allowed="0 with tp = 1", needs=("tp",))
     v = P["ep_overlap"]
-    ep1 = dict(bound="ep > 1", got="got ep=1")
+    ep1 = dict(bound="ep > 1", got="got ep=1", needs=("ep",))
     _act(moe & (v > 0) & (P["ep"] == 1), wp, "ep_overlap", v, pick,
          "needs expert parallelism", **ep1,
          reason="Megatron-Core overlaps the expert all-to-alls only between ep ranks "
@@ -431,30 +451,31 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
          "with recompute=2 (full)",
          reason="Megatron-Core refuses the merged EP schedule under full recompute (\"disable "
                 "full recomputation when enabling overlap_moe_expert_parallel_comm\")",
-         allowed="0 with full recompute")
+         allowed="0 with full recompute", needs=("recompute",))
     _act(moe & (P["ep_dispatch"] == 1) & (P["ep"] == 1), wp, "ep_dispatch", P["ep_dispatch"],
          pick, "needs expert parallelism", **ep1,
          reason="the flex dispatcher's exchange runs between the ep ranks",
          allowed="0 with ep = 1")
     z = P["zero_stage"]
     got_z = lambda i: f"got zero_stage={pick(z, i):g}"  # noqa: E731
+    zero = dict(got=got_z, needs=("zero_stage",))
     _act((P["zero3_copy_out"] == 1) & (z < 3), wp, "zero3_copy_out", P["zero3_copy_out"],
-         pick, "needs zero_stage=3", got=got_z,
+         pick, "needs zero_stage=3", **zero,
          reason="FSDP2 copies out the parameters it all-gathers per layer",
          allowed="0 with zero_stage 0 to 2")
     _act((P["zero3_root_unit"] == 1) & (z < 3), wp, "zero3_root_unit", P["zero3_root_unit"],
-         pick, "needs zero_stage=3", got=got_z,
+         pick, "needs zero_stage=3", **zero,
          reason="it prices FSDP's root unit gather and reduce-scatter",
          allowed="0 with zero_stage 0 to 2")
     for f, default, what in (
             ("zero3_regather", 1, "whether full recompute gathers a layer's parameters again"),
             ("zero3_calls_per_layer", 1, "the gather / reduce-scatter calls per layer pass"),
             ("zero3_prefetch_params", 0, "how many parameters are gathered ahead of use")):
-        _act((P[f] != default) & (z < 3), wp, f, P[f], pick, "needs zero_stage=3", got=got_z,
+        _act((P[f] != default) & (z < 3), wp, f, P[f], pick, "needs zero_stage=3", **zero,
              reason=f"it sets {what} under ZeRO-3",
              allowed=f"{default} (the default) with zero_stage 0 to 2")
     g = P["zero_shard"]
-    _act((g > 0) & (z < 1), wp, "zero_shard", g, pick, "needs zero_stage >= 1", got=got_z,
+    _act((g > 0) & (z < 1), wp, "zero_shard", g, pick, "needs zero_stage >= 1", **zero,
          reason="nothing is sharded at ZeRO 0", allowed="0 with zero_stage 0")
     grid = (P["gx"] > 1) | (P["gy"] > 1) | (P["gz"] > 1)
     a = P["axonn_overlap"]
@@ -463,9 +484,9 @@ def check_facts_act(model, parallel, training, where_parallel: str = "parallel",
          got=lambda i: f"got gx={pick(P['gx'], i):g}, gy={pick(P['gy'], i):g}, "
                        f"gz={pick(P['gz'], i):g}",
          reason="it switches the grid's overlapped collectives",
-         allowed="1 (the default) without a grid")
+         allowed="1 (the default) without a grid", needs=GRID)
     _act((gather > 0) & (z < 1), wt, "lowp_param_gather", gather, pick,
-         "needs a sharded optimizer", bound="zero_stage >= 1", got=got_z,
+         "needs a sharded optimizer", bound="zero_stage >= 1", **zero,
          reason="Megatron-LM refuses --fp8-param-gather without the distributed optimizer or "
                 "FSDP (\"--fp8-param-gather only supported with distributed optimizer, torch "
                 "fsdp2, megatron fsdp, or inference mode\")", allowed="0 with zero_stage 0")
@@ -605,17 +626,18 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     etp = P["etp"]
     _fail(~((etp == 0) | (etp == 1)) & (etp != P["tp"]), where, lambda i: (
         f"etp={pick(etp, i):g} is not allowed (allowed: 0 (= tp, experts inside dp), 1, "
-        f"or tp={pick(P['tp'], i):g})"), "etp", etp)
+        f"or tp={pick(P['tp'], i):g})"), "etp", etp, needs=("tp",))
     _fail((etp == 0) & ~_divides(ep, P["dp"], xp), where, lambda i: (
         f"ep={pick(ep, i):g} must divide dp={pick(P['dp'], i):g} (or set etp=1: the expert "
-        f"group then takes the tp x cp x dp ranks)"), "ep", ep)
+        f"group then takes the tp x cp x dp ranks)"), "ep", ep, needs=("dp", "etp"))
     ranks = P["tp"] * P["cp"] * P["dp"]
     _fail((etp > 0) & ~_divides(ep * xp.maximum(etp, 1.0), ranks, xp), where, lambda i: (
         f"ep x etp={pick(ep, i):g} x {pick(etp, i):g} must divide tp x cp x dp="
-        f"{pick(ranks, i):g}"), "ep", ep)
+        f"{pick(ranks, i):g}"), "ep", ep, needs=("etp", "tp", "cp", "dp"))
     _fail((etp > 0) & (etp < P["tp"]) & (P["sequence_parallel"] == 0), where, lambda i: (
         f"etp={pick(etp, i):g} < tp={pick(P['tp'], i):g} needs sequence_parallel=1 "
-        f"(Megatron-Core requires sequence parallelism for MoE with tp > 1)"), "etp", etp)
+        f"(Megatron-Core requires sequence parallelism for MoE with tp > 1)"), "etp", etp,
+        needs=("tp", "sequence_parallel"))
     _fail((M["n_experts"] > 0) & ~_divides(ep, xp.maximum(M["n_experts"], 1), xp), where,
           lambda i: f"ep={pick(ep, i):g} must divide model.moe_experts="
                     f"{pick(M['n_experts'], i):g}", "ep", ep)
@@ -623,14 +645,15 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
     _fail(~_divides(per_step, P["global_batch"], xp), where, lambda i: (
         f"global_batch={pick(P['global_batch'], i):g} must be a multiple of micro_batch x dp="
         f"{pick(P['micro_batch'], i):g} x {pick(P['dp'], i):g}"), "global_batch",
-        P["global_batch"])
+        P["global_batch"], needs=("micro_batch", "dp"))
     m = P["global_batch"] / (per_step * P["gz"])
     inter = P["vp"] > 1
     _fail(inter & (P["pp"] < 2), where, lambda i: f"vp={pick(P['vp'], i):g} needs pp > 1", "vp",
-          P["vp"])
+          P["vp"], needs=("pp",))
     _fail(inter & ~_divides(P["pp"], m, xp), where, lambda i: (
         f"interleaved schedule (vp={pick(P['vp'], i):g}) needs micro-batches per step "
-        f"m={pick(m, i):g} to be a multiple of pp={pick(P['pp'], i):g}"), "vp", P["vp"])
+        f"m={pick(m, i):g} to be a multiple of pp={pick(P['pp'], i):g}"), "vp", P["vp"],
+        needs=("pp", "global_batch", "micro_batch", "dp", "gz"))
     if n_devices is not None:
         grid = P["gx"] * P["gy"] * P["gz"]
         total = P["tp"] * P["cp"] * P["dp"] * P["pp"] * grid
@@ -639,7 +662,8 @@ def check_layout(model, parallel, n_devices=None, where: str = "parallel",
             " x gx x gy x gz" if pick(grid, i) > 1 else "")
         _fail(total != nd, where, lambda i: (
             f"{names(i)} = {pick(total, i):g} must equal {devices_field}={pick(nd, i):g}"),
-            devices_field if devices_field.isidentifier() else "n_devices", nd)
+            devices_field if devices_field.isidentifier() else "n_devices", nd,
+            needs=("tp", "cp", "dp", "pp", *GRID))
 
 
 def _check_grid(P, M, where, pick) -> None:
@@ -656,10 +680,11 @@ def _check_grid(P, M, where, pick) -> None:
                      f"{pick(gz, i):g}"  # noqa: E731
     for f in ("tp", "cp"):
         _fail(on & (P[f] != 1), where, lambda i, f=f: (
-            f"{f}={pick(P[f], i):g} must be 1 with {grid(i)} (allowed {f}: 1)"), f, P[f])
+            f"{f}={pick(P[f], i):g} must be 1 with {grid(i)} (allowed {f}: 1)"), f, P[f],
+            needs=GRID)
     _fail(on & (M["n_experts"] > 0), where, lambda i: (
         f"{grid(i)} needs a dense model, got model.moe_experts={pick(M['n_experts'], i):g}; "
-        f"allowed: gx = gy = gz = 1 for MoE models"), "gx", gx)
+        f"allowed: gx = gy = gz = 1 for MoE models"), "gx", gx, needs=GRID)
     h, a, akv, f = M["hidden"], M["n_heads"], M["n_kv_heads"], M["ffn_hidden"]
     _fail(~_divides(gx, h, xp), where, lambda i: (
         f"gx={pick(gx, i):g} must divide model.hidden={pick(h, i):g}; allowed gx: "
@@ -676,12 +701,12 @@ def _check_grid(P, M, where, pick) -> None:
         shard = elems / xp.maximum(gx * gy, 1)
         _fail(~_divides(gz, shard, xp), where, lambda i, label=label, shard=shard: (
             f"gz={pick(gz, i):g} must divide the {label} weight shard (n_out k_in)/(gx gy)="
-            f"{pick(shard, i):g} elements"), "gz", gz)
+            f"{pick(shard, i):g} elements"), "gz", gz, needs=("gx", "gy"))
     per_step = P["micro_batch"] * P["dp"] * gz
     _fail((gz > 1) & ~_divides(per_step, P["global_batch"], xp), where, lambda i: (
         f"global_batch={pick(P['global_batch'], i):g} must be a multiple of micro_batch x dp "
         f"x gz={pick(P['micro_batch'], i):g} x {pick(P['dp'], i):g} x {pick(gz, i):g}"),
-        "global_batch", P["global_batch"])
+        "global_batch", P["global_batch"], needs=("micro_batch", "dp", "gz"))
 
 
 # The tolerance of `workload.pp.stage_layers`'s roundings, ceil(x - 1e-6): a quotient within
@@ -741,20 +766,22 @@ def _check_stages(P, M, where, pick) -> None:
             name, v, anywhere=True)
     _fail((f > 0) != (l > 0), where, lambda i: (
         f"pp_first_layers={pick(f, i):g} and pp_last_layers={pick(l, i):g}: give both "
-        f"(> 0) or neither (0: stages balanced automatically)"), "pp_first_layers", f)
+        f"(> 0) or neither (0: stages balanced automatically)"), "pp_first_layers", f,
+        needs=("pp_last_layers",))
     _fail((f > 0) & (pp <= 1), where, lambda i: (
         f"pp_first_layers={pick(f, i):g} needs pp > 1 (one stage holds every layer)"),
-        "pp_first_layers", f)
+        "pp_first_layers", f, needs=("pp",))
     _fail((f > 0) & (pp == 2) & (f + l != L), where, lambda i: (
         f"pp=2: pp_first_layers + pp_last_layers={pick(f + l, i):g} must equal "
-        f"model.num_layers={pick(L, i):g}"), "pp_first_layers", f)
+        f"model.num_layers={pick(L, i):g}"), "pp_first_layers", f,
+        needs=("pp", "pp_last_layers"))
     first, mid_min, mid_max, last = stage_counts(P, M, xp)
     _fail(~stages_hold(P, M, xp), where, lambda i: (
         f"pp={pick(pp, i):g}, vp={pick(vp, i):g}: every middle pipeline stage must hold at "
         f"least vp layers, the first and last at least max(vp - 1, 1); "
         f"model.num_layers={pick(L, i):g} gives the first, middle and last stages "
         f"{pick(first, i):g}, {pick(mid_min, i):g}-{pick(mid_max, i):g} and {pick(last, i):g}"),
-        "pp", pp)
+        "pp", pp, needs=("vp", "pp_first_layers", "pp_last_layers"))
 
 
 def _check_choice(P, f, hi, where, pick) -> None:
@@ -827,7 +854,8 @@ def _check_zero(P, where, pick) -> None:
     g, n = P["zero_shard"], P["dp"] * P["cp"]
     _fail((g > 0) & ~_divides(g, n, xp), where, lambda i: (
         f"zero_shard={pick(g, i):g} must divide dp x cp={pick(n, i):g} (the ranks that hold "
-        f"the same weights); allowed: {_divisors(pick(n, i))}"), "zero_shard", g)
+        f"the same weights); allowed: {_divisors(pick(n, i))}"), "zero_shard", g,
+        needs=("dp", "cp"))
 
 
 def _recipe(where: str, name, bad) -> str:
@@ -867,14 +895,16 @@ def check_precision(system, training, where: str = "precision") -> None:
                         f"'{getattr(system, 'name', '?')}' has no FP8 tensor cores "
                         f"(matmul_fp8_TFLOPs absent or 0); use bf16, fp16 or another "
                         f"16-bit preset there ({low_names} need an FP8 GPU: H100, H200, "
-                        f"B200, B300, GB200, GB300)", field="precision", value=name)
+                        f"B200, B300, GB200, GB300)", field="precision", value=name,
+                        needs=LOWP_GEMMS)
     blocked = lowp & ((fp4 > 0) | ((block > 0) & (block < 128)))
     if np.any(blocked & ~(p4 > 0)):
         raise SpecError(f"{_recipe(where, name, blocked & ~(p4 > 0))} needs block-scaled "
                         f"tensor cores (MXFP8 / NVFP4: "
                         f"Blackwell) but system '{getattr(system, 'name', '?')}' has none "
                         f"(matmul_fp4_TFLOPs absent or 0); on Hopper use fp8-delayed, "
-                        f"fp8-current or fp8-blockwise", field="precision", value=name)
+                        f"fp8-current or fp8-blockwise", field="precision", value=name,
+                        needs=(*LOWP_GEMMS, "lowp_fp4", "lowp_block"))
 
 
 def check_tp_userbuffers_precision(parallel, training, where: str = "precision") -> None:
@@ -915,7 +945,8 @@ def check_tp_userbuffers_precision(parallel, training, where: str = "precision")
             f"1.8, tp_userbuffers 2: delayed-scaling FP8 only, no current scaling or "
             f"MXFP8); allowed: tp_userbuffers 0 with this precision, or bf16, fp16, "
             f"fp8-delayed, fp8-current, mxfp8 (tp_userbuffers 1), bf16, fp16, fp8-delayed "
-            f"(tp_userbuffers 2)", field="tp_userbuffers", value=float(u_b[i]))
+            f"(tp_userbuffers 2)", field="tp_userbuffers", value=float(u_b[i]),
+            needs=(*LOWP_GEMMS, "lowp_fp4", "lowp_block", "lowp_amax_pass"))
 
 
 def check_tp_userbuffers_system(parallel, system, where: str = "parallel") -> None:
