@@ -31,6 +31,36 @@ class Tier(struct.PyTreeNode):
                                  # when every device sends at once (costs.tiers)
 
 
+# Host seconds per eager PyTorch call, measured by this project on one H100 80GB HBM3 host
+# (x86 Intel Xeon, 16 CPUs, PyTorch 2.11.0+cu130): time.perf_counter over 300 calls issued
+# while the GPU sleeps, Python dispatch included (data/kernels/h100_host_launch.csv; provenance
+# in data/README.md, "Measured on one NVIDIA H100: host launch time and host syncs").
+HOST_GEMM_CALL_S = (21.42652e-6 + 18.767993e-6) / 2.0  # torch.mm BF16, torch._scaled_mm FP8
+HOST_POINTWISE_CALL_S = 6.9071567e-6                    # Tensor.add BF16
+# A dense pre-norm layer's forward launches as workload.flops.layer_ops counts them (n_kernels
+# = 4 + 1 + 5 + 1 with a gated MLP): 5 library calls (QKV, out, fc1, fc2 GEMMs and the fused
+# attention) and 6 pointwise ones (two norms, two residual adds, the activation, the gate).
+LAYER_LIBRARY_CALLS = 5.0
+LAYER_POINTWISE_CALLS = 6.0
+
+
+def eager_launch_host_s(gemm_call_s=HOST_GEMM_CALL_S, pointwise_call_s=HOST_POINTWISE_CALL_S,
+                        n_library=LAYER_LIBRARY_CALLS, n_pointwise=LAYER_POINTWISE_CALLS):
+    """t_k: host seconds per counted launch of an eager layer, the launch-weighted mean of the
+    measured host time per call of its two classes,
+
+        t_k = (n_lib t_gemm + n_pw t_pw) / (n_lib + n_pw)
+            = (5 x 20.097 + 6 x 6.907) / 11 us = 12.90 us        (the defaults)
+
+    t_gemm: a cuBLAS(Lt) GEMM call (the attention call is taken at the GEMM's host time; it was
+    not measured), t_pw: a pointwise op; both this project's H100-host measurement above. The
+    Efficiency default of `host_kernel_s`. Cross-check: Transformer Engine issue #2053
+    (github.com/NVIDIA/TransformerEngine/issues/2053, 2025-08-11) measures 13.48 us of CPU time
+    per torch.nn.Linear forward on a DGX H100 (Xeon Platinum 8480C), 37.08 us on GB200 and
+    33.17 us on GH200 (NVIDIA Grace): one benchmark, not applied as a per-system factor."""
+    return (n_library * gemm_call_s + n_pointwise * pointwise_call_s) / (n_library + n_pointwise)
+
+
 class Efficiency(struct.PyTreeNode):
     """Efficiency parameters that calibration fits; defaults are uncalibrated, physical guesses.
 
@@ -58,7 +88,9 @@ class Efficiency(struct.PyTreeNode):
     queued_kernel_s: Any = 3e-6  # the same for a kernel of one compiled program (XLA) whose
                                  # queue runs ahead of the GPU: dependent-kernel gap and tail
                                  # (costs.xla.kernel_fixed_s)
-    host_kernel_s: Any = 5e-6   # host-side dispatch time per kernel (eager frameworks: ~10 us)
+    host_kernel_s: Any = eager_launch_host_s()  # host time per eager launch, 12.90 us: the
+                                # measured GEMM / pointwise call times, weighted by a dense
+                                # layer's launches (eager_launch_host_s above)
     host_layer_s: Any = 5e-5    # host-side time per layer pass (framework hooks, checkpointing)
     host_recompute_s: Any = 5e-5  # host time of re-entering a checkpointed layer (RNG, graph)
     host_coll_peer_s: Any = 2e-6  # host/sync time per TP collective call per peer rank (t - 1)
