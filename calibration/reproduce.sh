@@ -19,8 +19,9 @@
 # files' precision column, vtrain_a100.csv's `set` column; data/README.md "Changed in the
 # shipped copies"); the flags below repeat them, so a DATA folder of the shared copies (bf16
 # columns, no set column) fits the same, and the overlays' fitted_on still records them. The
-# vTrain rows' dropout=1 (branch review15a) is not repeated: it acts on activation memory only,
-# which no vTrain row measured, so the fit is the same without it.
+# vTrain rows' dropout=1 (branch review15a; vTrain's model code, p 0.1) is repeated since
+# session 16 (branch dropout): it prices the attention-probs dropout and the bias-dropout-add
+# masks (workload.flops.dropout_bytes), so it moves the step time, not only the memory.
 set -euo pipefail
 if [ -n "${DATA:-}" ]; then  # a folder of CSVs: paths
     ds() { echo "$DATA/$1.csv"; }
@@ -30,7 +31,7 @@ else  # the shipped datasets, by name (recorded so in the overlays' fitted_on)
     kn() { echo "$1"; }
 fi
 KERNELS="$(kn h100_gemm) $(kn h100_attention) $(kn h100_memory_bw)"
-VTRAIN="--set dp_overlap=0 --set flash_attention=0 --set fused_softmax_max_seq=2048"
+VTRAIN="--set dp_overlap=0 --set flash_attention=0 --set fused_softmax_max_seq=2048 --set dropout=1"
 
 echo "== vTrain: random 80/20 split over all rows -> calibration/fitted/vtrain-a100.yaml"
 diffperf calibrate "$(ds vtrain_a100)" $VTRAIN --holdout-frac 0.2 --seed 0 --steps 300 \

@@ -7,7 +7,8 @@ Selene is `a100-sxm-80gb` (DGX A100: 8 GPUs on NVSwitch, 8 x 200 Gb/s HDR per no
 table gives t, p, the GPU count (so d = n / (t p)) and the global batch B; the framework facts
 are Megatron-LM's of 2021, the same as the vTrain runs' (`calibration/reproduce.sh`): fp16
 with fp32 master weights and Adam, full activation recomputation, no sequence parallelism,
-unfused attention with Megatron's fused softmax kernel up to 2048 keys, the data-parallel
+unfused attention with Megatron's fused softmax kernel up to 2048 keys, dropout 0.1 on the
+attention probabilities and after attention and MLP (MEGATRON_2021's comment), the data-parallel
 all-reduce after the backward (dp_overlap = 0), ZeRO 0. Section 5.1 runs the interleaved
 schedule with the scatter/gather optimization (Megatron-LM of 2021 did not interleave a
 2-stage pipeline: its README); the table gives neither the micro-batch size nor the number
@@ -41,7 +42,13 @@ TABLE1 = (("megatron-1.7b", 1, 1, 32, 512, 137), ("megatron-3.6b", 2, 1, 64, 512
           ("megatron-310.1b", 8, 16, 1920, 2160, 155),
           ("megatron-529.6b", 8, 35, 2520, 2520, 163), ("megatron-1t", 8, 64, 3072, 3072, 163))
 SYSTEM = "a100-sxm-80gb"
-MEGATRON_2021 = dict(flash_attention=0.0, fused_softmax_max_seq=2048.0)
+# dropout=1: the SC21 scripts (NVIDIA/Megatron-LM examples/sc21/CONFIG.sh, run_table_1.sh at
+# de7dc40f883ceed06344051c3c7ebd57da59cc53, 2021-08-10, "scripts for sc21") pass no dropout
+# flag, so megatron/arguments.py's defaults hold at that commit: --attention-dropout 0.1 and
+# --hidden-dropout 0.1; megatron/model/transformer.py there applies attention_dropout to the
+# attention probabilities and bias_dropout_add_fused_train after attention and MLP
+# (workload.flops.dropout_bytes), as in the vTrain runs.
+MEGATRON_2021 = dict(flash_attention=0.0, fused_softmax_max_seq=2048.0, dropout=1.0)
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 
 

@@ -31,7 +31,9 @@ class Training(struct.PyTreeNode):
                                  # this (Megatron-DeepSpeed 2023: 2048) and other shapes fall
                                  # back to PyTorch ops (flops.softmax_fallback); 0: no such
                                  # constraint, the softmax is one pass at any shape
-    dropout: Any = 0.0           # 1: dropout after attention and MLP (1-byte masks kept)
+    dropout: Any = 0.0           # 1: dropout after attention and MLP (1-byte masks kept),
+                                 # on unfused attention's probabilities too; its HBM
+                                 # traffic: workload.flops.dropout_bytes
     loss_bytes_per_logit: Any = 52.0  # HBM bytes per logit element of the fp32 cross-entropy,
                                  # forward + backward (Megatron's vocab-parallel CE: 52;
                                  # PyTorch's fused F.cross_entropy: ~40; see flops.head_ops)

@@ -369,7 +369,7 @@ def elementwise_bytes(model, parallel, training, fallback=None):
     Flash-attention's own Q, K, V, O traffic is in `attention_io_bytes`; the MoE token
     permutation in `moe_permute_bytes`; eager kernels a framework adds in
     `eager_pointwise_bytes`, `moe_eager_clamp_bias_bytes` and `moe_quant_pad_bytes` (all 0
-    by default).
+    by default); dropout's own traffic in `dropout_bytes` (0 without Training.dropout).
     """
     t, h, q, T, T_sp, f_act, scores, latents = _elementwise_shapes(
         model, parallel, training, fallback)
@@ -378,7 +378,8 @@ def elementwise_bytes(model, parallel, training, fallback=None):
             + eager_pointwise_bytes(model, parallel, training, T_sp, f_act)
             + rope_kv_pass_bytes(model, parallel, training)
             + moe_eager_clamp_bias_bytes(model, parallel, training)
-            + moe_quant_pad_bytes(model, parallel, training))
+            + moe_quant_pad_bytes(model, parallel, training)
+            + sum(dropout_bytes(model, parallel, training)))
 
 
 def eager_pointwise_bytes(model, parallel, training, T_sp, f_act):
@@ -431,6 +432,7 @@ def elementwise_backward_once_bytes(model, parallel, training):
     the same bytes once, where the element-wise convention (PAPERS.md 5.2) takes 2 x:
 
         B_once = lambda (rotary + repeat_kv) + `rope_kv_pass_bytes` + `moe_quant_pad_bytes`
+                 + `dropout_bytes` (probabilities and masks)
     The rotary's autograd backward is its forward in reverse (grad cast to fp32 r q_a w 4,
     complex product with conj(freqs) r 4 w 4, cast back r 4 w q_a: 2 q_a + 16 per element,
     as the forward; freqs_cis is a buffer, no gradient); repeat_kv's backward sums the
@@ -442,13 +444,15 @@ def elementwise_backward_once_bytes(model, parallel, training):
     `_to_copy`, `mul`, `expand` -> sum_to_size). The quantization padding of a dropless MoE
     layer copies once back too (Transformer Engine `_Fp8Unpadding.backward` pads the output
     gradient, `_Fp8Padding.backward` strips the input gradient: `moe_quant_pad_bytes`).
+    Dropout's backward reads the gradient and the mask and writes once (`dropout_bytes`).
     `predict._layer_parts` takes one pass of these bytes off the backward.
     Example (Llama 3 8B, b 2, s 8192, t 1, bf16, eager): 1.678e9 + 0.336e9 = 2.013e9 B.
     """
     rope, repeat = _eager_rope_repeat_bytes(model, parallel, training)
     return (training.llama_eager_pointwise * (rope + repeat)
             + rope_kv_pass_bytes(model, parallel, training)
-            + moe_quant_pad_bytes(model, parallel, training))
+            + moe_quant_pad_bytes(model, parallel, training)
+            + sum(dropout_bytes(model, parallel, training)))
 
 
 def rope_kv_pass_bytes(model, parallel, training):
@@ -487,6 +491,42 @@ def rope_kv_pass_bytes(model, parallel, training):
     per_token = 2.0 * a * dqk + (akv + a_k) * dqk + gqa * (akv + a) * dv
     return (training.rope_kv_pass * (1.0 - training.llama_eager_pointwise)
             * q * T * per_token / t)
+
+
+def dropout_bytes(model, parallel, training):
+    """(B_probs, B_hidden): HBM bytes that dropout adds to a layer's forward on one device, on
+    the attention probabilities and in the two bias-dropout-adds; each moves the same bytes
+    once back (`elementwise_backward_once_bytes`), not the 2 x of the element-wise convention:
+
+        B_probs  = m_d (1 - flash) (2 q_a + 1) b (a/t) (s/c) s   (read P, write P', write mask)
+        B_hidden = m_d 2 T_sp h                                  (write the 1-byte mask, twice)
+    m_d = training.dropout (0/1), T_sp as `elementwise_bytes`. Unfused attention applies
+    `torch.nn.Dropout` to the softmax output as its own kernel: PyTorch's CUDA dropout
+    (`native_dropout`, `dropout_cuda<mask_t>`; `_fused_dropout` before it) reads the input,
+    writes the output and a 1-byte mask (bool; uint8), and its backward (`masked_scale`)
+    reads the gradient and the mask and writes the input gradient: 2 q_a + 1 each way
+    (pytorch/pytorch aten/src/ATen/native/cuda/Dropout.cu, e.g. at 029ba61d,
+    fused_dropout_cuda / masked_scale_cuda). Megatron's hidden dropouts run inside
+    `bias_dropout_add_fused_train` (TorchScript, nvfuser from PyTorch 1.10, the legacy fuser
+    before it; on by default, --no-bias-dropout-fusion turns it off): one kernel whose x + b,
+    residual read and sum write `elementwise_bytes` counts as a residual add (3 q_a); dropout
+    adds its mask (`rand_like(x) < 1 - p`, bool: torch/csrc/jit/runtime/symbolic_script.cpp
+    `dropout`), written forward and read back. Sources: microsoft/Megatron-DeepSpeed
+    megatron/model/transformer.py at f4157bea (CoreAttention.forward: attention_dropout on
+    attention_probs; ParallelTransformerLayer: bias_dropout_add_fused_train after attention
+    and MLP), megatron/initialize.py `set_jit_fusion_options`; vTrain's copy of the model
+    (VIA-Research/vTrain src/model/gpt_modeling.py at f8dda847: the same two dropouts, p 0.1).
+    Flash attention draws its dropout inside the kernel (no mask in HBM): B_probs = 0. The
+    dropout kernel's launch is already in `_UNFUSED_ATTENTION_EXTRA_KERNELS`; the embedding
+    dropout (once per micro-batch, first stage) is not counted.
+    Example (vTrain GPT h 1024, a 16, s 1024, b 1, t 1, fp16, no flash): B_probs = 5 x 16 x
+    1024 x 1024 = 83,886,080 B, B_hidden = 2 x 1024 x 1024 = 2,097,152 B per layer forward.
+    """
+    _, h, q, _, T_sp, _, _, _ = _elementwise_shapes(model, parallel, training, 0.0)
+    m_d = training.dropout
+    probs = m_d * (1.0 - training.flash_attention) * (2.0 * q + 1.0) * score_elements(
+        model, parallel)
+    return probs, m_d * 2.0 * T_sp * h
 
 
 def eager_pointwise_kernels(model, training):
@@ -685,17 +725,20 @@ def ep_chunk_elementwise_bytes(model, parallel, training, fallback=None):
     bytes whose backward moves them once (`elementwise_backward_once_bytes`' share of each):
 
         A = q_a [7 T_sp h + 4 T (r_q + r_kv)] + scores + P_A + 2 n_x T_sp h
-            + lambda (rotary + repeat_kv) + `rope_kv_pass_bytes`
+            + lambda (rotary + repeat_kv) + `rope_kv_pass_bytes` + D_A
         M = q_a T f' (2 + gated) / t + (P - 2 P_A) + lambda glu
             + `moe_eager_clamp_bias_bytes` + `moe_quant_pad_bytes`
-        C = 3 q_a T_sp h + P_A          (the combine node, on the communication stream)
-        A_once = lambda (rotary + repeat_kv) + `rope_kv_pass_bytes`,  M_once = `moe_quant_pad_bytes`
+        C = 3 q_a T_sp h + P_A + B_hidden / 2   (the combine node, on the communication stream)
+        A_once = lambda (rotary + repeat_kv) + `rope_kv_pass_bytes` + D_A,
+        M_once = `moe_quant_pad_bytes`
     with P = `moe_permute_bytes` and P_A = phi q_a h T_e (1 + k C_f) for the alltoall
     dispatcher at e > 1 (its permute before the dispatch; its unpermute after the combine is
     C's), 0 for flex (DeepEP / HybridEP permute after the dispatch and unpermute before the
-    combine, both in M) and at e = 1; the other symbols as `elementwise_bytes`, of whose terms
-    A + M + C is a partition (the 10 T_sp h of two norms and two residual adds: the input norm,
-    the pre-MLP norm and the attention's residual add in A, the MLP's residual add in C).
+    combine, both in M) and at e = 1; D_A = B_probs + B_hidden / 2 (`dropout_bytes`: the
+    attention's dropouts; the MLP's bias-dropout-add is C's); the other symbols as
+    `elementwise_bytes`, of whose terms A + M + C is a partition (the 10 T_sp h of two norms
+    and two residual adds: the input norm, the pre-MLP norm and the attention's residual add
+    in A, the MLP's residual add in C).
     Source: Megatron-Core builds each MoE layer of the merged schedule from nodes on two streams
     (`models/common/model_chunk_schedule_plan.py`, `TransformerLayerSchedulePlan`: attn and mlp
     on the compute stream, moe_dispatch and moe_combine on the communication stream;
@@ -728,7 +771,9 @@ def ep_chunk_elementwise_bytes(model, parallel, training, fallback=None):
     perm = moe_permute_bytes(model, parallel, training)
     rope, repeat = _eager_rope_repeat_bytes(model, parallel, training)
     lam = training.llama_eager_pointwise
-    a_once = lam * (rope + repeat) + rope_kv_pass_bytes(model, parallel, training)
+    d_probs, d_hidden = dropout_bytes(model, parallel, training)
+    a_once = (lam * (rope + repeat) + rope_kv_pass_bytes(model, parallel, training)
+              + d_probs + 0.5 * d_hidden)
     m_once = moe_quant_pad_bytes(model, parallel, training)
     a = (q * (7.0 * T_sp * h + latents) + scores + perm_a
          + 2.0 * training.norm_extra_bytes * T_sp * h + a_once)

@@ -1,0 +1,108 @@
+"""Dropout's HBM traffic (Training.dropout; workload.flops.dropout_bytes): the attention-probs
+dropout of unfused attention and the masks of Megatron's fused bias-dropout-adds, as vTrain's
+Megatron-DeepSpeed runs them. Expected values are the docstring's arithmetic, worked by hand.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from diffperf import Model, Parallel, Training
+from diffperf.costs.compute import memory_time_s
+from diffperf.predict import predict_step
+from diffperf.workload.flops import (dropout_bytes, elementwise_backward_once_bytes,
+                                     elementwise_bytes, ep_chunk_elementwise_bytes, layer_ops)
+from shipped import system as _system
+
+# a vTrain single-node GPT (h 1024, a 16, s 1024), fp16, unfused attention
+GPT = Model(n_layers=12.0, hidden=1024.0, ffn_hidden=4096.0, n_heads=16.0, n_kv_heads=16.0,
+            head_dim=64.0, vocab=50257.0, seq_len=1024.0, biases=1.0, learned_positions=1.0)
+UNFUSED = Training(flash_attention=0.0, fused_softmax_max_seq=2048.0)
+DROP = UNFUSED.replace(dropout=1.0)
+
+
+def test_bytes_by_hand():
+    """b 1, t 1: B_probs = (2 x 2 + 1) x 16 x 1024 x 1024 = 83,886,080 B (read P, write P',
+    write the 1-byte mask); B_hidden = 2 x 1024 x 1024 x 1 = 2,097,152 B (two masks). The
+    layer's forward element-wise bytes grow by exactly their sum, and the bytes moved once
+    back by the same sum."""
+    par = Parallel(micro_batch=1.0)
+    probs, hidden = (float(x) for x in dropout_bytes(GPT, par, DROP))
+    assert probs == 83_886_080.0
+    assert hidden == 2_097_152.0
+    d = float(elementwise_bytes(GPT, par, DROP)) - float(elementwise_bytes(GPT, par, UNFUSED))
+    assert d == pytest.approx(85_983_232.0, rel=1e-6)
+    d_once = float(elementwise_backward_once_bytes(GPT, par, DROP)) - float(
+        elementwise_backward_once_bytes(GPT, par, UNFUSED))
+    assert d_once == pytest.approx(85_983_232.0, rel=1e-6)
+
+
+def test_tensor_parallel_and_micro_batch():
+    """t 8, b 2 (vTrain's 2 batches x heads per rank): scores 2 x 2 x 1024^2 x 5 = 20,971,520 B;
+    without SP the hidden masks stay whole: 2 x 2048 x 1024 = 4,194,304 B; with SP they are
+    split over t: 524,288 B."""
+    par = Parallel(micro_batch=2.0, tp=8.0)
+    probs, hidden = (float(x) for x in dropout_bytes(GPT, par, DROP))
+    assert probs == 20_971_520.0
+    assert hidden == 4_194_304.0
+    sp = Parallel(micro_batch=2.0, tp=8.0, sequence_parallel=1.0)
+    assert float(dropout_bytes(GPT, sp, DROP)[1]) == 524_288.0
+
+
+def test_off_without_dropout_and_no_probs_with_flash():
+    """dropout 0 adds nothing; flash attention draws its dropout in the kernel: only the two
+    hidden masks remain. The kernel count never changes (the dropout kernel is already in
+    _UNFUSED_ATTENTION_EXTRA_KERNELS; the masks ride in the fused bias-dropout-add)."""
+    par = Parallel(micro_batch=1.0)
+    assert [float(x) for x in dropout_bytes(GPT, par, UNFUSED)] == [0.0, 0.0]
+    flash = Training(dropout=1.0)
+    assert [float(x) for x in dropout_bytes(GPT, par, flash)] == [0.0, 2_097_152.0]
+    assert float(layer_ops(GPT, par, DROP).n_kernels) == float(
+        layer_ops(GPT, par, UNFUSED).n_kernels)
+
+
+def test_ep_chunks_keep_the_partition():
+    """The merged-EP chunks: the attention's dropouts (probs + one mask) are A's and moved
+    once back; the MLP's mask is the combine node's (C), in neither A nor M."""
+    par = Parallel(micro_batch=1.0)
+    a1, m1, ao1, mo1 = (float(x) for x in ep_chunk_elementwise_bytes(GPT, par, DROP))
+    a0, m0, ao0, mo0 = (float(x) for x in ep_chunk_elementwise_bytes(GPT, par, UNFUSED))
+    assert a1 - a0 == pytest.approx(83_886_080.0 + 1_048_576.0, rel=1e-6)
+    assert ao1 - ao0 == pytest.approx(83_886_080.0 + 1_048_576.0, rel=1e-6)
+    assert (m1, mo1) == (m0, mo0)
+
+
+def test_step_time_rises_by_the_priced_traffic():
+    """One layer, full recompute off: the step's per-layer memory-bound seconds grow by the
+    forward bytes once forward and once backward (2 x 85,983,232 B at the A100's memory
+    roofline, times layers and micro-batches); the prediction gets slower, never faster."""
+    system = _system("a100-sxm-80gb")
+    par = Parallel(micro_batch=1.0, dp=1.0)
+    t0 = float(predict_step(GPT, par, system, UNFUSED).step_time_s)
+    t1 = float(predict_step(GPT, par, system, DROP).step_time_s)
+    per_layer = float(memory_time_s(2.0 * 85_983_232.0, system))
+    assert t1 > t0
+    assert t1 - t0 == pytest.approx(per_layer * 12 * float(par.n_microbatches), rel=2e-3)
+
+
+def test_gradient_contract(x64):
+    """d step_time / d log(HBM bandwidth, mem_eff) with dropout priced: matches finite
+    differences (float64), finite, and physical (more bandwidth or efficiency never slows
+    the step)."""
+    system = _system("a100-sxm-80gb")
+    par = Parallel(micro_batch=1.0, dp=1.0)
+
+    def t(logs):
+        e = system.eff.replace(mem_eff=system.eff.mem_eff * jnp.exp(logs[1]))
+        s = system.replace(hbm_bandwidth_Bps=system.hbm_bandwidth_Bps * jnp.exp(logs[0]), eff=e)
+        return predict_step(GPT, par, s, DROP).step_time_s
+
+    x = jnp.zeros(2)
+    check_grads(t, (x,), order=1, modes=("rev",), eps=1e-4)
+    g = np.asarray(jax.grad(t)(x))
+    assert np.all(np.isfinite(g))
+    assert g[0] < 0 and g[1] < 0
