@@ -770,7 +770,8 @@ def ep_chunk_elementwise_bytes(model, parallel, training, fallback=None):
     stream: GEMMs, attention core and these memory-bound kernels (`predict._layer_parts`).
     Example (Qwen3 235B-A22B on DGX-H100: h 4096, k 8, f_e 1536, SwiGLU; b 1, s 4096, t 2 with
     SP, etp 1, e 32, alltoall, bf16 tokens, moe_quant_pad 1): T = 4096, T_sp = T_e = 2048;
-    A = 2 (7 x 2048 x 4096) + 2 x 4096 x 2048 x 9 = 117.4e6 + 151.0e6 = 268.4e6 B;
+    A = 2 (7 x 2048 x 4096) + 2 x 4096 x 2048 x 9 + QK-norm 2 x 2 x 4096 x 72 x 128 / 2
+      = 117.4e6 + 151.0e6 + 75.5e6 = 343.9e6 B;
     M = 2 x 4096 x 12288 x 3 / 2 + 2 x 4096 x 2048 x 32 + 4 x 2 x 4096 x 16384
       = 151.0e6 + 536.9e6 + 536.9e6 = 1224.7e6 B; C = 50.3e6 + 151.0e6 = 201.3e6 B;
     A_once = 0, M_once = 536.9e6 B.
