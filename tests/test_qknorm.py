@@ -18,15 +18,14 @@ import yaml
 
 import diffperf
 from diffperf import Parallel
-from diffperf.costs.compute import layer_times_s
 from diffperf.errors import SpecError
 from diffperf.hf import hf_to_dict
 from diffperf.load import model_from_dict
 from diffperf.memory.activations import layer_activation_parts, qk_norm_saved_bytes
-from diffperf.workload.flops import (attention_io_bytes, elementwise_bytes,
-                                     ep_chunk_elementwise_bytes, layer_ops, qk_norm_bytes,
-                                     qk_norm_kernels)
+from diffperf.workload.flops import (elementwise_bytes, ep_chunk_elementwise_bytes,
+                                     layer_ops, qk_norm_bytes, qk_norm_kernels)
 from diffperf.workload.params import qk_norm_params, total_params
+from memory_bound import check_fact_part
 from shipped import model as _model, system as _system
 
 BF16 = diffperf.training("bf16")
@@ -147,20 +146,4 @@ def test_gradient_contract(x64):
         grad = np.asarray(jax.grad(g)(x))
         assert np.all(np.isfinite(grad)) and np.all(grad > 0)
 
-    h100 = _system("h100-sxm-80gb")
-    par = Parallel(micro_batch=1.0, ep=8.0, dp=8.0)
-    ops = layer_ops(QWEN, par, BF16)
-    io = attention_io_bytes(QWEN, par, BF16)
-
-    def t(logs):
-        e = h100.eff.replace(mem_eff=h100.eff.mem_eff * jnp.exp(logs[1]),
-                             kernel_s=h100.eff.kernel_s * jnp.exp(logs[2]))
-        s = h100.replace(hbm_bandwidth_Bps=h100.hbm_bandwidth_Bps * jnp.exp(logs[0]), eff=e)
-        return layer_times_s(ops, s, BF16, io)[2]
-
-    check_grads(t, (x,), order=1, modes=("rev",), eps=1e-4)
-    grad = np.asarray(jax.grad(t)(x))
-    assert np.all(np.isfinite(grad))
-    assert grad[0] < 0 and grad[1] < 0 and grad[2] > 0
-    bare = layer_times_s(layer_ops(BARE, par, BF16), h100, BF16, io)[2]
-    assert float(t(x)) > float(bare)
+    check_fact_part(QWEN, _system("h100-sxm-80gb"), BF16, BF16, without_model=BARE)
