@@ -412,7 +412,7 @@ def qk_norm_bytes(model, parallel, training):
     (4 / (2 q_a d_h) = 0.8 % at d_h 128). The backward is 2 x these bytes, as for every
     element-wise op (PAPERS.md 5.2): TE's `rmsnorm_bwd` reads dy and x and writes dx (3
     passes of 2 taken as 4); the copies' backward is a pass-through (autograd clone), so the
-    convention over-counts the backward by about 1 + 2 B_copy / B_norm forward passes [D].
+    convention over-counts the backward by 0.5 B_norm + 2 B_copy (54.5e6 B below) [D].
     Example (Qwen3 30B-A3B, b 1, s 4096, t 1, bf16; a 32, a_kv 4, d_h 128): norms 2 x 2 x
     4096 x 36 x 128 = 75.5e6 B, K copy 2 x 2 x 4096 x 4 x 128 = 8.4e6 B: 83.9e6 B.
     """
