@@ -103,6 +103,11 @@ _FFN_4H_TYPES = ("gpt2", "falcon", "RefinedWeb", "RefinedWebModel")
 # MoE families whose expert width is a key of its own (moe_intermediate_size), not the dense
 # intermediate_size (Mixtral's and GPT-OSS's experts are intermediate_size wide).
 _OWN_EXPERT_WIDTH = ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+# Families with a QK-norm and its form (Model.qk_norm, specs.model.QK_NORM_FORMS):
+# transformers' Qwen3Attention / Qwen3MoeAttention / Gemma3Attention norm each head (q_norm,
+# k_norm of head_dim); Olmo2Attention the whole q / k projection. Gemma 2 has none.
+_QK_NORM_TYPES = {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head",
+                  "olmo2": "projection"}
 # Qwen2Config-style windows: use_sliding_window (default false) and max_window_layers.
 _QWEN_WINDOW_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
 # Fields whose architecture diffperf does not represent: refused by name when set (Mllama's
@@ -471,16 +476,12 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
         notes.append("GPT-NeoX: parallel residual (use_parallel_residual) costs the same "
                      "FLOPs as the sequential block; partial rotary (rotary_pct) has no cost")
     d["learned_positions"] = learned
-    # QK-norm (Qwen3: per head; OLMo 2: over the whole q / k projection) keeps its inputs,
-    # the q_proj / k_proj outputs, for its backward beside the normed Q and K attention keeps:
-    # (a + a_kv) d_h 16-bit values per token per layer that memory/activations.py does not
-    # count (no recompute: 12.4 % of OLMo-2-1124-13B's layer activations, 8.1 % of Qwen3-8B's,
-    # bf16, micro-batch 1, layer_activation_parts). Said in the note; not modeled.
-    qk_saved = ("; nor the q / k inputs it keeps for its backward ((a + a_kv) d_h 16-bit "
-                "values per token per layer: about 8-12 % of a layer's activation memory "
-                "without recompute, not in the memory estimate)")
-    if mt in ("qwen3", "qwen3_moe"):
-        notes.append(f"{mt}: QK-norm weights (2 d_h per layer) not counted{qk_saved}")
+    # QK-norm (docs/models.md): an RMSNorm on the queries and keys, over each head's d_h in
+    # transformers' Qwen3Attention, Qwen3MoeAttention and Gemma3Attention (q_norm / k_norm
+    # of head_dim), over the whole projection in Olmo2Attention (q_norm of a d_h, k_norm of
+    # a_kv d_h). Its weights, traffic, kernels and saved inputs are priced (Model.qk_norm).
+    if mt in _QK_NORM_TYPES:
+        d["qk_norm"] = _QK_NORM_TYPES[mt]
     # OLMo 2 (transformers docs model_doc/olmo2.md: RMSNorm, a norm on the queries and keys,
     # the norms after attention / feed-forward instead of before): Olmo2Attention and
     # Olmo2MLP are Llama's (q/k/v/o, gate/up/down); the weights of allenai/OLMo-2-1124-13B
@@ -488,7 +489,8 @@ def hf_to_dict(cfg: dict, where: str, seq_len=None) -> tuple[dict, list]:
     # post_feedforward_layernorm, q_norm (a d_h) and k_norm (a_kv d_h) per layer.
     if mt == "olmo2":
         notes.append("olmo2: norms after attention and MLP (post-norm) cost as pre-norms; "
-                     f"QK-norm weights ((a + a_kv) d_h per layer) not counted{qk_saved}")
+                     "QK-norm over the whole q / k projection ((a + a_kv) d_h weights per "
+                     "layer)")
 
     # MoE: experts, top-k, widths, dense layers, shared experts.
     experts_key, experts = take_item("num_local_experts", "n_routed_experts", "num_experts")

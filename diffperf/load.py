@@ -18,7 +18,7 @@ import yaml
 
 from diffperf import resources
 from diffperf.errors import SpecError, closest, printable
-from diffperf.specs.model import Model
+from diffperf.specs.model import QK_NORM_FORMS, Model
 from diffperf.specs.system import Efficiency, Reliability, System, Tier
 from diffperf.specs.training import PRECISIONS, Training
 from diffperf.specs.validate import CAPACITY_WHY, divisors
@@ -253,12 +253,12 @@ MODEL_KEYS = ("name", "description", "sources", "num_layers", "hidden", "ffn_hid
               "moe_capacity_factor", "moe_dense_layers", "moe_shared_ffn_hidden",
               "v_head_dim", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
               "sliding_window", "sliding_window_layers", "attention_sinks", "mtp_layers",
-              "global_batch")
+              "qk_norm", "global_batch")
 
 
 MODEL_FLAGS = ("gated_mlp", "tied_embeddings", "biases", "learned_positions",
                "attention_sinks")
-MODEL_TEXT_KEYS = ("name", "description", "sources", "attention", "norm")
+MODEL_TEXT_KEYS = ("name", "description", "sources", "attention", "norm", "qk_norm")
 
 
 def typed_values(d: dict, keys, flags, where: str, joiner: str = ".") -> None:
@@ -382,6 +382,11 @@ def _architecture_features(d, where, n, experts) -> dict:
     if sliding and not window:
         raise SpecError(f"{where}: sliding_window_layers={sliding} needs sliding_window > 0")
     sinks = _flag(d, "attention_sinks", where, False)
+    qk = _choice(d, "qk_norm", where, QK_NORM_FORMS, "none")
+    if qk != "none" and kv_lora:
+        raise SpecError(f"{where}.qk_norm={qk!r} with kv_lora_rank={kv_lora}: multi-head latent "
+                        f"attention norms its latents (counted with kv_lora_rank), not its "
+                        f"queries and keys; allowed: none", field="qk_norm", value=qk)
     return dict(
         v_head_dim=float(n("v_head_dim", integer=True, minimum=0, default=0)),
         kv_lora_rank=float(kv_lora), q_lora_rank=float(q_lora), qk_rope_head_dim=float(rope),
@@ -389,7 +394,8 @@ def _architecture_features(d, where, n, experts) -> dict:
         shared_expert_ffn_hidden=float(n("moe_shared_ffn_hidden", integer=True, minimum=0,
                                          default=0)),
         sliding_window=float(window), sliding_layers=float(sliding), attention_sinks=sinks,
-        mtp_layers=float(n("mtp_layers", integer=True, minimum=0, default=0)))
+        mtp_layers=float(n("mtp_layers", integer=True, minimum=0, default=0)),
+        qk_norm=float(QK_NORM_FORMS.index(qk)))
 
 
 # Hugging Face fields refused by name (diffperf.hf; re-exported for the fuzz tests).

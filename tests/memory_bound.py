@@ -11,11 +11,12 @@ from diffperf.costs.compute import layer_times_s
 from diffperf.workload.flops import attention_io_bytes, layer_ops
 
 
-def check_fact_part(model, system, with_fact, without_fact):
+def check_fact_part(model, system, with_fact, without_fact, without_model=None):
     """At ep 8, dp 8, micro-batch 1: the memory-bound part (layer_times_s[2]) with the fact set
     matches finite differences in log(HBM bandwidth, mem_eff, kernel_s) (call under x64), its
     gradient is finite with the physical sign (more bandwidth or efficiency never slows it, a
-    slower launch never speeds it), and the fact makes the part slower than without it."""
+    slower launch never speeds it), and the fact makes the part slower than without it (a
+    model fact: `without_model`, the model without it, under the same training)."""
     par = Parallel(micro_batch=1.0, ep=8.0, dp=8.0)
     ops = layer_ops(model, par, with_fact)
     io = attention_io_bytes(model, par, with_fact)
@@ -31,5 +32,6 @@ def check_fact_part(model, system, with_fact, without_fact):
     g = np.asarray(jax.grad(t)(x))
     assert np.all(np.isfinite(g))
     assert g[0] < 0 and g[1] < 0 and g[2] > 0
-    base = float(layer_times_s(layer_ops(model, par, without_fact), system, without_fact, io)[2])
+    bare = model if without_model is None else without_model
+    base = float(layer_times_s(layer_ops(bare, par, without_fact), system, without_fact, io)[2])
     assert float(t(x)) > base

@@ -449,7 +449,8 @@ def test_merged_ep_schedule_windows_hold_each_chunks_memory_bound_kernels_by_han
     unpermute, the MLP's residual add) on the communication stream. Qwen3 235B-A22B on DGX-H100
     (h 4096, k 8, f_e 1536, SwiGLU; b 1, s 4096, t 2 with SP, etp 1, e 32, alltoall, bf16
     tokens, moe_quant_pad): T = 4096, T_sp = T_e = 2048, by hand
-    A = 2 (7 T_sp h) + 2 h T_e (1 + 8) = 117.4e6 + 151.0e6 B,
+    A = 2 (7 T_sp h) + 2 h T_e (1 + 8) + Q = 117.4e6 + 151.0e6 + 75.5e6 B (Q: the per-head
+    QK-norm, a 64, a_kv 4 > t, d_h 128: 2 x 2 T (64 + 4 + 4 for the key's copy) 128 / t),
     M = 2 T 8 f_e 3 / 2 + 2 h T_e 32 + 4 x 2 h 8 T_e = 151.0e6 + 536.9e6 + 536.9e6 B,
     C = 2 (3 T_sp h) + 2 h T_e 9 = 201.3e6 B, and A + M + C = elementwise_bytes."""
     from diffperf.workload.flops import ep_chunk_elementwise_bytes, elementwise_bytes
@@ -459,7 +460,8 @@ def test_merged_ep_schedule_windows_hold_each_chunks_memory_bound_kernels_by_han
                    global_batch=8192)
     tr = Training(moe_quant_pad=1.0)
     h, f_e, T, T_sp = 4096, 1536, 4096, 2048
-    A = 2 * 7 * T_sp * h + 2 * h * T_sp * 9
+    Q = 2 * 2 * T * (64 + 4 + 4) * 128 / 2  # the per-head QK-norm (75.5e6 B)
+    A = 2 * 7 * T_sp * h + 2 * h * T_sp * 9 + Q
     M = 2 * T * 8 * f_e * 3 / 2 + 2 * h * T_sp * 32 + 4 * 2 * h * 8 * T_sp
     C = 2 * 3 * T_sp * h + 2 * h * T_sp * 9
     a, m, a_once, m_once = (float(x) for x in ep_chunk_elementwise_bytes(qwen, par, tr))
@@ -472,7 +474,7 @@ def test_merged_ep_schedule_windows_hold_each_chunks_memory_bound_kernels_by_han
     flex = par.replace(ep_dispatch=1)
     r = float(flex_rank_copies(qwen, flex))
     a, m, _, _ = (float(x) for x in ep_chunk_elementwise_bytes(qwen, flex, tr))
-    np.testing.assert_allclose(a, 2 * 7 * T_sp * h, rtol=1e-6)
+    np.testing.assert_allclose(a, 2 * 7 * T_sp * h + Q, rtol=1e-6)
     np.testing.assert_allclose(m, M - 2 * h * T_sp * 32 + 2 * h * T_sp * 2 * (r + 8),
                                rtol=1e-6)
     np.testing.assert_allclose(a + m + 2 * 3 * T_sp * h,

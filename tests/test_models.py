@@ -457,19 +457,21 @@ OLMO2_13B = {
 }
 
 
-def test_olmo2_13b_count_is_its_checkpoint_less_the_qk_norms(tmp_path):
-    """OLMo 2 is Llama's attention and MLP with post-norms and a QK-norm (refused by type
-    before). Its checkpoint holds 13,716,198,400 parameters (54,864,793,600 float32 bytes / 4);
-    diffperf counts all but the q_norm / k_norm weights ((a + a_kv) d_h = 10,240 per layer,
-    said in a note): 13,715,788,800 (float32 sums: rel 1e-7)."""
+def test_olmo2_13b_count_is_its_checkpoint(tmp_path):
+    """OLMo 2 is Llama's attention and MLP with post-norms and a QK-norm over the whole q / k
+    projection (refused by type before). Its checkpoint holds 13,716,198,400 parameters
+    (54,864,793,600 float32 bytes / 4); diffperf counts them all, the q_norm / k_norm weights
+    ((a + a_kv) d_h = 10,240 per layer, qk_norm "projection") included (they were left out,
+    in a note, before: 13,715,788,800). Float32 sums: rel 1e-7, 40 x 10,240 is 3e-5."""
     p = tmp_path / "config.json"
     p.write_text(json.dumps(OLMO2_13B))
     m = diffperf.load_model(p)
     assert float(m.gated_mlp) == 1 and float(m.rms_norm) == 1 and float(m.biases) == 0
-    assert float(total_params(m)) == pytest.approx(54_864_793_600 / 4 - 40 * 10_240, rel=1e-7)
+    assert float(m.qk_norm) == 2
+    assert float(total_params(m)) == pytest.approx(54_864_793_600 / 4, rel=1e-7)
     notes = hf_to_dict(OLMO2_13B, "x.json")[1]
-    assert any("olmo2: norms after attention and MLP" in n and "q / k inputs it keeps for "
-               "its backward" in n for n in notes)
+    assert any("olmo2: norms after attention and MLP" in n and "whole q / k projection" in n
+               for n in notes)
     assert not any(n.startswith("config.json fields not read") for n in notes)
 
 

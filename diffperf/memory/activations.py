@@ -40,6 +40,7 @@ def layer_activation_parts(model, parallel, training):
                                                          unfused softmax, `softmax_fallback`;
                                                          16-bit activations)
             + 4 b a (s/c) / t                          (flash softmax statistics, fp32)
+            + `qk_norm_saved_bytes`                    (QK-norm inputs and rstd)
     s here is the device's sequence shard s/c; t_sp = t with SP, else 1; m_d = dropout.
     Full recompute keeps only the layer input: q_r s b h / t_sp.
     AxoNN grid (PAPERS.md section 4.2): t = G_y (heads and FFN width) and t_sp = G_x (the
@@ -68,6 +69,7 @@ def layer_activation_parts(model, parallel, training):
         parallel.cp * t)
     full = training.residual_bytes * sbh / t_sp
     whole = (replicated + sharded + stats  # + scores, which recompute (1, 2) does not keep
+             + qk_norm_saved_bytes(model, parallel, training)
              - lowp_saved_input_saving(model, parallel, training))
     sac = op_sac_kept_bytes(model, parallel, training)
     # The mean layer (workload.recompute): a share phi_full of the layers checkpointed whole,
@@ -88,6 +90,32 @@ def layer_activation_parts(model, parallel, training):
                + op_sac_frac(parallel) * jnp.maximum(whole - sac, 0.0)
                + dropped)
     return kept, rebuilt
+
+
+def qk_norm_saved_bytes(model, parallel, training):
+    """Bytes a layer's QK-norm keeps for its backward (one micro-batch, one device; 0 without
+    Model.qk_norm): the inputs of the two RMSNorms and their fp32 reciprocal RMS per row,
+
+        A = [qk] T [ q_a (a + a_kv) d_qk / t + 4 R ]
+        R = (a + a_kv) / t rows per token per head (per-head form), 2 (whole projection)
+    beside the normed (and rotated) Q and K the attention keeps (`layer_activation_parts`).
+    Transformer Engine's RMSNorm saves its (contiguous) input and rstdevs
+    (`ctx.save_for_backward(x, rstdevs)`, TE v2.7 / v2.12 pytorch/ops/basic/rmsnorm.py
+    `op_forward`), the module Megatron-Core's TENorm builds for q_layernorm / k_layernorm.
+    Megatron's selective recompute does not re-run it: recompute_modules "layernorm" is the
+    input_layernorm and pre_mlp_layernorm, "core_attn" the attention core after the norms
+    (core_v0.14.0 / core_v0.16.0 transformer_config.py `recompute_modules`), so it is kept
+    under every mode but full recompute (which keeps the layer input alone) [S].
+    Example (Qwen3 30B-A3B, b 1, s 4096, t 1, bf16): 4096 x (2 x 36 x 128 + 4 x 36)
+    = 38.3e6 B per layer.
+    """
+    on = jnp.where(model.qk_norm > 0, 1.0, 0.0)
+    whole = jnp.where(model.qk_norm == 2, 1.0, 0.0)
+    t = head_shards(parallel)
+    T = tokens_per_device(model, parallel)
+    heads = model.n_heads + model.n_kv_heads
+    rows = (1.0 - whole) * heads / t + whole * 2.0
+    return on * T * (training.activation_bytes * heads * model.head_dim / t + 4.0 * rows)
 
 
 def megatron_dropped_bytes(model, parallel, training):

@@ -11,6 +11,11 @@ from typing import Any
 
 from flax import struct
 
+# Model.qk_norm's forms, by leaf value (the YAML key `qk_norm` names them): no QK-norm; an
+# RMSNorm over each head's d_h (Qwen3, Gemma 3; Megatron-Core qk_layernorm); an RMSNorm over
+# the whole q and k projections (OLMo 2).
+QK_NORM_FORMS = ("none", "head", "projection")
+
 
 class Model(struct.PyTreeNode):
     """A decoder (causal) or encoder (full attention) Transformer, optionally MoE.
@@ -51,6 +56,9 @@ class Model(struct.PyTreeNode):
     sliding_layers: Any = 0.0    # layers with sliding-window attention (the rest: full)
     attention_sinks: Any = 0.0   # 1: a learned logit per head in the softmax (GPT-OSS)
     mtp_layers: Any = 0.0        # multi-token prediction modules (DeepSeek-V3), trained too
+    qk_norm: Any = 0.0           # RMSNorm on queries and keys: 0 none, 1 per head (Qwen3,
+    #                              Gemma 3: weights of d_h), 2 over the whole q / k projection
+    #                              (OLMo 2: weights of a d_h and a_kv d_h); QK_NORM_FORMS
     name: str = struct.field(pytree_node=False, default="model")
 
     # The YAML / runs-CSV / Hugging Face spellings of the fields above, read-only: one

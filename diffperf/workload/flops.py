@@ -322,6 +322,7 @@ def layer_ops(model, parallel, training) -> LayerOps:
                    + eager_pointwise_kernels(model, training)
                    + moe_eager_clamp_bias_kernels(model, parallel, training)
                    + moe_quant_pad_kernels(model, training)
+                   + qk_norm_kernels(model, parallel)
                    + loop_serial),
         vector_flops=vector_flops(model, parallel, training),
         # TE's per-expert loop: the host launches every expert's GEMM (predict's host side)
@@ -366,6 +367,7 @@ def elementwise_bytes(model, parallel, training, fallback=None):
     the shared experts), mean over dense and MoE layers (`moe_layer_fraction`);
     + q_a 4 T (r_q + r_kv) with MLA (the two latent RMSNorms read and write their latents).
     Source: PAPERS.md section 5.2 (elementwise ops, intensity <~ 1 FLOP/B) [D].
+    + `qk_norm_bytes` (the RMSNorm of Q and K, Model.qk_norm).
     Flash-attention's own Q, K, V, O traffic is in `attention_io_bytes`; the MoE token
     permutation in `moe_permute_bytes`; eager kernels a framework adds in
     `eager_pointwise_bytes`, `moe_eager_clamp_bias_bytes` and `moe_quant_pad_bytes` (all 0
@@ -379,7 +381,62 @@ def elementwise_bytes(model, parallel, training, fallback=None):
             + rope_kv_pass_bytes(model, parallel, training)
             + moe_eager_clamp_bias_bytes(model, parallel, training)
             + moe_quant_pad_bytes(model, parallel, training)
+            + qk_norm_bytes(model, parallel, training)
             + sum(dropout_bytes(model, parallel, training)))
+
+
+def _qk_norm_forms(model):
+    """(on, per_head): 1 where Model.qk_norm is not "none", and 1 for the per-head form."""
+    on = jnp.where(model.qk_norm > 0, 1.0, 0.0)
+    return on, jnp.where(model.qk_norm == 1, 1.0, 0.0)
+
+
+def qk_norm_bytes(model, parallel, training):
+    """HBM traffic of a layer's QK-norm forward (one device, one micro-batch; 0 without):
+
+        B = [qk] q_a T / t [ 2 (a + a_kv) d_qk                     (RMSNorm of Q and K: read
+                                                                     x, write y)
+                           + [head] 2 (a_kv + [a_kv <= t] a) d_qk ] (contiguous copies of the
+                                                                     split K, and Q, views)
+    Megatron-Core `SelfAttention.get_query_key_value_tensors` (core_v0.14.0, core_v0.16.0,
+    core_v0.18.0 megatron/core/transformer/attention.py) splits the fused QKV output
+    [s, b, n_g, (a/a_kv + 2) d_h] into views (TE `SplitAlongDim` = torch.split), reshapes the
+    query to [s, b, a/t, d_h] (a copy when a rank holds n_g = a_kv/t > 1 groups, a strided
+    view at n_g <= 1) and calls q_layernorm(query), k_layernorm(key): TENorm ->
+    transformer_engine.pytorch.RMSNorm over d_h (hidden_size_per_attention_head), one
+    kernel each for Q and K on [s, b, heads, d_h] (TE v2.7, v2.12 pytorch/ops/basic/
+    rmsnorm.py `op_forward`: `input_.contiguous()` then `rmsnorm_fwd`): the key view, and the
+    query view at n_g <= 1, are copied first. Nothing fuses it: core_v0.16.0's fused
+    QKV-RoPE path needs q_layernorm and k_layernorm to be IdentityOp (`split_qkv`). The
+    whole-projection form (OLMo 2, transformers `Olmo2Attention`: q_norm over a d_h on the
+    contiguous q_proj output) has the norms only. The 4-byte rstd per row is left out
+    (4 / (2 q_a d_h) = 0.8 % at d_h 128). The backward is 2 x these bytes, as for every
+    element-wise op (PAPERS.md 5.2): TE's `rmsnorm_bwd` reads dy and x and writes dx (3
+    passes of 2 taken as 4); the copies' backward is a pass-through (autograd clone), so the
+    convention over-counts the backward by 0.5 B_norm + 2 B_copy (54.5e6 B below) [D].
+    Example (Qwen3 30B-A3B, b 1, s 4096, t 1, bf16; a 32, a_kv 4, d_h 128): norms 2 x 2 x
+    4096 x 36 x 128 = 75.5e6 B, K copy 2 x 2 x 4096 x 4 x 128 = 8.4e6 B: 83.9e6 B.
+    """
+    on, head = _qk_norm_forms(model)
+    t, q = head_shards(parallel), training.activation_bytes
+    T = tokens_per_device(model, parallel)
+    a, akv, dqk = model.n_heads, model.n_kv_heads, model.head_dim
+    copies = head * (akv + jnp.where(akv <= t, a, 0.0))
+    return on * q * T * 2.0 * (a + akv + copies) * dqk / t
+
+
+def qk_norm_kernels(model, parallel):
+    """Kernels `qk_norm_bytes` adds to a layer's forward: 2 RMSNorms (Q, K) and, per head, the
+    copy of the key view and (a_kv <= t) of the query view (`qk_norm_bytes`):
+
+        K = [qk] (2 + [head] (1 + [a_kv <= t]))
+    The backward takes 2 x the forward's kernels (predict): TE's `rmsnorm_bwd` launches its
+    main kernel and the dgamma finalize kernel per norm (TE v2.12 transformer_engine/common/
+    normalization/rmsnorm/rmsnorm_bwd_semi_cuda_kernel.cu: `kernel`, then `kernel_f`), 4 for
+    the two norms; the copies have none. Example: Qwen3 30B-A3B at t 1: 3; at t 4: 4."""
+    on, head = _qk_norm_forms(model)
+    q_copy = jnp.where(model.n_kv_heads <= head_shards(parallel), 1.0, 0.0)
+    return on * (2.0 + head * (1.0 + q_copy))
 
 
 def eager_pointwise_bytes(model, parallel, training, T_sp, f_act):
@@ -725,7 +782,7 @@ def ep_chunk_elementwise_bytes(model, parallel, training, fallback=None):
     bytes whose backward moves them once (`elementwise_backward_once_bytes`' share of each):
 
         A = q_a [7 T_sp h + 4 T (r_q + r_kv)] + scores + P_A + 2 n_x T_sp h
-            + lambda (rotary + repeat_kv) + `rope_kv_pass_bytes` + D_A
+            + lambda (rotary + repeat_kv) + `rope_kv_pass_bytes` + `qk_norm_bytes` + D_A
         M = q_a T f' (2 + gated) / t + (P - 2 P_A) + lambda glu
             + `moe_eager_clamp_bias_bytes` + `moe_quant_pad_bytes`
         C = 3 q_a T_sp h + P_A + B_hidden / 2   (the combine node, on the communication stream)
@@ -756,7 +813,8 @@ def ep_chunk_elementwise_bytes(model, parallel, training, fallback=None):
     stream: GEMMs, attention core and these memory-bound kernels (`predict._layer_parts`).
     Example (Qwen3 235B-A22B on DGX-H100: h 4096, k 8, f_e 1536, SwiGLU; b 1, s 4096, t 2 with
     SP, etp 1, e 32, alltoall, bf16 tokens, moe_quant_pad 1): T = 4096, T_sp = T_e = 2048;
-    A = 2 (7 x 2048 x 4096) + 2 x 4096 x 2048 x 9 = 117.4e6 + 151.0e6 = 268.4e6 B;
+    A = 2 (7 x 2048 x 4096) + 2 x 4096 x 2048 x 9 + QK-norm 2 x 2 x 4096 x 72 x 128 / 2
+      = 117.4e6 + 151.0e6 + 75.5e6 = 343.9e6 B;
     M = 2 x 4096 x 12288 x 3 / 2 + 2 x 4096 x 2048 x 32 + 4 x 2 x 4096 x 16384
       = 151.0e6 + 536.9e6 + 536.9e6 = 1224.7e6 B; C = 50.3e6 + 151.0e6 = 201.3e6 B;
     A_once = 0, M_once = 536.9e6 B.
@@ -776,7 +834,8 @@ def ep_chunk_elementwise_bytes(model, parallel, training, fallback=None):
               + d_probs + 0.5 * d_hidden)
     m_once = moe_quant_pad_bytes(model, parallel, training)
     a = (q * (7.0 * T_sp * h + latents) + scores + perm_a
-         + 2.0 * training.norm_extra_bytes * T_sp * h + a_once)
+         + 2.0 * training.norm_extra_bytes * T_sp * h + a_once
+         + qk_norm_bytes(model, parallel, training))
     m = (q * T * f_act * (2.0 + model.gated_mlp) / t + (perm - 2.0 * perm_a)
          + lam * model.gated_mlp * 2.0 * q * T * f_act / t
          + moe_eager_clamp_bias_bytes(model, parallel, training) + m_once)

@@ -73,15 +73,35 @@ def layer_matrix_params(model):
     return attention_matrix_params(model) + dense_mlp + shared, experts
 
 
+def qk_norm_params(model):
+    """QK-norm weights of one layer (0 without, Model.qk_norm):
+
+        per head:           2 d_h             (q_norm, k_norm over d_h, shared by the heads)
+        whole projection:   (a + a_kv) d_h    (q_norm over a d_h, k_norm over a_kv d_h)
+    Sources: transformers `Qwen3Attention` / `Qwen3MoeAttention` (q_norm, k_norm =
+    Qwen3RMSNorm(head_dim), "unlike olmo, only on the head dim"), `Gemma3Attention`
+    (Gemma3RMSNorm(dim=head_dim)), `Olmo2Attention` (Olmo2RMSNorm(num_attention_heads x
+    head_dim), Olmo2RMSNorm(num_key_value_heads x head_dim)); Megatron-Core builds its
+    q_layernorm / k_layernorm with hidden_size = hidden_size_per_attention_head, replicated
+    over TP. Example: Qwen3 30B-A3B: 256 per layer, 12,288 over 48 layers; OLMo 2 13B
+    (a = a_kv = 40, d_h 128): 10,240 per layer.
+    """
+    on = jnp.where(model.qk_norm > 0, 1.0, 0.0)
+    whole = jnp.where(model.qk_norm == 2, 1.0, 0.0)
+    dh = model.head_dim
+    return on * ((1.0 - whole) * 2.0 * dh + whole * (model.n_heads + model.n_kv_heads) * dh)
+
+
 def layer_vector_params(model):
-    """Norm weights, biases, attention sinks and MLA down projections of one layer
-    (replicated across TP):
+    """Norm weights, biases, attention sinks, QK-norm weights and MLA down projections of one
+    layer (replicated across TP):
 
         norms: 2 h (RMSNorm) or 4 h (LayerNorm: scale and shift), two per layer
         biases, dense MLP:  (a + 2 a_kv) d_h + h + (1 + gated) f + h   (GPT: 9 h; with norms 13 h)
         biases, MoE MLP (GPT-OSS: attention, router and every expert's linears have biases):
                  (a d_qk + a_kv (d_qk + d_v)) + h + E + (E + E_s) ((1 + gated) f_e + h)
         sinks:   a                      (one learned logit per head, GPT-OSS)
+        QK-norm: `qk_norm_params`
         MLA:     `mla_down_params`
     Routed-expert biases are counted here, replicated: at most 0.03 % of GPT-OSS-120B.
     """
@@ -93,7 +113,8 @@ def layer_vector_params(model):
     moe_b = model.n_experts + (model.n_experts + model.n_shared_experts) * (
         (1.0 + model.gated_mlp) * model.moe_ffn_hidden + h)
     biases = model.biases * (attn_b + (1.0 - phi) * dense_b + phi * moe_b)
-    return norms + biases + model.attention_sinks * a + mla_down_params(model)
+    return (norms + biases + model.attention_sinks * a + qk_norm_params(model)
+            + mla_down_params(model))
 
 
 def layer_params(model):
