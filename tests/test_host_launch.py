@@ -51,3 +51,30 @@ def test_layer_host_time_by_hand(monkeypatch):
     (_, host_f), (_, host_b) = layer_gpu_host_s(monkeypatch, model, par, system, (tr,))[0]
     assert host_f == pytest.approx(191.93e-6, rel=1e-4)
     assert host_b == pytest.approx(333.86e-6, rel=1e-4)
+
+
+def test_eager_launch_host_s_gradient_contract(x64):
+    """eager_launch_host_s (public; x64, log-parameter check_grads): finite gradients; a dearer
+    GEMM or pointwise call makes the launch dearer, by its launch share (by hand: d t_k / d t_gemm
+    = 5 / 11, d t_k / d t_pw = 6 / 11); a larger share of GEMM calls makes it dearer (d t_k /
+    d n_lib = (t_gemm - t_k) / 11 = (20.0972565 - 12.9026566) / 11 = 0.654054536 us per
+    call, > 0 since t_gemm > t_pw), a larger share of pointwise ones cheaper
+    ((t_pw - t_k) / 11 = -0.545045454 us)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.test_util import check_grads
+
+    def t_of(x):
+        return eager_launch_host_s(*jnp.exp(x))
+
+    x = jnp.log(jnp.array([HOST_GEMM_CALL_S, HOST_POINTWISE_CALL_S, 5.0, 6.0]))
+    g_log = np.asarray(jax.grad(t_of)(x))
+    assert np.all(np.isfinite(g_log))
+    # d t / d log p = p d t / d p: back to the plain partial derivatives
+    g = g_log / np.exp(np.asarray(x))
+    assert g[0] == pytest.approx(5.0 / 11.0, rel=1e-12)
+    assert g[1] == pytest.approx(6.0 / 11.0, rel=1e-12)
+    assert g[2] == pytest.approx(0.654054536e-6, rel=1e-7)
+    assert g[3] == pytest.approx(-0.545045454e-6, rel=1e-7)
+    check_grads(t_of, (x,), order=1, modes=("rev",), eps=1e-4)
