@@ -51,6 +51,28 @@ def closest(word: str, choices) -> str:
     return f"; did you mean '{hit[0]}'?" if hit else ""
 
 
+def number_spelling(text):
+    """(how, allowed) where `text` is a number only in a spelling that diffperf's inputs do not
+    share, for the refusal 'FIELD=TEXT is written {how}; allowed: {allowed}'; None otherwise
+    (a plain number, or a text that is no number in any spelling: the caller's own refusal).
+
+    '_' digit grouping ('1_000', '2_048.5'): PyYAML implements YAML 1.1, which reads it as a
+    number (yaml.org/type/int.html and float.html: "_" may be used between digits), and so
+    does Python's int() / float() (PEP 515), which the command line's options and --set
+    would use; YAML 1.2's core schema (yaml.org/spec/1.2.2, 10.3.2), JSON (RFC 8259, 6) and
+    a runs CSV cell do not. One spelling is refused in every input (load._number, the
+    command line's argparse types, cli.options.parse_values), not read by some."""
+    text = str(text).strip()
+    if "_" not in text or "__" in text:
+        return None
+    try:
+        float(text)  # Python reads one '_' between digits
+    except (ValueError, OverflowError):
+        return None
+    return ("with '_' digit grouping, which YAML 1.2, JSON and diffperf's other inputs do not "
+            "read as a number (YAML 1.1 does)", f"the digits alone, {text.replace('_', '')}")
+
+
 _NAME_MAX = 120  # characters of a name shown in titles
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import yaml
 
 from diffperf import resources
-from diffperf.errors import SpecError, closest, printable
+from diffperf.errors import SpecError, closest, number_spelling, printable
 from diffperf.specs.model import Model
 from diffperf.specs.system import Efficiency, Reliability, System, Tier
 from diffperf.specs.training import PRECISIONS, Training
@@ -88,14 +88,13 @@ def _number(d, key, where, *, integer=False, minimum=None, positive=False, defau
         text = str(v).strip()
         if not text.isascii():
             raise SpecError(f"{where}.{key}={d[key]!r} must be a number")
+        said = number_spelling(text)
+        if said:  # '1_000' (a YAML file's GroupedNumber, a CSV cell, --set)
+            raise SpecError(f"{where}.{key}={text} is written {said[0]}; allowed: {said[1]}",
+                            field=key, value=text)
         try:
             v = float(text.replace("_", "x"))  # refuse Python's '1_000' digit grouping
         except (ValueError, OverflowError):
-            if isinstance(d[key], GroupedNumber) or _reads_grouped(text):
-                raise SpecError(f"{where}.{key}={text} is written with '_' digit grouping, "
-                                f"which YAML 1.2, JSON and diffperf's other inputs do not read "
-                                f"as a number (YAML 1.1 does); allowed: the digits alone, "
-                                f"{text.replace('_', '')}", field=key, value=text) from None
             raise SpecError(f"{where}.{key}={d[key]!r} must be a number") from None
     try:
         v = float(v)
@@ -114,17 +113,6 @@ def _number(d, key, where, *, integer=False, minimum=None, positive=False, defau
     if minimum is not None and v < minimum:
         raise SpecError(f"{where}.{key}={v:g} must be >= {minimum:g}")
     return int(v) if integer else float(v)
-
-
-def _reads_grouped(text) -> bool:
-    """Whether a text is a number but for its '_' digit grouping ('1_000', '2_048.5')."""
-    if "_" not in text or "__" in text:
-        return False
-    try:
-        float(text)  # Python reads one '_' between digits
-    except (ValueError, OverflowError):
-        return False
-    return True
 
 
 _FLAG_WORDS = ("true", "false", "0", "1", "yes", "no")  # a CSV cell's spellings of a flag
