@@ -17,7 +17,7 @@ import numpy as np
 import yaml
 
 from diffperf import resources
-from diffperf.errors import SpecError, closest, printable
+from diffperf.errors import SpecError, closest, number_spelling, printable
 from diffperf.specs.model import QK_NORM_FORMS, Model
 from diffperf.specs.system import Efficiency, Reliability, System, Tier
 from diffperf.specs.training import PRECISIONS, Training
@@ -88,14 +88,13 @@ def _number(d, key, where, *, integer=False, minimum=None, positive=False, defau
         text = str(v).strip()
         if not text.isascii():
             raise SpecError(f"{where}.{key}={d[key]!r} must be a number")
+        said = number_spelling(text, yaml11=isinstance(v, Yaml11Number))
+        if said:  # '1_000', '0x1F' (a YAML file's Yaml11Number, a CSV cell, --set)
+            raise SpecError(f"{where}.{key}={text} is written {said[0]}; allowed: {said[1]}",
+                            field=key, value=text)
         try:
             v = float(text.replace("_", "x"))  # refuse Python's '1_000' digit grouping
         except (ValueError, OverflowError):
-            if isinstance(d[key], GroupedNumber) or _reads_grouped(text):
-                raise SpecError(f"{where}.{key}={text} is written with '_' digit grouping, "
-                                f"which YAML 1.2, JSON and diffperf's other inputs do not read "
-                                f"as a number (YAML 1.1 does); allowed: the digits alone, "
-                                f"{text.replace('_', '')}", field=key, value=text) from None
             raise SpecError(f"{where}.{key}={d[key]!r} must be a number") from None
     try:
         v = float(v)
@@ -114,17 +113,6 @@ def _number(d, key, where, *, integer=False, minimum=None, positive=False, defau
     if minimum is not None and v < minimum:
         raise SpecError(f"{where}.{key}={v:g} must be >= {minimum:g}")
     return int(v) if integer else float(v)
-
-
-def _reads_grouped(text) -> bool:
-    """Whether a text is a number but for its '_' digit grouping ('1_000', '2_048.5')."""
-    if "_" not in text or "__" in text:
-        return False
-    try:
-        float(text)  # Python reads one '_' between digits
-    except (ValueError, OverflowError):
-        return False
-    return True
 
 
 _FLAG_WORDS = ("true", "false", "0", "1", "yes", "no")  # a CSV cell's spellings of a flag
@@ -191,20 +179,21 @@ _UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_EXPONE
                                        list("-+.0123456789"))
 
 
-class GroupedNumber(str):
-    """A number written with '_' digit grouping in a YAML file (`hidden: 1_000`, `1_000.5`,
-    `1_000e3`): kept as its text, which `_number` refuses, naming the field, the value and
-    the plain spelling.
-    PyYAML implements YAML 1.1, which reads `1_000` as 1000; YAML 1.2's core schema, JSON
-    (RFC 8259), a runs CSV cell and --set (`_number`) have no such number, so one spelling
-    is refused everywhere rather than read differently by file type and reader."""
+class Yaml11Number(str):
+    """A YAML number that only YAML 1.1 (PyYAML) reads so: `1_000` ('_' digit grouping),
+    `010` (octal 8 there, decimal 10 in YAML 1.2), `0x1F`, `0b101`, `1:30` (base 60),
+    kept as its text, which `_number` refuses, naming the field, the value and the plain
+    spelling (errors.number_spelling). YAML 1.2's core schema, JSON (RFC 8259), a runs CSV
+    cell and --set read these otherwise or not at all, so one spelling is refused everywhere
+    rather than read differently by file type and reader."""
 
 
 def _ungrouped(construct):
-    """A YAML int / float constructor that keeps a value written with '_' as GroupedNumber."""
+    """A YAML int / float constructor that keeps a Yaml11Number as its text (any value
+    written with '_', or with a spelling `number_spelling` names)."""
     def constructor(loader, node):
-        if "_" in str(node.value):
-            return GroupedNumber(node.value)
+        if "_" in str(node.value) or number_spelling(node.value, yaml11=True):
+            return Yaml11Number(node.value)
         return construct(loader, node)
     return constructor
 
@@ -282,7 +271,7 @@ def typed_values(d: dict, keys, flags, where: str, joiner: str = ".") -> None:
 
     for key in (*keys, *flags):
         v = d.get(key) if isinstance(d, dict) else None
-        if isinstance(v, str) and reads(v, key in flags):
+        if isinstance(v, str) and not isinstance(v, Yaml11Number) and reads(v, key in flags):
             want = ("true or false, unquoted" if key in flags else
                     "a number, written without quotes")
             raise SpecError(f"{where}{joiner}{key}={v!r} is a string (type str), not "

@@ -89,6 +89,8 @@ def overlay_set(path) -> dict:
 
 
 def _checked(d: dict, where: str) -> dict:
+    from diffperf.load import Yaml11Number, _number
+
     regimes = d.get("regimes") or []
     if not regimes or regimes[0].get("name") != "fit":
         raise SpecError(f"{where}: 'regimes' must start with the set's own regime 'fit'")
@@ -97,6 +99,10 @@ def _checked(d: dict, where: str) -> dict:
             raise SpecError(f"{where}: regime {r.get('name')!r}.q95_log must be a number >= 0")
         if not isinstance(r.get("envelope"), dict):
             raise SpecError(f"{where}: regime {r.get('name')!r}.envelope must be a mapping")
+        for k, bounds in r["envelope"].items():  # `envelope_distance` reads them with float()
+            for x in bounds if isinstance(bounds, list) else [bounds]:
+                if isinstance(x, Yaml11Number):  # '1_6', '0x10': refused as in every input
+                    _number({k: x}, k, f"{where}: regime {r.get('name')!r}.envelope")
     return dict(d, regimes=regimes)
 
 

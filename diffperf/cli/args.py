@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from diffperf.errors import number_spelling
 from diffperf.specs.validate import INT_MAX
 
 # Least value of integer options by destination (the rest: 0). The field's full rule (tp
@@ -43,11 +44,21 @@ class Parser(argparse.ArgumentParser):
         return super()._get_values(action, arg_strings)
 
 
+def grouped(text) -> None:
+    """Refuse a value that Python's int() / float() would read but no other input of diffperf
+    does ('1_024': errors.number_spelling), naming it and its plain spelling."""
+    said = number_spelling(text)
+    if said:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is written {said[0]}; allowed: "
+                                         f"{said[1]}")
+
+
 def whole(least: int, most: int = INT_MAX):
     """argparse type: a whole number of magnitude at most `most`; the message of a refusal
     names [least, most]. A value below `least` passes here and is refused by the command's
     own check of the field (a SpecError that says its rule, e.g. '--gpus=0 must be >= 1')."""
     def parse(text):
+        grouped(text)
         try:
             value = int(str(text).strip())
         except ValueError:
@@ -64,6 +75,7 @@ def whole(least: int, most: int = INT_MAX):
 
 def finite(text):
     """argparse type: a finite number."""
+    grouped(text)
     try:
         value = float(str(text).strip())
     except ValueError:

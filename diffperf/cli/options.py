@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from diffperf.errors import SpecError
+from diffperf.errors import SpecError, number_spelling
 
 
 def add_model_system(p, system_help="name under configs/systems or a YAML") -> None:
@@ -351,6 +351,11 @@ def parse_values(option: str, text, names=None) -> tuple:
             out.add(names.index(part))
             continue
         bounds = part.split("-") if "-" in part[1:] else [part]
+        for b in bounds:  # int() reads '1_6' as 16: refused as in every input
+            said = number_spelling(b)
+            if said:
+                raise SpecError(f"--{option}={b.strip()} is written {said[0]}; allowed: "
+                                f"{said[1]}", field=option, value=b.strip())
         try:
             lo, hi = (int(bounds[0]), int(bounds[-1])) if len(bounds) <= 2 else (None, None)
         except ValueError:
