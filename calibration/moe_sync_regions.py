@@ -126,7 +126,9 @@ def main(argv=None) -> int:
     p.add_argument("--tau-gemm-us", default="5,10,28.3",
                    help="host seconds per per-expert GEMM call (us), comma-separated")
     p.add_argument("--tau-kernel-us", type=float, default=5.0,
-                   help="host seconds per other launch (us; the default host_kernel_s)")
+                   help="host seconds per other launch (us; 5: Efficiency.host_kernel_s's "
+                        "default when this study was run, session 15; the default is 12.90 "
+                        "since session 16, specs.system.eager_launch_host_s)")
     args = p.parse_args(argv)
     from calibration.moe_layer_excess import layer_passes, predicted_rows
 

@@ -75,6 +75,26 @@ def test_layer_sums_hold_the_term_once():
     assert float(m1) == float(m0)
 
 
+def test_qk_norm_and_dropout_meet_without_a_cross_term():
+    """Session 16's two traffic terms on one MoE layer under the merged EP schedule (b 1,
+    s 4096, t 1, unfused attention): each adds its own bytes to the layer's element-wise sum
+    and to chunk A, by hand, and neither reads the other. QK-norm 83,886,080 B (above);
+    dropout's probabilities (2 q_a + 1) b a s^2 = 5 x 32 x 4096^2 = 2,684,354,560 B and its
+    two masks 2 T h = 2 x 4096 x 2048 = 16,777,216 B, of which chunk A holds the attention's
+    (8,388,608 B) and moves the dropout bytes once back; M holds neither."""
+    par = Parallel(micro_batch=1.0, ep=8.0, dp=8.0)
+    plain = BF16.replace(flash_attention=0.0)
+    drop = plain.replace(dropout=1.0)
+    qk, probs, masks = 83_886_080.0, 2_684_354_560.0, 16_777_216.0
+    assert float(elementwise_bytes(QWEN, par, drop)) - float(
+        elementwise_bytes(BARE, par, plain)) == pytest.approx(qk + probs + masks, rel=1e-6)
+    a1, m1, ao1, mo1 = (float(x) for x in ep_chunk_elementwise_bytes(QWEN, par, drop))
+    a0, m0, ao0, mo0 = (float(x) for x in ep_chunk_elementwise_bytes(BARE, par, plain))
+    assert a1 - a0 == pytest.approx(qk + probs + masks / 2.0, rel=1e-6)
+    assert ao1 - ao0 == pytest.approx(probs + masks / 2.0, rel=1e-6)
+    assert (m1, mo1) == (m0, mo0)
+
+
 def test_saved_bytes_by_hand_and_under_recompute():
     """Kept: x (q_a per element) and the fp32 rstd per row: 4096 x (2 x 36 x 128 + 4 x 36) =
     38,338,560 B per layer (whole projection: 4 x 2 rows per token: 4096 x 9224). Kept under

@@ -18,9 +18,10 @@ import jax.numpy as jnp
 
 from diffperf.workload.cp import cp_kv_bytes, cp_torch_elements
 from diffperf.workload.flops import (head_shards, is_mla, layer_ops, moe_layer_fraction,
-                                     quantized_elem_bytes, score_elements, shared_expert_width,
-                                     softmax_fallback, softmax_fallback_costs,
-                                     tokens_per_device, v_dim, vocab_rows_per_rank)
+                                     qk_norm_forms, quantized_elem_bytes, score_elements,
+                                     shared_expert_width, softmax_fallback,
+                                     softmax_fallback_costs, tokens_per_device, v_dim,
+                                     vocab_rows_per_rank)
 from diffperf.workload.params import active_ffn_width, residual_shards
 from diffperf.workload.recompute import (full_frac, megatron_module_fracs,
                                          megatron_selective_frac, none_frac, op_sac_frac,
@@ -109,8 +110,7 @@ def qk_norm_saved_bytes(model, parallel, training):
     Example (Qwen3 30B-A3B, b 1, s 4096, t 1, bf16): 4096 x (2 x 36 x 128 + 4 x 36)
     = 38.3e6 B per layer.
     """
-    on = jnp.where(model.qk_norm > 0, 1.0, 0.0)
-    whole = jnp.where(model.qk_norm == 2, 1.0, 0.0)
+    on, _, whole = qk_norm_forms(model)
     t = head_shards(parallel)
     T = tokens_per_device(model, parallel)
     heads = model.n_heads + model.n_kv_heads

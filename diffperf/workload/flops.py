@@ -385,10 +385,12 @@ def elementwise_bytes(model, parallel, training, fallback=None):
             + sum(dropout_bytes(model, parallel, training)))
 
 
-def _qk_norm_forms(model):
-    """(on, per_head): 1 where Model.qk_norm is not "none", and 1 for the per-head form."""
+def qk_norm_forms(model):
+    """(on, per_head, whole): 1 where Model.qk_norm is not "none", 1 for the per-head form,
+    1 for the whole-projection form (specs.model.QK_NORM_FORMS: leaf values 0, 1, 2); the one
+    reading of the field for the QK-norm's traffic, kernels, kept bytes and weights."""
     on = jnp.where(model.qk_norm > 0, 1.0, 0.0)
-    return on, jnp.where(model.qk_norm == 1, 1.0, 0.0)
+    return on, jnp.where(model.qk_norm == 1, 1.0, 0.0), jnp.where(model.qk_norm == 2, 1.0, 0.0)
 
 
 def qk_norm_bytes(model, parallel, training):
@@ -417,7 +419,7 @@ def qk_norm_bytes(model, parallel, training):
     Example (Qwen3 30B-A3B, b 1, s 4096, t 1, bf16; a 32, a_kv 4, d_h 128): norms 2 x 2 x
     4096 x 36 x 128 = 75.5e6 B, K copy 2 x 2 x 4096 x 4 x 128 = 8.4e6 B: 83.9e6 B.
     """
-    on, head = _qk_norm_forms(model)
+    on, head, _ = qk_norm_forms(model)
     t, q = head_shards(parallel), training.activation_bytes
     T = tokens_per_device(model, parallel)
     a, akv, dqk = model.n_heads, model.n_kv_heads, model.head_dim
@@ -434,7 +436,7 @@ def qk_norm_kernels(model, parallel):
     main kernel and the dgamma finalize kernel per norm (TE v2.12 transformer_engine/common/
     normalization/rmsnorm/rmsnorm_bwd_semi_cuda_kernel.cu: `kernel`, then `kernel_f`), 4 for
     the two norms; the copies have none. Example: Qwen3 30B-A3B at t 1: 3; at t 4: 4."""
-    on, head = _qk_norm_forms(model)
+    on, head, _ = qk_norm_forms(model)
     q_copy = jnp.where(model.n_kv_heads <= head_shards(parallel), 1.0, 0.0)
     return on * (2.0 + head * (1.0 + q_copy))
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from diffperf.workload.ep import expert_tp
 from diffperf.workload.flops import (hidden_shards, is_mla, moe_layer_fraction,
-                                     shared_expert_width, v_dim)
+                                     qk_norm_forms, shared_expert_width, v_dim)
 from diffperf.workload.stages import each
 
 
@@ -86,8 +86,7 @@ def qk_norm_params(model):
     over TP. Example: Qwen3 30B-A3B: 256 per layer, 12,288 over 48 layers; OLMo 2 13B
     (a = a_kv = 40, d_h 128): 10,240 per layer.
     """
-    on = jnp.where(model.qk_norm > 0, 1.0, 0.0)
-    whole = jnp.where(model.qk_norm == 2, 1.0, 0.0)
+    on, _, whole = qk_norm_forms(model)
     dh = model.head_dim
     return on * ((1.0 - whole) * 2.0 * dh + whole * (model.n_heads + model.n_kv_heads) * dh)
 
