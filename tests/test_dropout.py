@@ -106,3 +106,29 @@ def test_gradient_contract(x64):
     g = np.asarray(jax.grad(t)(x))
     assert np.all(np.isfinite(g))
     assert g[0] < 0 and g[1] < 0
+
+
+def test_selective_recompute_reruns_the_unfused_core_attention():
+    """Megatron's selective recompute (recompute 1, core_attn) re-runs the whole core
+    attention, scale-mask-softmax and attention dropout included (Megatron-LM
+    megatron/core/transformer/attention.py `_checkpointed_attention_forward`,
+    dot_product_attention.py; Korthikanti et al. 2022 Section 5): on the unfused path its
+    element-wise bytes are re-run once. b 1, t 1, fp16, s 1024 (fused softmax): scores
+    4 x 2 x 16 x 1024^2 = 134,217,728 B, the dropout's B_probs 83,886,080 B; flash attention
+    re-runs neither (its kernel is the attention time). Full recompute is unchanged."""
+    from diffperf.workload.recompute import megatron_recompute_bytes
+
+    sel = Parallel(micro_batch=1.0, recompute=1.0)
+    assert float(megatron_recompute_bytes(GPT, sel, UNFUSED)) == 134_217_728.0
+    assert float(megatron_recompute_bytes(GPT, sel, DROP)) == 134_217_728.0 + 83_886_080.0
+    assert float(megatron_recompute_bytes(GPT, sel, Training(dropout=1.0))) == 0.0
+    assert float(megatron_recompute_bytes(GPT, Parallel(micro_batch=1.0, recompute=2.0),
+                                          DROP)) == 0.0
+    # the step's recompute seconds grow by B_probs at the memory roofline, per layer and
+    # micro-batch (forward and backward are unchanged by the recompute)
+    system = _system("a100-sxm-80gb")
+    par = Parallel(micro_batch=1.0, dp=1.0, recompute=1.0)
+    r0 = float(predict_step(GPT, par, system, UNFUSED).breakdown.recompute_s)
+    r1 = float(predict_step(GPT, par, system, DROP).breakdown.recompute_s)
+    want = float(memory_time_s(83_886_080.0, system)) * 12 * float(par.n_microbatches)
+    assert r1 - r0 == pytest.approx(want, rel=2e-3)
