@@ -77,16 +77,19 @@ def test_ep_chunks_keep_the_partition():
 
 
 def test_step_time_rises_by_the_priced_traffic():
-    """One layer, full recompute off: the step's per-layer memory-bound seconds grow by the
+    """No recompute: the step's memory-bound seconds (in breakdown.compute_s) grow by the
     forward bytes once forward and once backward (2 x 85,983,232 B at the A100's memory
-    roofline, times layers and micro-batches); the prediction gets slower, never faster."""
+    roofline, times layers and micro-batches); the prediction gets slower, never faster.
+    The step time itself passes the GPU seconds through the p-norm smooth max with the host
+    time (here 93 % of them at host_kernel_s 12.9 us), so it is compared by sign only."""
     system = _system("a100-sxm-80gb")
     par = Parallel(micro_batch=1.0, dp=1.0)
-    t0 = float(predict_step(GPT, par, system, UNFUSED).step_time_s)
-    t1 = float(predict_step(GPT, par, system, DROP).step_time_s)
+    r0 = predict_step(GPT, par, system, UNFUSED)
+    r1 = predict_step(GPT, par, system, DROP)
     per_layer = float(memory_time_s(2.0 * 85_983_232.0, system))
-    assert t1 > t0
-    assert t1 - t0 == pytest.approx(per_layer * 12 * float(par.n_microbatches), rel=2e-3)
+    assert float(r1.step_time_s) > float(r0.step_time_s)
+    d = float(r1.breakdown.compute_s) - float(r0.breakdown.compute_s)
+    assert d == pytest.approx(per_layer * 12 * float(par.n_microbatches), rel=1e-5)
 
 
 def test_gradient_contract(x64):
