@@ -92,12 +92,13 @@ def test_step_time_rises_by_the_priced_traffic():
     assert d == pytest.approx(per_layer * 12 * float(par.n_microbatches), rel=1e-5)
 
 
-def test_gradient_contract(x64):
-    """d step_time / d log(HBM bandwidth, mem_eff) with dropout priced: matches finite
-    differences (float64), finite, and physical (more bandwidth or efficiency never slows
-    the step)."""
+@pytest.mark.parametrize("recompute", [0.0, 1.0])
+def test_gradient_contract(x64, recompute):
+    """d step_time / d log(HBM bandwidth, mem_eff) with dropout priced (no recompute, and
+    selective recompute re-running the unfused core): matches finite differences (float64),
+    finite, and physical (more bandwidth or efficiency never slows the step)."""
     system = _system("a100-sxm-80gb")
-    par = Parallel(micro_batch=1.0, dp=1.0)
+    par = Parallel(micro_batch=1.0, dp=1.0, recompute=recompute)
 
     def t(logs):
         e = system.eff.replace(mem_eff=system.eff.mem_eff * jnp.exp(logs[1]))
