@@ -588,6 +588,26 @@ def dropout_bytes(model, parallel, training):
     return probs, m_d * 2.0 * T_sp * h
 
 
+def unfused_core_attention_bytes(model, parallel, training):
+    """B_core: the element-wise HBM bytes of the attention core's forward on one device, one
+    layer, one micro-batch, that Megatron's selective recompute of core_attn re-runs:
+
+        B_core = scores + B_probs
+    scores: `elementwise_bytes`' score term ((1 - flash) 4 q_a + fallback B_f per score
+    element: the materialised scores and their softmax), B_probs: `dropout_bytes`' attention-
+    probs dropout; both 0 under flash attention (its kernel is the attention time).
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/attention.py at d98e8a64
+    (`_checkpointed_attention_forward` re-runs `core_attention` under
+    tensor_parallel.checkpoint), dot_product_attention.py there (DotProductAttention.forward:
+    scale_mask_softmax, then attention_dropout); Korthikanti et al. 2022, Section 5 (the
+    recomputed part: QK^T, softmax, softmax dropout, attention over V).
+    Example (vTrain GPT h 1024, a 16, s 1024, b 1, t 1, fp16, dropout, no flash):
+    4 x 2 x 16 x 1024^2 + 83,886,080 = 218,103,808 B.
+    """
+    scores = _elementwise_shapes(model, parallel, training)[6]
+    return scores + dropout_bytes(model, parallel, training)[0]
+
+
 def eager_pointwise_kernels(model, training):
     """Kernels `eager_pointwise_bytes` adds to a layer's forward: 6 per unfused norm (7 in
     place of 1), 6 for the rotary (cast, product, cast back, on Q and K) and 2 for

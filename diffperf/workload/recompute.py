@@ -29,7 +29,8 @@ import jax.numpy as jnp
 
 from diffperf.specs.parallel import RECOMPUTE_MODULES
 from diffperf.workload.flops import (head_shards, is_mla, moe_layer_fraction,
-                                     shared_expert_width, tokens_per_device)
+                                     shared_expert_width, tokens_per_device,
+                                     unfused_core_attention_bytes)
 
 N_ROWS = 12  # rows of workload.flops.layer_ops' dense Gemms
 MODULES = RECOMPUTE_MODULES  # Parallel.recompute_<module> (specs.parallel)
@@ -174,6 +175,9 @@ def megatron_recompute_bytes(model, parallel, training):
         layernorm:      n_norm 2 q_a T_sp h                         (`separate_norms`: read, write)
         mla_up_proj:    mla 4 q_a T (r_q + r_kv)                     (the latent norms fused into
                                                                       the up-projections)
+        core_attn:      B_core  (unfused attention's scores, softmax and attention-probs
+                                 dropout: `workload.flops.unfused_core_attention_bytes`; 0 with
+                                 flash attention, whose re-run is the attention time)
     T = b s / c, T_sp = T / t with sequence parallelism, g = gated_mlp, phi = moe_layer_fraction.
     Source: Megatron-Core core_v0.16.0 transformer/moe/experts.py TEGroupedMLP.forward
     (`activation_recompute`: bias_act_func under CheckpointWithoutOutput, discarded after fc2
@@ -201,4 +205,5 @@ def megatron_recompute_bytes(model, parallel, training):
             + f["shared_experts"] * phi * act * model.n_shared_experts * shared_expert_width(model)
             + f["layernorm"] * separate_norms(model) * 2.0 * q * T_sp * model.hidden
             + f["mla_up_proj"] * is_mla(model) * 4.0 * q * T
-            * (model.q_lora_rank + model.kv_lora_rank))
+            * (model.q_lora_rank + model.kv_lora_rank)
+            + f["core_attn"] * unfused_core_attention_bytes(model, parallel, training))
