@@ -22,8 +22,14 @@ from diffperf.errors import SpecError
 from diffperf.hf import hf_to_dict
 from diffperf.load import model_from_dict
 from diffperf.memory.activations import layer_activation_parts, qk_norm_saved_bytes
-from diffperf.workload.flops import (elementwise_bytes, ep_chunk_elementwise_bytes,
-                                     layer_ops, qk_norm_bytes, qk_norm_kernels)
+from diffperf.costs.compute import memory_time_s
+from diffperf.costs.xla import kernel_fixed_s
+from diffperf.predict import predict_step
+from diffperf.workload.flops import (elementwise_backward_once_bytes, elementwise_bytes,
+                                     ep_chunk_elementwise_bytes, layer_ops,
+                                     qk_norm_backward_excess_bytes,
+                                     qk_norm_backward_excess_kernels, qk_norm_bytes,
+                                     qk_norm_kernels)
 from diffperf.workload.params import qk_norm_params, total_params
 from memory_bound import check_fact_part
 from shipped import model as _model, system as _system
@@ -73,6 +79,53 @@ def test_layer_sums_hold_the_term_once():
     a0, m0, _, _ = ep_chunk_elementwise_bytes(BARE, par, BF16)
     assert float(a1 - a0) == pytest.approx(83_886_080.0, rel=1e-5)
     assert float(m1) == float(m0)
+
+
+def test_backward_excess_by_hand():
+    """TE's backward moves 1.5 x the norms' forward bytes (read dy, read x, write dx) and none
+    of the copies': the 2 x convention's excess is 0.5 B_norm + 2 B_copy. t 1: 0.5 x
+    75,497,472 + 2 x 8,388,608 = 54,525,952 B; t 4: 0.5 x 18,874,368 + 2 x 18,874,368 =
+    47,185,920 B; whole projection 37,748,736 B; none 0. Kernels: the copies' 2 x (1 at t 1,
+    2 at t 4), none for the norms (their 2 x 2 is TE's main + dgamma-finalize pair)."""
+    tp4 = Parallel(micro_batch=1.0, tp=4.0)
+    for m, par, want_b, want_k in ((QWEN, ONE, 54_525_952.0, 2.0),
+                                   (QWEN, tp4, 47_185_920.0, 4.0),
+                                   (WHOLE, ONE, 37_748_736.0, 0.0), (BARE, ONE, 0.0, 0.0)):
+        assert float(qk_norm_backward_excess_bytes(m, par, BF16)) == pytest.approx(
+            want_b, rel=1e-7, abs=0.0)
+        assert float(qk_norm_backward_excess_kernels(m, par)) == want_k
+        once = float(elementwise_backward_once_bytes(m, par, BF16)) - float(
+            elementwise_backward_once_bytes(BARE, par, BF16))
+        assert once == pytest.approx(want_b, rel=1e-6, abs=1.0)
+    # the merged-EP pre-dispatch chunk's once-share carries it (Qwen3 30B-A3B, t 1)
+    par = Parallel(micro_batch=1.0, ep=8.0, dp=8.0)
+    a_once = float(ep_chunk_elementwise_bytes(QWEN, par, BF16)[2]) - float(
+        ep_chunk_elementwise_bytes(BARE, par, BF16)[2])
+    assert a_once == pytest.approx(54_525_952.0, rel=1e-6)
+
+
+def _one_gpu(host_kernel_s):
+    s = _system("h100-sxm-80gb")
+    return s.replace(eff=s.eff.replace(host_kernel_s=host_kernel_s, host_layer_s=0.0))
+
+
+def test_step_time_rises_by_the_exact_backward():
+    """dp 1, b 1, no recompute, no host floor: each layer's memory-bound seconds grow by the
+    forward B = 83,886,080 B and 3 kernels, and the backward 1.5 B_norm = 113,246,208 B and
+    4 kernels (not 2 x: 167,772,160 B, 6 kernels): 197,132,288 B and 7 kernel fixed times per
+    layer and micro-batch. With a host-bound launch cost (1 s per kernel) the step grows by
+    3 + 4 = 7 launches per layer and micro-batch (the copies launch nothing backward)."""
+    par = Parallel(micro_batch=1.0, dp=1.0)
+    n = float(QWEN.n_layers) * float(par.n_microbatches)
+    gpu = _one_gpu(0.0)
+    t0 = float(predict_step(BARE, par, gpu, BF16).step_time_s)
+    t1 = float(predict_step(QWEN, par, gpu, BF16).step_time_s)
+    per_layer = float(memory_time_s(197_132_288.0, gpu) + 7.0 * kernel_fixed_s(gpu, BF16))
+    assert t1 - t0 == pytest.approx(per_layer * n, rel=2e-3)
+    host = _one_gpu(1.0)
+    t0 = float(predict_step(BARE, par, host, BF16).step_time_s)
+    t1 = float(predict_step(QWEN, par, host, BF16).step_time_s)
+    assert t1 - t0 == pytest.approx(7.0 * n, rel=1e-3)
 
 
 def test_saved_bytes_by_hand_and_under_recompute():
