@@ -179,8 +179,8 @@ def test_bad_qk_norm_is_a_spec_error():
 
 
 def test_gradient_contract(x64):
-    """The bytes and the saved bytes in log(d_h, a, micro-batch): match finite differences
-    (float64), finite, positive (more heads or tokens never move less); the layer's
+    """The bytes, the saved bytes and the backward excess in log(d_h, a, micro-batch): match
+    finite differences (float64), finite, positive (more heads or tokens never move less); the layer's
     memory-bound part in log(HBM bandwidth, mem_eff, kernel_s): faster memory never slows it,
     a slower launch never speeds it, and the QK-norm makes it slower than without."""
     from jax.test_util import check_grads
@@ -191,7 +191,7 @@ def test_gradient_contract(x64):
         return m, ONE.replace(micro_batch=ONE.micro_batch * jnp.exp(logs[2]))
 
     x = jnp.zeros(3)
-    for f in (qk_norm_bytes, qk_norm_saved_bytes):
+    for f in (qk_norm_bytes, qk_norm_saved_bytes, qk_norm_backward_excess_bytes):
         def g(logs, f=f):
             m, p = dims(logs)
             return f(m, p, BF16)
