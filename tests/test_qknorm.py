@@ -178,10 +178,23 @@ def test_bad_qk_norm_is_a_spec_error():
         model_from_dict(v3 | {"qk_norm": "head"})
 
 
+def test_bad_qk_norm_leaf_is_a_spec_error():
+    """A Model built in Python with a qk_norm that is no form's index (3, 0.5) is refused by
+    name before tracing (check_model, which check_inputs runs), not priced as a mix of the
+    forms; the traced rules (valid_mask) mark it invalid."""
+    from diffperf.specs.validate import check_model, valid_mask
+    for v in (3.0, 0.5, -1.0):
+        bad = QWEN.replace(qk_norm=v)
+        with pytest.raises(SpecError, match=r"qk_norm=.*allowed: 0 none, 1 head, 2 projection"):
+            check_model(bad)
+        assert not bool(valid_mask(bad, ONE, _one_gpu(0.0), BF16))
+    assert bool(valid_mask(QWEN, ONE, _one_gpu(0.0), BF16))
+
+
 def test_gradient_contract(x64):
     """The bytes, the saved bytes and the backward excess in log(d_h, a, micro-batch): match
-    finite differences (float64), finite, positive (more heads or tokens never move less); the layer's
-    memory-bound part in log(HBM bandwidth, mem_eff, kernel_s): faster memory never slows it,
+    finite differences (float64), finite, positive (more heads or tokens never move less);
+    the layer's memory-bound part in log(HBM bandwidth, mem_eff, kernel_s): faster memory never slows it,
     a slower launch never speeds it, and the QK-norm makes it slower than without."""
     from jax.test_util import check_grads
 
