@@ -194,8 +194,9 @@ def test_bad_qk_norm_leaf_is_a_spec_error():
 def test_gradient_contract(x64):
     """The bytes, the saved bytes and the backward excess in log(d_h, a, micro-batch): match
     finite differences (float64), finite, positive (more heads or tokens never move less);
-    the layer's memory-bound part in log(HBM bandwidth, mem_eff, kernel_s): faster memory never slows it,
-    a slower launch never speeds it, and the QK-norm makes it slower than without."""
+    the layer's memory-bound part in log(HBM bandwidth, mem_eff, kernel_s): faster memory
+    never slows it, a slower launch never speeds it, and the QK-norm makes it slower than
+    without."""
     from jax.test_util import check_grads
 
     def dims(logs):
