@@ -56,7 +56,8 @@ from diffperf.workload.flops import (DENSE_ROW_BLOCKS, EXPERT_ROWS, attention_by
                                      ep_chunk_elementwise_bytes,
                                      elementwise_backward_once_bytes,
                                      head_ops, layer_ops, lowp_quantize_kernels,
-                                     moe_expert_loop_kernels, moe_layer_fraction, query_rows,
+                                     moe_expert_loop_kernels, moe_layer_fraction,
+                                     qk_norm_backward_excess_kernels, query_rows,
                                      te_quantize_rows)
 from diffperf.workload.groups import stride
 from diffperf.workload.params import (grid_shards, layer_params_per_device,
@@ -582,7 +583,11 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
                  + sac * (sac_gemm + other + sac_share * quant_f))
     # Element-wise backward = 2 x forward, less one pass of the ops whose backward moves
     # their bytes once (workload.flops.elementwise_backward_once_bytes; 0 by default).
-    once = memory_time_s(elementwise_backward_once_bytes(model, parallel, training), system)
+    # The same for kernels: the QK-norm's copies run no backward kernel (2 x forward less
+    # workload.flops.qk_norm_backward_excess_kernels, here and in the host's launches).
+    k_once = qk_norm_backward_excess_kernels(model, parallel)
+    once = (memory_time_s(elementwise_backward_once_bytes(model, parallel, training), system)
+            + k_once * kernel_fixed_s(system, training))
     other_f, other_b = other + stacked, 2.0 * other - once + stacked
     hidden_f = tp_fh + cp_fh + ep_fh + ax_fh
     hidden_b = tp_bh + cp_bh + ep_bh + ax_bh
@@ -649,7 +654,8 @@ def _layer_parts(model, parallel, system, training, temperature, features=FEATUR
     # the host, plus the checkpoint's own bookkeeping (RNG state, rebuilding the graph). Per-op
     # SAC re-runs the forward through its policy too (saved ops return their cached output).
     again = full + sac
-    host_b = eager * ((2.0 + again) * launches * e.host_kernel_s + (1.0 + again) * e.host_layer_s
+    host_b = eager * (((2.0 + again) * launches - k_once) * e.host_kernel_s
+                      + (1.0 + again) * e.host_layer_s
                       + again * e.host_recompute_s + sync_b)
     t_f = pnorm_max(gpu_f, host_f, e.floor_pnorm)
     t_b = pnorm_max(gpu_b, host_b, e.floor_pnorm)

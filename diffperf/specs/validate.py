@@ -1036,8 +1036,8 @@ def _fmt(v) -> str:
 
 def check_model(model, where: str = "model") -> None:
     """Counts (layers, widths, heads, head_dim, vocab, seq_len) whole numbers from 1 to
-    INT_MAX; 0/1 switches; MoE fields whole numbers >= 0 (top-k <= experts); every other
-    leaf finite."""
+    INT_MAX; 0/1 switches; qk_norm 0, 1 or 2; MoE fields whole numbers >= 0 (top-k <=
+    experts); every other leaf finite."""
     xp = _xp(where)
     pick = lambda a, i: a[i] if a.size > 1 else a[0]  # noqa: E731
     for f in _MODEL_COUNTS:
@@ -1049,6 +1049,10 @@ def check_model(model, where: str = "model") -> None:
         v = _arr(getattr(model, f), where)
         _fail(~((v == 0) | (v == 1)), where, lambda i, f=f, v=v: (
             f"{f}={pick(v, i):g} is not allowed (allowed: 0, 1)"), f, v, anywhere=True)
+    qk = _arr(model.qk_norm, where)  # the index of specs.model.QK_NORM_FORMS
+    _fail(~((qk == 0) | (qk == 1) | (qk == 2)), where, lambda i: (
+        f"qk_norm={pick(qk, i):g} is not allowed (allowed: 0 none, 1 head, 2 projection)"),
+        "qk_norm", qk, anywhere=True)
     for f in ("n_experts", "moe_topk", "moe_ffn_hidden", "n_shared_experts"):
         v = _arr(getattr(model, f), where)
         _fail(~(v >= 0) | (v != xp.round(v)) | (v > INT_MAX), where, lambda i, f=f, v=v: (

@@ -412,19 +412,44 @@ def qk_norm_bytes(model, parallel, training):
     QKV-RoPE path needs q_layernorm and k_layernorm to be IdentityOp (`split_qkv`). The
     whole-projection form (OLMo 2, transformers `Olmo2Attention`: q_norm over a d_h on the
     contiguous q_proj output) has the norms only. The 4-byte rstd per row is left out
-    (4 / (2 q_a d_h) = 0.8 % at d_h 128). The backward is 2 x these bytes, as for every
-    element-wise op (PAPERS.md 5.2): TE's `rmsnorm_bwd` reads dy and x and writes dx (3
-    passes of 2 taken as 4); the copies' backward is a pass-through (autograd clone), so the
-    convention over-counts the backward by 0.5 B_norm + 2 B_copy (54.5e6 B below) [D].
+    (4 / (2 q_a d_h) = 0.8 % at d_h 128). The backward is not the element-wise 2 x: TE's
+    `rmsnorm_bwd` reads dy and x and writes dx (1.5 B_norm) and the copies' backward is a
+    pass-through (0): `qk_norm_backward_excess_bytes` takes the rest off [D].
     Example (Qwen3 30B-A3B, b 1, s 4096, t 1, bf16; a 32, a_kv 4, d_h 128): norms 2 x 2 x
     4096 x 36 x 128 = 75.5e6 B, K copy 2 x 2 x 4096 x 4 x 128 = 8.4e6 B: 83.9e6 B.
     """
+    return sum(_qk_norm_parts(model, parallel, training))
+
+
+def _qk_norm_parts(model, parallel, training):
+    """(B_norm, B_copy): the two RMSNorms' and the contiguous copies' shares of
+    `qk_norm_bytes` (forward)."""
     on, head, _ = qk_norm_forms(model)
     t, q = head_shards(parallel), training.activation_bytes
     T = tokens_per_device(model, parallel)
     a, akv, dqk = model.n_heads, model.n_kv_heads, model.head_dim
     copies = head * (akv + jnp.where(akv <= t, a, 0.0))
-    return on * q * T * 2.0 * (a + akv + copies) * dqk / t
+    per = on * q * T * 2.0 * dqk / t
+    return per * (a + akv), per * copies
+
+
+def qk_norm_backward_excess_bytes(model, parallel, training):
+    """Bytes by which the element-wise 2 x backward (PAPERS.md 5.2) over-counts the QK-norm's
+    backward (one device, one micro-batch; 0 without Model.qk_norm):
+
+        X = 2 (B_norm + B_copy) - 1.5 B_norm = 0.5 B_norm + 2 B_copy
+    B_norm, B_copy: the norms' and the copies' forward bytes (`qk_norm_bytes`). TE's
+    RMSNorm `op_backward` runs one `rmsnorm_bwd(dy, x, rstdevs, w)`: read dy, read x, write dx,
+    3 passes of q_a per element where the forward's read x, write y are 2 (the rstd and the
+    dgamma partials are per row / per CTA: left out as in the forward); the `contiguous()`
+    copies run inside `op_forward`, so their backward is the op's own dx, with no kernel
+    (TE v2.12 5671fd36 transformer_engine/pytorch/ops/basic/rmsnorm.py `op_forward`,
+    `op_backward`). In `elementwise_backward_once_bytes`, which predict takes off once.
+    Example (Qwen3 30B-A3B, b 1, s 4096, t 1, bf16): 0.5 x 75.5e6 + 2 x 8.4e6 = 54.5e6 B
+    (the backward 167.8e6 -> 113.2e6 B).
+    """
+    norms, copies = _qk_norm_parts(model, parallel, training)
+    return 0.5 * norms + 2.0 * copies
 
 
 def qk_norm_kernels(model, parallel):
@@ -435,10 +460,23 @@ def qk_norm_kernels(model, parallel):
     The backward takes 2 x the forward's kernels (predict): TE's `rmsnorm_bwd` launches its
     main kernel and the dgamma finalize kernel per norm (TE v2.12 transformer_engine/common/
     normalization/rmsnorm/rmsnorm_bwd_semi_cuda_kernel.cu: `kernel`, then `kernel_f`), 4 for
-    the two norms; the copies have none. Example: Qwen3 30B-A3B at t 1: 3; at t 4: 4."""
+    the two norms; the copies have none (`qk_norm_backward_excess_kernels` takes their 2 x
+    off). Example: Qwen3 30B-A3B at t 1: 3; at t 4: 4."""
+    on, _, _ = qk_norm_forms(model)
+    return 2.0 * on + 0.5 * qk_norm_backward_excess_kernels(model, parallel)
+
+
+def qk_norm_backward_excess_kernels(model, parallel):
+    """Kernels by which predict's 2 x forward kernels over-count the QK-norm's backward
+    (GPU fixed time and host launches): the copies', which have no backward (TE's RMSNorm
+    copies inside `op_forward`; `qk_norm_backward_excess_bytes`), launched twice:
+
+        X_k = [qk] [head] 2 (1 + [a_kv <= t])
+    The norms' 2 x 2 is exact (`rmsnorm_bwd`: the main kernel and the dgamma finalize
+    kernel per norm, `qk_norm_kernels`). Example: Qwen3 30B-A3B at t 1: 2; at t 4: 4."""
     on, head, _ = qk_norm_forms(model)
     q_copy = jnp.where(model.n_kv_heads <= head_shards(parallel), 1.0, 0.0)
-    return on * (2.0 + head * (1.0 + q_copy))
+    return on * head * 2.0 * (1.0 + q_copy)
 
 
 def eager_pointwise_bytes(model, parallel, training, T_sp, f_act):
@@ -492,6 +530,7 @@ def elementwise_backward_once_bytes(model, parallel, training):
 
         B_once = lambda (rotary + repeat_kv) + `rope_kv_pass_bytes` + `moe_quant_pad_bytes`
                  + `dropout_bytes` (probabilities and masks)
+                 + `qk_norm_backward_excess_bytes` (0.5 B_norm + 2 B_copy of `qk_norm_bytes`)
     The rotary's autograd backward is its forward in reverse (grad cast to fp32 r q_a w 4,
     complex product with conj(freqs) r 4 w 4, cast back r 4 w q_a: 2 q_a + 16 per element,
     as the forward; freqs_cis is a buffer, no gradient); repeat_kv's backward sums the
@@ -504,6 +543,8 @@ def elementwise_backward_once_bytes(model, parallel, training):
     layer copies once back too (Transformer Engine `_Fp8Unpadding.backward` pads the output
     gradient, `_Fp8Padding.backward` strips the input gradient: `moe_quant_pad_bytes`).
     Dropout's backward reads the gradient and the mask and writes once (`dropout_bytes`).
+    The QK-norm's backward moves 1.5 x its norms' forward bytes and none of its copies'
+    (`qk_norm_backward_excess_bytes`: the excess itself, not a forward share, is added).
     `predict._layer_parts` takes one pass of these bytes off the backward.
     Example (Llama 3 8B, b 2, s 8192, t 1, bf16, eager): 1.678e9 + 0.336e9 = 2.013e9 B.
     """
@@ -511,7 +552,8 @@ def elementwise_backward_once_bytes(model, parallel, training):
     return (training.llama_eager_pointwise * (rope + repeat)
             + rope_kv_pass_bytes(model, parallel, training)
             + moe_quant_pad_bytes(model, parallel, training)
-            + sum(dropout_bytes(model, parallel, training)))
+            + sum(dropout_bytes(model, parallel, training))
+            + qk_norm_backward_excess_bytes(model, parallel, training))
 
 
 def rope_kv_pass_bytes(model, parallel, training):
@@ -808,8 +850,8 @@ def ep_chunk_elementwise_bytes(model, parallel, training, fallback=None):
         M = q_a T f' (2 + gated) / t + (P - 2 P_A) + lambda glu
             + `moe_eager_clamp_bias_bytes` + `moe_quant_pad_bytes`
         C = 3 q_a T_sp h + P_A + B_hidden / 2   (the combine node, on the communication stream)
-        A_once = lambda (rotary + repeat_kv) + `rope_kv_pass_bytes` + D_A,
-        M_once = `moe_quant_pad_bytes`
+        A_once = lambda (rotary + repeat_kv) + `rope_kv_pass_bytes` + D_A
+                 + `qk_norm_backward_excess_bytes`,     M_once = `moe_quant_pad_bytes`
     with P = `moe_permute_bytes` and P_A = phi q_a h T_e (1 + k C_f) for the alltoall
     dispatcher at e > 1 (its permute before the dispatch; its unpermute after the combine is
     C's), 0 for flex (DeepEP / HybridEP permute after the dispatch and unpermute before the
@@ -839,7 +881,8 @@ def ep_chunk_elementwise_bytes(model, parallel, training, fallback=None):
       = 117.4e6 + 151.0e6 + 75.5e6 = 343.9e6 B;
     M = 2 x 4096 x 12288 x 3 / 2 + 2 x 4096 x 2048 x 32 + 4 x 2 x 4096 x 16384
       = 151.0e6 + 536.9e6 + 536.9e6 = 1224.7e6 B; C = 50.3e6 + 151.0e6 = 201.3e6 B;
-    A_once = 0, M_once = 536.9e6 B.
+    A_once = 0.5 x 2 x 2 x 4096 x 68 x 128 / 2 + 2 x 2 x 2 x 4096 x 4 x 128 / 2 = 35.7e6
+    + 8.4e6 = 44.0e6 B (the QK-norm's backward excess), M_once = 536.9e6 B.
     """
     t, h, q, T, T_sp, f_act, scores, latents = _elementwise_shapes(
         model, parallel, training, fallback)
@@ -852,11 +895,12 @@ def ep_chunk_elementwise_bytes(model, parallel, training, fallback=None):
     rope, repeat = _eager_rope_repeat_bytes(model, parallel, training)
     lam = training.llama_eager_pointwise
     d_probs, d_hidden = dropout_bytes(model, parallel, training)
-    a_once = (lam * (rope + repeat) + rope_kv_pass_bytes(model, parallel, training)
-              + d_probs + 0.5 * d_hidden)
+    moved_once = (lam * (rope + repeat) + rope_kv_pass_bytes(model, parallel, training)
+                  + d_probs + 0.5 * d_hidden)
+    a_once = moved_once + qk_norm_backward_excess_bytes(model, parallel, training)
     m_once = moe_quant_pad_bytes(model, parallel, training)
     a = (q * (7.0 * T_sp * h + latents) + scores + perm_a
-         + 2.0 * training.norm_extra_bytes * T_sp * h + a_once
+         + 2.0 * training.norm_extra_bytes * T_sp * h + moved_once
          + qk_norm_bytes(model, parallel, training))
     m = (q * T * f_act * (2.0 + model.gated_mlp) / t + (perm - 2.0 * perm_a)
          + lam * model.gated_mlp * 2.0 * q * T * f_act / t
