@@ -52,8 +52,8 @@ def closest(word: str, choices) -> str:
     return f"; did you mean '{hit[0]}'?" if hit else ""
 
 
-# YAML 1.1's number forms (yaml.org/type/int.html, float.html; PyYAML's resolver.py) that
-# YAML 1.2's core schema (yaml.org/spec/1.2.2, 10.3.2) and the other inputs read otherwise
+# YAML 1.1's number forms (YAML.org/type/int.html, float.html; PyYAML's resolver.py) that
+# YAML 1.2's core schema (YAML.org/spec/1.2.2, 10.3.2) and the other inputs read otherwise
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
 _BINARY = re.compile(r"0b[01]+")
 _BASE60 = re.compile(r"[1-9][0-9]*(:[0-5]?[0-9])+|[0-9]+(:[0-5]?[0-9])+\.[0-9]*")
@@ -66,9 +66,9 @@ def number_spelling(text, yaml11: bool = False):
     (a plain number, or a text that is no number in any spelling: the caller's own refusal).
 
     - '_' digit grouping ('1_000', '2_048.5'): PyYAML implements YAML 1.1, which reads it as
-      a number (yaml.org/type/int.html and float.html: "_" may be used between digits), and
+      a number (YAML.org/type/int.html and float.html: "_" may be used between digits), and
       so does Python's int() / float() (PEP 515), which the command line's options and --set
-      would use; YAML 1.2's core schema (yaml.org/spec/1.2.2, 10.3.2), JSON (RFC 8259, 6)
+      would use; YAML 1.2's core schema (YAML.org/spec/1.2.2, 10.3.2), JSON (RFC 8259, 6)
       and a runs CSV cell do not.
     - hexadecimal ('0x1F': 31 in YAML 1.1 and 1.2), binary ('0b101': 5) and base 60 ('1:30':
       90, '1:30.5': 90.5; both YAML 1.1 only): JSON, a CSV cell and --set have none of them.
@@ -108,7 +108,7 @@ def number_spelling(text, yaml11: bool = False):
 
 def _base60(digits: str):
     """A YAML 1.1 sexagesimal number's value: '1:30' = 1 x 60 + 30 = 90, '1:30.5' = 90.5
-    (yaml.org/type/int.html, float.html)."""
+    (YAML.org/type/int.html, float.html)."""
     *whole, last = digits.split(":")
     v = 0
     for part in whole:

@@ -296,6 +296,10 @@ def test_unknown_model_name_suggests():
      ": qk_rope_head_dim=64 must be < head_dim=64 (head_dim = qk_nope_head_dim + "
      "qk_rope_head_dim under MLA)"),
     (dict(moe_dense_layers=1), ": moe_dense_layers=1 needs moe_experts > 0"),
+    # QK-norm (session 16): MLA norms its latents, not its queries and keys
+    (dict(kv_lora_rank=64, qk_rope_head_dim=32, head_dim=64, qk_norm="head"),
+     ".qk_norm='head' with kv_lora_rank=64: multi-head latent attention norms its latents "
+     "(counted with kv_lora_rank), not its queries and keys; allowed: none"),
     (dict(moe_dense_layers=4, moe_experts=8, moe_topk=2, moe_ffn_hidden=64),
      ": moe_dense_layers=4 must be < num_layers=4 (for a dense model set moe_experts: 0)"),
     (dict(sliding_window=64, sliding_window_layers=5),
